@@ -1,0 +1,53 @@
+"""``rapsctl``: scontrol-style verbs for admins and job authors.
+
+Every error a user can cause ends as one line on stderr and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from raps_slurm.cli import config_cmd, show
+from raps_slurm.errors import ConfigError, RapsError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", metavar="FILE", envvar=None,
+              help="Config file (default: $RAPS_CONFIG, then /etc/raps/raps.yaml, then built-in).")
+@click.version_option(package_name="raps-slurm", prog_name="rapsctl")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None) -> None:
+    """Inspect and steer raps-slurm."""
+    ctx.obj = {"config_path": config_path}
+
+
+cli.add_command(config_cmd.config)
+cli.add_command(show.show)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the click group and turn every error into one line."""
+    try:
+        rc = cli.main(args=argv, prog_name="rapsctl", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+        sys.exit(2)
+    except click.UsageError as exc:
+        where = f" {exc.ctx.command_path.removeprefix('rapsctl').strip()}" if exc.ctx else ""
+        click.echo(f"rapsctl{where}: {exc.format_message()} (see --help)", err=True)
+        sys.exit(2)
+    except click.Abort:
+        click.echo("rapsctl: aborted", err=True)
+        sys.exit(1)
+    except ConfigError as exc:
+        for line in exc.errors:
+            click.echo(f"rapsctl: {line}", err=True)
+        sys.exit(2)
+    except RapsError as exc:
+        click.echo(f"rapsctl: {exc}", err=True)
+        sys.exit(1)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    sys.exit(rc if isinstance(rc, int) else 0)

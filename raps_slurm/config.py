@@ -1,0 +1,334 @@
+"""One typed, frozen configuration, loaded from YAML and checked strictly.
+
+Every key lives in a dataclass below with its default, allowed range and a one-line
+description (field metadata). ``configs/raps.yaml`` mirrors these defaults and a test
+keeps the two equal. A file only needs the keys it changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+
+from raps_slurm.errors import ConfigError
+
+SYSTEM_CONFIG = Path("/etc/raps/raps.yaml")
+ENV_VAR = "RAPS_CONFIG"
+
+
+def _f(default: Any, doc: str, lo: float | None = None, hi: float | None = None,
+       choices: tuple[str, ...] | None = None) -> Any:
+    """A config field with its default, description and allowed range."""
+    meta = {"doc": doc, "min": lo, "max": hi, "choices": choices}
+    if isinstance(default, (list, dict)):
+        if isinstance(default, list):
+            return field(default_factory=lambda: tuple(default), metadata=meta)
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Per-rank local incremental checkpoints."""
+
+    interval_sec: int = _f(600, "seconds between checkpoints of a rank", 1, 7 * 86400)
+    replica_count: int = _f(2, "copies besides the primary, placed in other fault domains", 0, 8)
+    max_generations: int = _f(5, "generations kept per rank; older ones are collected", 1, 1000)
+    large_message_threshold_kb: int = _f(
+        4096, "messages above this are logged as metadata, body kept in sender memory",
+        1, 1024 * 1024)
+    local_dir: str = _f("/var/lib/raps/ckpt", "node-local chunk store of the agent")
+    cold_dir: str = _f("", "shared-storage cold copy, last fallback of a restore ('' = none)")
+
+
+@dataclass(frozen=True)
+class MessageLogConfig:
+    """Sender-based message logging."""
+
+    batch_flush_ms: int = _f(100, "log flush period to the local store and log backup",
+                             1, 60_000)
+    buffer_size_mb: int = _f(256, "in-memory log buffer per rank", 1, 1024 * 1024)
+    buffer_high_watermark_mb: int = _f(192, "above this the log spills to local disk",
+                                       1, 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class DetectionConfig:
+    """Heartbeats, leases and health probes."""
+
+    kernel_heartbeat_interval_sec: float = _f(1.0, "agent -> coordinator UDP heartbeat period",
+                                              0.01, 60)
+    app_heartbeat_interval_sec: float = _f(10.0, "rank -> agent heartbeat period, with progress",
+                                           0.1, 3600)
+    telemetry_interval_sec: float = _f(30.0, "health probes and telemetry period", 0.1, 3600)
+    miss_threshold: int = _f(3, "missed kernel heartbeats before a node is DEAD (strikes)",
+                             1, 100)
+    app_miss_threshold: int = _f(5, "missed app heartbeats before a rank is HUNG", 1, 100)
+    lease_duration_sec: float = _f(15.0, "node membership lease TTL in etcd", 1, 3600)
+    fence_margin_sec: float = _f(2.0, "extra wait before relaunching a dead node's ranks",
+                                 0, 600)
+    smart_temperature_c: float = _f(70.0, "NVMe temperature that marks a node DEGRADED", 20, 150)
+    retransmit_ratio_threshold: float = _f(0.05, "TCP retransmit ratio that marks a node DEGRADED",
+                                           0, 1)
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """Relaunch of affected ranks on spares."""
+
+    prefer_original_rack: bool = _f(True, "try spares in the failed node's rack first if healthy")
+    max_concurrent_recoveries: int = _f(4, "recoveries run at once; the rest queue", 1, 1024)
+    recovery_timeout_sec: int = _f(300, "a recovery not done by then escalates", 10, 86400)
+    use_delta_transfer: bool = _f(True, "send only the chunks a spare lacks")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """etcd access (RAPS daemons and controller hooks only)."""
+
+    endpoints: tuple[str, ...] = _f(["http://127.0.0.1:2379"],
+                                    "etcd client URLs, tried in order")
+    prefix: str = _f("/raps/v1/", "every RAPS key lives under this prefix")
+    timeout_sec: float = _f(5.0, "per-request timeout", 0.1, 120)
+    ca_cert: str = _f("", "CA bundle for TLS ('' = system default / plain http)")
+    cert_file: str = _f("", "client certificate for TLS client auth ('' = none)")
+    key_file: str = _f("", "client key for TLS client auth ('' = none)")
+    user: str = _f("", "etcd user for password auth ('' = none)")
+    password_file: str = _f("", "file holding the etcd password (mode 0600)")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Coordinator leadership; the leader is found through etcd."""
+
+    addresses: tuple[str, ...] = _f(["127.0.0.1:7470"],
+                                    "host:port of every coordinator (leader and standbys)")
+    leader_lease_sec: float = _f(10.0, "TTL of the coordinator leader key", 1, 600)
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    """Fault domains beyond racks."""
+
+    power_domains: dict[str, str] = _f({}, "power domain -> hostlist, e.g. pdu1: n[1-8]")
+    power_feature_prefix: str = _f("power_",
+                                   "node feature naming a power domain, e.g. power_pdu1")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Daemon logging."""
+
+    level: str = _f("INFO", "log level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole raps-slurm configuration."""
+
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    messagelog: MessageLogConfig = field(default_factory=MessageLogConfig)
+    detection: DetectionConfig = field(default_factory=DetectionConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def _type_name(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if tp in names:
+        return names[tp]
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return "a list of strings"
+    if origin is dict:
+        return "a mapping of strings to strings"
+    return str(tp)
+
+
+def _convert(path: str, tp: Any, value: Any, meta: Mapping[str, Any],
+             errors: list[str]) -> Any:
+    """Check one leaf value against its type and range; append an error line if bad."""
+    bad = f"{path}: expected {_type_name(tp)}, got {value!r}"
+    if tp is bool:
+        if not isinstance(value, bool):
+            errors.append(bad)
+        return value
+    if tp in (int, float):
+        ok = isinstance(value, int) or (tp is float and isinstance(value, float))
+        if isinstance(value, bool) or not ok:
+            errors.append(bad)
+            return value
+        lo, hi = meta.get("min"), meta.get("max")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            errors.append(f"{path}: {value!r} is out of range, allowed {lo} to {hi}")
+        return tp(value)
+    if tp is str:
+        if not isinstance(value, str):
+            errors.append(bad)
+            return value
+        choices = meta.get("choices")
+        if choices and value not in choices:
+            errors.append(f"{path}: {value!r} is not allowed, expected one of {', '.join(choices)}")
+        return value
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            errors.append(bad)
+            return value
+        return tuple(value)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            errors.append(bad)
+            return value
+        return dict(value)
+    raise TypeError(f"unsupported config type {tp} at {path}")
+
+
+def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
+    """Build dataclass ``cls`` from a mapping, collecting every error with its key path."""
+    where = path or "config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        errors.append(f"{where}: expected a mapping of keys, got {data!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        sub = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            errors.append(f"{sub}: unknown key{hint} (allowed: {', '.join(fields)})")
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, sub, errors)  # type: ignore[arg-type]
+        else:
+            kwargs[key] = _convert(sub, tp, value, fields[key].metadata, errors)
+    return cls(**kwargs)
+
+
+def _check_pairs(cfg: Config, errors: list[str]) -> None:
+    """Cross-key rules that a single range cannot express."""
+    d = cfg.detection
+    window = d.miss_threshold * d.kernel_heartbeat_interval_sec
+    if d.lease_duration_sec <= window:
+        errors.append(
+            f"detection.lease_duration_sec: {d.lease_duration_sec:g} must exceed miss_threshold x "
+            f"kernel_heartbeat_interval_sec = {window:g}")
+    m = cfg.messagelog
+    if m.buffer_high_watermark_mb >= m.buffer_size_mb:
+        errors.append(
+            f"messagelog.buffer_high_watermark_mb: {m.buffer_high_watermark_mb} must be below "
+            f"messagelog.buffer_size_mb = {m.buffer_size_mb}")
+    if not cfg.store.endpoints:
+        errors.append("store.endpoints: expected at least one etcd URL, got []")
+    for url in cfg.store.endpoints:
+        if not url.startswith(("http://", "https://")):
+            errors.append(f"store.endpoints: {url!r} is not an http:// or https:// URL")
+    p = cfg.store.prefix
+    if not (p.startswith("/") and p.endswith("/") and len(p) > 1):
+        errors.append(f"store.prefix: {p!r} must start and end with '/', e.g. /raps/v1/")
+    if bool(cfg.store.cert_file) != bool(cfg.store.key_file):
+        errors.append("store.cert_file: cert_file and key_file must be set together")
+    if bool(cfg.store.user) != bool(cfg.store.password_file):
+        errors.append("store.user: user and password_file must be set together")
+    for domain, hostlist in cfg.topology.power_domains.items():
+        try:
+            NodeSet(hostlist)
+        except NodeSetParseError:
+            errors.append(f"topology.power_domains.{domain}: {hostlist!r} is not a hostlist "
+                          "such as n[1-8]")
+    for addr in cfg.coordinator.addresses:
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            errors.append(f"coordinator.addresses: {addr!r} is not host:port")
+
+
+def parse_config(data: Any, source: str = "config") -> Config:
+    """Build a Config from parsed YAML; raise ConfigError listing every problem."""
+    errors: list[str] = []
+    cfg = _build(Config, data, "", errors)
+    if not errors:
+        _check_pairs(cfg, errors)
+    if errors:
+        raise ConfigError([f"{source}: {e}" for e in errors])
+    return typing.cast(Config, cfg)
+
+
+def load_file(path: str | os.PathLike[str]) -> Config:
+    """Load and check one YAML file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"{p}:{where} invalid YAML: {problem}"]) from None
+    return parse_config(data, str(p))
+
+
+def find_config_path(explicit: str | None = None) -> Path | None:
+    """Lookup order: explicit --config, $RAPS_CONFIG, /etc/raps/raps.yaml, else None."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env)
+    if SYSTEM_CONFIG.exists():
+        return SYSTEM_CONFIG
+    return None
+
+
+def load_config(explicit: str | None = None) -> Config:
+    """Load the effective config following the lookup order; built-in defaults last."""
+    path = find_config_path(explicit)
+    return load_file(path) if path is not None else Config()
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain YAML/JSON-friendly data (tuples become lists)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            out[f.name] = to_dict(v)
+        elif isinstance(v, tuple):
+            out[f.name] = list(v)
+        elif isinstance(v, dict):
+            out[f.name] = dict(v)
+        else:
+            out[f.name] = v
+    return out
+
+
+def describe() -> list[tuple[str, Any, str]]:
+    """Every key path with its default and description, for docs and the reference file."""
+    rows: list[tuple[str, Any, str]] = []
+    defaults = to_dict(Config())
+    for sec in dataclasses.fields(Config):
+        cls = typing.get_type_hints(Config)[sec.name]
+        for f in dataclasses.fields(cls):
+            rows.append((f"{sec.name}.{f.name}", defaults[sec.name][f.name], f.metadata["doc"]))
+    return rows
+

@@ -1,0 +1,53 @@
+"""One exception tree for raps-slurm; every error a user can meet is a RapsError."""
+
+from __future__ import annotations
+
+
+class RapsError(Exception):
+    """Root of every error raps-slurm raises on purpose."""
+
+
+class ConfigError(RapsError):
+    """The configuration is invalid; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+class SlurmCommandError(RapsError):
+    """A Slurm command failed, timed out, was missing, or printed what we cannot parse."""
+
+    def __init__(self, argv: list[str], message: str, returncode: int | None = None,
+                 stderr: str = "") -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+        self.message = message
+        detail = f" (exit {returncode})" if returncode is not None else ""
+        tail = f": {stderr.strip()}" if stderr.strip() else ""
+        super().__init__(f"{' '.join(argv)}{detail}: {message}{tail}")
+
+
+class SlurmParseError(SlurmCommandError):
+    """Slurm printed output the parser does not understand."""
+
+
+class StoreError(RapsError):
+    """A state-store operation failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The state store cannot be reached (connection refused, timeout, cluster down)."""
+
+
+class LeaseExpired(StoreError):
+    """A lease was refreshed or used after it expired or was revoked."""
+
+
+class PlacementError(RapsError):
+    """Backup groups or spares cannot be computed from the given inputs."""
+
+
+class ClusterError(RapsError):
+    """The local test cluster could not be started, stopped or faulted."""

@@ -1,0 +1,78 @@
+"""Pure argv builders for every Slurm command raps-slurm runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ClusterShell.NodeSet import NodeSet
+
+# Slurm keeps node weights in a uint32 and reserves the top values.
+MAX_WEIGHT = 4_294_967_280
+
+
+def fold(nodes: Iterable[str]) -> str:
+    """Fold node names into one Slurm hostlist expression, e.g. ``n[1-4,6]``."""
+    names = list(nodes)
+    if not names:
+        raise ValueError("empty node list")
+    return str(NodeSet.fromlist(names))
+
+
+def sinfo_nodes() -> list[str]:
+    """All nodes with state, flags, reason, weight and features (JSON)."""
+    return ["sinfo", "--json"]
+
+
+def scontrol_show_nodes(nodes: Iterable[str] | None = None) -> list[str]:
+    """``scontrol -o show node [hostlist]``: one line per node."""
+    argv = ["scontrol", "-o", "show", "node"]
+    return [*argv, fold(nodes)] if nodes is not None else argv
+
+
+def squeue_jobs(job_ids: Iterable[int] | None = None) -> list[str]:
+    """``squeue --json``, optionally limited to some job ids."""
+    argv = ["squeue", "--json"]
+    ids = [str(int(j)) for j in job_ids] if job_ids is not None else []
+    return [*argv, "--jobs", ",".join(ids)] if ids else argv
+
+
+def scontrol_show_job(job_id: int) -> list[str]:
+    """``scontrol -o show job ID``: the job's current node list, restarts, batch host."""
+    return ["scontrol", "-o", "show", "job", str(int(job_id))]
+
+
+def scontrol_show_topology() -> list[str]:
+    """The switch tree from topology.conf."""
+    return ["scontrol", "show", "topology"]
+
+
+def drain(nodes: Iterable[str], reason: str) -> list[str]:
+    """Drain nodes; Slurm requires a reason."""
+    if not reason.strip():
+        raise ValueError("a drain needs a non-empty reason")
+    return ["scontrol", "update", f"NodeName={fold(nodes)}", "State=DRAIN", f"Reason={reason}"]
+
+
+def resume(nodes: Iterable[str]) -> list[str]:
+    """Return drained or down nodes to service."""
+    return ["scontrol", "update", f"NodeName={fold(nodes)}", "State=RESUME"]
+
+
+def set_weight(nodes: Iterable[str], weight: int) -> list[str]:
+    """Set node scheduling weight (lower weights are filled first)."""
+    if isinstance(weight, bool) or not 0 <= weight <= MAX_WEIGHT:
+        raise ValueError(f"weight must be an integer 0-{MAX_WEIGHT}, got {weight!r}")
+    return ["scontrol", "update", f"NodeName={fold(nodes)}", f"Weight={weight}"]
+
+
+def requeue(job_id: int) -> list[str]:
+    """Requeue a whole batch job."""
+    return ["scontrol", "requeue", str(int(job_id))]
+
+
+def cancel(job_id: int, signal: str | None = None) -> list[str]:
+    """Cancel a job, or send it a signal when ``signal`` is given."""
+    argv = ["scancel"]
+    if signal:
+        argv += [f"--signal={signal}"]
+    return [*argv, str(int(job_id))]

@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# A small real Slurm cluster on this machine for the tests and the demo:
+# munged (if not already running), one etcd, slurmctld and one slurmd per fake node,
+# each fake node in its own cgroup (v2) so it can be crashed or frozen whole.
+#
+#   scripts/cluster.sh up|down|status|env
+#   scripts/cluster.sh crash NODE | freeze NODE | thaw NODE | restart NODE
+#
+# Settings (environment): RAPS_CLUSTER_DIR (run dir, default /tmp/raps-cluster),
+# RAPS_CLUSTER_NODES (6), RAPS_CLUSTER_RACKS (3), RAPS_CLUSTER_PORT (base port, 17000:
+# slurmctld on base+817-ish, slurmd on base+1.., etcd on base+379/base+380).
+# `down` stops exactly the processes `up` started (pids recorded in the run dir).
+set -euo pipefail
+
+RUN=${RAPS_CLUSTER_DIR:-/tmp/raps-cluster}
+NODES=${RAPS_CLUSTER_NODES:-6}
+RACKS=${RAPS_CLUSTER_RACKS:-3}
+BASE=${RAPS_CLUSTER_PORT:-17000}
+CTLD_PORT=$((BASE + 817))
+ETCD_PORT=$((BASE + 379))
+ETCD_PEER=$((BASE + 380))
+CG_ROOT=${RAPS_CGROUP_ROOT:-/sys/fs/cgroup/unified}
+CG_DIR="$CG_ROOT/raps-cluster-$(echo "$RUN" | md5sum | cut -c1-8)"
+SLURM_SBIN=${RAPS_SLURM_SBIN:-/usr/sbin}
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+log() { echo "cluster.sh: $*" >&2; }
+
+# Poll a command until it succeeds or the deadline passes; print what was seen.
+wait_for() {
+  local what=$1 secs=$2; shift 2
+  local end=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= end)); then
+      die "timed out after ${secs}s waiting for $what"
+    fi
+    sleep 0.2
+  done
+}
+
+node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; }
+
+cgroups_usable() {
+  [ -f "$CG_ROOT/cgroup.procs" ] && mkdir -p "$CG_DIR" 2>/dev/null && [ -w "$CG_DIR" ]
+}
+
+write_conf() {
+  mkdir -p "$RUN"/{etc,log,ctld,spool,pids,etcd}
+  # slurmctld runs as SlurmUser and must reach its state and log dirs.
+  chmod 0755 "$RUN"
+  chown slurm:slurm "$RUN/ctld" "$RUN/log" 2>/dev/null || true
+  local per_rack=$(((NODES + RACKS - 1) / RACKS)) r i first last
+  {
+    echo "ClusterName=raps"
+    echo "SlurmctldHost=localhost(127.0.0.1)"
+    echo "SlurmctldPort=$CTLD_PORT"
+    echo "SlurmUser=slurm"
+    echo "AuthType=auth/munge"
+    echo "CredType=cred/munge"
+    echo "StateSaveLocation=$RUN/ctld"
+    echo "SlurmdSpoolDir=$RUN/spool/%n"
+    echo "SlurmctldPidFile=$RUN/pids/slurmctld.pid"
+    echo "SlurmdPidFile=$RUN/pids/slurmd-%n.pid"
+    echo "SlurmctldLogFile=$RUN/log/slurmctld.log"
+    echo "SlurmdLogFile=$RUN/log/slurmd-%n.log"
+    echo "SlurmctldDebug=info"
+    echo "SlurmdDebug=info"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "SchedulerType=sched/backfill"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_CPU"
+    echo "SlurmdParameters=config_overrides"
+    echo "ReturnToService=2"
+    echo "SlurmdTimeout=10"
+    echo "MessageTimeout=5"
+    echo "MailProg=/bin/true"
+    echo "MpiDefault=none"
+    echo "SwitchType=switch/none"
+    echo "JobCompType=jobcomp/none"
+    echo "AccountingStorageType=accounting_storage/none"
+    echo "TopologyPlugin=topology/tree"
+    echo "PlugStackConfig=$RUN/etc/plugstack.conf"
+    [ -f "$RUN/etc/raps-slurm.conf" ] && echo "Include $RUN/etc/raps-slurm.conf"
+    echo "NodeName=n[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((BASE + 1))-$((BASE + NODES))] CPUs=2 RealMemory=1000 State=UNKNOWN"
+    echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+  } >"$RUN/etc/slurm.conf"
+  [ -f "$RUN/etc/plugstack.conf" ] || : >"$RUN/etc/plugstack.conf"
+  {
+    for ((r = 1; r <= RACKS; r++)); do
+      first=$(((r - 1) * per_rack + 1))
+      last=$((r * per_rack > NODES ? NODES : r * per_rack))
+      ((first > NODES)) && break
+      echo "SwitchName=r$r Nodes=n[$first-$last]"
+    done
+    echo "SwitchName=root Switches=r[1-$RACKS]"
+  } >"$RUN/etc/topology.conf"
+  cat >"$RUN/env" <<EOF
+export SLURM_CONF=$RUN/etc/slurm.conf
+export RAPS_CLUSTER_DIR=$RUN
+export RAPS_ETCD_URL=http://127.0.0.1:$ETCD_PORT
+EOF
+}
+
+munge_ok() { echo | munge 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+start_munge() {
+  if munge_ok; then return; fi
+  mkdir -p /run/munge /var/log/munge /var/lib/munge
+  chown munge:munge /run/munge /var/log/munge /var/lib/munge
+  chmod 0755 /run/munge
+  [ -f /etc/munge/munge.key ] || die "/etc/munge/munge.key is missing (apt-get install munge creates it)"
+  runuser -u munge -- /usr/sbin/munged
+  wait_for "munged" 10 munge_ok
+  cat /run/munge/munged.pid >"$RUN/pids/munged.started"
+}
+
+start_etcd() {
+  command -v etcd >/dev/null || die "etcd not found (apt-get install etcd-server)"
+  rm -rf "$RUN/etcd/data"
+  nohup etcd --name raps --data-dir "$RUN/etcd/data" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
+    --initial-cluster "raps=http://127.0.0.1:$ETCD_PEER" \
+    </dev/null >"$RUN/log/etcd.log" 2>&1 &
+  echo $! >"$RUN/pids/etcd.pid"
+  wait_for "etcd on port $ETCD_PORT" 30 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+}
+
+start_slurmd() {
+  local n=$1
+  mkdir -p "$RUN/spool/$n"
+  if cgroups_usable; then
+    mkdir -p "$CG_DIR/$n"
+    # The shell joins the node's cgroup, then becomes slurmd: slurmstepd, batch
+    # scripts and tasks started by it stay in that cgroup.
+    sh -c "echo \$\$ > '$CG_DIR/$n/cgroup.procs' && exec '$SLURM_SBIN/slurmd' -N '$n' -f '$RUN/etc/slurm.conf'" \
+      </dev/null >>"$RUN/log/slurmd-$n.out" 2>&1
+  else
+    "$SLURM_SBIN/slurmd" -N "$n" -f "$RUN/etc/slurm.conf" </dev/null >>"$RUN/log/slurmd-$n.out" 2>&1
+  fi
+  wait_for "slurmd $n pid file" 20 test -s "$RUN/pids/slurmd-$n.pid"
+}
+
+cmd_up() {
+  if [ -s "$RUN/pids/slurmctld.pid" ] && kill -0 "$(cat "$RUN/pids/slurmctld.pid")" 2>/dev/null; then
+    die "a cluster already runs in $RUN (scripts/cluster.sh down first)"
+  fi
+  command -v slurmctld >/dev/null || [ -x "$SLURM_SBIN/slurmctld" ] || die "slurmctld not found (apt-get install slurmctld slurmd)"
+  write_conf
+  start_munge
+  start_etcd
+  export SLURM_CONF="$RUN/etc/slurm.conf"
+  "$SLURM_SBIN/slurmctld" -f "$SLURM_CONF" -c -i </dev/null >>"$RUN/log/slurmctld.out" 2>&1 \
+    || die "slurmctld failed to start: $(tail -5 "$RUN/log/slurmctld.log" 2>/dev/null)"
+  wait_for "slurmctld" 30 scontrol ping
+  local n
+  for n in $(node_names); do start_slurmd "$n"; done
+  wait_for "all $NODES nodes to register" 60 all_nodes_up
+  cgroups_usable || log "cgroup v2 not writable at $CG_ROOT: crash/freeze fall back to signals"
+  log "up: $NODES nodes in $RACKS racks, run dir $RUN (source <(scripts/cluster.sh env))"
+}
+
+all_nodes_up() {
+  local out
+  out=$(sinfo -h -N -o '%N %t') || return 1
+  [ "$(echo "$out" | grep -c .)" -eq "$NODES" ] || return 1
+  ! echo "$out" | grep -Eq ' (down|unk|idle\*|mix\*|alloc\*|drain\*)'
+}
+
+stop_pidfile() {
+  local f=$1 pid
+  [ -s "$f" ] || return 0
+  pid=$(cat "$f")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    local end=$((SECONDS + 15))
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < end)); do sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+cmd_down() {
+  [ -d "$RUN" ] || { log "no cluster in $RUN"; return 0; }
+  export SLURM_CONF="$RUN/etc/slurm.conf"
+  local n
+  for n in $(node_names); do
+    [ -f "$CG_DIR/$n/cgroup.freeze" ] && echo 0 >"$CG_DIR/$n/cgroup.freeze" 2>/dev/null || true
+    stop_pidfile "$RUN/pids/slurmd-$n.pid"
+    # Whatever the fake node still runs (steps, tasks) dies with its cgroup.
+    [ -f "$CG_DIR/$n/cgroup.kill" ] && echo 1 >"$CG_DIR/$n/cgroup.kill" 2>/dev/null || true
+  done
+  stop_pidfile "$RUN/pids/slurmctld.pid"
+  stop_pidfile "$RUN/pids/etcd.pid"
+  if [ -s "$RUN/pids/munged.started" ]; then
+    mv "$RUN/pids/munged.started" "$RUN/pids/munged.pid"
+    stop_pidfile "$RUN/pids/munged.pid"
+  fi
+  for n in $(node_names); do
+    [ -d "$CG_DIR/$n" ] && { wait_empty_cgroup "$CG_DIR/$n"; rmdir "$CG_DIR/$n" 2>/dev/null || true; }
+  done
+  [ -d "$CG_DIR" ] && rmdir "$CG_DIR" 2>/dev/null || true
+  log "down: $RUN"
+}
+
+wait_empty_cgroup() {
+  local end=$((SECONDS + 10))
+  while [ -s "$1/cgroup.procs" ] && ((SECONDS < end)); do sleep 0.1; done
+}
+
+cmd_status() {
+  [ -f "$RUN/env" ] || { echo "no cluster in $RUN"; return 1; }
+  export SLURM_CONF="$RUN/etc/slurm.conf"
+  local f name pid
+  for f in "$RUN"/pids/*.pid; do
+    [ -e "$f" ] || continue
+    name=$(basename "$f" .pid); pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then echo "$name: running (pid $pid)"; else echo "$name: stopped"; fi
+  done
+  sinfo -N -o '%N %t %E' 2>/dev/null || echo "slurmctld: not answering"
+}
+
+node_cgroup() {
+  local n=$1
+  [[ "$n" =~ ^n[0-9]+$ ]] || die "unknown node '$n' (expected n1..n$NODES)"
+  echo "$CG_DIR/$n"
+}
+
+# Signal every process of a fake node: fallback when cgroups are not writable.
+signal_node_tree() {
+  local n=$1 sig=$2 pid
+  pid=$(cat "$RUN/pids/slurmd-$n.pid" 2>/dev/null) || die "no slurmd pid for $n"
+  local all="$pid $(pgrep -d ' ' -P "$pid" 2>/dev/null || true)"
+  local more=$all
+  while [ -n "${more// /}" ]; do
+    local next=""
+    for p in $more; do next="$next $(pgrep -d ' ' -P "$p" 2>/dev/null || true)"; done
+    more=$next; all="$all $next"
+  done
+  # shellcheck disable=SC2086
+  kill -"$sig" $all 2>/dev/null || true
+}
+
+cmd_crash() {
+  local cg; cg=$(node_cgroup "$1")
+  if [ -f "$cg/cgroup.kill" ]; then
+    echo 1 >"$cg/cgroup.kill"
+    log "crashed $1 (cgroup.kill)"
+  else
+    log "cgroup.kill not available for $1 (cgroup v2 at $CG_ROOT not writable): killing its process tree"
+    signal_node_tree "$1" KILL
+  fi
+  rm -f "$RUN/pids/slurmd-$1.pid"
+}
+
+cmd_freeze() {
+  local cg; cg=$(node_cgroup "$1")
+  if [ -f "$cg/cgroup.freeze" ]; then
+    echo 1 >"$cg/cgroup.freeze"; log "froze $1 (cgroup.freeze)"
+  else
+    log "cgroup.freeze not available for $1: sending SIGSTOP to its process tree"
+    signal_node_tree "$1" STOP
+  fi
+}
+
+cmd_thaw() {
+  local cg; cg=$(node_cgroup "$1")
+  if [ -f "$cg/cgroup.freeze" ]; then
+    echo 0 >"$cg/cgroup.freeze"; log "thawed $1"
+  else
+    signal_node_tree "$1" CONT
+  fi
+}
+
+cmd_restart() {
+  export SLURM_CONF="$RUN/etc/slurm.conf"
+  node_cgroup "$1" >/dev/null
+  start_slurmd "$1"
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  env) [ -f "$RUN/env" ] || die "no cluster in $RUN (scripts/cluster.sh up)"; cat "$RUN/env" ;;
+  crash | freeze | thaw | restart)
+    [ $# -eq 2 ] || die "usage: scripts/cluster.sh $1 NODE"
+    "cmd_$1" "$2" ;;
+  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE" >&2; exit 2 ;;
+esac

@@ -1,0 +1,100 @@
+"""The foundation on the real local cluster: nodes, racks, backup groups, drain/resume, jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raps_slurm.core import placement
+from raps_slurm.errors import SlurmCommandError
+from raps_slurm.model import NodeState
+from raps_slurm.slurm import CommandRunner, parsers
+from raps_slurm.testing.cluster import LocalCluster, wait_until
+
+
+def test_nodes_racks_groups_drain_resume(cluster: LocalCluster) -> None:
+    slurm = cluster.slurm()
+
+    nodes = slurm.nodes()
+    assert [n.name for n in nodes] == ["n1", "n2", "n3", "n4", "n5", "n6"]
+    assert all(n.state is NodeState.IDLE and not n.drained for n in nodes), nodes
+
+    topo = slurm.topology()
+    assert topo.racks() == {"r1": ("n1", "n2"), "r2": ("n3", "n4"), "r3": ("n5", "n6")}
+
+    # 4 ranks on n1..n4 and spares n5, n6: every group spans three racks.
+    result = placement.compute_placement(topo, {0: "n1", 1: "n2", 2: "n3", 3: "n4"}, ["n5", "n6"],
+                             prefer_original_rack=True)
+    assert sorted(result) == [0, 1, 2, 3]
+    for rank, p in result.items():
+        racks = {topo.rack_of(m) for m in p.group.members}
+        assert len(p.group.members) == 3 and len(racks) == 3, (rank, p)
+        assert not p.group.degraded
+        assert sorted(p.spares) == ["n5", "n6"]
+
+    slurm.drain(["n3"], "raps integration drain")
+    n3 = wait_until("n3 drained", lambda: slurm.node("n3"), lambda n: n.drained, timeout=20)
+    assert n3.reason == "raps integration drain"
+    # And plain sinfo, as an admin would look, agrees.
+    line = CommandRunner(env=cluster.env).run(["sinfo", "-h", "-n", "n3", "-o", "%T|%E"]).strip()
+    assert line.startswith("drained") and "raps integration drain" in line, line
+
+    slurm.resume(["n3"])
+    wait_until("n3 resumed", lambda: slurm.node("n3"), lambda n: not n.drained, timeout=20)
+
+
+def test_job_nodes_weight_and_cancel(cluster: LocalCluster) -> None:
+    slurm = cluster.slurm()
+    run = CommandRunner(env=cluster.env).run
+    job_id = int(run(["sbatch", "--parsable", "--no-kill", "-N4", "-J", "raps-it",
+                      "-o", "/dev/null", "--wrap", "sleep 600"]).strip().split(";")[0])
+    try:
+        job = wait_until("job running", lambda: slurm.job(job_id),
+                         lambda j: j.state == "RUNNING", timeout=30)
+        assert len(job.nodes) == 4 and job.batch_host in job.nodes
+        assert job.user_id == 0
+        listed = {j.job_id: j for j in slurm.jobs([job_id])}
+        assert listed[job_id].nodes == job.nodes
+
+        slurm.set_weight(["n6"], 77)
+        assert wait_until("weight", lambda: slurm.node("n6").weight, lambda w: w == 77,
+                          timeout=10) == 77
+        slurm.set_weight(["n6"], 1)
+    finally:
+        slurm.cancel(job_id)
+    wait_until("job gone", lambda: [j.state for j in slurm.jobs() if j.job_id == job_id],
+               lambda s: not s or s[0] in ("CANCELLED", "COMPLETED"), timeout=30)
+
+
+def test_errors_carry_command_and_stderr(cluster: LocalCluster) -> None:
+    slurm = cluster.slurm()
+    with pytest.raises(SlurmCommandError) as info:
+        slurm.job(999999)
+    assert info.value.argv[:3] == ["scontrol", "-o", "show"]
+    assert info.value.returncode == 1
+    assert "Invalid job id" in info.value.stderr
+    with pytest.raises(SlurmCommandError, match=r"non-existent|Invalid node name"):
+        slurm.drain(["n99"], "no such node")
+
+
+def test_crashed_node_goes_down_and_comes_back(cluster: LocalCluster) -> None:
+    slurm = cluster.slurm()
+    cluster.crash("n6")
+    # SlurmdTimeout=10 in the test cluster: Slurm notices within about 10-30 s.
+    down = wait_until("n6 DOWN", lambda: slurm.node("n6"),
+                      lambda n: n.state is NodeState.DOWN, timeout=60, interval=1)
+    assert "NOT_RESPONDING" in down.flags
+    cluster.restart("n6")
+    wait_until("n6 back", lambda: slurm.node("n6"),
+               lambda n: n.state is NodeState.IDLE and "NOT_RESPONDING" not in n.flags,
+               timeout=60, interval=1)
+
+
+def test_real_outputs_match_the_stored_samples(cluster: LocalCluster) -> None:
+    """The parser fixtures under tests/data came from this cluster; check they still agree."""
+    run = CommandRunner(env=cluster.env).run
+    live = parsers.parse_topology(run(["scontrol", "show", "topology"]))
+    with open(Path(__file__).parents[1] / "data" / "slurm" / "topology.txt") as f:
+        stored = parsers.parse_topology(f.read())
+    assert live == stored
