@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from raps_slurm.config import parse_config
 from raps_slurm.core import placement
 from raps_slurm.errors import SlurmCommandError
 from raps_slurm.model import NodeState
 from raps_slurm.slurm import CommandRunner, parsers
+from raps_slurm.store import open_store
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 
 
@@ -98,3 +100,16 @@ def test_real_outputs_match_the_stored_samples(cluster: LocalCluster) -> None:
     with open(Path(__file__).parents[1] / "data" / "slurm" / "topology.txt") as f:
         stored = parsers.parse_topology(f.read())
     assert live == stored
+
+
+def test_cluster_etcd_through_the_configured_store(cluster: LocalCluster) -> None:
+    """The etcd that cluster.sh starts is reachable through open_store(config)."""
+    cfg = parse_config({"store": {"endpoints": [cluster.etcd_url], "prefix": "/raps-it/v1/"}})
+    store, keys = open_store(cfg.store)
+    with store:
+        assert store.create(keys.node("n1"), b'{"rack": "r1"}')
+        assert not store.create(keys.node("n1"), b"again")
+        kv = store.get(keys.node("n1"))
+        assert kv is not None and kv.value == b'{"rack": "r1"}'
+        assert kv.key.startswith("/raps-it/v1/")
+        assert store.delete_prefix("/raps-it/v1/") == 1

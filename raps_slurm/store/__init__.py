@@ -1,0 +1,30 @@
+"""State store: the StateStore contract, its backends, the key layout and the factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from raps_slurm.config import StoreConfig
+from raps_slurm.errors import ConfigError
+from raps_slurm.store.base import KeyValue, Lease, StateStore, Watch, WatchEvent
+from raps_slurm.store.etcd import EtcdStore
+from raps_slurm.store.keys import Keys
+from raps_slurm.store.memory import MemoryStore
+
+__all__ = ["EtcdStore", "KeyValue", "Keys", "Lease", "MemoryStore", "StateStore", "Watch",
+           "WatchEvent", "open_store"]
+
+
+def open_store(cfg: StoreConfig) -> tuple[StateStore, Keys]:
+    """The etcd store and key builder a RAPS daemon or hook uses, from ``store.*`` config."""
+    password: str | None = None
+    if cfg.password_file:
+        try:
+            password = Path(cfg.password_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError([f"store.password_file: cannot read {cfg.password_file}: "
+                               f"{exc.strerror or exc}"]) from None
+    store = EtcdStore(cfg.endpoints, timeout=cfg.timeout_sec, ca_cert=cfg.ca_cert or None,
+                      cert_file=cfg.cert_file or None, key_file=cfg.key_file or None,
+                      user=cfg.user or None, password=password)
+    return store, Keys(cfg.prefix)

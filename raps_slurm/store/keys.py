@@ -1,0 +1,124 @@
+"""Every key RAPS writes, built in one place under one prefix (DESIGN.md section 4).
+
+Layout under the prefix (default ``/raps/v1/``)::
+
+    leader
+    nodes/<node>                  nodes/<node>/health
+    jobs/<jobid>                  jobs/<jobid>/ranks/<rank>
+    jobs/<jobid>/groups/<rank>    jobs/<jobid>/ckpt/<rank>/<gen>
+    plans/<id>
+
+Numbers are written in decimal without padding, so a prefix listing is sorted
+as text (``10`` before ``9``): sort numerically after reading.
+Prefix methods (``*_prefix``) end with ``/`` so that listing ``n1`` never also
+returns ``n10``: list with them, never with a leaf key.
+"""
+
+from __future__ import annotations
+
+DEFAULT_PREFIX = "/raps/v1/"
+
+
+def _component(value: object, what: str) -> str:
+    """One path component: non-empty, no '/', no control characters."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{what} must be a str or int, got {type(value).__name__}")
+    text = str(value)
+    if not text:
+        raise ValueError(f"{what} must not be empty")
+    if "/" in text:
+        raise ValueError(f"{what} must not contain '/': {text!r}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ValueError(f"{what} must not contain control characters: {text!r}")
+    return text
+
+
+def _number(value: object, what: str) -> str:
+    """A rank or generation: an int >= 0 (bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an int >= 0, got {value!r}")
+    return str(value)
+
+
+class Keys:
+    """Builds and splits the keys of one RAPS installation."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        if not isinstance(prefix, str) or not prefix.startswith("/") or not prefix.endswith("/"):
+            raise ValueError(f"key prefix must start and end with '/', got {prefix!r}")
+        if "//" in prefix:
+            raise ValueError(f"key prefix must not contain an empty component: {prefix!r}")
+        self._prefix = prefix
+
+    @property
+    def prefix(self) -> str:
+        """The prefix every key starts with (ends with '/')."""
+        return self._prefix
+
+    def __repr__(self) -> str:
+        return f"Keys({self._prefix!r})"
+
+    def leader(self) -> str:
+        """The coordinator leader key (held under the leader's lease)."""
+        return f"{self._prefix}leader"
+
+    def nodes_prefix(self) -> str:
+        """Prefix of every node key (registrations and health)."""
+        return f"{self._prefix}nodes/"
+
+    def node(self, name: str) -> str:
+        """Agent registration of one node (held under the node's lease)."""
+        return self.nodes_prefix() + _component(name, "node name")
+
+    def node_health(self, name: str) -> str:
+        """Last probe results and health score of one node."""
+        return self.node(name) + "/health"
+
+    def jobs_prefix(self) -> str:
+        """Prefix of every job key."""
+        return f"{self._prefix}jobs/"
+
+    def job(self, job_id: int | str) -> str:
+        """Job record: owner, restart count, spec, rank map."""
+        return self.jobs_prefix() + _component(job_id, "job id")
+
+    def job_prefix(self, job_id: int | str) -> str:
+        """Everything below one job (ranks, groups, checkpoints), not the job key itself."""
+        return self.job(job_id) + "/"
+
+    def job_ranks_prefix(self, job_id: int | str) -> str:
+        """Prefix of the rank assignments of one job."""
+        return self.job_prefix(job_id) + "ranks/"
+
+    def job_rank(self, job_id: int | str, rank: int) -> str:
+        """Assignment of one rank: node, step, status, epoch."""
+        return self.job_ranks_prefix(job_id) + _number(rank, "rank")
+
+    def job_group(self, job_id: int | str, rank: int) -> str:
+        """Backup group of one rank."""
+        return self.job_prefix(job_id) + "groups/" + _number(rank, "rank")
+
+    def ckpt_prefix(self, job_id: int | str, rank: int) -> str:
+        """Prefix of the checkpoint generations of one rank."""
+        return self.job_prefix(job_id) + "ckpt/" + _number(rank, "rank") + "/"
+
+    def ckpt(self, job_id: int | str, rank: int, gen: int) -> str:
+        """One checkpoint generation: manifest digest, size, holders, verified."""
+        return self.ckpt_prefix(job_id, rank) + _number(gen, "generation")
+
+    def plans_prefix(self) -> str:
+        """Prefix of every recovery plan."""
+        return f"{self._prefix}plans/"
+
+    def plan(self, plan_id: str) -> str:
+        """One recovery plan and its state."""
+        return self.plans_prefix() + _component(plan_id, "plan id")
+
+    def split(self, key: str) -> tuple[str, ...]:
+        """The components of ``key`` after the prefix, e.g. ``("jobs", "12", "ranks", "0")``.
+
+        Raises ValueError for a key outside this prefix (e.g. from another install).
+        """
+        if not key.startswith(self._prefix) or key == self._prefix:
+            raise ValueError(f"key {key!r} is not under prefix {self._prefix!r}")
+        return tuple(key[len(self._prefix):].split("/"))

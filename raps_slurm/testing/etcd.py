@@ -1,0 +1,169 @@
+"""Start a throw-away single-member etcd for tests (contract and integration).
+
+    with EtcdServer() as etcd:
+        store = EtcdStore([etcd.url])
+
+Ports are picked free on 127.0.0.1, data lives in a temporary directory, and
+on exit exactly the process started here is stopped (by its pid) and the
+directory removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from raps_slurm.errors import ClusterError
+
+_DEBIAN_ETCD = "/usr/bin/etcd"
+
+
+def find_etcd(binary: str | None = None) -> str:
+    """The etcd binary to run: ``binary``, Debian's ``/usr/bin/etcd``, or ``etcd`` on PATH."""
+    if binary is not None:
+        if not os.access(binary, os.X_OK):
+            raise ClusterError(f"etcd binary {binary!r} is missing or not executable")
+        return binary
+    if os.access(_DEBIAN_ETCD, os.X_OK):
+        return _DEBIAN_ETCD
+    found = shutil.which("etcd")
+    if found is None:
+        raise ClusterError("etcd is not installed: no /usr/bin/etcd and no etcd on PATH "
+                           "(Debian: apt-get install etcd-server)")
+    return found
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (another process may take it later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class EtcdServer:
+    """One etcd member on loopback; use as a context manager or call start()/stop()."""
+
+    def __init__(self, binary: str | None = None, *, startup_timeout: float = 20.0,
+                 extra_args: tuple[str, ...] = ()) -> None:
+        self._binary = find_etcd(binary)
+        self._startup_timeout = startup_timeout
+        self._extra_args = extra_args
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp: Path | None = None
+        self.client_port = 0
+        self.peer_port = 0
+
+    @property
+    def url(self) -> str:
+        """Client URL, e.g. ``http://127.0.0.1:40123``."""
+        if self._proc is None:
+            raise ClusterError("etcd is not running")
+        return f"http://127.0.0.1:{self.client_port}"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the etcd process started here, None when stopped."""
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def log_path(self) -> Path | None:
+        """etcd's stdout/stderr while running (removed on stop)."""
+        return None if self._tmp is None else self._tmp / "etcd.log"
+
+    def start(self) -> EtcdServer:
+        """Start etcd and wait until it serves; retries on a lost port race."""
+        if self._proc is not None:
+            return self
+        errors: list[str] = []
+        for _ in range(3):
+            try:
+                self._start_once()
+                return self
+            except ClusterError as exc:
+                errors.append(str(exc))
+                self.stop()
+        raise ClusterError("etcd did not start:\n" + "\n---\n".join(errors))
+
+    def _start_once(self) -> None:
+        self._tmp = Path(tempfile.mkdtemp(prefix="raps-etcd-"))
+        self.client_port, self.peer_port = free_port(), free_port()
+        while self.peer_port == self.client_port:
+            self.peer_port = free_port()
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        argv = [self._binary, "--name", "default", "--data-dir", str(self._tmp / "data"),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"default={peer}", "--initial-cluster-state", "new",
+                *self._extra_args]
+        assert self.log_path is not None
+        with open(self.log_path, "wb") as log:
+            # New session: a Ctrl-C to the test run must not hit etcd before we stop it.
+            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + self._startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ClusterError(f"etcd exited with {self._proc.returncode}:\n{self._log_tail()}")
+            if self._healthy(client):
+                return
+            time.sleep(0.05)
+        raise ClusterError(f"etcd not healthy within {self._startup_timeout}s:\n{self._log_tail()}")
+
+    @staticmethod
+    def _healthy(client_url: str) -> bool:
+        try:
+            with urllib.request.urlopen(client_url + "/health", timeout=1.0) as resp:
+                return b'"true"' in resp.read()
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            assert self.log_path is not None
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except (OSError, AssertionError):
+            return "(no log)"
+
+    def etcdctl(self, *args: str, user: str | None = None) -> str:
+        """Run ``etcdctl`` (v3 API) against this server; returns stdout, raises on failure."""
+        ctl = shutil.which("etcdctl", path=os.path.dirname(self._binary)) or shutil.which("etcdctl")
+        if ctl is None:
+            raise ClusterError("etcdctl is not installed next to etcd nor on PATH")
+        argv = [ctl, "--endpoints", self.url, *(["--user", user] if user else []), *args]
+        env = {**os.environ, "ETCDCTL_API": "3"}
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30,
+                              check=False)
+        if done.returncode != 0:
+            raise ClusterError(f"{' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def stop(self) -> None:
+        """Stop the etcd started here (SIGTERM, then SIGKILL) and remove its data."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> EtcdServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
