@@ -170,34 +170,42 @@ all_nodes_up() {
   ! echo "$out" | grep -Eq ' (down|unk|idle\*|mix\*|alloc\*|drain\*)'
 }
 
-stop_pidfile() {
-  local f=$1 pid
-  [ -s "$f" ] || return 0
-  pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    local end=$((SECONDS + 15))
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < end)); do sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$f"
+# Stop the processes named by these pid files: TERM to all at once, KILL after 15 s.
+stop_pidfiles() {
+  local f pid pids=()
+  for f in "$@"; do
+    [ -s "$f" ] || continue
+    pid=$(cat "$f")
+    kill -0 "$pid" 2>/dev/null && { kill "$pid" 2>/dev/null || true; pids+=("$pid"); }
+  done
+  local end=$((SECONDS + 15)) alive
+  while :; do
+    alive=()
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+    ((${#alive[@]} == 0)) && break
+    if ((SECONDS >= end)); then kill -9 "${alive[@]}" 2>/dev/null || true; break; fi
+    sleep 0.1
+  done
+  rm -f "$@"
 }
 
 cmd_down() {
   [ -d "$RUN" ] || { log "no cluster in $RUN"; return 0; }
   export SLURM_CONF="$RUN/etc/slurm.conf"
-  local n
+  local n slurmds=()
   for n in $(node_names); do
     [ -f "$CG_DIR/$n/cgroup.freeze" ] && echo 0 >"$CG_DIR/$n/cgroup.freeze" 2>/dev/null || true
-    stop_pidfile "$RUN/pids/slurmd-$n.pid"
+    slurmds+=("$RUN/pids/slurmd-$n.pid")
+  done
+  stop_pidfiles "${slurmds[@]}"
+  for n in $(node_names); do
     # Whatever the fake node still runs (steps, tasks) dies with its cgroup.
     [ -f "$CG_DIR/$n/cgroup.kill" ] && echo 1 >"$CG_DIR/$n/cgroup.kill" 2>/dev/null || true
   done
-  stop_pidfile "$RUN/pids/slurmctld.pid"
-  stop_pidfile "$RUN/pids/etcd.pid"
+  stop_pidfiles "$RUN/pids/slurmctld.pid" "$RUN/pids/etcd.pid"
   if [ -s "$RUN/pids/munged.started" ]; then
     mv "$RUN/pids/munged.started" "$RUN/pids/munged.pid"
-    stop_pidfile "$RUN/pids/munged.pid"
+    stop_pidfiles "$RUN/pids/munged.pid"
   fi
   for n in $(node_names); do
     [ -d "$CG_DIR/$n" ] && { wait_empty_cgroup "$CG_DIR/$n"; rmdir "$CG_DIR/$n" 2>/dev/null || true; }

@@ -1,0 +1,324 @@
+"""Backup groups and spare order for one job: pure, deterministic, no I/O.
+
+Vocabulary. The *working nodes* run the job's ranks (the values of the rank map);
+the *spares* are the idle nodes the job allocated for relaunches; together they are
+the job's *pool*. A node's *fault domain* is its rack (leaf switch). Two nodes are
+*domain-disjoint* when they sit in different racks and, if both power domains are
+known, in different power domains (a node with no known power domain is compared by
+rack only).
+
+Backup groups. Each rank gets primary (its node), log backup and checkpoint mirror.
+Backups are chosen in the whole pool, spares included: a spare's disk and network are
+idle, so backup traffic there steals nothing from computing ranks; a spare that holds
+a rank's checkpoint is the cheapest place to relaunch that rank (no transfer); and the
+coordinator can pick spares in racks the ranks do not use, which makes the groups
+rack-disjoint. A spare taken for a relaunch keeps the copies it holds. Every group
+reaches the best tier its primary allows within the pool:
+
+  FULL       members pairwise domain-disjoint               (degraded=False)
+  RACK       pairwise rack-disjoint, two members share a power domain
+  RACK_ONLY  pairwise rack-disjoint, all three share a power domain
+  OFF_RACK   both backups outside the primary's rack, sharing one (job on 2 racks)
+  ONE_OFF    one backup outside the primary's rack
+  SAME_RACK  three distinct nodes in one rack
+Power domains refine only rack-disjoint groups; below that, racks alone decide.
+With 2 nodes in the pool the mirror is None, with 1 both backups are None. Anything short
+of a FULL, complete group has degraded=True and a one-line reason.
+
+Balance guarantee. load(n) counts the backup roles (log backup or mirror, one per
+rank) that pool node n holds; nodes holding none have load 0. Guaranteed
+(*swap-stability*): for every group and each of its backups ``a``, every pool node
+``b`` that could take a's role instead -- ``b`` is not in the group and the group keeps
+its tier -- has ``load(b) >= load(a) - 1``. So no single reassignment can narrow the
+gap between two nodes. Consequence: when the pool spans three or more racks,
+nodes sharing rack and power domain have loads within one of each other (without
+power domains: loads are balanced within one inside each rack). Construction: greedy
+in rank order (least loaded eligible node, then fewest switch hops from the primary,
+then name: fault independence is already fixed by the tier, so fewer hops just means
+cheaper log traffic), then single-role moves to a node at least two lighter until none is left;
+each move lowers the sum of squared loads, so the loop ends.
+
+Spare order. Every rank gets all the job's spares: healthy spares first (a spare is
+unhealthy when it or its rack is listed in ``unhealthy``), then -- with
+``prefer_original_rack`` and the primary's rack healthy -- spares in the primary's
+rack, then spares domain-disjoint from the primary, then fewer switch hops (cheaper
+chunk transfer), then name.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection, Iterable, Mapping
+
+from raps_slurm.errors import PlacementError
+from raps_slurm.model import BackupGroup, RankPlacement, Topology
+
+FULL, RACK, RACK_ONLY, OFF_RACK, ONE_OFF, SAME_RACK = 5, 4, 3, 2, 1, 0
+_Class = tuple[str, str | None]  # (rack, power domain); disjointness depends on nothing else
+
+
+def fault_domain(topology: Topology, node: str) -> str:
+    """The rack (leaf switch) of ``node``; PlacementError if it is in no rack."""
+    return _Domains(topology).rack_of(node, "node")
+
+
+def domain_disjoint(topology: Topology, a: str, b: str) -> bool:
+    """True when ``a`` and ``b`` differ in rack and, where both are known, power domain."""
+    d = _Domains(topology)
+    return d.disjoint(d.cls(a), d.cls(b))
+
+
+class _Domains:
+    """Rack and power lookups with a distance cache (Topology recomputes on each call)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.rack: dict[str, str] = {}
+        for name, nodes in sorted(topology.racks().items()):
+            for n in nodes:
+                self.rack.setdefault(n, name)  # a node in two racks: first by name wins
+        self._dist: dict[tuple[str, str], int] = {}
+
+    def rack_of(self, node: str, what: str) -> str:
+        if node not in self.rack:
+            raise PlacementError(f"{what} {node!r} is not in any rack of the topology")
+        return self.rack[node]
+
+    def cls(self, node: str) -> _Class:
+        return self.rack_of(node, "node"), self.topology.power_domains.get(node)
+
+    @staticmethod
+    def disjoint(a: _Class, b: _Class) -> bool:
+        return a[0] != b[0] and (a[1] is None or b[1] is None or a[1] != b[1])
+
+    def dist(self, a: str, b: str) -> int:
+        # Upper switches hold whole racks (topology.conf: Nodes= or Switches=), so the
+        # hops between two distinct nodes depend on their racks only.
+        if a == b:
+            return 0
+        ra, rb = self.rack[a], self.rack[b]
+        key = (ra, rb) if ra <= rb else (rb, ra)
+        if key not in self._dist:
+            self._dist[key] = self.topology.distance(a, b)
+        return self._dist[key]
+
+
+def _class_tier(cp: _Class, cx: _Class, cy: _Class) -> int:
+    """Tier of a group whose primary, log backup and mirror have these classes."""
+    if len({cp[0], cx[0], cy[0]}) == 3:
+        known = [c[1] for c in (cp, cx, cy) if c[1] is not None]
+        # Equal power domains are transitive: 0, 1 or all 3 pairs share one.
+        return (FULL, RACK, RACK_ONLY)[len(known) - len(set(known))]
+    off = (cx[0] != cp[0]) + (cy[0] != cp[0])
+    return (SAME_RACK, ONE_OFF, OFF_RACK)[off]
+
+
+def order_spares(topology: Topology, primary: str, spares: Iterable[str], *,
+                 prefer_original_rack: bool = False,
+                 unhealthy: Collection[str] = frozenset()) -> tuple[str, ...]:
+    """All ``spares`` ordered for a relaunch of a rank that ran on ``primary``."""
+    d = _Domains(topology)
+    d.rack_of(primary, "node")
+    spares = list(spares)
+    for s in spares:
+        d.rack_of(s, "spare")
+    return _order_spares(d, primary, spares, prefer_original_rack, frozenset(unhealthy))
+
+
+def _order_spares(d: _Domains, primary: str, spares: Iterable[str], prefer: bool,
+                  unhealthy: frozenset[str]) -> tuple[str, ...]:
+    home = d.rack[primary]
+    pc = d.cls(primary)
+    prefer_home = prefer and home not in unhealthy
+
+    def key(s: str) -> tuple[bool, bool, bool, int, str]:
+        sick = s in unhealthy or d.rack[s] in unhealthy
+        away = not (prefer_home and d.rack[s] == home)
+        return sick, away, not d.disjoint(pc, d.cls(s)), d.dist(primary, s), s
+
+    return tuple(sorted(set(spares), key=key))
+
+
+def compute_placement(topology: Topology, rank_nodes: Mapping[int, str],
+                      spares: Iterable[str] = (), *, prefer_original_rack: bool = False,
+                      unhealthy: Collection[str] = frozenset()) -> dict[int, RankPlacement]:
+    """Backup group and ordered spare list for every rank of one job.
+
+    ``rank_nodes`` maps rank -> node (several ranks may share a node); ``unhealthy``
+    names racks or nodes known to be sick (default: all healthy); it orders spares only,
+    backups are drawn from working nodes and spares whatever their health (re-plan after a
+    drain). Raises PlacementError on an empty rank map, a negative rank, a node or spare
+    missing from the topology, a spare listed twice or a spare that also runs ranks.
+    """
+    d = _Domains(topology)
+    ranks, working, spare_list = _validate(d, rank_nodes, spares)
+    sick = frozenset(unhealthy)
+    pool = sorted({*working, *spare_list})
+    backups = _assign_backups(d, ranks, pool, rank_nodes)
+    racks = sorted({d.rack[n] for n in pool})
+    out: dict[int, RankPlacement] = {}
+    for r in ranks:
+        p = rank_nodes[r]
+        log, mirror, tier = backups[r]
+        reason = _reason(d, p, log, mirror, tier, racks)
+        group = BackupGroup(r, p, log, mirror, degraded=bool(reason), reason=reason)
+        out[r] = RankPlacement(group, _order_spares(d, p, spare_list, prefer_original_rack, sick))
+    return out
+
+
+def _validate(d: _Domains, rank_nodes: Mapping[int, str],
+              spares: Iterable[str]) -> tuple[list[int], list[str], list[str]]:
+    if not rank_nodes:
+        raise PlacementError("rank map is empty: a job needs at least one rank")
+    for r, n in rank_nodes.items():
+        if isinstance(r, bool) or not isinstance(r, int):
+            raise PlacementError(f"rank {r!r} is not an integer")
+        if r < 0:
+            raise PlacementError(f"rank {r} is negative")
+        d.rack_of(n, f"rank {r}: node")
+    working = set(rank_nodes.values())
+    spare_list = list(spares)
+    seen: set[str] = set()
+    for s in spare_list:
+        d.rack_of(s, "spare")
+        if s in working:
+            raise PlacementError(f"spare {s!r} also runs ranks: a spare must be idle")
+        if s in seen:
+            raise PlacementError(f"spare {s!r} is listed twice")
+        seen.add(s)
+    return sorted(rank_nodes), sorted(working), spare_list
+
+
+def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
+                    rank_nodes: Mapping[int, str]) -> dict[int, tuple[str | None, str | None, int]]:
+    load = dict.fromkeys(pool, 0)
+    out: dict[int, tuple[str | None, str | None, int]] = {}
+    if len(pool) < 3:  # no choice to make: the other node, if any, is the log backup
+        for r in ranks:
+            others = [n for n in pool if n != rank_nodes[r]]
+            out[r] = (others[0] if others else None, None, -1)
+        return out
+
+    # Tiers depend on (rack, power) classes only, so reason on classes, not nodes; each
+    # class keeps its nodes sorted by (load, name), so a pick costs O(classes), not O(nodes).
+    cls = {n: d.cls(n) for n in pool}
+    by_class: dict[_Class, list[tuple[int, str]]] = {}
+    for n in pool:
+        by_class.setdefault(cls[n], []).append((0, n))
+    size = {c: len(nodes) for c, nodes in by_class.items()}
+    classes = sorted(size, key=str)
+    best_cache: dict[_Class, int] = {}
+    room: dict[tuple[_Class, _Class], int] = {}  # best tier once (p, x) are fixed
+
+    def free(c: _Class, *taken: _Class) -> bool:
+        return size[c] > sum(c == t for t in taken)
+
+    def best_of(tiers: Iterable[int]) -> int:
+        best = -1
+        for t in tiers:
+            best = max(best, t)
+            if best == FULL:  # nothing beats it: stop scanning, classes can be many
+                break
+        return best
+
+    def best_with(pc: _Class, xc: _Class) -> int:
+        if (pc, xc) not in room:
+            room[(pc, xc)] = best_of(_class_tier(pc, xc, c) for c in classes
+                                     if free(c, pc, xc))
+        return room[(pc, xc)]
+
+    def best_tier(p: str) -> int:
+        pc = cls[p]
+        if pc not in best_cache:
+            best_cache[pc] = best_of(best_with(pc, c) for c in classes if free(c, pc))
+        return best_cache[pc]
+
+    allowed: dict[tuple[_Class, _Class | None, int], list[_Class]] = {}
+
+    def eligible(pc: _Class, oc: _Class | None, t: int) -> list[_Class]:
+        if (pc, oc, t) not in allowed:
+            allowed[(pc, oc, t)] = [  # a first pick must leave room for the second
+                c for c in classes
+                if (best_with(pc, c) if oc is None else _class_tier(pc, c, oc)) >= t]
+        return allowed[(pc, oc, t)]
+
+    def pick(p: str, other: str | None, t: int) -> str:
+        # All nodes of a class are equally far from p (see dist), so the (load, name)
+        # head of each class is its only contender for (load, hops, name).
+        best: tuple[int, int, str] | None = None
+        for c in eligible(cls[p], cls[other] if other else None, t):
+            for head in by_class[c]:
+                if head[1] != p and head[1] != other:
+                    break
+            else:
+                continue
+            load_x, x = head
+            if best is None or (load_x <= best[0] and (load_x, d.dist(p, x), x) < best):
+                best = (load_x, d.dist(p, x), x)
+        assert best is not None  # the tier t was computed as reachable
+        return best[2]
+
+    def bump(n: str, delta: int) -> None:
+        nodes = by_class[cls[n]]
+        nodes.remove((load[n], n))
+        load[n] += delta
+        bisect.insort(nodes, (load[n], n))
+
+    pairs: dict[int, list[str]] = {}
+    for r in ranks:
+        p, t = rank_nodes[r], best_tier(rank_nodes[r])
+        log = pick(p, None, t)
+        bump(log, 1)
+        mirror = pick(p, log, t)
+        bump(mirror, 1)
+        pairs[r] = [log, mirror]
+
+    moved = True
+    while moved:  # ends: every move lowers sum(load**2) by at least 2
+        moved = False
+        for r in ranks:
+            p, t = rank_nodes[r], best_tier(rank_nodes[r])
+            for role in (0, 1):
+                a, other = pairs[r][role], pairs[r][1 - role]
+                b = pick(p, other, t)
+                if load[a] - load[b] >= 2:
+                    pairs[r][role] = b
+                    bump(a, -1)
+                    bump(b, 1)
+                    moved = True
+    for r in ranks:
+        out[r] = (pairs[r][0], pairs[r][1], best_tier(rank_nodes[r]))
+    return out
+
+
+def _shares(d: _Domains, members: dict[str, str], attr: str) -> str:
+    """E.g. 'log backup and checkpoint mirror share rack r2' for members sharing ``attr``."""
+    by_value: dict[str, list[str]] = {}
+    for role, node in members.items():
+        value = d.rack[node] if attr == "rack" else d.topology.power_domains.get(node)
+        if value is not None:
+            by_value.setdefault(value, []).append(role)
+    parts = []
+    for value, roles in sorted(by_value.items()):
+        if len(roles) > 1:
+            who = " and ".join([", ".join(roles[:-1]), roles[-1]])
+            parts.append(f"{who} share {attr} {value}")
+    return "; ".join(parts)
+
+
+def _reason(d: _Domains, p: str, log: str | None, mirror: str | None, tier: int,
+            racks: list[str]) -> str:
+    """Empty for a complete FULL group, else one human-readable line."""
+    if log is None:
+        return "job has 1 node: no backup possible"
+    if mirror is None:
+        same = _shares(d, {"primary": p, "log backup": log}, "rack")
+        return "job has 2 nodes: no checkpoint mirror possible" + (f"; {same}" if same else "")
+    if tier == FULL:
+        return ""
+    members = {"primary": p, "log backup": log, "checkpoint mirror": mirror}
+    if tier in (RACK, RACK_ONLY):
+        return (f"no two backups for {p} differ from it and each other in both rack and "
+                f"power domain; rack-disjoint only: {_shares(d, members, 'power domain')}")
+    spans = f"job spans {len(racks)} rack{'s' if len(racks) > 1 else ''} ({', '.join(racks)})"
+    return f"{spans}: {_shares(d, members, 'rack')}"
