@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-apt_packages=(slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make)
+apt_packages=(slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make procps)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

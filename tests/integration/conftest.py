@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ def cluster() -> Iterator[LocalCluster]:
     """Bring the cluster up once; always bring it down, even when a test fails."""
     # Not pytest's tmp_path: its parents are mode 0700 and slurmctld runs as SlurmUser.
     run_dir = Path(tempfile.mkdtemp(prefix="raps-cluster-"))
-    c = LocalCluster(run_dir)
+    # RAPS_CLUSTER_PORT moves the cluster's ports, e.g. beside a demo cluster on 17000.
+    c = LocalCluster(run_dir, port_base=int(os.environ.get("RAPS_CLUSTER_PORT", "17000")))
     try:
         c.up()
     except Exception:
