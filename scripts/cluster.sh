@@ -85,7 +85,14 @@ write_conf() {
     echo "NodeName=n[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((BASE + 1))-$((BASE + NODES))] CPUs=2 RealMemory=1000 State=UNKNOWN"
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } >"$RUN/etc/slurm.conf"
-  [ -f "$RUN/etc/plugstack.conf" ] || : >"$RUN/etc/plugstack.conf"
+  # The SPANK shim, when built (scripts/test.sh builds it): the --raps options.
+  local so
+  so=$(realpath -m "$(dirname "$0")/../spank/raps_spank.so")
+  if [ ! -f "$RUN/etc/plugstack.conf" ]; then
+    if [ -f "$so" ]; then
+      echo "required $so agent_socket=$RUN/agent.sock coordinator=127.0.0.1:$((BASE + 470))"
+    fi >"$RUN/etc/plugstack.conf"
+  fi
   {
     for ((r = 1; r <= RACKS; r++)); do
       first=$(((r - 1) * per_rack + 1))
