@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +118,25 @@ def test_cluster_etcd_through_the_configured_store(cluster: LocalCluster) -> Non
         assert kv is not None and kv.value == b'{"rack": "r1"}'
         assert kv.key.startswith("/raps-it/v1/")
         assert store.delete_prefix("/raps-it/v1/") == 1
+
+
+def test_rapsctl_show_commands_on_the_cluster(cluster: LocalCluster) -> None:
+    """What an admin types: rapsctl show nodes/topology/groups against the live cluster."""
+    env = {**os.environ, **cluster.env}
+    env.pop("RAPS_CONFIG", None)
+
+    def rapsctl(*args: str) -> Any:
+        r = subprocess.run([sys.executable, "-m", "raps_slurm.cli", *args], env=env, text=True,
+                           capture_output=True, timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    nodes = rapsctl("show", "nodes", "--json")
+    assert [(n["node"], n["rack"]) for n in nodes] == [
+        ("n1", "r1"), ("n2", "r1"), ("n3", "r2"), ("n4", "r2"), ("n5", "r3"), ("n6", "r3")]
+    racks = rapsctl("show", "topology", "--json")
+    assert {r["rack"]: r["count"] for r in racks} == {"r1": 2, "r2": 2, "r3": 2}
+    groups = rapsctl("show", "groups", "--nodes", "n[1-4]", "--spares", "n[5-6]", "--json")
+    assert [g["rank"] for g in groups] == [0, 1, 2, 3]
+    for g in groups:
+        assert sorted(g["racks"].split(",")) == ["r1", "r2", "r3"] and g["degraded"] == "no"
