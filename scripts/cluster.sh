@@ -4,7 +4,7 @@
 # each fake node in its own cgroup (v2) so it can be crashed or frozen whole.
 #
 #   scripts/cluster.sh up|down|status|env
-#   scripts/cluster.sh crash NODE | freeze NODE | thaw NODE | restart NODE
+#   scripts/cluster.sh crash NODE | freeze NODE | thaw NODE | restart NODE | cgroup NODE
 #
 # Settings (environment): RAPS_CLUSTER_DIR (run dir, default /tmp/raps-cluster),
 # RAPS_CLUSTER_NODES (6), RAPS_CLUSTER_RACKS (3), RAPS_CLUSTER_PORT (base port, 17000:
@@ -301,8 +301,9 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   env) [ -f "$RUN/env" ] || die "no cluster in $RUN (scripts/cluster.sh up)"; cat "$RUN/env" ;;
+  cgroup) [ $# -eq 2 ] || die "usage: scripts/cluster.sh cgroup NODE"; node_cgroup "$2" ;;
   crash | freeze | thaw | restart)
     [ $# -eq 2 ] || die "usage: scripts/cluster.sh $1 NODE"
     "cmd_$1" "$2" ;;
-  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE" >&2; exit 2 ;;
+  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|cgroup NODE" >&2; exit 2 ;;
 esac

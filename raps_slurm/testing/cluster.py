@@ -83,6 +83,10 @@ class LocalCluster:
         """Start a crashed node's slurmd again."""
         self._run("restart", node)
 
+    def cgroup(self, node: str) -> Path:
+        """The cgroup v2 directory of a fake node (it may not exist without cgroup v2)."""
+        return Path(self._run("cgroup", node).strip())
+
     def slurm(self, timeout: float = 30.0) -> SlurmClient:
         """A Slurm client bound to this cluster."""
         return SlurmClient(CommandRunner(timeout=timeout, env=self.env))

@@ -68,6 +68,14 @@ def test_job_nodes_weight_and_cancel(cluster: LocalCluster) -> None:
         assert wait_until("weight", lambda: slurm.node("n6").weight, lambda w: w == 77,
                           timeout=10) == 77
         slurm.set_weight(["n6"], 1)
+
+        slurm.requeue(job_id)
+        # Slurm holds a requeued job back from its nodes for a while (begin time in the
+        # future): back in the queue with one restart is what the adapter must show.
+        again = wait_until("job requeued", lambda: slurm.job(job_id),
+                           lambda j: j.restart_count == 1 and j.state == "PENDING",
+                           timeout=30, interval=0.5)
+        assert again.nodes == ()
     finally:
         slurm.cancel(job_id)
     wait_until("job gone", lambda: [j.state for j in slurm.jobs() if j.job_id == job_id],
@@ -96,6 +104,25 @@ def test_crashed_node_goes_down_and_comes_back(cluster: LocalCluster) -> None:
     wait_until("n6 back", lambda: slurm.node("n6"),
                lambda n: n.state is NodeState.IDLE and "NOT_RESPONDING" not in n.flags,
                timeout=60, interval=1)
+
+
+def test_frozen_node_and_thaw(cluster: LocalCluster) -> None:
+    events = cluster.cgroup("n5") / "cgroup.events"
+    assert events.exists(), f"cgroup v2 not usable here: {events} missing"
+
+    def frozen() -> str:
+        return next(ln for ln in events.read_text().splitlines() if ln.startswith("frozen "))
+
+    cluster.freeze("n5")
+    try:
+        wait_until("n5 frozen", frozen, lambda v: v == "frozen 1", timeout=10)
+        pid = int((cluster.run_dir / "pids" / "slurmd-n5.pid").read_text())
+        assert str(pid) in (cluster.cgroup("n5") / "cgroup.procs").read_text().split()
+    finally:
+        cluster.thaw("n5")
+    wait_until("n5 thawed", frozen, lambda v: v == "frozen 0", timeout=10)
+    slurm = cluster.slurm()
+    assert not slurm.node("n5").flags & {"NOT_RESPONDING"}
 
 
 def test_real_outputs_match_the_stored_samples(cluster: LocalCluster) -> None:
