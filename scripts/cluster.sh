@@ -8,7 +8,7 @@
 #
 # Settings (environment): RAPS_CLUSTER_DIR (run dir, default /tmp/raps-cluster),
 # RAPS_CLUSTER_NODES (6), RAPS_CLUSTER_RACKS (3), RAPS_CLUSTER_PORT (base port, 17000:
-# slurmctld on base+817-ish, slurmd on base+1.., etcd on base+379/base+380).
+# slurmctld on base+817, slurmd on base+1.., etcd client/peer on base+379/base+380).
 # `down` stops exactly the processes `up` started (pids recorded in the run dir).
 set -euo pipefail
 
@@ -81,7 +81,6 @@ write_conf() {
     echo "AccountingStorageType=accounting_storage/none"
     echo "TopologyPlugin=topology/tree"
     echo "PlugStackConfig=$RUN/etc/plugstack.conf"
-    [ -f "$RUN/etc/raps-slurm.conf" ] && echo "Include $RUN/etc/raps-slurm.conf"
     echo "NodeName=n[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((BASE + 1))-$((BASE + NODES))] CPUs=2 RealMemory=1000 State=UNKNOWN"
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } >"$RUN/etc/slurm.conf"
