@@ -46,7 +46,8 @@ class CheckpointConfig:
     large_message_threshold_kb: int = _f(
         4096, "messages above this are logged as metadata, body kept in sender memory",
         1, 1024 * 1024)
-    local_dir: str = _f("/var/lib/raps/ckpt", "node-local chunk store of the agent")
+    local_dir: str = _f("/var/lib/raps/ckpt",
+                        "node-local checkpoint dir; %n is replaced by the node name")
     cold_dir: str = _f("", "shared-storage cold copy, last fallback of a restore ('' = none)")
 
 
@@ -113,6 +114,23 @@ class CoordinatorConfig:
     addresses: tuple[str, ...] = _f(["127.0.0.1:7470"],
                                     "host:port of every coordinator (leader and standbys)")
     leader_lease_sec: float = _f(10.0, "TTL of the coordinator leader key", 1, 600)
+    cycle_interval_sec: float = _f(1.0, "longest wait between cycles (a job change wakes it)",
+                                   0.05, 60)
+    topology_refresh_sec: float = _f(60.0, "re-read the Slurm topology this often", 1, 86400)
+    slurm_poll_sec: float = _f(10.0, "ask Slurm for the state of registered jobs this often",
+                               0.5, 3600)
+    purge_grace_sec: float = _f(3600.0, "keep a finished job's keys and data this long",
+                                0, 30 * 86400)
+    metrics_address: str = _f("127.0.0.1:9470", "Prometheus endpoint host:port ('' = off)")
+
+
+@dataclass(frozen=True)
+class HooksConfig:
+    """Prolog/epilog hooks: fast, no Slurm calls, never a reason to block the cluster."""
+
+    fail_open: bool = _f(True, "etcd unreachable: PrologSlurmctld lets the job run unregistered")
+    time_budget_sec: float = _f(2.0, "hard limit on one hook run", 0.1, 60)
+    log_dir: str = _f("/var/log/raps", "hook log files (<hook>.log); unwritable = stderr")
 
 
 @dataclass(frozen=True)
@@ -141,6 +159,7 @@ class Config:
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    hooks: HooksConfig = field(default_factory=HooksConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -255,9 +274,24 @@ def _check_pairs(cfg: Config, errors: list[str]) -> None:
             errors.append(f"topology.power_domains.{domain}: {hostlist!r} is not a hostlist "
                           "such as n[1-8]")
     for addr in cfg.coordinator.addresses:
-        host, _, port = addr.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if parse_address(addr) is None:
             errors.append(f"coordinator.addresses: {addr!r} is not host:port")
+    metrics = cfg.coordinator.metrics_address
+    if metrics and parse_address(metrics) is None:
+        errors.append(f"coordinator.metrics_address: {metrics!r} is not host:port or ''")
+
+
+def parse_address(addr: str) -> tuple[str, int] | None:
+    """``host:port`` as (host, port), or None when it is not one."""
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def node_dir(template: str, node: str) -> str:
+    """A per-node path: ``%n`` in ``template`` becomes the node name (as in slurm.conf)."""
+    return template.replace("%n", node)
 
 
 def parse_config(data: Any, source: str = "config") -> Config:

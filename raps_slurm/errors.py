@@ -45,6 +45,14 @@ class LeaseExpired(StoreError):
     """A lease was refreshed or used after it expired or was revoked."""
 
 
+class RecordError(StoreError):
+    """A value read from the store is malformed (names the key and the field)."""
+
+
+class NotLeader(StoreError):
+    """A leader-guarded write was refused: this coordinator is no longer the leader."""
+
+
 class PlacementError(RapsError):
     """Backup groups or spares cannot be computed from the given inputs."""
 

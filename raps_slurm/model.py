@@ -104,19 +104,25 @@ class Topology:
 
 @dataclass(frozen=True)
 class BackupGroup:
-    """Where one rank's data lives: primary (runs it), log backup, checkpoint mirror."""
+    """Where one rank's data lives: primary (runs it), log backup, checkpoint mirrors.
+
+    The replica count N (copies besides the primary) gives one log backup (copy 1) and
+    N-1 checkpoint mirrors; a pool too small for that leaves ``log_backup`` None or
+    ``ckpt_mirrors`` shorter, with ``degraded`` set and a one-line ``reason``.
+    """
 
     rank: int
     primary: str
     log_backup: str | None
-    ckpt_mirror: str | None
+    ckpt_mirrors: tuple[str, ...] = ()
     degraded: bool = False
     reason: str = ""
 
     @property
     def members(self) -> tuple[str, ...]:
-        """The nodes of the group that exist, primary first."""
-        return tuple(n for n in (self.primary, self.log_backup, self.ckpt_mirror) if n)
+        """The nodes of the group: primary, log backup if any, then the mirrors in order."""
+        log = (self.log_backup,) if self.log_backup else ()
+        return (self.primary, *log, *self.ckpt_mirrors)
 
 
 @dataclass(frozen=True)

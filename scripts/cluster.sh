@@ -5,10 +5,15 @@
 #
 #   scripts/cluster.sh up|down|status|env
 #   scripts/cluster.sh crash NODE | freeze NODE | thaw NODE | restart NODE | cgroup NODE
+#   scripts/cluster.sh etcd-stop | etcd-start      (keeps etcd's data)
 #
 # Settings (environment): RAPS_CLUSTER_DIR (run dir, default /tmp/raps-cluster),
 # RAPS_CLUSTER_NODES (6), RAPS_CLUSTER_RACKS (3), RAPS_CLUSTER_PORT (base port, 17000:
-# slurmctld on base+817, slurmd on base+1.., etcd client/peer on base+379/base+380).
+# slurmctld on base+817, slurmd on base+1.., etcd client/peer on base+379/base+380),
+# RAPS_PYTHON (interpreter the Slurm hooks run with; SlurmUser must be able to run it:
+# default /opt/raps/venv/bin/python, which scripts/test.sh creates, else python3).
+# The RAPS config of the cluster is $RUN/etc/raps.yaml: configs/test.yaml with the
+# cluster's etcd, checkpoint dirs ($RUN/ckpt/%n) and hook log dir ($RUN/log/raps).
 # `down` stops exactly the processes `up` started (pids recorded in the run dir).
 set -euo pipefail
 
@@ -22,6 +27,11 @@ ETCD_PEER=$((BASE + 380))
 CG_ROOT=${RAPS_CGROUP_ROOT:-/sys/fs/cgroup/unified}
 CG_DIR="$CG_ROOT/raps-cluster-$(echo "$RUN" | md5sum | cut -c1-8)"
 SLURM_SBIN=${RAPS_SLURM_SBIN:-/usr/sbin}
+REPO=$(realpath -m "$(dirname "$0")/..")
+if [ -z "${RAPS_PYTHON:-}" ]; then
+  if [ -x /opt/raps/venv/bin/python ]; then RAPS_PYTHON=/opt/raps/venv/bin/python
+  else RAPS_PYTHON=$(command -v python3); fi
+fi
 
 die() { echo "cluster.sh: $*" >&2; exit 1; }
 log() { echo "cluster.sh: $*" >&2; }
@@ -81,6 +91,11 @@ write_conf() {
     echo "AccountingStorageType=accounting_storage/none"
     echo "TopologyPlugin=topology/tree"
     echo "PlugStackConfig=$RUN/etc/plugstack.conf"
+    echo "PrologSlurmctld=$RUN/hooks/prolog-slurmctld"
+    echo "EpilogSlurmctld=$RUN/hooks/epilog-slurmctld"
+    echo "Prolog=$RUN/hooks/prolog"
+    echo "Epilog=$RUN/hooks/epilog"
+    echo "PrologFlags=Alloc"
     echo "NodeName=n[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((BASE + 1))-$((BASE + NODES))] CPUs=2 RealMemory=1000 State=UNKNOWN"
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } >"$RUN/etc/slurm.conf"
@@ -101,11 +116,30 @@ write_conf() {
     done
     echo "SwitchName=root Switches=r[1-$RACKS]"
   } >"$RUN/etc/topology.conf"
+  write_raps_conf
   cat >"$RUN/env" <<EOF
 export SLURM_CONF=$RUN/etc/slurm.conf
 export RAPS_CLUSTER_DIR=$RUN
 export RAPS_ETCD_URL=http://127.0.0.1:$ETCD_PORT
+export RAPS_CONFIG=$RUN/etc/raps.yaml
 EOF
+}
+
+# The RAPS side: config, hook wrappers, checkpoint and hook log dirs.
+write_raps_conf() {
+  mkdir -p "$RUN/ckpt" "$RUN/log/raps"
+  chmod 0777 "$RUN/log/raps" # PrologSlurmctld (SlurmUser) and Prolog (root) both log here
+  {
+    sed -e "s#^  local_dir: .*#  local_dir: $RUN/ckpt/%n#" \
+        -e "s#^  log_dir: .*#  log_dir: $RUN/log/raps#" "$REPO/configs/test.yaml"
+    echo "store:"
+    echo "  endpoints: ['http://127.0.0.1:$ETCD_PORT']"
+  } >"$RUN/etc/raps.yaml"
+  chmod 0644 "$RUN/etc/raps.yaml"
+  if id slurm >/dev/null 2>&1 && ! runuser -u slurm -- "$RAPS_PYTHON" -c 'import raps_slurm.hooks.run' 2>/dev/null; then
+    die "SlurmUser 'slurm' cannot run $RAPS_PYTHON with raps_slurm (PrologSlurmctld would fail every job): set RAPS_PYTHON, e.g. to the venv scripts/test.sh creates"
+  fi
+  bash "$REPO/scripts/install-hooks.sh" --python "$RAPS_PYTHON" --config "$RUN/etc/raps.yaml" "$RUN/hooks" >/dev/null
 }
 
 munge_ok() { echo | munge 2>/dev/null | unmunge >/dev/null 2>&1; }
@@ -123,7 +157,7 @@ start_munge() {
 
 start_etcd() {
   command -v etcd >/dev/null || die "etcd not found (apt-get install etcd-server)"
-  rm -rf "$RUN/etcd/data"
+  [ "${1:-}" = keep ] || rm -rf "$RUN/etcd/data"
   nohup etcd --name raps --data-dir "$RUN/etcd/data" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
@@ -289,6 +323,20 @@ cmd_thaw() {
   fi
 }
 
+cmd_etcd_stop() {
+  [ -s "$RUN/pids/etcd.pid" ] || die "etcd of $RUN is not running"
+  stop_pidfiles "$RUN/pids/etcd.pid"
+  log "etcd stopped (data kept)"
+}
+
+cmd_etcd_start() {
+  if [ -s "$RUN/pids/etcd.pid" ] && kill -0 "$(cat "$RUN/pids/etcd.pid")" 2>/dev/null; then
+    die "etcd of $RUN already runs"
+  fi
+  start_etcd keep
+  log "etcd started"
+}
+
 cmd_restart() {
   export SLURM_CONF="$RUN/etc/slurm.conf"
   node_cgroup "$1" >/dev/null
@@ -304,5 +352,7 @@ case "${1:-}" in
   crash | freeze | thaw | restart)
     [ $# -eq 2 ] || die "usage: scripts/cluster.sh $1 NODE"
     "cmd_$1" "$2" ;;
-  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|cgroup NODE" >&2; exit 2 ;;
+  etcd-stop) cmd_etcd_stop ;;
+  etcd-start) cmd_etcd_start ;;
+  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|cgroup NODE|etcd-stop|etcd-start" >&2; exit 2 ;;
 esac

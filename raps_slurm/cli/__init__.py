@@ -9,7 +9,8 @@ import sys
 
 import click
 
-from raps_slurm.cli import config_cmd, show
+from raps_slurm.cli import config_cmd, ping, show
+from raps_slurm.cli import jobs as _jobs  # noqa: F401  (adds show job, show groups)
 from raps_slurm.errors import ConfigError, RapsError
 
 
@@ -25,6 +26,7 @@ def cli(ctx: click.Context, config_path: str | None) -> None:
 
 cli.add_command(config_cmd.config)
 cli.add_command(show.show)
+cli.add_command(ping.ping)
 
 
 def main(argv: list[str] | None = None) -> None:

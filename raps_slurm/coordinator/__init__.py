@@ -1,12 +1,7 @@
-"""`raps-coordinator`: placeholder until its issue lands."""
+"""``raps-coordinator``: leader election, job registry, rank maps (see ``main``)."""
 
 from __future__ import annotations
 
-import sys
+from raps_slurm.coordinator.main import main
 
-from raps_slurm._placeholder import not_yet
-
-
-def main() -> None:
-    """Entry point of `raps-coordinator`."""
-    sys.exit(not_yet("raps-coordinator"))
+__all__ = ["main"]

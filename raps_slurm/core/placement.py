@@ -7,12 +7,19 @@ the job's *pool*. A node's *fault domain* is its rack (leaf switch). Two nodes a
 known, in different power domains (a node with no known power domain is compared by
 rack only).
 
-Backup groups. Each rank gets primary (its node), log backup and checkpoint mirror.
+Replica count. ``replicas`` (``checkpoint.replica_count`` or ``--raps-replicas``, 0-8,
+default 2) counts the copies besides the primary: the log backup is copy 1 and copies
+2..N are checkpoint mirrors, so a group has up to N-1 mirrors. With 0 the group is the
+primary alone and not degraded.
+
+Backup groups. Each rank's group is its primary (its node) and its backups.
 Backups are chosen in the whole pool, spares included: a spare's disk and network are
 idle, so backup traffic there steals nothing from computing ranks; a spare that holds
 a rank's checkpoint is the cheapest place to relaunch that rank (no transfer); and the
 coordinator can pick spares in racks the ranks do not use, which makes the groups
-rack-disjoint. A spare taken for a relaunch keeps the copies it holds. Every group
+rack-disjoint. A spare taken for a relaunch keeps the copies it holds.
+
+Two copies (the default; for N >= 3 the log backup and the first mirror). Every group
 reaches the best tier its primary allows within the pool:
 
   FULL       members pairwise domain-disjoint               (degraded=False)
@@ -22,11 +29,23 @@ reaches the best tier its primary allows within the pool:
   ONE_OFF    one backup outside the primary's rack
   SAME_RACK  three distinct nodes in one rack
 Power domains refine only rack-disjoint groups; below that, racks alone decide.
-With 2 nodes in the pool the mirror is None, with 1 both backups are None. Anything short
+With 2 nodes in the pool there is no mirror, with 1 no backup at all. Anything short
 of a FULL, complete group has degraded=True and a one-line reason.
 
-Balance guarantee. load(n) counts the backup roles (log backup or mirror, one per
-rank) that pool node n holds; nodes holding none have load 0. Guaranteed
+One copy. The log backup alone, at the best of: domain-disjoint from the primary,
+in another rack, in the primary's rack (no room for a mirror is needed). Only a 1-node
+pool, which allows no backup, makes the group degraded.
+
+Three or more copies. Log backup and first mirror as for two copies; then each further
+mirror, greedily in rank order and mirror order: a pool node not in the group,
+domain-disjoint from every member if one is, else rack-disjoint from every member if
+one is, then least loaded, then fewest hops from the primary, then name. The group is
+degraded when the pool has too few nodes for N-1 mirrors or when two members are not
+domain-disjoint. Greedy, not optimal: the first two backups are fixed before the others,
+so a pool that could hold a pairwise domain-disjoint group of N+1 may not get one.
+
+Balance guarantee. load(n) counts the backup roles (log backup or a mirror) that pool
+node n holds; nodes holding none have load 0. For N <= 2 it is guaranteed
 (*swap-stability*): for every group and each of its backups ``a``, every pool node
 ``b`` that could take a's role instead -- ``b`` is not in the group and the group keeps
 its tier -- has ``load(b) >= load(a) - 1``. So no single reassignment can narrow the
@@ -36,7 +55,10 @@ power domains: loads are balanced within one inside each rack). Construction: gr
 in rank order (least loaded eligible node, then fewest switch hops from the primary,
 then name: fault independence is already fixed by the tier, so fewer hops just means
 cheaper log traffic), then single-role moves to a node at least two lighter until none is left;
-each move lowers the sum of squared loads, so the loop ends.
+each move lowers the sum of squared loads, so the loop ends. For N >= 3 the guarantee
+holds for loads counting log backups and first mirrors only, because that balancing
+pass runs before further mirrors exist; those go to the least loaded of the equally
+independent candidates when picked, with no swap-stability guarantee.
 
 Spare order. Every rank gets all the job's spares: healthy spares first (a spare is
 unhealthy when it or its rack is listed in ``unhealthy``), then -- with
@@ -54,6 +76,7 @@ from raps_slurm.errors import PlacementError
 from raps_slurm.model import BackupGroup, RankPlacement, Topology
 
 FULL, RACK, RACK_ONLY, OFF_RACK, ONE_OFF, SAME_RACK = 5, 4, 3, 2, 1, 0
+MAX_REPLICAS = 8
 _Class = tuple[str, str | None]  # (rack, power domain); disjointness depends on nothing else
 
 
@@ -113,6 +136,13 @@ def _class_tier(cp: _Class, cx: _Class, cy: _Class) -> int:
     return (SAME_RACK, ONE_OFF, OFF_RACK)[off]
 
 
+def _pair_tier(cp: _Class, cx: _Class) -> int:
+    """Tier of a lone log backup of class ``cx`` for a primary of class ``cp``."""
+    if _Domains.disjoint(cp, cx):
+        return FULL
+    return RACK if cp[0] != cx[0] else SAME_RACK
+
+
 def order_spares(topology: Topology, primary: str, spares: Iterable[str], *,
                  prefer_original_rack: bool = False,
                  unhealthy: Collection[str] = frozenset()) -> tuple[str, ...]:
@@ -140,28 +170,37 @@ def _order_spares(d: _Domains, primary: str, spares: Iterable[str], prefer: bool
 
 
 def compute_placement(topology: Topology, rank_nodes: Mapping[int, str],
-                      spares: Iterable[str] = (), *, prefer_original_rack: bool = False,
+                      spares: Iterable[str] = (), *, replicas: int = 2,
+                      prefer_original_rack: bool = False,
                       unhealthy: Collection[str] = frozenset()) -> dict[int, RankPlacement]:
     """Backup group and ordered spare list for every rank of one job.
 
-    ``rank_nodes`` maps rank -> node (several ranks may share a node); ``unhealthy``
-    names racks or nodes known to be sick (default: all healthy); it orders spares only,
-    backups are drawn from working nodes and spares whatever their health (re-plan after a
-    drain). Raises PlacementError on an empty rank map, a negative rank, a node or spare
-    missing from the topology, a spare listed twice or a spare that also runs ranks.
+    ``rank_nodes`` maps rank -> node (several ranks may share a node); ``replicas`` is
+    the number of copies besides the primary (0-8: log backup, then mirrors);
+    ``unhealthy`` names racks or nodes known to be sick (default: all healthy); it orders
+    spares only, backups are drawn from working nodes and spares whatever their health
+    (re-plan after a drain). Raises PlacementError on a replica count that is not an
+    integer 0-8, an empty rank map, a negative rank, a node or spare missing from the
+    topology, a spare listed twice or a spare that also runs ranks.
     """
+    if (isinstance(replicas, bool) or not isinstance(replicas, int)
+            or not 0 <= replicas <= MAX_REPLICAS):
+        raise PlacementError(f"replicas: expected an integer 0-{MAX_REPLICAS}, got {replicas!r}")
     d = _Domains(topology)
     ranks, working, spare_list = _validate(d, rank_nodes, spares)
     sick = frozenset(unhealthy)
     pool = sorted({*working, *spare_list})
-    backups = _assign_backups(d, ranks, pool, rank_nodes)
+    loads = _Loads(d, pool)
+    backups = _assign_backups(d, ranks, pool, rank_nodes, loads, min(replicas, 2))
+    if replicas > 2:
+        _add_mirrors(d, ranks, rank_nodes, backups, loads, replicas - 2)
     racks = sorted({d.rack[n] for n in pool})
     out: dict[int, RankPlacement] = {}
     for r in ranks:
-        p = rank_nodes[r]
-        log, mirror, tier = backups[r]
-        reason = _reason(d, p, log, mirror, tier, racks)
-        group = BackupGroup(r, p, log, mirror, degraded=bool(reason), reason=reason)
+        p, chosen = rank_nodes[r], backups[r]
+        reason = _reason(d, p, chosen, replicas, racks, len(pool))
+        group = BackupGroup(r, p, chosen[0] if chosen else None, tuple(chosen[1:]),
+                            degraded=bool(reason), reason=reason)
         out[r] = RankPlacement(group, _order_spares(d, p, spare_list, prefer_original_rack, sick))
     return out
 
@@ -189,22 +228,48 @@ def _validate(d: _Domains, rank_nodes: Mapping[int, str],
     return sorted(rank_nodes), sorted(working), spare_list
 
 
+class _Loads:
+    """Backup roles per pool node; each class keeps its nodes sorted by (load, name).
+
+    Tiers and disjointness depend on (rack, power) classes only, and all nodes of a class
+    are equally far from any primary (see dist), so a class's least-loaded node outside
+    the group is its only contender: a pick costs O(classes), not O(nodes).
+    """
+
+    def __init__(self, d: _Domains, pool: list[str]) -> None:
+        self.cls = {n: d.cls(n) for n in pool}
+        self.load = dict.fromkeys(pool, 0)
+        self.by_class: dict[_Class, list[tuple[int, str]]] = {}
+        for n in pool:
+            self.by_class.setdefault(self.cls[n], []).append((0, n))
+
+    def head(self, c: _Class, skip: Collection[str]) -> tuple[int, str] | None:
+        """The (load, name)-first node of class ``c`` not in ``skip``."""
+        for entry in self.by_class[c]:
+            if entry[1] not in skip:
+                return entry
+        return None
+
+    def bump(self, n: str, delta: int) -> None:
+        nodes = self.by_class[self.cls[n]]
+        nodes.remove((self.load[n], n))
+        self.load[n] += delta
+        bisect.insort(nodes, (self.load[n], n))
+
+
 def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
-                    rank_nodes: Mapping[int, str]) -> dict[int, tuple[str | None, str | None, int]]:
-    load = dict.fromkeys(pool, 0)
-    out: dict[int, tuple[str | None, str | None, int]] = {}
-    if len(pool) < 3:  # no choice to make: the other node, if any, is the log backup
+                    rank_nodes: Mapping[int, str], loads: _Loads,
+                    roles: int) -> dict[int, list[str]]:
+    """Log backup (``roles`` >= 1) and first mirror (``roles`` == 2) of every rank, balanced."""
+    if roles == 0 or len(pool) <= roles:  # no choice: the other node, if any, is the log backup
+        out: dict[int, list[str]] = {}
         for r in ranks:
-            others = [n for n in pool if n != rank_nodes[r]]
-            out[r] = (others[0] if others else None, None, -1)
+            out[r] = [n for n in pool if n != rank_nodes[r]][:roles]
+            for n in out[r]:
+                loads.bump(n, 1)
         return out
 
-    # Tiers depend on (rack, power) classes only, so reason on classes, not nodes; each
-    # class keeps its nodes sorted by (load, name), so a pick costs O(classes), not O(nodes).
-    cls = {n: d.cls(n) for n in pool}
-    by_class: dict[_Class, list[tuple[int, str]]] = {}
-    for n in pool:
-        by_class.setdefault(cls[n], []).append((0, n))
+    cls, by_class = loads.cls, loads.by_class
     size = {c: len(nodes) for c, nodes in by_class.items()}
     classes = sorted(size, key=str)
     best_cache: dict[_Class, int] = {}
@@ -230,24 +295,28 @@ def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
     def best_tier(p: str) -> int:
         pc = cls[p]
         if pc not in best_cache:
-            best_cache[pc] = best_of(best_with(pc, c) for c in classes if free(c, pc))
+            if roles == 1:
+                best_cache[pc] = best_of(_pair_tier(pc, c) for c in classes if free(c, pc))
+            else:
+                best_cache[pc] = best_of(best_with(pc, c) for c in classes if free(c, pc))
         return best_cache[pc]
 
     allowed: dict[tuple[_Class, _Class | None, int], list[_Class]] = {}
 
     def eligible(pc: _Class, oc: _Class | None, t: int) -> list[_Class]:
         if (pc, oc, t) not in allowed:
-            allowed[(pc, oc, t)] = [  # a first pick must leave room for the second
-                c for c in classes
-                if (best_with(pc, c) if oc is None else _class_tier(pc, c, oc)) >= t]
+            if roles == 1:
+                allowed[(pc, oc, t)] = [c for c in classes if _pair_tier(pc, c) >= t]
+            else:
+                allowed[(pc, oc, t)] = [  # a first pick must leave room for the second
+                    c for c in classes
+                    if (best_with(pc, c) if oc is None else _class_tier(pc, c, oc)) >= t]
         return allowed[(pc, oc, t)]
 
     def pick(p: str, other: str | None, t: int) -> str:
-        # All nodes of a class are equally far from p (see dist), so the (load, name)
-        # head of each class is its only contender for (load, hops, name).
         best: tuple[int, int, str] | None = None
         for c in eligible(cls[p], cls[other] if other else None, t):
-            for head in by_class[c]:
+            for head in by_class[c]:  # loads.head inlined: this is the hot loop
                 if head[1] != p and head[1] != other:
                     break
             else:
@@ -258,37 +327,60 @@ def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
         assert best is not None  # the tier t was computed as reachable
         return best[2]
 
-    def bump(n: str, delta: int) -> None:
-        nodes = by_class[cls[n]]
-        nodes.remove((load[n], n))
-        load[n] += delta
-        bisect.insort(nodes, (load[n], n))
-
-    pairs: dict[int, list[str]] = {}
+    chosen: dict[int, list[str]] = {}
     for r in ranks:
         p, t = rank_nodes[r], best_tier(rank_nodes[r])
-        log = pick(p, None, t)
-        bump(log, 1)
-        mirror = pick(p, log, t)
-        bump(mirror, 1)
-        pairs[r] = [log, mirror]
+        chosen[r] = []
+        for _ in range(roles):
+            x = pick(p, chosen[r][0] if chosen[r] else None, t)
+            loads.bump(x, 1)
+            chosen[r].append(x)
 
+    load = loads.load
     moved = True
     while moved:  # ends: every move lowers sum(load**2) by at least 2
         moved = False
         for r in ranks:
             p, t = rank_nodes[r], best_tier(rank_nodes[r])
-            for role in (0, 1):
-                a, other = pairs[r][role], pairs[r][1 - role]
-                b = pick(p, other, t)
+            for role in range(roles):
+                a = chosen[r][role]
+                b = pick(p, chosen[r][1 - role] if roles == 2 else None, t)
                 if load[a] - load[b] >= 2:
-                    pairs[r][role] = b
-                    bump(a, -1)
-                    bump(b, 1)
+                    chosen[r][role] = b
+                    loads.bump(a, -1)
+                    loads.bump(b, 1)
                     moved = True
+    return chosen
+
+
+def _add_mirrors(d: _Domains, ranks: list[int], rank_nodes: Mapping[int, str],
+                 backups: dict[int, list[str]], loads: _Loads, extra: int) -> None:
+    """Append up to ``extra`` mirrors to every group in ``backups``, greedily in rank order."""
+    classes = sorted(loads.by_class, key=str)
     for r in ranks:
-        out[r] = (pairs[r][0], pairs[r][1], best_tier(rank_nodes[r]))
-    return out
+        p = rank_nodes[r]
+        group = [p, *backups[r]]
+        for _ in range(extra):
+            # Set lookups, not pairwise d.disjoint: this loop runs ranks * mirrors * classes.
+            racks = {loads.cls[n][0] for n in group}
+            powers = {loads.cls[n][1] for n in group} - {None}
+            best: tuple[bool, bool, int, int, str] | None = None
+            for c in classes:
+                shares_rack = c[0] in racks
+                shares_domain = shares_rack or c[1] in powers
+                if best is not None and (shares_domain, shares_rack) > best[:2]:
+                    continue  # cannot win: skip the head lookup
+                head = loads.head(c, group)
+                if head is None:
+                    continue
+                key = (shares_domain, shares_rack, head[0], d.dist(p, head[1]), head[1])
+                if best is None or key < best:
+                    best = key
+            if best is None:  # every pool node is in the group already
+                break
+            group.append(best[4])
+            backups[r].append(best[4])
+            loads.bump(best[4], 1)
 
 
 def _shares(d: _Domains, members: dict[str, str], attr: str) -> str:
@@ -306,19 +398,31 @@ def _shares(d: _Domains, members: dict[str, str], attr: str) -> str:
     return "; ".join(parts)
 
 
-def _reason(d: _Domains, p: str, log: str | None, mirror: str | None, tier: int,
-            racks: list[str]) -> str:
-    """Empty for a complete FULL group, else one human-readable line."""
-    if log is None:
-        return "job has 1 node: no backup possible"
-    if mirror is None:
-        same = _shares(d, {"primary": p, "log backup": log}, "rack")
-        return "job has 2 nodes: no checkpoint mirror possible" + (f"; {same}" if same else "")
-    if tier == FULL:
+def _reason(d: _Domains, p: str, backups: list[str], replicas: int, racks: list[str],
+            pool_size: int) -> str:
+    """Empty for a complete group of pairwise domain-disjoint members, else one line."""
+    if replicas == 0:
         return ""
-    members = {"primary": p, "log backup": log, "checkpoint mirror": mirror}
-    if tier in (RACK, RACK_ONLY):
+    if not backups:
+        return "job has 1 node: no backup possible"
+    if replicas == 1:  # any node but the primary is the one copy asked for
+        return ""
+    mirrors = (["checkpoint mirror"] if replicas == 2
+               else [f"checkpoint mirror {i}" for i in range(1, replicas)])
+    members = {"primary": p, **dict(zip(["log backup", *mirrors], backups, strict=False))}
+    same_rack = _shares(d, members, "rack")
+    if len(backups) < replicas:
+        got = ("no checkpoint mirror" if replicas == 2
+               else f"{len(backups) - 1} of {replicas - 1} checkpoint mirrors")
+        tail = f"; {same_rack}" if same_rack else ""
+        return f"job has {pool_size} nodes: {got} possible{tail}"
+    if same_rack:
+        spans = f"job spans {len(racks)} rack{'s' if len(racks) > 1 else ''} ({', '.join(racks)})"
+        return f"{spans}: {same_rack}"
+    same_power = _shares(d, members, "power domain")
+    if not same_power:
+        return ""
+    if replicas == 2:  # the tiers make this a fact about the pool, not about greed
         return (f"no two backups for {p} differ from it and each other in both rack and "
-                f"power domain; rack-disjoint only: {_shares(d, members, 'power domain')}")
-    spans = f"job spans {len(racks)} rack{'s' if len(racks) > 1 else ''} ({', '.join(racks)})"
-    return f"{spans}: {_shares(d, members, 'rack')}"
+                f"power domain; rack-disjoint only: {same_power}")
+    return f"rack-disjoint only: {same_power}"

@@ -6,13 +6,24 @@ from pathlib import Path
 
 from raps_slurm.config import StoreConfig
 from raps_slurm.errors import ConfigError
-from raps_slurm.store.base import KeyValue, Lease, StateStore, Watch, WatchEvent
+from raps_slurm.store.base import (
+    MAX_TXN_OPS,
+    Delete,
+    Guard,
+    KeyValue,
+    Lease,
+    Put,
+    StateStore,
+    TxnOp,
+    Watch,
+    WatchEvent,
+)
 from raps_slurm.store.etcd import EtcdStore
 from raps_slurm.store.keys import Keys
 from raps_slurm.store.memory import MemoryStore
 
-__all__ = ["EtcdStore", "KeyValue", "Keys", "Lease", "MemoryStore", "StateStore", "Watch",
-           "WatchEvent", "open_store"]
+__all__ = ["MAX_TXN_OPS", "Delete", "EtcdStore", "Guard", "KeyValue", "Keys", "Lease",
+           "MemoryStore", "Put", "StateStore", "TxnOp", "Watch", "WatchEvent", "open_store"]
 
 
 def open_store(cfg: StoreConfig) -> tuple[StateStore, Keys]:

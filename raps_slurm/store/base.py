@@ -18,6 +18,10 @@ What is atomic (linearizable on etcd):
 - ``create``: create-if-absent, decided and written in one step;
 - ``compare_and_swap``: writes only if the key's current ``mod_revision``
   equals the one given (``0`` means "the key must not exist"), in one step;
+- ``transaction``: guards (each key's ``mod_revision``) checked and every
+  operation applied in one step and one revision, or nothing at all. The
+  coordinator guards each write with its leader key's revision this way, so a
+  deposed leader cannot write; at most ``MAX_TXN_OPS`` operations, no key twice;
 - lease grant, refresh (keep-alive) and revoke; when a lease is revoked or
   expires, all keys attached to it vanish in one revision.
 
@@ -36,9 +40,13 @@ lease that is gone is refreshed or used in a write. Other store failures raise
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
+
+# etcd's default --max-txn-ops; every backend enforces it so code tested on memory fits etcd.
+MAX_TXN_OPS = 128
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,34 @@ class WatchEvent:
     key: str
     value: bytes
     mod_revision: int
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A transaction condition: ``key`` has this ``mod_revision`` (0: does not exist)."""
+
+    key: str
+    mod_revision: int
+
+
+@dataclass(frozen=True)
+class Put:
+    """A transaction operation: write ``value`` at ``key`` (attached to ``lease`` if given)."""
+
+    key: str
+    value: bytes
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    """A transaction operation: delete ``key``, or every key under it with ``prefix=True``."""
+
+    key: str
+    prefix: bool = False
+
+
+TxnOp = Put | Delete
 
 
 class Watch(abc.ABC):
@@ -128,6 +164,16 @@ class StateStore(abc.ABC):
 
         ``mod_revision=0`` means the key must not exist. Returns False (and
         writes nothing) on a mismatch.
+        """
+
+    @abc.abstractmethod
+    def transaction(self, guards: Sequence[Guard], ops: Sequence[TxnOp]) -> bool:
+        """Apply every op in one revision if every guard holds; else write nothing, False.
+
+        A key must not be written twice, nor written and deleted (a Put inside a
+        deleted prefix counts);
+        raises ValueError for that or for more than ``MAX_TXN_OPS`` ops, and
+        ``LeaseExpired`` if a Put's lease is gone (only when the guards hold).
         """
 
     @abc.abstractmethod
@@ -208,5 +254,34 @@ def check_revision(mod_revision: object) -> int:
     return mod_revision
 
 
-__all__ = ["KeyValue", "Lease", "StateStore", "Watch", "WatchEvent",
-           "check_key", "check_revision", "check_ttl", "check_value"]
+def check_txn(guards: Sequence[Guard], ops: Sequence[TxnOp]) -> None:
+    """Reject what etcd would reject: too many ops, a key touched twice, bad types."""
+    if len(ops) > MAX_TXN_OPS or len(guards) > MAX_TXN_OPS:
+        raise ValueError(f"a transaction takes at most {MAX_TXN_OPS} guards and "
+                         f"{MAX_TXN_OPS} ops, got {len(guards)} and {len(ops)}")
+    for g in guards:
+        if not isinstance(g, Guard):
+            raise TypeError(f"guards must be Guard, not {type(g).__name__}")
+        check_key(g.key, "guard key")
+        check_revision(g.mod_revision)
+    puts: list[str] = []
+    deletes: list[Delete] = []
+    for op in ops:
+        if isinstance(op, Put):
+            puts.append(check_key(op.key))
+            check_value(op.value)
+        elif isinstance(op, Delete):
+            check_key(op.key)
+            deletes.append(op)
+        else:
+            raise TypeError(f"ops must be Put or Delete, not {type(op).__name__}")
+    dup = {k for k in puts if puts.count(k) > 1}
+    dup |= {k for k in puts for d in deletes if k == d.key or (d.prefix and k.startswith(d.key))}
+    if dup:
+        raise ValueError("a transaction must not write and delete or write twice the same "
+                         f"key: {', '.join(sorted(dup))}")
+
+
+__all__ = ["MAX_TXN_OPS", "Delete", "Guard", "KeyValue", "Lease", "Put", "StateStore", "TxnOp",
+           "Watch", "WatchEvent", "check_key", "check_revision", "check_ttl", "check_txn",
+           "check_value"]

@@ -38,14 +38,18 @@ from etcd3gw.client import Etcd3Client
 
 from raps_slurm.errors import LeaseExpired, StoreError, StoreUnavailable
 from raps_slurm.store.base import (
+    Guard,
     KeyValue,
     Lease,
+    Put,
     StateStore,
+    TxnOp,
     Watch,
     WatchEvent,
     check_key,
     check_revision,
     check_ttl,
+    check_txn,
     check_value,
 )
 
@@ -297,6 +301,23 @@ class EtcdStore(StateStore):
         txn = {"compare": [{"key": put["key"], "result": "EQUAL", "target": target,
                             field: str(revision)}],
                "success": [{"request_put": put}], "failure": []}
+        return bool(self._call("/kv/txn", txn, retry_unknown=False).get("succeeded", False))
+
+    def transaction(self, guards: Sequence[Guard], ops: Sequence[TxnOp]) -> bool:
+        check_txn(guards, ops)
+        compare = [{"key": _b64(g.key.encode()), "result": "EQUAL", "target": "MOD",
+                    "mod_revision": str(g.mod_revision)} for g in guards]
+        success: list[dict[str, Any]] = []
+        for op in ops:
+            if isinstance(op, Put):
+                success.append({"request_put": self._put_request(op.key, op.value, op.lease)})
+            else:
+                raw = op.key.encode()
+                request = {"key": _b64(raw)}
+                if op.prefix:
+                    request["range_end"] = _b64(_range_end(raw))
+                success.append({"request_delete_range": request})
+        txn = {"compare": compare, "success": success, "failure": []}
         return bool(self._call("/kv/txn", txn, retry_unknown=False).get("succeeded", False))
 
     def delete(self, key: str) -> bool:

@@ -4,8 +4,9 @@ Layout under the prefix (default ``/raps/v1/``)::
 
     leader
     nodes/<node>                  nodes/<node>/health
-    jobs/<jobid>                  jobs/<jobid>/ranks/<rank>
-    jobs/<jobid>/groups/<rank>    jobs/<jobid>/ckpt/<rank>/<gen>
+    jobs/<jobid>                  jobs/<jobid>/map
+    jobs/<jobid>/ranks/<rank>     jobs/<jobid>/groups/<rank>
+    jobs/<jobid>/ckpt/<rank>/<gen>
     plans/<id>
 
 Numbers are written in decimal without padding, so a prefix listing is sorted
@@ -86,6 +87,14 @@ class Keys:
         """Everything below one job (ranks, groups, checkpoints), not the job key itself."""
         return self.job(job_id) + "/"
 
+    def job_map(self, job_id: int | str) -> str:
+        """The rank map the coordinator leader built for the job's current run."""
+        return self.job_prefix(job_id) + "map"
+
+    def job_groups_prefix(self, job_id: int | str) -> str:
+        """Prefix of the backup groups of one job."""
+        return self.job_prefix(job_id) + "groups/"
+
     def job_ranks_prefix(self, job_id: int | str) -> str:
         """Prefix of the rank assignments of one job."""
         return self.job_prefix(job_id) + "ranks/"
@@ -96,7 +105,7 @@ class Keys:
 
     def job_group(self, job_id: int | str, rank: int) -> str:
         """Backup group of one rank."""
-        return self.job_prefix(job_id) + "groups/" + _number(rank, "rank")
+        return self.job_groups_prefix(job_id) + _number(rank, "rank")
 
     def ckpt_prefix(self, job_id: int | str, rank: int) -> str:
         """Prefix of the checkpoint generations of one rank."""

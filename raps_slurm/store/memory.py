@@ -10,20 +10,25 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from raps_slurm.errors import LeaseExpired, StoreError, StoreUnavailable
 from raps_slurm.store.base import (
+    Delete,
+    Guard,
     KeyValue,
     Lease,
+    Put,
     StateStore,
+    TxnOp,
     Watch,
     WatchEvent,
     check_key,
     check_revision,
     check_ttl,
+    check_txn,
     check_value,
 )
 
@@ -120,6 +125,11 @@ class MemoryStore(StateStore):
 
     def _write(self, key: str, value: bytes, lease_id: int | None) -> int:
         self._revision += 1
+        self._set(key, value, lease_id)
+        return self._revision
+
+    def _set(self, key: str, value: bytes, lease_id: int | None) -> None:
+        """Write at the current revision (the caller bumped it once for all its writes)."""
         old = self._data.get(key)
         if old is not None and old.lease_id is not None and old.lease_id in self._leases:
             self._leases[old.lease_id].keys.discard(key)
@@ -128,7 +138,6 @@ class MemoryStore(StateStore):
         if lease_id is not None:
             self._leases[lease_id].keys.add(key)
         self._record("put", key, value)
-        return self._revision
 
     def _remove(self, key: str) -> None:
         entry = self._data.pop(key)
@@ -181,6 +190,34 @@ class MemoryStore(StateStore):
                 return False
             # Like etcd, the lease is checked only on the branch that writes.
             self._write(key, value, self._live_lease(lease))
+            return True
+
+    def transaction(self, guards: Sequence[Guard], ops: Sequence[TxnOp]) -> bool:
+        check_txn(guards, ops)
+        with self._cond:
+            self._enter()
+            for g in guards:
+                e = self._data.get(g.key)
+                if (e.mod_revision if e is not None else 0) != g.mod_revision:
+                    return False
+            # Leases first: a gone lease must fail the whole transaction before any write.
+            leases = {i: self._live_lease(op.lease) for i, op in enumerate(ops)
+                      if isinstance(op, Put)}
+            bumped = False
+            for i, op in enumerate(ops):
+                if isinstance(op, Delete):
+                    keys = (self._prefix_keys(op.key) if op.prefix
+                            else [op.key] if op.key in self._data else [])
+                    if keys and not bumped:
+                        self._revision += 1
+                        bumped = True
+                    for k in keys:
+                        self._remove(k)
+                else:
+                    if not bumped:
+                        self._revision += 1
+                        bumped = True
+                    self._set(op.key, op.value, leases[i])
             return True
 
     def delete(self, key: str) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +35,7 @@ class LocalCluster:
             "SLURM_CONF": str(self.run_dir / "etc" / "slurm.conf"),
             "RAPS_CLUSTER_DIR": str(self.run_dir),
             "RAPS_ETCD_URL": f"http://127.0.0.1:{port_base + 379}",
+            "RAPS_CONFIG": str(self.run_dir / "etc" / "raps.yaml"),
         }
 
     @property
@@ -83,6 +86,23 @@ class LocalCluster:
         """Start a crashed node's slurmd again."""
         self._run("restart", node)
 
+    def etcd_stop(self) -> None:
+        """Stop the cluster's etcd, keeping its data."""
+        self._run("etcd-stop")
+
+    def etcd_start(self) -> None:
+        """Start the cluster's etcd again on its data; wait until it answers."""
+        self._run("etcd-start")
+
+    @property
+    def config_path(self) -> Path:
+        """The RAPS config of this cluster (hooks, coordinators and rapsctl use it)."""
+        return Path(self.env["RAPS_CONFIG"])
+
+    def coordinator(self, name: str) -> CoordinatorProcess:
+        """A raps-coordinator for this cluster (not started yet)."""
+        return CoordinatorProcess(self, name)
+
     def cgroup(self, node: str) -> Path:
         """The cgroup v2 directory of a fake node (it may not exist without cgroup v2)."""
         return Path(self._run("cgroup", node).strip())
@@ -90,6 +110,53 @@ class LocalCluster:
     def slurm(self, timeout: float = 30.0) -> SlurmClient:
         """A Slurm client bound to this cluster."""
         return SlurmClient(CommandRunner(timeout=timeout, env=self.env))
+
+
+class CoordinatorProcess:
+    """One ``raps-coordinator`` run by the tests or the demo, logging to the run dir."""
+
+    def __init__(self, cluster: LocalCluster, name: str) -> None:
+        self.cluster, self.name = cluster, name
+        self.log_path = cluster.run_dir / "log" / f"coordinator-{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> CoordinatorProcess:
+        """Start it with the cluster's config and no metrics endpoint."""
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "raps_slurm.coordinator", "--config",
+                 str(self.cluster.config_path), "--name", self.name, "--metrics-address", ""],
+                env={**os.environ, **self.cluster.env}, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL)
+        return self
+
+    @property
+    def pid(self) -> int:
+        """Its process id."""
+        if self.proc is None:
+            raise ClusterError(f"coordinator {self.name} was not started")
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to it (SIGSTOP freezes, SIGCONT thaws, SIGKILL kills)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (after SIGCONT, in case it is frozen), SIGKILL after ``timeout``."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        """What it logged so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 def wait_until(what: str, probe: Callable[[], T], ok: Callable[[T], bool] = bool,

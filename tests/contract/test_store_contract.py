@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raps_slurm.errors import LeaseExpired, StoreError, StoreUnavailable
-from raps_slurm.store import EtcdStore, MemoryStore, WatchEvent
+from raps_slurm.store import MAX_TXN_OPS, Delete, EtcdStore, Guard, MemoryStore, Put, WatchEvent
 from raps_slurm.testing import EtcdServer, free_port
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
@@ -135,6 +135,61 @@ def test_compare_and_swap(backend: Backend) -> None:
     assert s.compare_and_swap(k, b"stale", kv.mod_revision) is False
     kv2 = s.get(k)
     assert kv2 == kv1
+
+
+def test_transaction_applies_all_in_one_revision(backend: Backend) -> None:
+    s = backend.store
+    guard, a, b, gone = (backend.key(x) for x in ("leader", "a", "b", "old/"))
+    s.put(guard, b"me")
+    s.put(gone + "1", b"x")
+    s.put(gone + "2", b"y")
+    g = s.get(guard)
+    assert g is not None
+    assert s.transaction([Guard(guard, g.mod_revision), Guard(a, 0)],
+                         [Put(a, b"1"), Put(b, b"2"), Delete(gone, prefix=True)]) is True
+    ka, kb = s.get(a), s.get(b)
+    assert ka is not None and kb is not None and (ka.value, kb.value) == (b"1", b"2")
+    assert ka.mod_revision == kb.mod_revision == s.current_revision()
+    assert s.get_prefix(gone) == []
+
+
+def test_transaction_guard_mismatch_writes_nothing(backend: Backend) -> None:
+    s = backend.store
+    guard, a, keep = backend.key("leader"), backend.key("a"), backend.key("keep")
+    s.put(guard, b"me")
+    s.put(keep, b"k")
+    stale = s.get(guard)
+    assert stale is not None
+    s.put(guard, b"someone else")  # a new leader: the old revision no longer guards
+    before = s.current_revision()
+    assert s.transaction([Guard(guard, stale.mod_revision)],
+                         [Put(a, b"1"), Delete(keep)]) is False
+    assert s.get(a) is None and s.get(keep) is not None
+    assert s.current_revision() == before
+    # a guard on an absent key with revision 0 holds; with any other it fails
+    assert s.transaction([Guard(backend.key("none"), 5)], [Put(a, b"1")]) is False
+    assert s.transaction([Guard(backend.key("none"), 0)], [Put(a, b"1")]) is True
+
+
+def test_transaction_lease_and_validation(backend: Backend) -> None:
+    s, a = backend.store, backend.key("a")
+    lease = s.grant_lease(30)
+    assert s.transaction([], [Put(a, b"1", lease)]) is True
+    kv = s.get(a)
+    assert kv is not None and kv.lease_id == lease.id
+    s.revoke_lease(lease)
+    assert s.get(a) is None
+    with pytest.raises(LeaseExpired):
+        s.transaction([], [Put(a, b"2", lease)])
+    assert s.get(a) is None
+    with pytest.raises(ValueError, match="twice"):
+        s.transaction([], [Put(a, b"1"), Put(a, b"2")])
+    with pytest.raises(ValueError, match="twice"):
+        s.transaction([], [Delete(backend.key(""), prefix=True), Put(a, b"2")])
+    with pytest.raises(ValueError, match=f"at most {MAX_TXN_OPS}"):
+        s.transaction([], [Put(backend.key(str(i)), b"") for i in range(MAX_TXN_OPS + 1)])
+    # the largest allowed transaction goes through on every backend
+    assert s.transaction([], [Put(backend.key(str(i)), b"") for i in range(MAX_TXN_OPS)])
 
 
 def test_concurrent_create_has_one_winner(backend: Backend) -> None:

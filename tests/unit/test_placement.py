@@ -10,20 +10,22 @@ import itertools
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raps_slurm.core.placement import (
+    MAX_REPLICAS,
     compute_placement,
     domain_disjoint,
     fault_domain,
     order_spares,
 )
 from raps_slurm.errors import PlacementError
-from raps_slurm.model import RankPlacement, Switch, Topology
+from raps_slurm.model import BackupGroup, RankPlacement, Switch, Topology
 
 # ---------------------------------------------------------------- building topologies
 
@@ -59,6 +61,13 @@ def disjoint(topo: Topology, a: str, b: str) -> bool:
     return rack(topo, a) != rack(topo, b) and not (pa is not None and pa == pb)
 
 
+def pair_tier(topo: Topology, p: str, x: str) -> int:
+    """Tier of a lone log backup ``x`` (replicas=1)."""
+    if disjoint(topo, p, x):
+        return FULL
+    return RACK if rack(topo, p) != rack(topo, x) else SAME_RACK
+
+
 def tier(topo: Topology, p: str, x: str, y: str) -> int:
     trio = (p, x, y)
     if len({rack(topo, n) for n in trio}) == 3:
@@ -72,12 +81,12 @@ def best_tier(topo: Topology, p: str, working: set[str]) -> int:
     return max(tier(topo, p, x, y) for x, y in itertools.permutations(others, 2))
 
 
-def backup_loads(result: Mapping[int, RankPlacement], working: set[str]) -> Counter[str]:
+def backup_loads(result: Mapping[int, RankPlacement], working: set[str],
+                 roles: int = 9) -> Counter[str]:
+    """Backup roles per node, counting each group's first ``roles`` backups only."""
     load: Counter[str] = Counter(dict.fromkeys(working, 0))
     for pl in result.values():
-        for n in (pl.group.log_backup, pl.group.ckpt_mirror):
-            if n is not None:
-                load[n] += 1
+        load.update(pl.group.members[1:1 + roles])
     return load
 
 
@@ -96,8 +105,9 @@ INTERLEAVED = make_topology({"r1": ["n1", "n4"], "r2": ["n2", "n5"], "r3": ["n3"
 FOUR_RANKS = {0: "n1", 1: "n2", 2: "n3", 3: "n4"}
 
 
-def groups(result: Mapping[int, RankPlacement]) -> dict[int, tuple[str | None, str | None]]:
-    return {r: (p.group.log_backup, p.group.ckpt_mirror) for r, p in result.items()}
+def groups(result: Mapping[int, RankPlacement]) -> dict[int, tuple[str, ...]]:
+    """Rank -> its backups: log backup, then mirrors."""
+    return {r: p.group.members[1:] for r, p in result.items()}
 
 
 def test_three_racks_groups_are_rack_disjoint() -> None:
@@ -126,7 +136,7 @@ def test_spares_in_a_third_rack_make_groups_rack_disjoint() -> None:
         g = pl.group
         assert len({rack(CONTIGUOUS, n) for n in g.members}) == 3, (r, g)
         assert not g.degraded and g.reason == ""
-        assert {g.log_backup, g.ckpt_mirror} & {"n5", "n6"}
+        assert set(g.members[1:]) & {"n5", "n6"}
     load = backup_loads(result, {"n1", "n2", "n3", "n4", "n5", "n6"})
     assert max(load.values()) - min(load.values()) <= 1, load
 
@@ -156,7 +166,7 @@ def test_one_node_is_degraded() -> None:
     result = compute_placement(CONTIGUOUS, {0: "n1", 1: "n1"})
     for pl in result.values():
         assert pl.group.members == ("n1",)
-        assert pl.group.log_backup is None and pl.group.ckpt_mirror is None
+        assert pl.group.log_backup is None and pl.group.ckpt_mirrors == ()
         assert pl.group.degraded
         assert pl.group.reason == "job has 1 node: no backup possible"
         assert pl.spares == ()
@@ -165,13 +175,13 @@ def test_one_node_is_degraded() -> None:
 def test_one_rank_node_and_a_spare_back_up_to_the_spare() -> None:
     result = compute_placement(CONTIGUOUS, {0: "n1"}, ["n3"])
     g = result[0].group
-    assert (g.log_backup, g.ckpt_mirror, g.degraded) == ("n3", None, True)
+    assert (g.log_backup, g.ckpt_mirrors, g.degraded) == ("n3", (), True)
     assert result[0].spares == ("n3",)
 
 
 def test_two_nodes_have_no_mirror() -> None:
     result = compute_placement(CONTIGUOUS, {0: "n1", 1: "n2"})
-    assert groups(result) == {0: ("n2", None), 1: ("n1", None)}
+    assert groups(result) == {0: ("n2",), 1: ("n1",)}
     assert result[0].group.reason == (
         "job has 2 nodes: no checkpoint mirror possible; primary and log backup share rack r1")
 
@@ -244,6 +254,118 @@ def test_invalid_input(ranks: dict[int, str], spares: list[str], message: str) -
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+# ---------------------------------------------------------------- replica count
+
+FOUR_RACKS = make_topology({"r1": ["n1", "n2"], "r2": ["n3", "n4"], "r3": ["n5", "n6"],
+                            "r4": ["n7", "n8"]})
+
+
+def test_replicas_zero_is_the_primary_alone() -> None:
+    result = compute_placement(CONTIGUOUS, FOUR_RANKS, ["n5", "n6"], replicas=0)
+    default = compute_placement(CONTIGUOUS, FOUR_RANKS, ["n5", "n6"])
+    for r, pl in result.items():
+        assert pl.group == BackupGroup(r, FOUR_RANKS[r], None, (), degraded=False, reason="")
+        assert pl.group.members == (FOUR_RANKS[r],)
+        assert pl.spares == default[r].spares  # spares do not depend on replicas
+    # Even a 1-node job is complete: nothing was asked for.
+    assert not compute_placement(CONTIGUOUS, {0: "n1"}, replicas=0)[0].group.degraded
+
+
+def test_replicas_one_is_a_log_backup_only() -> None:
+    result = compute_placement(CONTIGUOUS, FOUR_RANKS, ["n5", "n6"], replicas=1)
+    # Off-rack, least loaded, then name; no room kept for a mirror.
+    assert groups(result) == {0: ("n3",), 1: ("n4",), 2: ("n1",), 3: ("n2",)}
+    for pl in result.values():
+        assert pl.group.ckpt_mirrors == () and not pl.group.degraded and pl.group.reason == ""
+
+
+def test_replicas_one_prefers_a_domain_disjoint_log_backup() -> None:
+    power = {"n1": "A", "n2": "B", "n3": "A", "n4": "A", "n5": "B", "n6": "B"}
+    topo = make_topology(CONTIGUOUS.racks(), power)
+    # n3 is another rack but power domain A like n1; n5 differs in both.
+    assert groups(compute_placement(topo, {0: "n1"}, ["n3", "n5"], replicas=1)) == {0: ("n5",)}
+    # Only same-power nodes left: another rack still beats n1's own rack.
+    assert groups(compute_placement(topo, {0: "n1"}, ["n2", "n3"], replicas=1)) == {0: ("n3",)}
+
+
+def test_replicas_one_is_degraded_only_without_any_backup() -> None:
+    same_rack = compute_placement(CONTIGUOUS, {0: "n1", 1: "n2"}, replicas=1)
+    assert groups(same_rack) == {0: ("n2",), 1: ("n1",)}
+    assert not any(pl.group.degraded for pl in same_rack.values())
+    alone = compute_placement(CONTIGUOUS, {0: "n1"}, replicas=1)[0].group
+    assert alone.members == ("n1",) and alone.degraded
+    assert alone.reason == "job has 1 node: no backup possible"
+
+
+def test_replicas_three_with_four_racks_are_rack_disjoint() -> None:
+    result = compute_placement(FOUR_RACKS, FOUR_RANKS, ["n5", "n6", "n7", "n8"], replicas=3)
+    two = compute_placement(FOUR_RACKS, FOUR_RANKS, ["n5", "n6", "n7", "n8"])
+    for r, pl in result.items():
+        g = pl.group
+        assert len(g.ckpt_mirrors) == 2 and len(set(g.members)) == 4
+        assert len({rack(FOUR_RACKS, n) for n in g.members}) == 4
+        assert not g.degraded and g.reason == ""
+        assert g.members[:3] == two[r].group.members  # first two copies as with replicas=2
+    load = backup_loads(result, {f"n{i}" for i in range(1, 9)})
+    assert sorted(load.values()) == [1, 1, 1, 1, 2, 2, 2, 2], load
+
+
+def test_replicas_three_with_three_racks_share_a_rack() -> None:
+    result = compute_placement(CONTIGUOUS, FOUR_RANKS, ["n5", "n6"], replicas=3)
+    assert groups(result) == {0: ("n3", "n5", "n2"), 1: ("n4", "n6", "n1"),
+                              2: ("n1", "n5", "n4"), 3: ("n2", "n6", "n3")}
+    assert result[0].group.degraded
+    assert result[0].group.reason == (
+        "job spans 3 racks (r1, r2, r3): primary and checkpoint mirror 2 share rack r1")
+    # 12 roles on 6 nodes; the greedy extra mirrors even the loads out here.
+    assert set(backup_loads(result, {f"n{i}" for i in range(1, 7)}).values()) == {2}
+
+
+def test_replicas_four_with_five_racks_are_rack_disjoint() -> None:
+    topo = make_topology({f"r{i}": [f"n{i}", f"m{i}"] for i in range(1, 6)})
+    result = compute_placement(topo, {i: f"n{i}" for i in range(1, 6)}, ["m1", "m3"],
+                               replicas=4)
+    for pl in result.values():
+        g = pl.group
+        assert len(g.ckpt_mirrors) == 3 and not g.degraded
+        assert len({rack(topo, n) for n in g.members}) == 5
+
+
+@pytest.mark.parametrize(("replicas", "ranks", "reason"), [
+    (3, {0: "n1", 1: "n3", 2: "n5"}, "job has 3 nodes: 1 of 2 checkpoint mirrors possible"),
+    (4, {0: "n1", 1: "n3", 2: "n5", 3: "n7"},
+     "job has 4 nodes: 2 of 3 checkpoint mirrors possible"),
+    (8, {0: "n1", 1: "n3", 2: "n5", 3: "n7"},
+     "job has 4 nodes: 2 of 7 checkpoint mirrors possible"),
+    (3, {0: "n1", 1: "n2"},
+     "job has 2 nodes: 0 of 2 checkpoint mirrors possible; primary and log backup share rack r1"),
+])
+def test_too_few_nodes_for_all_mirrors(replicas: int, ranks: dict[int, str],
+                                       reason: str) -> None:
+    result = compute_placement(FOUR_RACKS, ranks, replicas=replicas)
+    for pl in result.values():
+        g = pl.group
+        assert len(g.members) == len(ranks) and g.degraded and g.reason == reason
+
+
+def test_extra_mirrors_sharing_power_are_degraded() -> None:
+    topo = make_topology({f"r{i}": [f"n{i}"] for i in range(1, 5)},
+                         {"n1": "A", "n2": "B", "n3": "A", "n4": "B"})
+    g = compute_placement(topo, {i - 1: f"n{i}" for i in range(1, 5)}, replicas=3)[0].group
+    assert g.members == ("n1", "n2", "n3", "n4") and g.degraded
+    assert g.reason == ("rack-disjoint only: primary and checkpoint mirror 1 share power domain "
+                        "A; log backup and checkpoint mirror 2 share power domain B")
+
+
+@pytest.mark.parametrize("replicas", [-1, 9, 100, True, 2.0, "2", None])
+def test_invalid_replicas(replicas: Any) -> None:
+    with pytest.raises(PlacementError) as err:
+        compute_placement(CONTIGUOUS, FOUR_RANKS, replicas=replicas)
+    message = str(err.value)
+    assert message == f"replicas: expected an integer 0-8, got {replicas!r}"
+    assert MAX_REPLICAS == 8
+
+
 def test_fault_domain() -> None:
     assert fault_domain(CONTIGUOUS, "n4") == "r2"
     with pytest.raises(PlacementError, match="not in any rack"):
@@ -260,6 +382,7 @@ class Job:
     spares: list[str]
     prefer: bool
     sick: set[str]
+    replicas: int = 2
 
     @property
     def pool(self) -> set[str]:
@@ -267,7 +390,7 @@ class Job:
         return set(self.rank_nodes.values()) | set(self.spares)
 
     def run(self) -> dict[int, RankPlacement]:
-        return compute_placement(self.topo, self.rank_nodes, self.spares,
+        return compute_placement(self.topo, self.rank_nodes, self.spares, replicas=self.replicas,
                                  prefer_original_rack=self.prefer, unhealthy=self.sick)
 
 
@@ -316,9 +439,9 @@ def test_groups_properties(job: Job) -> None:
         if len(working) < 3:
             assert g.degraded
             continue
-        assert g.log_backup is not None and g.ckpt_mirror is not None
+        assert g.log_backup is not None and len(g.ckpt_mirrors) == 1
         best = best_tier(topo, g.primary, working)
-        assert tier(topo, g.primary, g.log_backup, g.ckpt_mirror) == best
+        assert tier(topo, g.primary, g.log_backup, g.ckpt_mirrors[0]) == best
         # Domain-disjoint (and not degraded) exactly when the working nodes allow it.
         assert g.degraded == (best < FULL)
         if not topo.power_domains and len({rack(topo, n) for n in working}) >= 3:
@@ -326,18 +449,69 @@ def test_groups_properties(job: Job) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(jobs())
-def test_load_is_swap_stable(job: Job) -> None:
+@given(jobs(), st.integers(0, MAX_REPLICAS))
+def test_replica_count_properties(job: Job, replicas: int) -> None:
+    topo, pool = job.topo, job.pool
+    result = replace(job, replicas=replicas).run()
+    two = job.run()
+    enough_racks = len({rack(topo, n) for n in pool}) > replicas
+    for r, pl in result.items():
+        g = pl.group
+        backups = g.members[1:]
+        assert len(set(backups)) == len(backups) == min(replicas, len(pool) - 1)
+        assert g.primary not in backups and set(backups) <= pool
+        assert (g.log_backup is None) == (not backups)
+        assert bool(g.reason) == g.degraded and "\n" not in g.reason
+        assert pl.spares == two[r].spares
+        if replicas == 0:
+            assert not g.degraded
+        elif replicas == 1:
+            assert g.degraded == (len(pool) == 1)
+        else:
+            short = len(backups) < replicas
+            apart = all(disjoint(topo, a, b) for a, b in itertools.combinations(g.members, 2))
+            assert g.degraded == (short or not apart), g
+            if short:
+                assert g.reason.startswith(f"job has {len(pool)} node")
+        if replicas >= 3:
+            assert g.members[:3] == two[r].group.members
+            # Each further mirror is as independent of the members before it as the pool allows.
+            for k in range(3, len(g.members)):
+                before, m = g.members[:k], g.members[k]
+                free = pool - set(before)
+                if not all(disjoint(topo, m, x) for x in before):
+                    assert not any(all(disjoint(topo, c, x) for x in before) for c in free)
+                if any(rack(topo, m) == rack(topo, x) for x in before):
+                    assert not any(all(rack(topo, c) != rack(topo, x) for x in before)
+                                   for c in free)
+        if replicas >= 1 and enough_racks:
+            assert len({rack(topo, n) for n in g.members}) == len(g.members)
+            if replicas >= 2 and not topo.power_domains:
+                assert not g.degraded
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+@settings(max_examples=300, deadline=None)
+@given(job=jobs())
+def test_load_is_swap_stable(job: Job, replicas: int) -> None:
+    """The log backup and first mirror; extra mirrors (replicas >= 3) are not counted."""
     topo, working = job.topo, job.pool
-    result = job.run()
-    load = backup_loads(result, working)
+    result = replace(job, replicas=replicas).run()
+    load = backup_loads(result, working, roles=2)
     for pl in result.values():
         g = pl.group
-        if g.log_backup is None or g.ckpt_mirror is None:
+        if g.log_backup is None or (replicas >= 2 and not g.ckpt_mirrors):
             continue
-        old = tier(topo, g.primary, g.log_backup, g.ckpt_mirror)
-        for a, other in ((g.log_backup, g.ckpt_mirror), (g.ckpt_mirror, g.log_backup)):
+        if replicas == 1:
+            old = pair_tier(topo, g.primary, g.log_backup)
             for b in working - set(g.members):
+                if pair_tier(topo, g.primary, b) >= old:
+                    assert load[g.log_backup] <= load[b] + 1, (g, b, dict(load))
+            continue
+        x, y = g.log_backup, g.ckpt_mirrors[0]
+        old = tier(topo, g.primary, x, y)
+        for a, other in ((x, y), (y, x)):
+            for b in working - {g.primary, x, y}:
                 if tier(topo, g.primary, b, other) >= old:
                     assert load[a] <= load[b] + 1, (g, a, b, dict(load))
     if len({rack(topo, n) for n in working}) >= 3:  # the documented consequence
@@ -363,8 +537,10 @@ def test_spare_lists(job: Job) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(jobs(), st.randoms(use_true_random=False))
-def test_deterministic_under_shuffled_input(job: Job, rnd: random.Random) -> None:
+@given(jobs(), st.randoms(use_true_random=False), st.integers(0, MAX_REPLICAS))
+def test_deterministic_under_shuffled_input(job: Job, rnd: random.Random,
+                                            replicas: int) -> None:
+    job = replace(job, replicas=replicas)
     def shuffled(d: Mapping[str, object]) -> list[str]:
         keys = list(d)
         rnd.shuffle(keys)
@@ -378,5 +554,6 @@ def test_deterministic_under_shuffled_input(job: Job, rnd: random.Random) -> Non
     rnd.shuffle(spares)
     rnd.shuffle(sick)
     again = compute_placement(Topology(switches, power), {r: job.rank_nodes[r] for r in ranks},
-                              spares, prefer_original_rack=job.prefer, unhealthy=sick)
+                              spares, replicas=replicas, prefer_original_rack=job.prefer,
+                              unhealthy=sick)
     assert again == job.run()

@@ -1,0 +1,45 @@
+"""Output shapes shared by rapsctl commands: tables, scontrol-style Key=Value, JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+
+def table(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
+    """Print rows as JSON or as an aligned table."""
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    cells = [columns] + [[str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    for row in cells:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def value_text(value: Any) -> str:
+    """A value as scontrol prints it: lists comma-joined, nothing as (null)."""
+    if value is None or value == "" or value == []:
+        return "(null)"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value).replace(" ", "_") if isinstance(value, str) and "\n" in value else str(value)
+
+
+def records(blocks: Sequence[Sequence[Sequence[tuple[str, Any]]]], one_liner: bool) -> None:
+    """Print records like ``scontrol show``: each a list of lines of Key=Value pairs.
+
+    Default: the first line flush left, the others indented by three spaces, a blank
+    line after each record. ``one_liner`` (``-o``): each record on one line.
+    """
+    for block in blocks:
+        lines = [" ".join(f"{k}={value_text(v)}" for k, v in line) for line in block if line]
+        if one_liner:
+            click.echo(" ".join(lines))
+        else:
+            click.echo("\n".join([lines[0], *("   " + ln for ln in lines[1:])]) + "\n")

@@ -1,0 +1,234 @@
+"""One coordinator cycle: read one snapshot, decide with ``core``, apply with guarded writes.
+
+``run_cycle()`` returns a status string (logged, and asserted by the tests), in the
+manner of patroni's HA loop. Decisions live in ``raps_slurm.core.jobs``; this module
+only reads etcd and Slurm and writes what was decided.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from raps_slurm.config import Config
+from raps_slurm.coordinator.election import Leadership
+from raps_slurm.coordinator.metrics import Metrics
+from raps_slurm.core.jobs import (
+    FINAL_STATES,
+    JobRecord,
+    MapPlan,
+    RankEntry,
+    RankMap,
+    build_map,
+    group_to_json,
+    purge_due,
+)
+from raps_slurm.errors import NotLeader, RecordError, SlurmCommandError, StoreError
+from raps_slurm.model import Topology
+from raps_slurm.store import MAX_TXN_OPS, Delete, Guard, Keys, KeyValue, Put, StateStore, TxnOp
+
+log = logging.getLogger("raps.coordinator")
+
+_RANKS_PER_TXN = (MAX_TXN_OPS - 2) // 2  # a rank entry and a group each, room for deletes
+
+
+@dataclass
+class JobView:
+    """Everything the snapshot holds about one job."""
+
+    record_kv: KeyValue | None = None
+    record: JobRecord | None = None
+    rank_map: RankMap | None = None
+    epochs: dict[int, int] = field(default_factory=dict)
+    ranks: int = 0
+
+
+@dataclass
+class Snapshot:
+    """The jobs prefix at one revision, decoded; malformed values listed, not fatal."""
+
+    jobs: dict[str, JobView]
+    bad: list[str]
+
+
+def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
+    """Decode every job key under the prefix from one consistent read."""
+    jobs: dict[str, JobView] = {}
+    bad: list[str] = []
+    for kv in store.get_prefix(keys.jobs_prefix()):
+        parts = keys.split(kv.key)
+        if len(parts) < 2:
+            continue
+        view = jobs.setdefault(parts[1], JobView())
+        try:
+            if len(parts) == 2:
+                view.record_kv, view.record = kv, JobRecord.from_json(kv.key, kv.value)
+            elif parts[2:] == ("map",):
+                view.rank_map = RankMap.from_json(kv.key, kv.value)
+            elif parts[2] == "ranks" and len(parts) == 4:
+                entry = RankEntry.from_json(kv.key, kv.value)
+                view.epochs[entry.rank] = entry.epoch
+                view.ranks += 1
+        except RecordError as exc:
+            bad.append(str(exc))
+    return Snapshot(jobs, bad)
+
+
+class Coordinator:
+    """The coordinator's state between cycles and the cycle itself."""
+
+    def __init__(self, cfg: Config, store: StateStore, keys: Keys, leadership: Leadership,
+                 topology: Callable[[], Topology], job_states: Callable[[], dict[str, str]],
+                 metrics: Metrics | None = None, name: str = "",
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
+        self._read_topology, self._read_job_states = topology, job_states
+        self.metrics = metrics or Metrics(None)
+        self.name = name
+        self._clock, self._mono = clock, monotonic
+        self._topology: Topology | None = None
+        self._topology_at = -1e18
+        self._topology_error = ""
+        self._states: dict[str, str] | None = None
+        self._states_at = -1e18
+        self._final_since: dict[str, float] = {}
+        self._reported_bad: set[str] = set()
+
+    def run_cycle(self) -> str:
+        """One cycle; returns what it did as one line."""
+        self.metrics.cycles.inc()
+        try:
+            leading = self.leadership.step()
+        except StoreError as exc:
+            self.metrics.leader.set(0)
+            return f"etcd unavailable: {exc}"
+        self.metrics.leader.set(1 if leading else 0)
+        if not leading:
+            lost = self.leadership.lost_reason
+            who = self.leadership.leader_name or "none"
+            return f"standby: leader is {who}" + (f" ({lost})" if lost else "")
+        try:
+            return self._lead()
+        except NotLeader as exc:
+            self.metrics.leader.set(0)
+            return f"stepped down: {exc}"
+        except StoreError as exc:
+            return f"leader: etcd error: {exc}"
+
+    def _lead(self) -> str:
+        snap = read_snapshot(self.store, self.keys)
+        for line in snap.bad:
+            if line not in self._reported_bad:
+                log.error("skipping malformed value: %s", line)
+                self._reported_bad.add(line)
+        records = {j: v for j, v in snap.jobs.items() if v.record is not None}
+        self.metrics.jobs.set(len(records))
+        done: list[str] = []
+        for job_id in sorted(records, key=int):
+            view = records[job_id]
+            assert view.record is not None
+            m = view.rank_map
+            if view.record.state == "running" and (
+                    m is None or m.restart_count != view.record.restart_count):
+                done.append(self._map(view))
+        done.extend(self._purge(snap))
+        return f"leader: {len(records)} jobs" + "".join(f"; {d}" for d in done if d)
+
+    # -- rank maps ------------------------------------------------------------
+
+    def _topology_now(self) -> Topology | None:
+        now = self._mono()
+        refresh = self.cfg.coordinator.topology_refresh_sec
+        if self._topology is None or now - self._topology_at >= refresh:
+            try:
+                self._topology, self._topology_error = self._read_topology(), ""
+                self._topology_at = now
+            except SlurmCommandError as exc:
+                self._topology_error = str(exc)  # keep the cached one; retry next cycle
+        return self._topology
+
+    def _map(self, view: JobView) -> str:
+        record, kv = view.record, view.record_kv
+        assert record is not None and kv is not None
+        topo = self._topology_now()
+        if topo is None:
+            return f"job {record.job_id} waits for the topology ({self._topology_error})"
+        plan = build_map(record, topo, default_replicas=self.cfg.checkpoint.replica_count,
+                         now=self._clock(), previous_epochs=view.epochs,
+                         prefer_original_rack=self.cfg.recovery.prefer_original_rack)
+        plan = dataclasses.replace(
+            plan, rank_map=dataclasses.replace(plan.rank_map, built_by=self.name))
+        if not self._write_map(record, kv, plan, view.ranks):
+            return f"job {record.job_id} changed while mapping; retry next cycle"
+        m = plan.rank_map
+        if m.error:
+            log.error("job %s run %d cannot be mapped: %s", m.job_id, m.restart_count, m.error)
+            return f"job {m.job_id}: map error"
+        self.metrics.groups.inc(len(plan.groups))
+        degraded = sum(g.degraded for g in plan.groups)
+        log.info("job %s run %d: %d ranks on %d nodes, spares %s, %d degraded groups",
+                 m.job_id, m.restart_count, len(m.nodes), len(set(m.nodes)),
+                 ",".join(m.spares) or "-", degraded)
+        return f"mapped job {m.job_id} ({len(m.nodes)} ranks, {len(m.spares)} spares)"
+
+    def _write_map(self, record: JobRecord, kv: KeyValue, plan: MapPlan, old_ranks: int) -> bool:
+        """Ranks and groups in chunks, the map last (readers trust a job with a map)."""
+        guard = Guard(kv.key, kv.mod_revision)  # the run we map is still the registered one
+        job = record.job_id
+        chunks: list[list[TxnOp]] = []
+        pairs = list(zip(plan.entries, plan.groups, strict=True))
+        for i in range(0, len(pairs), _RANKS_PER_TXN):
+            ops: list[TxnOp] = []
+            for entry, group in pairs[i:i + _RANKS_PER_TXN]:
+                ops.append(Put(self.keys.job_rank(job, entry.rank), entry.to_json()))
+                ops.append(Put(self.keys.job_group(job, entry.rank), group_to_json(group)))
+            chunks.append(ops)
+        stale = [r for r in range(len(pairs), old_ranks)]  # a previous run had more ranks
+        for i in range(0, len(stale), MAX_TXN_OPS // 2):
+            chunks.append([op for r in stale[i:i + MAX_TXN_OPS // 2]
+                           for op in (Delete(self.keys.job_rank(job, r)),
+                                      Delete(self.keys.job_group(job, r)))])
+        chunks.append([Put(self.keys.job_map(job), plan.rank_map.to_json())])
+        return all(self.leadership.commit([guard], ops) for ops in chunks)
+
+    # -- clean-up of finished jobs --------------------------------------------
+
+    def _job_states(self) -> dict[str, str] | None:
+        now = self._mono()
+        if now - self._states_at >= self.cfg.coordinator.slurm_poll_sec:
+            self._states_at = now
+            try:
+                self._states = self._read_job_states()
+            except SlurmCommandError as exc:
+                log.warning("cannot read job states from Slurm: %s", exc)
+                self._states = None  # no purge decision without Slurm's word
+        return self._states
+
+    def _purge(self, snap: Snapshot) -> list[str]:
+        states = self._job_states()
+        if states is None:
+            return []
+        now, grace = self._clock(), self.cfg.coordinator.purge_grace_sec
+        out = []
+        for job_id, view in snap.jobs.items():
+            if view.record is None or view.record_kv is None:
+                continue
+            state = states.get(job_id)
+            if state is None or state in FINAL_STATES:
+                self._final_since.setdefault(job_id, now)
+            else:
+                self._final_since.pop(job_id, None)
+            if not purge_due(view.record, state, self._final_since.get(job_id), now, grace):
+                continue
+            guard = Guard(view.record_kv.key, view.record_kv.mod_revision)
+            if self.leadership.commit([guard], [Delete(self.keys.job_prefix(job_id), prefix=True),
+                                                Delete(self.keys.job(job_id))]):
+                self._final_since.pop(job_id, None)
+                log.info("job %s finished for good (%s): keys deleted after %gs grace",
+                         job_id, state or "gone from Slurm", grace)
+                out.append(f"purged job {job_id}")
+        return out

@@ -1,0 +1,125 @@
+"""``raps-coordinator``: the daemon's thin loop around ``Coordinator.run_cycle``.
+
+SIGTERM/SIGINT set a flag; the loop finishes its cycle, resigns leadership (standbys
+take over at once instead of after the lease) and exits 0. Under systemd
+(``Type=notify``) it sends READY=1 once running and WATCHDOG=1 every cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from types import FrameType
+
+import click
+import sdnotify
+
+from raps_slurm.config import load_config
+from raps_slurm.coordinator.cycle import Coordinator
+from raps_slurm.coordinator.election import Leadership
+from raps_slurm.coordinator.metrics import Metrics
+from raps_slurm.errors import RapsError, StoreError
+from raps_slurm.slurm import SlurmClient
+from raps_slurm.slurm.runner import CommandRunner
+from raps_slurm.store import StateStore, Watch, open_store
+
+log = logging.getLogger("raps.coordinator")
+
+
+class _Wakeup:
+    """Waits for the next cycle: returns early when something under the jobs prefix changes."""
+
+    def __init__(self, store: StateStore, prefix: str) -> None:
+        self._store, self._prefix = store, prefix
+        self._watch: Watch | None = None
+
+    def wait(self, timeout: float) -> None:
+        try:
+            if self._watch is None:
+                self._watch = self._store.watch_prefix(self._prefix)
+            if self._watch.next(timeout) is not None:
+                while self._watch.next(0) is not None:  # drain: one cycle reads it all
+                    pass
+        except StoreError:
+            if self._watch is not None:
+                self._watch.cancel()
+            self._watch = None
+            stop.wait(timeout)
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+
+
+stop = threading.Event()
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    stop.set()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", metavar="FILE",
+              help="Config file (default: $RAPS_CONFIG, then /etc/raps/raps.yaml).")
+@click.option("--name", default=None, metavar="NAME",
+              help="Name in the leader key and logs (default: HOST:PID).")
+@click.option("--metrics-address", default=None, metavar="HOST:PORT",
+              help="Override coordinator.metrics_address ('' = no endpoint).")
+@click.option("--once", is_flag=True, help="Run one cycle, print its status, exit.")
+def cli(config_path: str | None, name: str | None, metrics_address: str | None,
+        once: bool) -> None:
+    """Run the raps-slurm coordinator (leader or standby)."""
+    try:
+        cfg = load_config(config_path)
+    except RapsError as exc:
+        raise click.ClickException(str(exc)) from None
+    logging.basicConfig(level=cfg.logging.level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("urllib3").setLevel(logging.WARNING)  # one line per etcd request
+    name = name or f"{socket.gethostname()}:{os.getpid()}"
+    address = cfg.coordinator.metrics_address if metrics_address is None else metrics_address
+    try:
+        metrics = Metrics(address or None)
+        store, keys = open_store(cfg.store)
+    except RapsError as exc:
+        raise click.ClickException(str(exc)) from None
+    slurm = SlurmClient(CommandRunner(timeout=30))
+    identity = {"name": name, "host": socket.gethostname(), "pid": os.getpid(),
+                "metrics": address or ""}
+    leadership = Leadership(store, keys.leader(), cfg.coordinator.leader_lease_sec, identity)
+    coordinator = Coordinator(
+        cfg, store, keys, leadership, topology=slurm.topology,
+        job_states=lambda: {str(j.job_id): j.state for j in slurm.jobs()},
+        metrics=metrics, name=name)
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    notify = sdnotify.SystemdNotifier()
+    wakeup = _Wakeup(store, keys.jobs_prefix())
+    log.info("coordinator %s started (etcd %s)", name, ", ".join(cfg.store.endpoints))
+    notify.notify("READY=1")
+    last = ""
+    try:
+        while not stop.is_set():
+            status = coordinator.run_cycle()
+            if status != last:  # a steady state is logged once, not every cycle
+                log.info("cycle: %s", status)
+                last = status
+            notify.notify(f"WATCHDOG=1\nSTATUS={status[:200]}")
+            if once:
+                click.echo(status)
+                break
+            wakeup.wait(cfg.coordinator.cycle_interval_sec)
+    finally:
+        wakeup.close()
+        leadership.resign()
+        store.close()
+    log.info("coordinator %s stopped", name)
+
+
+def main() -> None:
+    """Entry point of ``raps-coordinator``."""
+    cli(prog_name="raps-coordinator")

@@ -1,0 +1,31 @@
+"""Prometheus metrics of the coordinator (``coordinator.metrics_address``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from raps_slurm.config import parse_address
+from raps_slurm.errors import ConfigError
+
+
+class Metrics:
+    """The coordinator's metrics in their own registry (several coordinators per test process)."""
+
+    def __init__(self, address: str | None) -> None:
+        self.registry = CollectorRegistry()
+        self.leader = Gauge("raps_coordinator_leader", "1 while this coordinator leads",
+                            registry=self.registry)
+        self.jobs = Gauge("raps_coordinator_jobs_registered",
+                          "RAPS job runs registered in etcd (leader's last snapshot)",
+                          registry=self.registry)
+        self.groups = Counter("raps_coordinator_groups_built",
+                              "backup groups built for rank maps", registry=self.registry)
+        self.cycles = Counter("raps_coordinator_cycles", "cycles run", registry=self.registry)
+        if address:
+            parsed = parse_address(address)
+            if parsed is None:
+                raise ConfigError([f"metrics address {address!r} is not host:port"])
+            try:
+                start_http_server(parsed[1], parsed[0], registry=self.registry)
+            except OSError as exc:
+                raise ConfigError([f"metrics address {address}: {exc.strerror or exc}"]) from None

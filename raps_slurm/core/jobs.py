@@ -1,0 +1,414 @@
+"""Job registration records, rank maps and their lifecycle: pure, no I/O.
+
+The controller hooks write a :class:`JobRecord` per job run (job id + restart count);
+the coordinator leader answers with a :class:`RankMap`, one rank assignment and one
+backup group per rank. Everything here is serialised to JSON for etcd, and every
+decoder rejects a malformed value with one line naming the key and what is wrong
+(a daemon logs it and goes on; nothing is silently accepted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+
+from raps_slurm.core.placement import compute_placement
+from raps_slurm.errors import PlacementError, RecordError
+from raps_slurm.model import BackupGroup, RankPlacement, Topology
+
+# The shim's ranges (spank/raps_spank.c); the hooks check them again because the
+# environment is input like any other.
+SPEC_RANGES = {"spares": (0, 64), "replicas": (0, 8), "ckpt_interval_sec": (1, 604800),
+               "ranks_per_node": (1, 1024)}
+_SPEC_ENV = {"spares": "SPANK_RAPS_SPARES", "replicas": "SPANK_RAPS_REPLICAS",
+             "ckpt_interval_sec": "SPANK_RAPS_CKPT_INTERVAL",
+             "ranks_per_node": "SPANK_RAPS_RANKS_PER_NODE"}
+ENABLED_ENV = "SPANK_RAPS_ENABLED"
+
+# Slurm job states after which a job never runs again (a requeued job is PENDING).
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                          "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
+
+RunState = Literal["running", "ended"]
+Registration = Literal["create", "requeue", "same", "reuse"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the job asked for with ``--raps-*``; None means "the config default"."""
+
+    spares: int = 0
+    replicas: int | None = None
+    ckpt_interval_sec: int | None = None
+    ranks_per_node: int = 1
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> JobSpec | None:
+        """The spec from ``SPANK_RAPS_*``; None for a job submitted without ``--raps``.
+
+        Raises ValueError naming the variable for a value outside the shim's range.
+        """
+        if env.get(ENABLED_ENV) != "1":
+            return None
+        values: dict[str, int] = {}
+        for name, var in _SPEC_ENV.items():
+            text = env.get(var)
+            if text is None or text == "":
+                continue
+            lo, hi = SPEC_RANGES[name]
+            if not text.isdigit() or not lo <= int(text) <= hi:
+                raise ValueError(f"{var}: expected an integer {lo}-{hi}, got {text!r}")
+            values[name] = int(text)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, int | None]:
+        """JSON-friendly form."""
+        return {"spares": self.spares, "replicas": self.replicas,
+                "ckpt_interval_sec": self.ckpt_interval_sec,
+                "ranks_per_node": self.ranks_per_node}
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One run of a RAPS job as the controller hooks registered it."""
+
+    job_id: str
+    restart_count: int
+    owner_uid: int
+    nodes: tuple[str, ...]
+    spec: JobSpec
+    state: RunState = "running"
+    registered_at: float = 0.0
+    ended_at: float | None = None
+    user: str = ""
+    name: str = ""
+    exit_code: int | None = None
+
+    def ended(self, now: float, exit_code: int | None) -> JobRecord:
+        """This run marked ended (EpilogSlurmctld)."""
+        return JobRecord(self.job_id, self.restart_count, self.owner_uid, self.nodes,
+                         self.spec, "ended", self.registered_at, now, self.user, self.name,
+                         exit_code)
+
+    def to_json(self) -> bytes:
+        """The etcd value."""
+        return _dump({"job_id": self.job_id, "restart_count": self.restart_count,
+                      "owner_uid": self.owner_uid, "nodes": list(self.nodes),
+                      "spec": self.spec.to_dict(), "state": self.state,
+                      "registered_at": self.registered_at, "ended_at": self.ended_at,
+                      "user": self.user, "name": self.name, "exit_code": self.exit_code})
+
+    @classmethod
+    def from_json(cls, key: str, raw: bytes) -> JobRecord:
+        """Decode the value at ``key``; RecordError if it is not a job record."""
+        d = _Reader(key, raw)
+        spec = d.obj("spec")
+        sr = _Reader(f"{key} spec", spec)
+        return cls(job_id=d.text("job_id"), restart_count=d.integer("restart_count"),
+                   owner_uid=d.integer("owner_uid"), nodes=d.names("nodes"),
+                   spec=JobSpec(spares=sr.integer("spares", *SPEC_RANGES["spares"]),
+                                replicas=sr.opt_integer("replicas", *SPEC_RANGES["replicas"]),
+                                ckpt_interval_sec=sr.opt_integer(
+                                    "ckpt_interval_sec", *SPEC_RANGES["ckpt_interval_sec"]),
+                                ranks_per_node=sr.integer("ranks_per_node",
+                                                      *SPEC_RANGES["ranks_per_node"])),
+                   state=d.choice("state", ("running", "ended")),  # type: ignore[arg-type]
+                   registered_at=d.num("registered_at"), ended_at=d.opt_num("ended_at"),
+                   user=d.text("user", empty=True), name=d.text("name", empty=True),
+                   exit_code=d.opt_integer("exit_code", -(2**31), 2**31))
+
+
+def record_from_env(env: Mapping[str, str], now: float) -> JobRecord | None:
+    """The record PrologSlurmctld writes, from its environment; None without ``--raps``.
+
+    Raises ValueError naming the variable that is missing or malformed.
+    """
+    spec = JobSpec.from_env(env)
+    if spec is None:
+        return None
+
+    def need(var: str) -> str:
+        value = env.get(var, "")
+        if not value:
+            raise ValueError(f"{var} is not set: is this run by Slurm as PrologSlurmctld?")
+        return value
+
+    job_id = need("SLURM_JOB_ID")
+    if not job_id.isdigit():
+        raise ValueError(f"SLURM_JOB_ID: expected a job number, got {job_id!r}")
+    uid = need("SLURM_JOB_UID")
+    restarts = env.get("SLURM_JOB_RESTART_COUNT", "0") or "0"
+    for var, text in (("SLURM_JOB_UID", uid), ("SLURM_JOB_RESTART_COUNT", restarts)):
+        if not text.isdigit():
+            raise ValueError(f"{var}: expected an integer >= 0, got {text!r}")
+    hostlist = need("SLURM_JOB_NODELIST")
+    try:
+        nodes = tuple(NodeSet(hostlist))
+    except NodeSetParseError:
+        raise ValueError(f"SLURM_JOB_NODELIST: {hostlist!r} is not a hostlist") from None
+    return JobRecord(job_id, int(restarts), int(uid), nodes, spec, "running", now,
+                     user=env.get("SLURM_JOB_USER", ""), name=env.get("SLURM_JOB_NAME", ""))
+
+
+def registration(existing: JobRecord | None, new: JobRecord) -> Registration:
+    """How PrologSlurmctld treats ``new`` given what is stored under the same job id.
+
+    ``create``: nothing stored. ``requeue``: the same job started again (higher
+    restart count): re-register and keep its checkpoints. ``same``: this very run
+    registered already (a repeated prolog): nothing to do. ``reuse``: stored state
+    belongs to an older job that had this id (Slurm's ids wrap or its state was
+    reset): wipe it, so the new job inherits nothing.
+    """
+    if existing is None:
+        return "create"
+    if existing.owner_uid != new.owner_uid:
+        return "reuse"
+    if new.restart_count > existing.restart_count:
+        return "requeue"
+    if (new.restart_count == existing.restart_count and existing.state == "running"
+            and existing.nodes == new.nodes):
+        return "same"
+    return "reuse"
+
+
+@dataclass(frozen=True)
+class RankMap:
+    """The coordinator's answer for one job run: where each rank runs, which nodes are spare.
+
+    ``error`` is set instead when no map can be built (e.g. more spares than nodes).
+    """
+
+    job_id: str
+    restart_count: int
+    nodes: tuple[str, ...] = ()  # node of each rank, index = rank
+    spares: tuple[str, ...] = ()
+    replicas: int = 0
+    built_at: float = 0.0
+    error: str = ""
+    built_by: str = ""
+
+    def to_json(self) -> bytes:
+        """The etcd value."""
+        return _dump({"job_id": self.job_id, "restart_count": self.restart_count,
+                      "nodes": list(self.nodes), "spares": list(self.spares),
+                      "replicas": self.replicas, "built_at": self.built_at,
+                      "error": self.error, "built_by": self.built_by})
+
+    @classmethod
+    def from_json(cls, key: str, raw: bytes) -> RankMap:
+        """Decode the value at ``key``; RecordError if it is not a rank map."""
+        d = _Reader(key, raw)
+        return cls(d.text("job_id"), d.integer("restart_count"), d.names("nodes", empty=True),
+                   d.names("spares", empty=True), d.integer("replicas", 0, 8), d.num("built_at"),
+                   d.text("error", empty=True), d.text("built_by", empty=True))
+
+
+@dataclass(frozen=True)
+class RankEntry:
+    """``jobs/<id>/ranks/<rank>``: where a rank runs, its epoch and its spare order."""
+
+    rank: int
+    node: str
+    epoch: int
+    status: str
+    spares: tuple[str, ...]
+
+    def to_json(self) -> bytes:
+        """The etcd value."""
+        return _dump({"rank": self.rank, "node": self.node, "epoch": self.epoch,
+                      "status": self.status, "spares": list(self.spares)})
+
+    @classmethod
+    def from_json(cls, key: str, raw: bytes) -> RankEntry:
+        """Decode the value at ``key``; RecordError if it is not a rank entry."""
+        d = _Reader(key, raw)
+        return cls(d.integer("rank"), d.text("node"), d.integer("epoch", 1), d.text("status"),
+                   d.names("spares", empty=True))
+
+
+def group_to_json(group: BackupGroup) -> bytes:
+    """``jobs/<id>/groups/<rank>``: ``degraded`` is null or the reason, as ``show job`` prints."""
+    return _dump(group_dict(group))
+
+
+def group_dict(group: BackupGroup) -> dict[str, Any]:
+    """The public shape of a backup group."""
+    return {"primary": group.primary, "log_backup": group.log_backup,
+            "ckpt_mirrors": list(group.ckpt_mirrors),
+            "degraded": group.reason if group.degraded else None}
+
+
+def group_from_json(key: str, raw: bytes, rank: int) -> BackupGroup:
+    """Decode a backup group; RecordError if malformed."""
+    d = _Reader(key, raw)
+    log = d.opt_text("log_backup")
+    reason = d.opt_text("degraded")
+    return BackupGroup(rank, d.text("primary"), log, d.names("ckpt_mirrors", empty=True),
+                       degraded=reason is not None, reason=reason or "")
+
+
+@dataclass(frozen=True)
+class MapPlan:
+    """What the leader writes for a job run: the map, and per rank its entry and group."""
+
+    rank_map: RankMap
+    entries: tuple[RankEntry, ...] = ()
+    groups: tuple[BackupGroup, ...] = ()
+
+
+def choose_spares(topology: Topology, nodes: Collection[str], count: int
+                  ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Split a job's nodes into (working, spares) with the spares spread over racks.
+
+    Each spare is taken from the rack with the most nodes still working (ties: rack
+    name), its last node by name, so racks keep similar numbers of working nodes and
+    a rack failure costs few spares. Raises PlacementError if no node would be left to run
+    ranks, or a node is in no rack.
+    """
+    ordered = sorted(set(nodes), key=_natural)
+    if count >= len(ordered):
+        raise PlacementError(f"{len(ordered)} node{'s' if len(ordered) != 1 else ''} "
+                             f"allocated and {count} spares asked: at least one node must "
+                             "run ranks (allocate more nodes or lower --raps-spares)")
+    by_rack: dict[str, list[str]] = {}
+    for n in ordered:
+        rack = topology.rack_of(n)
+        if rack is None:
+            raise PlacementError(f"node {n!r} is not in any rack of the topology")
+        by_rack.setdefault(rack, []).append(n)
+    spares: list[str] = []
+    for _ in range(count):
+        rack = max(sorted(by_rack), key=lambda r: len(by_rack[r]))
+        spares.append(by_rack[rack].pop())
+    working = tuple(n for n in ordered if n not in spares)
+    return working, tuple(sorted(spares, key=_natural))
+
+
+def build_map(record: JobRecord, topology: Topology, *, default_replicas: int, now: float,
+              previous_epochs: Mapping[int, int] | None = None,
+              prefer_original_rack: bool = False,
+              unhealthy: Collection[str] = frozenset()) -> MapPlan:
+    """The rank map, rank entries and backup groups of one job run.
+
+    Ranks go ``ranks_per_node`` at a time to the working nodes in name order. Each
+    rank's epoch is one more than in ``previous_epochs`` (the prior run's), so a copy
+    of an earlier run is fenced. A job that cannot be mapped gets a map with ``error``.
+    """
+    spec = record.spec
+    replicas = default_replicas if spec.replicas is None else spec.replicas
+    try:
+        working, spares = choose_spares(topology, record.nodes, spec.spares)
+        rank_nodes = {i * spec.ranks_per_node + k: n
+                      for i, n in enumerate(working) for k in range(spec.ranks_per_node)}
+        placed: dict[int, RankPlacement] = compute_placement(
+            topology, rank_nodes, spares, replicas=replicas,
+            prefer_original_rack=prefer_original_rack, unhealthy=unhealthy)
+    except PlacementError as exc:
+        return MapPlan(RankMap(record.job_id, record.restart_count, built_at=now,
+                               replicas=replicas, error=str(exc)))
+    prev = previous_epochs or {}
+    entries = tuple(RankEntry(r, rank_nodes[r], prev.get(r, 0) + 1, "assigned",
+                              placed[r].spares) for r in sorted(rank_nodes))
+    rank_map = RankMap(record.job_id, record.restart_count,
+                       tuple(rank_nodes[r] for r in sorted(rank_nodes)), spares, replicas, now)
+    return MapPlan(rank_map, entries, tuple(placed[r].group for r in sorted(rank_nodes)))
+
+
+def purge_due(record: JobRecord, slurm_state: str | None, final_since: float | None,
+              now: float, grace: float) -> bool:
+    """True when a job's keys and data may go: finished for good, grace period over.
+
+    ``slurm_state`` is the job's state in Slurm, None when Slurm no longer knows the
+    job (purged after MinJobAge, which happens only after it finished).
+    ``final_since`` is when this run was first seen finished: the epilog's
+    ``ended_at``, or the coordinator's first sighting if the epilog could not record it.
+    """
+    if slurm_state is not None and slurm_state not in FINAL_STATES:
+        return False  # pending again after a requeue, or still running
+    since = record.ended_at if record.ended_at is not None else final_since
+    return since is not None and now - since >= grace
+
+
+def _natural(name: str) -> tuple[str, int, str]:
+    """n2 before n10."""
+    head = name.rstrip("0123456789")
+    tail = name[len(head):]
+    return head, int(tail) if tail else -1, name
+
+
+def _dump(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass
+class _Reader:
+    """Typed field access to one JSON object from etcd, with one-line errors."""
+
+    key: str
+    raw: Any
+    data: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        obj = self.raw
+        if isinstance(obj, (bytes, bytearray)):
+            try:
+                obj = json.loads(obj)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise RecordError(f"{self.key}: not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise RecordError(f"{self.key}: expected a JSON object, got {type(obj).__name__}")
+        self.data = obj
+
+    def _bad(self, name: str, want: str) -> RecordError:
+        got = self.data.get(name, "<missing>")
+        return RecordError(f"{self.key}: field {name!r}: expected {want}, got {got!r:.80}")
+
+    def integer(self, name: str, lo: int = 0, hi: int = 2**63) -> int:
+        v = self.data.get(name)
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise self._bad(name, f"an integer {lo}-{hi}")
+        return v
+
+    def opt_integer(self, name: str, lo: int = 0, hi: int = 2**63) -> int | None:
+        return None if self.data.get(name) is None else self.integer(name, lo, hi)
+
+    def num(self, name: str) -> float:
+        v = self.data.get(name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self._bad(name, "a number")
+        return float(v)
+
+    def opt_num(self, name: str) -> float | None:
+        return None if self.data.get(name) is None else self.num(name)
+
+    def text(self, name: str, *, empty: bool = False) -> str:
+        v = self.data.get(name)
+        if not isinstance(v, str) or (not v and not empty):
+            raise self._bad(name, "a string" if empty else "a non-empty string")
+        return v
+
+    def opt_text(self, name: str) -> str | None:
+        return None if self.data.get(name) is None else self.text(name)
+
+    def choice(self, name: str, allowed: tuple[str, ...]) -> str:
+        v = self.data.get(name)
+        if v not in allowed:
+            raise self._bad(name, "one of " + ", ".join(allowed))
+        return str(v)
+
+    def obj(self, name: str) -> dict[str, Any]:
+        v = self.data.get(name)
+        if not isinstance(v, dict):
+            raise self._bad(name, "an object")
+        return v
+
+    def names(self, name: str, *, empty: bool = False) -> tuple[str, ...]:
+        v = self.data.get(name)
+        if (not isinstance(v, list) or (not v and not empty)
+                or not all(isinstance(x, str) and x for x in v)):
+            raise self._bad(name, "a list of node names")
+        return tuple(v)
