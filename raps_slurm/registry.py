@@ -78,5 +78,6 @@ def job_view(store: StateStore, keys: Keys, job_id: str) -> dict[str, Any]:
             "exit_code": record.exit_code,
             "map_error": rank_map.error if current and rank_map is not None else "",
             "built_by": rank_map.built_by if current and rank_map is not None else "",
+            "mapped_at": rank_map.built_at if current and rank_map is not None else None,
             "ranks": ranks,
             "spares": list(rank_map.spares) if current and rank_map is not None else []}

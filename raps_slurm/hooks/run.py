@@ -168,7 +168,10 @@ def _epilog_slurmctld(cfg: Config, env: Mapping[str, str], budget: float) -> int
                 log.info("not registered (etcd was unreachable at its start?): nothing to mark")
                 return 0
             record = JobRecord.from_json(key, kv.value)
-            if record.restart_count != int(restarts) or record.state == "ended":
+            # On a requeue Slurm counts the restart before this epilog runs: the run
+            # that ended is then the one before SLURM_JOB_RESTART_COUNT.
+            if record.restart_count not in (int(restarts), int(restarts) - 1) \
+                    or record.state == "ended":
                 log.info("run %s is not the registered running run (%d, %s): left alone",
                          restarts, record.restart_count, record.state)
                 return 0
