@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from raps_slurm.core.jobs import JobRecord, RankEntry, RankMap, group_dict, group_from_json
-from raps_slurm.errors import RapsError
+from raps_slurm.errors import RapsError, RecordError
 from raps_slurm.store import Keys, StateStore
 
 
@@ -40,7 +40,7 @@ def job_view(store: StateStore, keys: Keys, job_id: str) -> dict[str, Any]:
     Reads the record and everything below it in one snapshot (one range read over
     ``jobs/<id>`` covers the record and its prefix).
     """
-    if not job_id.isdigit():
+    if not (job_id.isascii() and job_id.isdigit()):
         raise UnknownJob(f"invalid job id {job_id!r}: expected a number")
     key = keys.job(job_id)
     kvs = [kv for kv in store.get_prefix(key) if kv.key == key or kv.key.startswith(key + "/")]
@@ -49,6 +49,8 @@ def job_view(store: StateStore, keys: Keys, job_id: str) -> dict[str, Any]:
         raise UnknownJob(f"job {job_id} is not registered with raps-slurm "
                          "(not submitted with --raps, or finished and purged)")
     record = JobRecord.from_json(key, by_key[key].value)
+    if record.job_id != job_id:
+        raise RecordError(f"{key}: field 'job_id': expected {job_id!r}, got {record.job_id!r}")
     map_kv = by_key.get(keys.job_map(job_id))
     rank_map = RankMap.from_json(map_kv.key, map_kv.value) if map_kv is not None else None
     current = rank_map is not None and rank_map.restart_count == record.restart_count

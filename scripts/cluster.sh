@@ -6,6 +6,7 @@
 #   scripts/cluster.sh up|down|status|env
 #   scripts/cluster.sh crash NODE | freeze NODE | thaw NODE | restart NODE | cgroup NODE
 #   scripts/cluster.sh etcd-stop | etcd-start      (keeps etcd's data)
+#   scripts/cluster.sh coordinator-start | coordinator-stop   (one raps-coordinator)
 #
 # Settings (environment): RAPS_CLUSTER_DIR (run dir, default /tmp/raps-cluster),
 # RAPS_CLUSTER_NODES (6), RAPS_CLUSTER_RACKS (3), RAPS_CLUSTER_PORT (base port, 17000:
@@ -102,11 +103,9 @@ write_conf() {
   # The SPANK shim, when built (scripts/test.sh builds it): the --raps options.
   local so
   so=$(realpath -m "$(dirname "$0")/../spank/raps_spank.so")
-  if [ ! -f "$RUN/etc/plugstack.conf" ]; then
-    if [ -f "$so" ]; then
-      echo "required $so agent_socket=$RUN/agent.sock coordinator=127.0.0.1:$((BASE + 470))"
-    fi >"$RUN/etc/plugstack.conf"
-  fi
+  if [ -f "$so" ]; then
+    echo "required $so agent_socket=$RUN/agent.sock coordinator=127.0.0.1:$((BASE + 470))"
+  fi >"$RUN/etc/plugstack.conf"
   {
     for ((r = 1; r <= RACKS; r++)); do
       first=$(((r - 1) * per_rack + 1))
@@ -242,6 +241,7 @@ cmd_down() {
     # Whatever the fake node still runs (steps, tasks) dies with its cgroup.
     [ -f "$CG_DIR/$n/cgroup.kill" ] && echo 1 >"$CG_DIR/$n/cgroup.kill" 2>/dev/null || true
   done
+  stop_pidfiles "$RUN/pids/coordinator.pid"
   stop_pidfiles "$RUN/pids/slurmctld.pid" "$RUN/pids/etcd.pid"
   if [ -s "$RUN/pids/munged.started" ]; then
     mv "$RUN/pids/munged.started" "$RUN/pids/munged.pid"
@@ -337,6 +337,20 @@ cmd_etcd_start() {
   log "etcd started"
 }
 
+cmd_coordinator_start() {
+  local pidf="$RUN/pids/coordinator.pid"
+  if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then die "a coordinator already runs"; fi
+  SLURM_CONF="$RUN/etc/slurm.conf" nohup "$RAPS_PYTHON" -m raps_slurm.coordinator \
+    --config "$RUN/etc/raps.yaml" --name coordinator --metrics-address "127.0.0.1:$((BASE + 471))" \
+    </dev/null >>"$RUN/log/coordinator.log" 2>&1 &
+  echo $! >"$pidf"
+  log "raps-coordinator started (log $RUN/log/coordinator.log, metrics http://127.0.0.1:$((BASE + 471))/metrics)"
+}
+
+cmd_coordinator_stop() {
+  stop_pidfiles "$RUN/pids/coordinator.pid"
+}
+
 cmd_restart() {
   export SLURM_CONF="$RUN/etc/slurm.conf"
   node_cgroup "$1" >/dev/null
@@ -354,5 +368,7 @@ case "${1:-}" in
     "cmd_$1" "$2" ;;
   etcd-stop) cmd_etcd_stop ;;
   etcd-start) cmd_etcd_start ;;
-  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|cgroup NODE|etcd-stop|etcd-start" >&2; exit 2 ;;
+  coordinator-start) cmd_coordinator_start ;;
+  coordinator-stop) cmd_coordinator_stop ;;
+  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|cgroup NODE|etcd-stop|etcd-start|coordinator-start|coordinator-stop" >&2; exit 2 ;;
 esac

@@ -1,54 +1,51 @@
 #!/usr/bin/env bash
 # The demo on a local cluster: installs what it needs, brings up a 6-node Slurm
-# cluster in 3 racks with etcd, shows what raps-slurm sees (nodes, racks), submits a
-# --no-kill job of 6 nodes, and shows the backup groups and spare order its 4 ranks
-# + 2 spares would get. Then takes the cluster down (--keep leaves it up).
+# cluster in 3 racks with etcd, the RAPS hooks and a raps-coordinator, submits
+# `sbatch --raps --raps-spares=2 --no-kill -N6` and shows what the coordinator made of
+# it: 4 ranks, 2 spares spread over racks, a rack-disjoint backup group per rank.
+# Then takes the cluster down (--keep leaves it up).
 #   scripts/demo.sh [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# shellcheck source=lib/setup.sh
+source scripts/lib/setup.sh
 keep=0
 [ "${1:-}" = "--keep" ] && keep=1
 
-apt_packages=(slurm-wlm slurmctld slurmd munge etcd-server curl)
-missing=()
-for p in "${apt_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-"$PY" -m pip install -q --disable-pip-version-check -e . 2>&1 | grep -v "^WARNING: Running pip as the 'root' user" || true
+ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make procps \
+  python3 python3-venv
+ensure_venv ""
+make -s -C spank
 
 export RAPS_CLUSTER_DIR=${RAPS_CLUSTER_DIR:-/tmp/raps-demo}
-export RAPS_CONFIG=$PWD/configs/test.yaml
 if ((keep == 0)); then trap 'scripts/cluster.sh down' EXIT; fi
 
 step() { printf '\n== %s\n' "$*"; }
-step "bringing up 6 nodes in 3 racks + etcd in $RAPS_CLUSTER_DIR"
+step "bringing up 6 nodes in 3 racks + etcd + raps-coordinator in $RAPS_CLUSTER_DIR"
 scripts/cluster.sh up
 # shellcheck disable=SC1090
 source <(scripts/cluster.sh env)
+scripts/cluster.sh coordinator-start
+for _ in $(seq 1 50); do rapsctl ping >/dev/null 2>&1 && break; sleep 0.2; done
+rapsctl ping
 
-step "nodes as raps-slurm sees them (rapsctl show nodes)"
+step "nodes and racks as raps-slurm sees them (rapsctl show nodes)"
 rapsctl show nodes
-step "racks from Slurm's topology/tree (rapsctl show topology)"
-rapsctl show topology
 
-step "a job of 6 nodes that survives node loss (sbatch --no-kill -N6)"
-job=$(sbatch --parsable --no-kill -N6 -J raps-demo -o /dev/null --wrap 'sleep 300')
-for _ in $(seq 1 100); do
-  [ "$(squeue -h -j "$job" -o %T)" = RUNNING ] && break
+step "a job that survives node loss: sbatch --raps --raps-spares=2 --no-kill -N6"
+job=$(sbatch --parsable --raps --raps-spares=2 --no-kill -N6 -J raps-demo -o /dev/null --wrap 'sleep 300')
+state=""
+for _ in $(seq 1 50); do
+  state=$(rapsctl show job "$job" --json 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || true)
+  [ "$state" = mapped ] && break
   sleep 0.2
 done
-nodes=$(squeue -h -j "$job" -o %N)
-echo "job $job runs on $nodes"
-ranks=$(scontrol show hostnames "$nodes" | head -4 | paste -sd,)
-spares=$(scontrol show hostnames "$nodes" | tail -2 | paste -sd,)
+[ "$state" = mapped ] || { echo "demo: job $job was not mapped (state '$state'); see $RAPS_CLUSTER_DIR/log" >&2; exit 1; }
 
-step "backup groups for 4 ranks on $ranks with spares $spares (rapsctl show groups)"
-rapsctl show groups --nodes "$ranks" --spares "$spares"
+step "the job as the coordinator registered it (rapsctl show job $job)"
+rapsctl show job "$job"
+step "its backup groups: primary, log backup, checkpoint mirror in three racks (rapsctl show groups $job)"
+rapsctl show groups "$job"
 scancel "$job"
 
 if ((keep)); then

@@ -62,10 +62,17 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
         parts = keys.split(kv.key)
         if len(parts) < 2:
             continue
+        if not (parts[1].isascii() and parts[1].isdigit()):
+            bad.append(f"{kv.key}: job id {parts[1]!r} is not a number")
+            continue
         view = jobs.setdefault(parts[1], JobView())
         try:
             if len(parts) == 2:
-                view.record_kv, view.record = kv, JobRecord.from_json(kv.key, kv.value)
+                record = JobRecord.from_json(kv.key, kv.value)
+                if record.job_id != parts[1]:
+                    raise RecordError(f"{kv.key}: field 'job_id': expected {parts[1]!r}, "
+                                      f"got {record.job_id!r}")
+                view.record_kv, view.record = kv, record
             elif parts[2:] == ("map",):
                 view.rank_map = RankMap.from_json(kv.key, kv.value)
             elif parts[2] == "ranks" and len(parts) == 4:
@@ -96,6 +103,7 @@ class Coordinator:
         self._states: dict[str, str] | None = None
         self._states_at = -1e18
         self._final_since: dict[str, float] = {}
+        self._first_seen: dict[str, float] = {}  # monotonic, first snapshot naming the job
         self._reported_bad: set[str] = set()
 
     def run_cycle(self) -> str:
@@ -126,6 +134,11 @@ class Coordinator:
                 log.error("skipping malformed value: %s", line)
                 self._reported_bad.add(line)
         records = {j: v for j, v in snap.jobs.items() if v.record is not None}
+        now = self._mono()
+        for job_id in records:
+            self._first_seen.setdefault(job_id, now)
+        for job_id in set(self._first_seen) - set(records):
+            del self._first_seen[job_id]
         self.metrics.jobs.set(len(records))
         done: list[str] = []
         for job_id in sorted(records, key=int):
@@ -218,6 +231,8 @@ class Coordinator:
             if view.record is None or view.record_kv is None:
                 continue
             state = states.get(job_id)
+            if state is None and self._states_at <= self._first_seen.get(job_id, 0.0):
+                continue  # registered after Slurm was last asked: its absence means nothing
             if state is None or state in FINAL_STATES:
                 self._final_since.setdefault(job_id, now)
             else:

@@ -60,7 +60,7 @@ class JobSpec:
             if text is None or text == "":
                 continue
             lo, hi = SPEC_RANGES[name]
-            if not text.isdigit() or not lo <= int(text) <= hi:
+            if not _decimal(text) or not lo <= int(text) <= hi:
                 raise ValueError(f"{var}: expected an integer {lo}-{hi}, got {text!r}")
             values[name] = int(text)
         return cls(**values)
@@ -119,7 +119,7 @@ class JobRecord:
                    state=d.choice("state", ("running", "ended")),  # type: ignore[arg-type]
                    registered_at=d.num("registered_at"), ended_at=d.opt_num("ended_at"),
                    user=d.text("user", empty=True), name=d.text("name", empty=True),
-                   exit_code=d.opt_integer("exit_code", -(2**31), 2**31))
+                   exit_code=d.opt_integer("exit_code", -(2**31), 2**31 - 1))
 
 
 def record_from_env(env: Mapping[str, str], now: float) -> JobRecord | None:
@@ -138,18 +138,20 @@ def record_from_env(env: Mapping[str, str], now: float) -> JobRecord | None:
         return value
 
     job_id = need("SLURM_JOB_ID")
-    if not job_id.isdigit():
+    if not _decimal(job_id):
         raise ValueError(f"SLURM_JOB_ID: expected a job number, got {job_id!r}")
     uid = need("SLURM_JOB_UID")
     restarts = env.get("SLURM_JOB_RESTART_COUNT", "0") or "0"
     for var, text in (("SLURM_JOB_UID", uid), ("SLURM_JOB_RESTART_COUNT", restarts)):
-        if not text.isdigit():
+        if not _decimal(text):
             raise ValueError(f"{var}: expected an integer >= 0, got {text!r}")
     hostlist = need("SLURM_JOB_NODELIST")
     try:
         nodes = tuple(NodeSet(hostlist))
     except NodeSetParseError:
         raise ValueError(f"SLURM_JOB_NODELIST: {hostlist!r} is not a hostlist") from None
+    if not nodes:
+        raise ValueError(f"SLURM_JOB_NODELIST: {hostlist!r} names no node")
     return JobRecord(job_id, int(restarts), int(uid), nodes, spec, "running", now,
                      user=env.get("SLURM_JOB_USER", ""), name=env.get("SLURM_JOB_NAME", ""))
 
@@ -324,13 +326,19 @@ def purge_due(record: JobRecord, slurm_state: str | None, final_since: float | N
 
     ``slurm_state`` is the job's state in Slurm, None when Slurm no longer knows the
     job (purged after MinJobAge, which happens only after it finished).
-    ``final_since`` is when this run was first seen finished: the epilog's
-    ``ended_at``, or the coordinator's first sighting if the epilog could not record it.
+    ``final_since`` is when the coordinator first saw it finished. The grace period
+    counts from the later of that and the epilog's ``ended_at``: a job requeued long
+    ago and cancelled while pending still gets its whole grace period.
     """
     if slurm_state is not None and slurm_state not in FINAL_STATES:
         return False  # pending again after a requeue, or still running
-    since = record.ended_at if record.ended_at is not None else final_since
-    return since is not None and now - since >= grace
+    marks = [t for t in (record.ended_at, final_since) if t is not None]
+    return bool(marks) and now - max(marks) >= grace
+
+
+def _decimal(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²' and '٣', which int() rejects or reads."""
+    return text.isascii() and text.isdigit()
 
 
 def _natural(name: str) -> tuple[str, int, str]:

@@ -154,11 +154,11 @@ def _prolog_slurmctld(cfg: Config, env: Mapping[str, str], budget: float) -> int
 def _epilog_slurmctld(cfg: Config, env: Mapping[str, str], budget: float) -> int:
     job_id = env.get("SLURM_JOB_ID", "")
     restarts = env.get("SLURM_JOB_RESTART_COUNT", "0") or "0"
-    if not job_id.isdigit() or not restarts.isdigit():
+    if not (job_id.isascii() and job_id.isdigit() and restarts.isascii() and restarts.isdigit()):
         raise ValueError(f"SLURM_JOB_ID={job_id!r} SLURM_JOB_RESTART_COUNT={restarts!r}: "
                          "expected numbers")
     code_text = env.get("SLURM_JOB_EXIT_CODE2", "").partition(":")[0]
-    exit_code = int(code_text) if code_text.isdigit() else None
+    exit_code = int(code_text) if code_text.isascii() and code_text.isdigit() else None
     store, keys = _open(cfg, budget)
     with store:
         key = keys.job(job_id)
@@ -190,7 +190,7 @@ def job_dir(cfg: Config, node: str, job_id: str) -> Path:
 
 def _node_job(env: Mapping[str, str]) -> tuple[str, str]:
     node, job_id = env.get("SLURMD_NODENAME", ""), env.get("SLURM_JOB_ID", "")
-    if not node or not job_id.isdigit():
+    if not node or not (job_id.isascii() and job_id.isdigit()):
         raise ValueError(f"SLURMD_NODENAME={node!r} SLURM_JOB_ID={job_id!r}: "
                          "expected a node name and a job number")
     return node, job_id

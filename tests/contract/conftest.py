@@ -12,7 +12,7 @@ import pytest
 
 from raps_slurm.errors import ClusterError
 from raps_slurm.store import EtcdStore, MemoryStore, StateStore
-from raps_slurm.testing import EtcdServer
+from raps_slurm.testing import EtcdServer, FakeClock
 
 T = TypeVar("T")
 
@@ -21,18 +21,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "etcd: runs against a real etcd started by the test session")
 
-
-class FakeClock:
-    """A monotonic clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass

@@ -1,0 +1,408 @@
+"""The coordinator: leader election and the cycle that maps and purges jobs.
+
+Everything runs on a MemoryStore whose lease expiry follows a fake clock, with a fixed
+topology (3 racks of 2 nodes, n1..n6) and Slurm job states the test controls, so
+failover and grace periods are exercised without sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from raps_slurm.config import Config, parse_config
+from raps_slurm.coordinator.cycle import Coordinator
+from raps_slurm.coordinator.election import Leadership, read_leader
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap
+from raps_slurm.errors import NotLeader
+from raps_slurm.model import Switch, Topology
+from raps_slurm.registry import UnknownJob, job_view
+from raps_slurm.store import Guard, Keys, MemoryStore, Put
+from raps_slurm.testing import FakeClock
+
+LEASE_SEC = 10.0  # coordinator.leader_lease_sec's default, a whole number of seconds
+GRACE = 5.0
+SIX_NODES = ("n1", "n2", "n3", "n4", "n5", "n6")
+
+
+
+def make_topology() -> Topology:
+    racks = {"r1": ["n1", "n2"], "r2": ["n3", "n4"], "r3": ["n5", "n6"]}
+    switches = {r: Switch(r, 0, frozenset(nodes)) for r, nodes in racks.items()}
+    switches["root"] = Switch("root", 1, frozenset(SIX_NODES), tuple(racks))
+    return Topology(switches)
+
+
+TOPOLOGY = make_topology()
+
+
+def make_config(grace: float = GRACE, poll: float = 0.5) -> Config:
+    return parse_config({"coordinator": {"purge_grace_sec": grace, "slurm_poll_sec": poll,
+                                         "leader_lease_sec": LEASE_SEC,
+                                         "metrics_address": ""}})
+
+
+@dataclass
+class Cluster:
+    """A store, its clock and what Slurm says about jobs; builds coordinators on them."""
+
+    clock: FakeClock
+    store: MemoryStore
+    keys: Keys
+    cfg: Config
+    states: dict[str, str] = field(default_factory=dict)  # job id -> Slurm state
+
+    def leadership(self, name: str) -> Leadership:
+        return Leadership(self.store, self.keys.leader(), LEASE_SEC, {"name": name},
+                          clock=self.clock)
+
+    def coordinator(self, name: str, cfg: Config | None = None) -> Coordinator:
+        return Coordinator(cfg or self.cfg, self.store, self.keys, self.leadership(name),
+                           topology=lambda: TOPOLOGY, job_states=lambda: dict(self.states),
+                           name=name, clock=self.clock, monotonic=self.clock)
+
+    def register(self, job_id: str, nodes: Sequence[str] = SIX_NODES, spares: int = 2,
+                 restart_count: int = 0, replicas: int | None = None) -> JobRecord:
+        """What PrologSlurmctld writes for a run."""
+        rec = JobRecord(job_id, restart_count, 1000, tuple(nodes),
+                        JobSpec(spares=spares, replicas=replicas), registered_at=self.clock())
+        self.store.put(self.keys.job(job_id), rec.to_json())
+        return rec
+
+    def end(self, rec: JobRecord) -> JobRecord:
+        """What EpilogSlurmctld writes when the run ends."""
+        ended = rec.ended(self.clock(), 0)
+        self.store.put(self.keys.job(rec.job_id), ended.to_json())
+        return ended
+
+    def exists(self, key: str) -> bool:
+        return self.store.get(key) is not None
+
+    def job_keys(self, job_id: str) -> list[str]:
+        """The record and everything below it."""
+        key = self.keys.job(job_id)
+        return [kv.key for kv in self.store.get_prefix(key)
+                if kv.key == key or kv.key.startswith(key + "/")]
+
+    def entries(self, job_id: str) -> list[RankEntry]:
+        return [RankEntry.from_json(kv.key, kv.value)
+                for kv in self.store.get_prefix(self.keys.job_ranks_prefix(job_id))]
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    yield Cluster(clock, store, Keys("/raps/v1/"), make_config())
+    store.close()
+
+
+# ---------------------------------------------------------------- Leadership
+
+
+def test_first_leads_second_stands_by(cluster: Cluster) -> None:
+    first, second = cluster.leadership("c1"), cluster.leadership("c2")
+    assert first.step()
+    assert not second.step()
+    assert first.is_leader() and first.revision > 0
+    assert not second.is_leader() and second.revision == 0
+    assert second.leader_name == "c1"
+    leader = read_leader(cluster.store, cluster.keys.leader())
+    assert leader is not None and leader["name"] == "c1"
+    assert leader["revision"] == first.revision
+
+
+def test_leader_stays_while_it_steps(cluster: Cluster) -> None:
+    first, second = cluster.leadership("c1"), cluster.leadership("c2")
+    first.step()
+    for _ in range(10):  # 40 s, four lease TTLs: the refreshes keep it
+        cluster.clock.advance(4.0)
+        assert first.step()
+        assert not second.step()
+
+
+def test_standby_takes_over_after_ttl(cluster: Cluster) -> None:
+    first, second = cluster.leadership("c1"), cluster.leadership("c2")
+    first.step()
+    second.step()
+    old_revision = first.revision
+    cluster.clock.advance(LEASE_SEC - 0.5)
+    assert not second.step()  # not before the TTL
+    cluster.clock.advance(0.5)  # first did not step: paused, its lease runs out
+    assert second.step()
+    assert second.leader_name == "c2" and second.revision > old_revision
+
+    # commit() itself does not look at the clock: etcd's revision guard refuses the write.
+    key = cluster.keys.job_map("99")
+    with pytest.raises(NotLeader, match="another coordinator leads"):
+        first.commit([], [Put(key, b"{}")])
+    assert not cluster.exists(key)
+    assert not first.is_leader() and first.revision == 0
+    assert "leader key changed" in first.lost_reason
+
+    assert not first.step()
+    assert first.leader_name == "c2"
+    assert second.commit([], [Put(key, b"{}")])  # the new leader's writes go through
+
+
+def test_commit_false_when_only_guards_fail(cluster: Cluster) -> None:
+    first = cluster.leadership("c1")
+    first.step()
+    key = cluster.keys.job("5")
+    assert not first.commit([Guard(key, 12345)], [Put(key, b"x")])
+    assert not cluster.exists(key)
+    assert first.is_leader()  # a failed guard of its own says nothing about leadership
+    assert first.commit([Guard(key, 0)], [Put(key, b"x")])
+    assert cluster.exists(key)
+
+
+def test_resign_hands_over_at_once(cluster: Cluster) -> None:
+    first, second = cluster.leadership("c1"), cluster.leadership("c2")
+    first.step()
+    assert not second.step()
+    first.resign()
+    assert second.step()  # no clock advance: no wait for the TTL
+    assert not first.is_leader()
+    with pytest.raises(NotLeader):
+        first.commit([], [Put(cluster.keys.job("1"), b"x")])
+    first.resign()  # idempotent
+
+
+def test_commit_without_leadership(cluster: Cluster) -> None:
+    with pytest.raises(NotLeader):
+        cluster.leadership("c1").commit([], [Put(cluster.keys.job("1"), b"x")])
+
+
+# ---------------------------------------------------------------- the cycle: mapping
+
+
+def test_standby_status(cluster: Cluster) -> None:
+    c1, c2 = cluster.coordinator("c1"), cluster.coordinator("c2")
+    assert c1.run_cycle() == "leader: 0 jobs"
+    status = c2.run_cycle()
+    assert status.startswith("standby: leader is")
+    assert status == "standby: leader is c1"
+
+
+def test_maps_registered_job(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    c1.run_cycle()
+    cluster.register("12")
+    assert c1.run_cycle() == "leader: 1 jobs; mapped job 12 (4 ranks, 2 spares)"
+    keys = cluster.keys
+    assert cluster.exists(keys.job_map("12"))
+    for rank in range(4):
+        assert cluster.exists(keys.job_rank("12", rank))
+        assert cluster.exists(keys.job_group("12", rank))
+    assert not cluster.exists(keys.job_rank("12", 4))
+    kv = cluster.store.get(keys.job_map("12"))
+    assert kv is not None
+    m = RankMap.from_json(kv.key, kv.value)
+    assert m.built_by == "c1" and m.restart_count == 0 and m.built_at == cluster.clock()
+    # A mapped run is not mapped again.
+    assert c1.run_cycle() == "leader: 1 jobs"
+
+
+def test_job_view_shape(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    cluster.register("12")
+    c1.run_cycle()
+    view = job_view(cluster.store, cluster.keys, "12")
+    json.dumps(view)  # printed by ``rapsctl show job --json``
+    assert view["job_id"] == "12"
+    assert view["restart_count"] == 0 and view["owner_uid"] == 1000
+    assert view["state"] == "mapped"
+    assert view["spares"] == ["n2", "n4"]
+    ranks = view["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert [r["node"] for r in ranks] == ["n1", "n3", "n5", "n6"]
+    for r in ranks:
+        assert set(r) >= {"rank", "node", "epoch", "status", "group", "spares"}
+        assert r["epoch"] == 1 and r["status"] == "assigned"
+        assert sorted(r["spares"]) == ["n2", "n4"]
+        group = r["group"]
+        assert set(group) == {"primary", "log_backup", "ckpt_mirrors", "degraded"}
+        assert group["primary"] == r["node"]
+        assert isinstance(group["log_backup"], str)
+        assert len(group["ckpt_mirrors"]) == 1  # replica_count 2 by default
+        # Spares fill the third rack, so every group is rack-disjoint.
+        assert group["degraded"] is None
+
+
+def test_map_error_state(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    cluster.register("13", nodes=("n1", "n2"), spares=2)
+    assert c1.run_cycle() == "leader: 1 jobs; job 13: map error"
+    view = job_view(cluster.store, cluster.keys, "13")
+    assert view["state"] == "map-error"
+    assert "2 spares asked" in view["map_error"]
+    assert view["ranks"] == [] and view["spares"] == []
+    # The error is the answer for this run: no retry every cycle.
+    assert c1.run_cycle() == "leader: 1 jobs"
+
+
+def test_requeue_is_mapped_again_with_next_epoch(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    first = cluster.register("12")
+    c1.run_cycle()
+    cluster.end(first)
+    assert c1.run_cycle() == "leader: 1 jobs"  # an ended run is not mapped
+    # The requeued run got fewer nodes: 2 ranks instead of 4.
+    cluster.register("12", nodes=("n1", "n2", "n3", "n4"), restart_count=1)
+    assert c1.run_cycle() == "leader: 1 jobs; mapped job 12 (2 ranks, 2 spares)"
+    entries = cluster.entries("12")
+    assert [(e.rank, e.epoch) for e in entries] == [(0, 2), (1, 2)]
+    # The first run's ranks 2 and 3 are gone with their groups.
+    for rank in (2, 3):
+        assert not cluster.exists(cluster.keys.job_rank("12", rank))
+        assert not cluster.exists(cluster.keys.job_group("12", rank))
+    view = job_view(cluster.store, cluster.keys, "12")
+    assert view["restart_count"] == 1 and view["state"] == "mapped"
+    assert [r["epoch"] for r in view["ranks"]] == [2, 2]
+
+
+def test_malformed_record_skipped(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    c1 = cluster.coordinator("c1")
+    cluster.store.put(cluster.keys.job("8"), b"not json")
+    cluster.register("9")
+    caplog.set_level(logging.ERROR, logger="raps.coordinator")
+    assert c1.run_cycle() == "leader: 1 jobs; mapped job 9 (4 ranks, 2 spares)"
+    assert c1.run_cycle() == "leader: 1 jobs"
+    bad = [r for r in caplog.records if "skipping malformed value" in r.getMessage()]
+    assert len(bad) == 1  # logged once, not every cycle
+    assert "/raps/v1/jobs/8: not JSON" in bad[0].getMessage()
+    assert cluster.job_keys("8") == [cluster.keys.job("8")]  # left alone for a human
+
+
+def test_new_leader_maps_after_failover(cluster: Cluster) -> None:
+    c1, c2 = cluster.coordinator("c1"), cluster.coordinator("c2")
+    cluster.register("12")
+    c1.run_cycle()
+    assert c2.run_cycle() == "standby: leader is c1"
+    cluster.clock.advance(LEASE_SEC)  # c1 paused for a whole TTL
+    cluster.register("13", nodes=("n1", "n3", "n5"), spares=0)
+    # c2 maps the new job only: job 12's map is current.
+    assert c2.run_cycle() == "leader: 2 jobs; mapped job 13 (3 ranks, 0 spares)"
+    status = c1.run_cycle()
+    assert status.startswith("standby: leader is c2 (lease not refreshed"), status
+
+
+def test_deposed_leader_writes_nothing(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    l2 = cluster.leadership("c2")
+    c1.run_cycle()
+    # The leader key is replaced under c1 while c1's lease (and local clock) still say it
+    # leads, e.g. by an operator: only the revision guard can stop its writes.
+    cluster.store.delete(cluster.keys.leader())
+    assert l2.step()
+    cluster.register("12")
+    assert c1.run_cycle() == "stepped down: write refused: another coordinator leads"
+    assert cluster.job_keys("12") == [cluster.keys.job("12")]
+
+
+# ---------------------------------------------------------------- the cycle: purge
+
+
+def test_purge_after_grace(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    rec = cluster.register("12")
+    cluster.states["12"] = "RUNNING"
+    c1.run_cycle()
+    cluster.end(rec)
+    cluster.states["12"] = "COMPLETED"
+    cluster.clock.advance(1.0)  # past slurm_poll_sec: the new state is read
+    assert c1.run_cycle() == "leader: 1 jobs"
+    cluster.clock.advance(GRACE - 1.0 - 0.5)
+    assert c1.run_cycle() == "leader: 1 jobs"
+    assert len(cluster.job_keys("12")) == 10  # record, map, 4 ranks, 4 groups
+    cluster.clock.advance(0.5)  # grace over since the epilog's ended_at, not yet since
+    assert c1.run_cycle() == "leader: 1 jobs"  # the leader first saw COMPLETED (1 s later)
+    cluster.clock.advance(1.0)
+    assert c1.run_cycle() == "leader: 1 jobs; purged job 12"
+    assert cluster.job_keys("12") == []
+    with pytest.raises(UnknownJob):
+        job_view(cluster.store, cluster.keys, "12")
+    assert c1.run_cycle() == "leader: 0 jobs"
+
+
+def test_no_purge_while_pending(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    rec = cluster.register("12")
+    cluster.states["12"] = "RUNNING"
+    c1.run_cycle()
+    cluster.end(rec)
+    cluster.states["12"] = "PENDING"  # requeued: its checkpoints must stay
+    for _ in range(5):  # 20 s, four grace periods
+        cluster.clock.advance(4.0)
+        assert c1.run_cycle() == "leader: 1 jobs"
+    assert len(cluster.job_keys("12")) == 10
+    # Cancelled while pending: its run ended long ago, but the grace period counts
+    # from when the leader first saw it finished for good.
+    cluster.states["12"] = "CANCELLED"
+    cluster.clock.advance(1.0)
+    assert c1.run_cycle() == "leader: 1 jobs"
+    cluster.clock.advance(GRACE)
+    assert c1.run_cycle() == "leader: 1 jobs; purged job 12"
+
+
+def test_purge_job_gone_from_slurm(cluster: Cluster) -> None:
+    # The epilog never marked the run ended and Slurm forgot the job (MinJobAge):
+    # the grace counts from the coordinator's first sighting.
+    c1 = cluster.coordinator("c1")
+    cluster.register("12")
+    cluster.states["12"] = "RUNNING"
+    c1.run_cycle()
+    del cluster.states["12"]
+    cluster.clock.advance(1.0)
+    assert c1.run_cycle() == "leader: 1 jobs"
+    cluster.clock.advance(GRACE - 0.5)
+    assert c1.run_cycle() == "leader: 1 jobs"
+    cluster.clock.advance(0.5)
+    assert c1.run_cycle() == "leader: 1 jobs; purged job 12"
+    assert cluster.job_keys("12") == []
+
+
+def test_running_again_resets_first_sighting(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    cluster.register("12")
+    c1.run_cycle()  # not in the states: first sighting as gone
+    cluster.states["12"] = "RUNNING"
+    cluster.clock.advance(1.0)
+    c1.run_cycle()
+    del cluster.states["12"]
+    cluster.clock.advance(GRACE - 0.5)
+    # Seen gone again only now; the first sighting, GRACE + 0.5 s ago, must not count.
+    assert c1.run_cycle() == "leader: 1 jobs"
+
+
+# ---------------------------------------------------------------- regressions
+
+
+def test_new_job_not_purged_on_stale_states(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1", make_config(grace=0.0, poll=10.0))
+    c1.run_cycle()  # polls Slurm: no jobs yet
+    cluster.register("7")
+    cluster.states["7"] = "RUNNING"  # Slurm knows it; the next poll is 10 s away
+    cluster.clock.advance(1.0)
+    assert c1.run_cycle() == "leader: 1 jobs; mapped job 7 (4 ranks, 2 spares)"
+    assert cluster.exists(cluster.keys.job("7"))
+
+
+def test_non_numeric_job_key_skipped(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    cluster.register("x")
+    cluster.register("9")
+    assert c1.run_cycle().endswith("mapped job 9 (4 ranks, 2 spares)")
+
+
+def test_record_for_another_job_id_skipped(cluster: Cluster) -> None:
+    c1 = cluster.coordinator("c1")
+    rec = JobRecord("6", 0, 1000, SIX_NODES, JobSpec())
+    cluster.store.put(cluster.keys.job("5"), rec.to_json())
+    c1.run_cycle()
+    c1.run_cycle()
+    assert cluster.store.get_prefix(cluster.keys.job_prefix("6")) == []
