@@ -75,8 +75,12 @@ class DetectionConfig:
                              1, 100)
     app_miss_threshold: int = _f(5, "missed app heartbeats before a rank is HUNG", 1, 100)
     lease_duration_sec: float = _f(15.0, "node membership lease TTL in etcd", 1, 3600)
-    fence_margin_sec: float = _f(2.0, "extra wait before relaunching a dead node's ranks",
+    fence_margin_sec: float = _f(0.5, "extra wait, after the miss window, before a DEAD verdict",
                                  0, 600)
+    cluster_key_file: str = _f("/etc/raps/raps.key",
+                               "HMAC key signing heartbeats (mode 0600, same on every node)")
+    max_clock_skew_sec: float = _f(5.0, "heartbeats timestamped further from the receiver's "
+                                   "clock are dropped", 0.1, 3600)
     smart_temperature_c: float = _f(70.0, "NVMe temperature that marks a node DEGRADED", 20, 150)
     retransmit_ratio_threshold: float = _f(0.05, "TCP retransmit ratio that marks a node DEGRADED",
                                            0, 1)
@@ -121,7 +125,19 @@ class CoordinatorConfig:
                                0.5, 3600)
     purge_grace_sec: float = _f(3600.0, "keep a finished job's keys and data this long",
                                 0, 30 * 86400)
+    purge_record_sec: float = _f(7 * 86400.0, "keep the tombstone of a purged job this long "
+                                 "(agents delete its local data meanwhile)", 60, 365 * 86400)
     metrics_address: str = _f("127.0.0.1:9470", "Prometheus endpoint host:port ('' = off)")
+    heartbeat_address: str = _f("0.0.0.0:7470", "UDP host:port the coordinator receives "
+                                "heartbeats on")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The per-node agent."""
+
+    socket_path: str = _f("/run/raps/%n/agent.sock",
+                          "unix socket for ranks, raps-run and rapsctl; %n = node name")
 
 
 @dataclass(frozen=True)
@@ -159,6 +175,7 @@ class Config:
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -279,12 +296,17 @@ def _check_pairs(cfg: Config, errors: list[str]) -> None:
     metrics = cfg.coordinator.metrics_address
     if metrics and parse_address(metrics) is None:
         errors.append(f"coordinator.metrics_address: {metrics!r} is not host:port or ''")
+    if parse_address(cfg.coordinator.heartbeat_address) is None:
+        errors.append(f"coordinator.heartbeat_address: {cfg.coordinator.heartbeat_address!r} "
+                      "is not host:port")
 
 
-def parse_address(addr: str) -> tuple[str, int] | None:
-    """``host:port`` as (host, port), or None when it is not one."""
+def parse_address(addr: str, *, any_port: bool = False) -> tuple[str, int] | None:
+    """``host:port`` as (host, port), or None when it is not one (port 0 only if ``any_port``)."""
     host, _, port = addr.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not port.isascii() or not port.isdigit():
+        return None
+    if not (0 if any_port else 1) <= int(port) < 65536:
         return None
     return host, int(port)
 

@@ -53,6 +53,14 @@ class NotLeader(StoreError):
     """A leader-guarded write was refused: this coordinator is no longer the leader."""
 
 
+class BadDatagram(RapsError):
+    """A heartbeat or acknowledgement datagram that must be dropped; ``reason`` says why."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
 class PlacementError(RapsError):
     """Backup groups or spares cannot be computed from the given inputs."""
 

@@ -7,6 +7,7 @@
 #   scripts/cluster.sh crash NODE | freeze NODE | thaw NODE | restart NODE | cgroup NODE
 #   scripts/cluster.sh etcd-stop | etcd-start      (keeps etcd's data)
 #   scripts/cluster.sh coordinator-start | coordinator-stop   (one raps-coordinator)
+#   scripts/cluster.sh agent-start NODE | agent-stop NODE      (the node's raps-agent)
 #
 # Settings (environment): RAPS_CLUSTER_DIR (run dir, default /tmp/raps-cluster),
 # RAPS_CLUSTER_NODES (6), RAPS_CLUSTER_RACKS (3), RAPS_CLUSTER_PORT (base port, 17000:
@@ -133,7 +134,8 @@ write_raps_conf() {
         -e "s#^  log_dir: .*#  log_dir: $RUN/log/raps#" "$REPO/configs/test.yaml"
     echo "store:"
     echo "  endpoints: ['http://127.0.0.1:$ETCD_PORT']"
-  } >"$RUN/etc/raps.yaml"
+  } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" >"$RUN/etc/raps.yaml"
+  [ -f "$RUN/etc/raps.key" ] || "$RAPS_PYTHON" -m raps_slurm.cli config create-key "$RUN/etc/raps.key" >/dev/null
   chmod 0644 "$RUN/etc/raps.yaml"
   if id slurm >/dev/null 2>&1 && ! runuser -u slurm -- "$RAPS_PYTHON" -c 'import raps_slurm.hooks.run' 2>/dev/null; then
     die "SlurmUser 'slurm' cannot run $RAPS_PYTHON with raps_slurm (PrologSlurmctld would fail every job): set RAPS_PYTHON, e.g. to the venv scripts/test.sh creates"
@@ -181,6 +183,19 @@ start_slurmd() {
     "$SLURM_SBIN/slurmd" -N "$n" -f "$RUN/etc/slurm.conf" </dev/null >>"$RUN/log/slurmd-$n.out" 2>&1
   fi
   wait_for "slurmd $n pid file" 20 test -s "$RUN/pids/slurmd-$n.pid"
+  start_agent "$n"
+}
+
+# The node's raps-agent, in the node's cgroup: a node crash takes it down too.
+start_agent() {
+  local n=$1 pidf="$RUN/pids/agent-$1.pid"
+  if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then die "the agent of $n already runs"; fi
+  local cmd="exec '$RAPS_PYTHON' -m raps_slurm.agent --node '$n' --config '$RUN/etc/raps.yaml' ${RAPS_AGENT_ARGS:-}"
+  if cgroups_usable; then
+    cmd="echo \$\$ > '$CG_DIR/$n/cgroup.procs' && $cmd"
+  fi
+  nohup sh -c "$cmd" </dev/null >>"$RUN/log/agent-$n.log" 2>&1 &
+  echo $! >"$pidf"
 }
 
 cmd_up() {
@@ -236,7 +251,7 @@ cmd_down() {
     [ -f "$CG_DIR/$n/cgroup.freeze" ] && echo 0 >"$CG_DIR/$n/cgroup.freeze" 2>/dev/null || true
     slurmds+=("$RUN/pids/slurmd-$n.pid")
   done
-  stop_pidfiles "${slurmds[@]}"
+  stop_pidfiles "${slurmds[@]}" "$RUN"/pids/agent-*.pid
   for n in $(node_names); do
     # Whatever the fake node still runs (steps, tasks) dies with its cgroup.
     [ -f "$CG_DIR/$n/cgroup.kill" ] && echo 1 >"$CG_DIR/$n/cgroup.kill" 2>/dev/null || true
@@ -301,7 +316,7 @@ cmd_crash() {
     log "cgroup.kill not available for $1 (cgroup v2 at $CG_ROOT not writable): killing its process tree"
     signal_node_tree "$1" KILL
   fi
-  rm -f "$RUN/pids/slurmd-$1.pid"
+  rm -f "$RUN/pids/slurmd-$1.pid" "$RUN/pids/agent-$1.pid"
 }
 
 cmd_freeze() {
@@ -342,6 +357,7 @@ cmd_coordinator_start() {
   if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then die "a coordinator already runs"; fi
   SLURM_CONF="$RUN/etc/slurm.conf" nohup "$RAPS_PYTHON" -m raps_slurm.coordinator \
     --config "$RUN/etc/raps.yaml" --name coordinator --metrics-address "127.0.0.1:$((BASE + 471))" \
+    --heartbeat-address "127.0.0.1:$((BASE + 470))" \
     </dev/null >>"$RUN/log/coordinator.log" 2>&1 &
   echo $! >"$pidf"
   log "raps-coordinator started (log $RUN/log/coordinator.log, metrics http://127.0.0.1:$((BASE + 471))/metrics)"
@@ -366,9 +382,11 @@ case "${1:-}" in
   crash | freeze | thaw | restart)
     [ $# -eq 2 ] || die "usage: scripts/cluster.sh $1 NODE"
     "cmd_$1" "$2" ;;
+  agent-start) [ $# -eq 2 ] || die "usage: scripts/cluster.sh agent-start NODE"; node_cgroup "$2" >/dev/null; start_agent "$2" ;;
+  agent-stop) [ $# -eq 2 ] || die "usage: scripts/cluster.sh agent-stop NODE"; node_cgroup "$2" >/dev/null; stop_pidfiles "$RUN/pids/agent-$2.pid" ;;
   etcd-stop) cmd_etcd_stop ;;
   etcd-start) cmd_etcd_start ;;
   coordinator-start) cmd_coordinator_start ;;
   coordinator-stop) cmd_coordinator_stop ;;
-  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|cgroup NODE|etcd-stop|etcd-start|coordinator-start|coordinator-stop" >&2; exit 2 ;;
+  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|cgroup NODE|etcd-stop|etcd-start|coordinator-start|coordinator-stop|agent-start NODE|agent-stop NODE" >&2; exit 2 ;;
 esac

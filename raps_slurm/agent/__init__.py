@@ -1,12 +1,7 @@
-"""`raps-agent`: placeholder until its issue lands."""
+"""``raps-agent``: the per-node agent (see ``main``)."""
 
 from __future__ import annotations
 
-import sys
+from raps_slurm.agent.main import main
 
-from raps_slurm._placeholder import not_yet
-
-
-def main() -> None:
-    """Entry point of `raps-agent`."""
-    sys.exit(not_yet("raps-agent"))
+__all__ = ["main"]

@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
+from typing import Any
 
 import click
 import yaml
 
 from raps_slurm import config as cfgmod
+
+_HEADER = """\
+# raps-slurm configuration: every key with its default.
+# Lookup order: --config FILE, $RAPS_CONFIG, /etc/raps/raps.yaml, built-in defaults.
+# A file needs only the keys it changes. Check one with: rapsctl config check FILE
+"""
+
+
+def _yaml_value(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(f"'{v}'" for v in value) + "]"
+    if isinstance(value, dict):
+        return json.dumps(value) if value else "{}"
+    if value == "":
+        return "''"
+    return str(yaml.safe_dump(value, default_flow_style=True)).removesuffix("\n...\n").strip()
+
+
+def reference() -> str:
+    """Every key with its default and its one-line description: ``configs/raps.yaml``."""
+    out = [_HEADER.rstrip("\n")]
+    defaults = cfgmod.to_dict(cfgmod.Config())
+    for sec in dataclasses.fields(cfgmod.Config):
+        cls = typing.get_type_hints(cfgmod.Config)[sec.name]
+        out += ["", f"# {(cls.__doc__ or '').strip()}", f"{sec.name}:"]
+        for f in dataclasses.fields(cls):
+            line = f"  {f.name}: {_yaml_value(defaults[sec.name][f.name])}"
+            out.append(line.ljust(46) + "# " + f.metadata["doc"])
+    return "\n".join(out) + "\n"
 
 
 @click.group()
@@ -33,3 +65,25 @@ def check(ctx: click.Context, file: str | None, as_json: bool) -> None:
         source = str(path) if path is not None else "built-in defaults"
         click.echo(f"# effective config from {source}")
         click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+@config.command("defaults")
+def defaults() -> None:
+    """Print every key with its default and description (the shipped configs/raps.yaml)."""
+    click.echo(reference(), nl=False)
+
+
+@config.command("create-key")
+@click.argument("file", required=False, metavar="[FILE]")
+@click.pass_context
+def create_key_cmd(ctx: click.Context, file: str | None) -> None:
+    """Create the cluster key that signs heartbeats (default: detection.cluster_key_file).
+
+    64 random bytes, mode 0600; copy it to every node like munge.key. Refuses to
+    overwrite an existing key.
+    """
+    from raps_slurm.heartbeat import create_key
+
+    path = file or cfgmod.load_config(ctx.obj.get("config_path")).detection.cluster_key_file
+    create_key(path)
+    click.echo(f"created {path}")

@@ -8,6 +8,7 @@ only reads etcd and Slurm and writes what was decided.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -103,6 +104,7 @@ class Coordinator:
         self._states: dict[str, str] | None = None
         self._states_at = -1e18
         self._final_since: dict[str, float] = {}
+        self._tombstones_at = -1e18
         self._first_seen: dict[str, float] = {}  # monotonic, first snapshot naming the job
         self._reported_bad: set[str] = set()
 
@@ -240,10 +242,32 @@ class Coordinator:
             if not purge_due(view.record, state, self._final_since.get(job_id), now, grace):
                 continue
             guard = Guard(view.record_kv.key, view.record_kv.mod_revision)
+            tombstone = json.dumps({"job_id": job_id, "nodes": list(view.record.nodes),
+                                    "purged_at": now}).encode()
             if self.leadership.commit([guard], [Delete(self.keys.job_prefix(job_id), prefix=True),
-                                                Delete(self.keys.job(job_id))]):
+                                                Delete(self.keys.job(job_id)),
+                                                Put(self.keys.purged(job_id), tombstone)]):
                 self._final_since.pop(job_id, None)
                 log.info("job %s finished for good (%s): keys deleted after %gs grace",
                          job_id, state or "gone from Slurm", grace)
                 out.append(f"purged job {job_id}")
+        out.extend(self._expire_tombstones(now))
         return out
+
+    def _expire_tombstones(self, now: float) -> list[str]:
+        """Tombstones live ``purge_record_sec``: long enough for a node that was down."""
+        if self._mono() - self._tombstones_at < self.cfg.coordinator.slurm_poll_sec:
+            return []
+        self._tombstones_at = self._mono()
+        keep = self.cfg.coordinator.purge_record_sec
+        old: list[TxnOp] = []
+        for kv in self.store.get_prefix(self.keys.purged_prefix()):
+            try:
+                purged_at = float(json.loads(kv.value)["purged_at"])
+            except (ValueError, KeyError, TypeError):
+                purged_at = 0.0  # malformed: nothing can use it, let it go
+            if now - purged_at >= keep:
+                old.append(Delete(kv.key))
+        for i in range(0, len(old), MAX_TXN_OPS):
+            self.leadership.commit([], old[i:i + MAX_TXN_OPS])
+        return [f"expired {len(old)} tombstones"] if old else []

@@ -13,16 +13,20 @@ import signal
 import socket
 import sys
 import threading
+import time
 from types import FrameType
 
 import click
 import sdnotify
 
-from raps_slurm.config import load_config
+from raps_slurm.config import load_config, parse_address
 from raps_slurm.coordinator.cycle import Coordinator
+from raps_slurm.coordinator.detection import Detection
 from raps_slurm.coordinator.election import Leadership
+from raps_slurm.coordinator.heartbeats import HeartbeatServer
 from raps_slurm.coordinator.metrics import Metrics
 from raps_slurm.errors import RapsError, StoreError
+from raps_slurm.heartbeat import load_key
 from raps_slurm.slurm import SlurmClient
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import StateStore, Watch, open_store
@@ -37,18 +41,21 @@ class _Wakeup:
         self._store, self._prefix = store, prefix
         self._watch: Watch | None = None
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
+        """True when something changed (the caller runs a cycle at once)."""
         try:
             if self._watch is None:
                 self._watch = self._store.watch_prefix(self._prefix)
             if self._watch.next(timeout) is not None:
                 while self._watch.next(0) is not None:  # drain: one cycle reads it all
                     pass
+                return True
         except StoreError:
             if self._watch is not None:
                 self._watch.cancel()
             self._watch = None
             stop.wait(timeout)
+        return False
 
     def close(self) -> None:
         if self._watch is not None:
@@ -69,9 +76,11 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
               help="Name in the leader key and logs (default: HOST:PID).")
 @click.option("--metrics-address", default=None, metavar="HOST:PORT",
               help="Override coordinator.metrics_address ('' = no endpoint).")
+@click.option("--heartbeat-address", default=None, metavar="HOST:PORT",
+              help="Override coordinator.heartbeat_address (UDP, heartbeats from agents).")
 @click.option("--once", is_flag=True, help="Run one cycle, print its status, exit.")
 def cli(config_path: str | None, name: str | None, metrics_address: str | None,
-        once: bool) -> None:
+        heartbeat_address: str | None, once: bool) -> None:
     """Run the raps-slurm coordinator (leader or standby)."""
     try:
         cfg = load_config(config_path)
@@ -82,15 +91,33 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     logging.getLogger("urllib3").setLevel(logging.WARNING)  # one line per etcd request
     name = name or f"{socket.gethostname()}:{os.getpid()}"
     address = cfg.coordinator.metrics_address if metrics_address is None else metrics_address
+    # Port 0: any free port (tests run several coordinators; the leader key says which).
+    listen = parse_address(heartbeat_address or cfg.coordinator.heartbeat_address, any_port=True)
+    if listen is None:
+        raise click.ClickException(f"--heartbeat-address {heartbeat_address!r} is not host:port")
     try:
         metrics = Metrics(address or None)
+        key = load_key(cfg.detection.cluster_key_file)
         store, keys = open_store(cfg.store)
     except RapsError as exc:
         raise click.ClickException(str(exc)) from None
     slurm = SlurmClient(CommandRunner(timeout=30))
+    leadership_box: list[Leadership] = []
+    server = HeartbeatServer(listen, key, cfg.detection.max_clock_skew_sec,
+                             lambda: leadership_box[0].revision
+                             if leadership_box and leadership_box[0].is_leader() else 0)
+    try:
+        server.start()
+    except OSError as exc:
+        raise click.ClickException(f"heartbeat address {listen[0]}:{listen[1]}: "
+                                   f"{exc.strerror or exc}") from None
+    advertised = listen[0] if listen[0] not in ("0.0.0.0", "") else socket.getfqdn()
     identity = {"name": name, "host": socket.gethostname(), "pid": os.getpid(),
-                "metrics": address or ""}
+                "metrics": address or "", "heartbeat": f"{advertised}:{server.address[1]}"}
     leadership = Leadership(store, keys.leader(), cfg.coordinator.leader_lease_sec, identity)
+    leadership_box.append(leadership)
+    detection = Detection(cfg, store, keys, leadership, server, node_info=slurm.node,
+                          drain=lambda node, reason: slurm.drain([node], reason))
     coordinator = Coordinator(
         cfg, store, keys, leadership, topology=slurm.topology,
         job_states=lambda: {str(j.job_id): j.state for j in slurm.jobs()},
@@ -102,20 +129,31 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     log.info("coordinator %s started (etcd %s)", name, ", ".join(cfg.store.endpoints))
     notify.notify("READY=1")
     last = ""
+    # Detection ticks at least four times per heartbeat interval, more often while it
+    # probes; the registry cycle runs every cycle_interval_sec, or at once when something
+    # changes under the jobs prefix.
+    next_cycle = 0.0
+    changed = True
     try:
         while not stop.is_set():
-            status = coordinator.run_cycle()
-            if status != last:  # a steady state is logged once, not every cycle
-                log.info("cycle: %s", status)
-                last = status
-            notify.notify(f"WATCHDOG=1\nSTATUS={status[:200]}")
-            if once:
-                click.echo(status)
-                break
-            wakeup.wait(cfg.coordinator.cycle_interval_sec)
+            if changed or time.monotonic() >= next_cycle:
+                status = coordinator.run_cycle()
+                next_cycle = time.monotonic() + cfg.coordinator.cycle_interval_sec
+                if status != last:  # a steady state is logged once, not every cycle
+                    log.info("cycle: %s", status)
+                    last = status
+                notify.notify(f"WATCHDOG=1\nSTATUS={status[:200]}")
+                if once:
+                    click.echo(status)
+                    break
+            detection.tick()
+            changed = wakeup.wait(max(0.0, min(detection.next_wakeup(time.time()),
+                                               next_cycle - time.monotonic())))
     finally:
         wakeup.close()
         leadership.resign()
+        server.stop()
+        detection.close()
         store.close()
     log.info("coordinator %s stopped", name)
 

@@ -336,6 +336,20 @@ def purge_due(record: JobRecord, slurm_state: str | None, final_since: float | N
     return bool(marks) and now - max(marks) >= grace
 
 
+def sweep(local_jobs: Mapping[str, float], tombstones: Mapping[str, float],
+          registered: Collection[str]) -> list[str]:
+    """Job ids whose node-local data may be deleted now (the agent's sweep).
+
+    ``local_jobs``: job id -> creation time of its local dir; ``tombstones``: job id ->
+    when the coordinator purged it. Only a purged job's dir goes, and only one created
+    before the purge with no job of that id registered since: a new job that reuses the
+    id (its prolog may run before its registration) keeps its fresh dir.
+    """
+    return sorted((j for j, created in local_jobs.items()
+                   if j in tombstones and j not in registered and created <= tombstones[j]),
+                  key=_natural)
+
+
 def _decimal(text: str) -> bool:
     """ASCII digits only: str.isdigit() also takes '²' and '٣', which int() rejects or reads."""
     return text.isascii() and text.isdigit()

@@ -3,11 +3,12 @@
 Layout under the prefix (default ``/raps/v1/``)::
 
     leader
-    nodes/<node>                  nodes/<node>/health
+    nodes/<node>                  nodes/<node>/health           nodes/<node>/verdict
     jobs/<jobid>                  jobs/<jobid>/map
     jobs/<jobid>/ranks/<rank>     jobs/<jobid>/groups/<rank>
     jobs/<jobid>/ckpt/<rank>/<gen>
     plans/<id>
+    purged/<jobid>                a finished job's keys are gone; agents delete its local data
 
 Numbers are written in decimal without padding, so a prefix listing is sorted
 as text (``10`` before ``9``): sort numerically after reading.
@@ -74,6 +75,18 @@ class Keys:
     def node_health(self, name: str) -> str:
         """Last probe results and health score of one node."""
         return self.node(name) + "/health"
+
+    def node_verdict(self, name: str) -> str:
+        """The last failure-detector verdict about one node, with its evidence."""
+        return self.node(name) + "/verdict"
+
+    def purged_prefix(self) -> str:
+        """Prefix of the tombstones of purged jobs."""
+        return f"{self._prefix}purged/"
+
+    def purged(self, job_id: int | str) -> str:
+        """Tombstone of a purged job: agents delete its node-local checkpoint dirs."""
+        return self.purged_prefix() + _component(job_id, "job id")
 
     def jobs_prefix(self) -> str:
         """Prefix of every job key."""

@@ -86,6 +86,14 @@ class LocalCluster:
         """Start a crashed node's slurmd again."""
         self._run("restart", node)
 
+    def agent_start(self, node: str) -> None:
+        """Start a node's raps-agent (in the node's cgroup)."""
+        self._run("agent-start", node)
+
+    def agent_stop(self, node: str) -> None:
+        """Stop a node's raps-agent alone (SIGTERM)."""
+        self._run("agent-stop", node)
+
     def etcd_stop(self) -> None:
         """Stop the cluster's etcd, keeping its data."""
         self._run("etcd-stop")
@@ -119,13 +127,16 @@ class CoordinatorProcess:
         self.cluster, self.name = cluster, name
         self.log_path = cluster.run_dir / "log" / f"coordinator-{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started = 0.0  # monotonic time of start()
 
     def start(self) -> CoordinatorProcess:
         """Start it with the cluster's config and no metrics endpoint."""
+        self.started = time.monotonic()
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "raps_slurm.coordinator", "--config",
-                 str(self.cluster.config_path), "--name", self.name, "--metrics-address", ""],
+                 str(self.cluster.config_path), "--name", self.name, "--metrics-address", "",
+                 "--heartbeat-address", "127.0.0.1:0"],
                 env={**os.environ, **self.cluster.env}, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
         return self

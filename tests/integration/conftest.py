@@ -8,7 +8,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 
 from raps_slurm.config import load_file
 from raps_slurm.store import Keys, StateStore, open_store
-from raps_slurm.testing.cluster import LocalCluster
+from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +83,20 @@ def store(cluster: LocalCluster) -> Iterator[tuple[StateStore, Keys]]:
     s, keys = open_store(load_file(cluster.config_path).store)
     with s:
         yield s, keys
+
+
+@pytest.fixture(scope="session")
+def leading(cluster: LocalCluster, rapsctl: Rapsctl) -> Callable[[str], Any]:
+    """``with leading(name) as c``: a coordinator that leads before the block starts."""
+    return lambda name: _leading(cluster, rapsctl, name)
+
+
+@contextmanager
+def _leading(cluster: LocalCluster, rapsctl: Rapsctl, name: str) -> Iterator[CoordinatorProcess]:
+    c = cluster.coordinator(name).start()
+    try:
+        wait_until(f"coordinator {name!r} to lead", lambda: rapsctl("ping", check=False).stdout,
+                   lambda out: f"leader {name} " in out, timeout=20)
+        yield c
+    finally:
+        assert c.stop() == 0, c.log()[-2000:]

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,15 +33,10 @@ SLURM_COMMANDS = ("scontrol", "squeue", "sinfo", "sbatch", "srun", "salloc", "sc
 
 
 @pytest.fixture(scope="module")
-def leader(cluster: LocalCluster, rapsctl: Rapsctl) -> Iterator[CoordinatorProcess]:
-    """One coordinator, leading before the first test."""
-    c = cluster.coordinator("reg").start()
-    try:
-        wait_until("coordinator 'reg' to lead", lambda: rapsctl("ping", check=False).stdout,
-                   lambda out: "leader reg " in out, timeout=20)
+def leader(leading: Callable[[str], Any]) -> Iterator[CoordinatorProcess]:
+    """One coordinator, leading before the first test of the module."""
+    with leading("reg") as c:
         yield c
-    finally:
-        assert c.stop() == 0, c.log()[-2000:]
 
 
 class Jobs:

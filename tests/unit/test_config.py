@@ -20,6 +20,12 @@ def errors_of(data: object) -> list[str]:
     return info.value.errors
 
 
+def test_shipped_reference_is_what_rapsctl_config_defaults_prints() -> None:
+    from raps_slurm.cli.config_cmd import reference
+    assert (ROOT / "configs" / "raps.yaml").read_text() == reference(), (
+        "configs/raps.yaml is stale: rapsctl config defaults > configs/raps.yaml")
+
+
 def test_shipped_reference_carries_every_key_with_its_default_and_a_comment() -> None:
     text = (ROOT / "configs" / "raps.yaml").read_text()
     data = yaml.safe_load(text)

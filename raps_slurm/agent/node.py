@@ -1,0 +1,244 @@
+"""The agent's node-level duties: membership lease, kernel heartbeats, self-fencing view.
+
+Threads: the main loop (lease refresh, leader lookup, local data sweep), the heartbeat
+sender and the datagram receiver (acks, probes). They share ``HeartbeatState`` under
+a lock; nothing here decides about other nodes.
+
+Self-fencing rule (docs/detection.md): the agent's ranks may act only while
+``valid_until`` has not passed, where ``valid_until`` is the *send* time of the last
+heartbeat the leader acknowledged + the miss window. The leader declares the node dead
+no earlier than that same instant + ``fence_margin_sec``, so by then every rank of this
+node has stopped by itself, whatever happened to the network or to this agent.
+An agent that loses the acknowledgements but still reaches etcd keeps its ranks
+(a coordinator pause or fail-over must not kill healthy ranks): epochs in etcd are
+what fences a superseded copy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from raps_slurm.config import Config
+from raps_slurm.errors import BadDatagram, LeaseExpired, StoreError
+from raps_slurm.heartbeat import Ack, Heartbeat, Probe, decode, encode, new_incarnation
+from raps_slurm.store import Keys, Lease, StateStore
+
+log = logging.getLogger("raps.agent")
+
+
+@dataclass
+class HeartbeatState:
+    """What the sender, the receiver and the main loop share (under ``lock``)."""
+
+    incarnation: int
+    counter: int = 0
+    leader: tuple[str, int] | None = None       # UDP address of the leader's receiver
+    leader_name: str = ""
+    valid_until: float = 0.0                    # monotonic: last acked beat's send + miss window
+    last_ack_at: float = 0.0                    # monotonic time the last ack arrived
+    acked: set[int] = field(default_factory=set)
+    sent: dict[int, float] = field(default_factory=dict)  # counter -> monotonic send time
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class NodeAgent:
+    """One node's agent: call ``start()``, then ``step()`` from the main loop, ``stop()``."""
+
+    def __init__(self, cfg: Config, store: StateStore, keys: Keys, node: str, key: bytes, *,
+                 loss: float = 0.0, jitter: float = 0.0) -> None:
+        self.cfg, self.store, self.keys, self.node, self._key = cfg, store, keys, node, key
+        d = cfg.detection
+        self.interval = d.kernel_heartbeat_interval_sec
+        self.miss_window = d.kernel_heartbeat_interval_sec * d.miss_threshold
+        self._loss, self._jitter = loss, jitter
+        self.hb = HeartbeatState(incarnation=new_incarnation())
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("0.0.0.0", 0))  # the leader answers to the source address
+        self.sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lease: Lease | None = None
+        self._lease_refreshed = 0.0               # monotonic, last successful refresh
+        self._next_refresh = 0.0
+        self.counters = {"sent": 0, "dropped_by_knob": 0, "acks": 0, "probes": 0,
+                         "bad_datagrams": 0}
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the sender and receiver threads."""
+        loops = ((self._send_loop, "heartbeat-send"), (self._recv_loop, "heartbeat-recv"))
+        for target, name in loops:
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        """Stop the threads; the membership lease is left to expire (a restart within
+        the window must not look like a node loss)."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2)
+        self.sock.close()
+
+    # -- main loop duties ----------------------------------------------------------
+
+    def step(self) -> str:
+        """Refresh the lease and the leader address when due; one status line."""
+        now = time.monotonic()
+        if now < self._next_refresh:
+            return ""
+        status = self._refresh_membership(now)
+        self._refresh_leader()
+        return status
+
+    def valid_until(self) -> float:
+        """Monotonic time after which this node's ranks must have stopped (0: never acked).
+
+        Counted on this host's monotonic clock from the send of the last acknowledged
+        heartbeat: no wall-clock offset or step between hosts can make it late.
+        """
+        with self.hb.lock:
+            return self.hb.valid_until
+
+    def etcd_reachable(self) -> bool:
+        """True while the membership lease was refreshed within the miss window."""
+        return time.monotonic() - self._lease_refreshed < self.miss_window
+
+    def registration(self) -> bytes:
+        """The value of ``nodes/<node>``."""
+        port = self.sock.getsockname()[1]
+        host = socket.gethostname()
+        return json.dumps({"node": self.node, "host": host, "udp": f"{host}:{port}",
+                           "incarnation": self.hb.incarnation, "pid": os.getpid(),
+                           "since": time.time()}).encode()
+
+    def _refresh_membership(self, now: float) -> str:
+        ttl = max(1, round(self.cfg.detection.lease_duration_sec))
+        try:
+            if self._lease is not None:
+                try:
+                    self.store.refresh_lease(self._lease)
+                    self._lease_refreshed = now
+                    self._next_refresh = now + ttl / 3
+                    return ""
+                except LeaseExpired:
+                    log.warning("membership lease expired (agent paused or cut off): "
+                                "registering again")
+                    self._lease = None
+            lease = self.store.grant_lease(ttl)
+            self.store.put(self.keys.node(self.node), self.registration(), lease)
+            self._lease, self._lease_refreshed = lease, now
+            self._next_refresh = now + ttl / 3
+            return f"registered {self.node} (lease {lease.ttl}s)"
+        except StoreError as exc:
+            self._next_refresh = now + min(1.0, ttl / 3)
+            return f"etcd unreachable: {exc}"
+
+    def _refresh_leader(self) -> None:
+        try:
+            kv = self.store.get(self.keys.leader())
+        except StoreError:
+            return  # keep sending to the last known leader
+        if kv is None:
+            return
+        try:
+            value = json.loads(kv.value)
+            host, _, port = str(value["heartbeat"]).rpartition(":")
+            address = (host, int(port))
+        except (ValueError, KeyError, TypeError):
+            log.warning("leader key has no usable heartbeat address: %r", kv.value[:120])
+            return
+        with self.hb.lock:
+            if address != self.hb.leader:
+                log.info("heartbeats go to %s at %s:%d", value.get("name"), *address)
+            self.hb.leader, self.hb.leader_name = address, str(value.get("name", ""))
+
+    # -- heartbeats ------------------------------------------------------------------
+
+    def _beat(self) -> int | None:
+        """Send one heartbeat (unless the test knob drops it); returns its counter."""
+        with self.hb.lock:
+            leader = self.hb.leader
+            self.hb.counter += 1
+            beat = Heartbeat(self.node, self.hb.incarnation, self.hb.counter, time.time())
+            self.hb.sent[beat.counter] = time.monotonic()
+            if len(self.hb.sent) > 64:  # acks older than this are useless anyway
+                del self.hb.sent[min(self.hb.sent)]
+        if leader is None:
+            return None
+        if self._loss and random.random() < self._loss:
+            self.counters["dropped_by_knob"] += 1
+            return beat.counter
+        data = encode(beat, self._key)
+        if self._jitter:
+            threading.Timer(random.uniform(0, self._jitter), self._sendto, (data, leader)).start()
+        else:
+            self._sendto(data, leader)
+        return beat.counter
+
+    def _sendto(self, data: bytes, address: tuple[str, int]) -> None:
+        try:
+            self.sock.sendto(data, address)
+            self.counters["sent"] += 1
+        except OSError as exc:
+            log.debug("heartbeat send to %s failed: %s", address, exc)
+
+    def _send_loop(self) -> None:
+        # One beat per interval; if its ack is not back within a third of the interval,
+        # one more (with a new counter), so a single lost datagram is not a miss.
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            counter = self._beat()
+            if counter is not None and not self._stop.wait(self.interval / 3):
+                with self.hb.lock:
+                    missing = counter not in self.hb.acked
+                    self.hb.acked.clear()
+                if missing:
+                    self._beat()
+            next_at += self.interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # paused (frozen): do not burst, start again from now
+                next_at, delay = time.monotonic(), 0
+            self._stop.wait(delay)
+
+    def _recv_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, address = self.sock.recvfrom(2048)
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                continue
+            try:
+                msg = decode(data, self._key)
+            except BadDatagram as exc:
+                self.counters["bad_datagrams"] += 1
+                log.debug("dropped datagram from %s: %s", address, exc)
+                continue
+            if isinstance(msg, Ack) and msg.node == self.node \
+                    and msg.incarnation == self.hb.incarnation:
+                self.counters["acks"] += 1
+                with self.hb.lock:
+                    self.hb.acked.add(msg.counter)
+                    sent = self.hb.sent.get(msg.counter)
+                    if sent is not None and sent + self.miss_window > self.hb.valid_until:
+                        self.hb.valid_until = sent + self.miss_window
+                        self.hb.last_ack_at = time.monotonic()
+            elif isinstance(msg, Probe) and msg.node == self.node:
+                # The second channel: answer at once, to whoever asked (the leader).
+                self.counters["probes"] += 1
+                with self.hb.lock:
+                    self.hb.counter += 1
+                    reply = Heartbeat(self.node, self.hb.incarnation, self.hb.counter,
+                                      time.time(), probe_reply=True)
+                self._sendto(encode(reply, self._key), address)

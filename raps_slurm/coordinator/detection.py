@@ -1,0 +1,160 @@
+"""The leader's detection loop: heartbeats in, probes out, verdicts to etcd and Slurm.
+
+Runs every quarter heartbeat interval in the coordinator's main thread. The decisions
+are ``core.detector``'s; this module feeds it and applies its verdicts:
+- every verdict is written to ``nodes/<node>/verdict`` with its evidence (a
+  leader-guarded write: a deposed leader's verdict is refused by etcd);
+- a DEAD node is drained in Slurm at once (``Reason="raps: dead: ..."``), after
+  checking the leader lease by the local clock, in a worker thread so that a slow
+  ``scontrol`` never delays the next tick. A node an admin drained is left alone.
+A coordinator that stops leading drops its detector: the next leader starts a fresh
+one, which gives no DEAD verdict before a miss window + fence margin has passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from raps_slurm.config import Config
+from raps_slurm.coordinator.election import Leadership
+from raps_slurm.coordinator.heartbeats import HeartbeatServer
+from raps_slurm.core.detector import Detector, DetectorSettings, Verdict
+from raps_slurm.errors import NotLeader, SlurmCommandError, StoreError
+from raps_slurm.model import NodeInfo
+from raps_slurm.store import Keys, Put, StateStore
+
+log = logging.getLogger("raps.coordinator")
+
+RAPS_REASON = "raps:"
+
+
+class Detection:
+    """Feeds the detector while this coordinator leads; call ``tick()`` often."""
+
+    def __init__(self, cfg: Config, store: StateStore, keys: Keys, leadership: Leadership,
+                 server: HeartbeatServer, node_info: Callable[[str], NodeInfo],
+                 drain: Callable[[str, str], None], clock: Callable[[], float] = time.time,
+                 registry_every: float = 2.0) -> None:
+        self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
+        self.server, self._node_info, self._drain = server, node_info, drain
+        self._clock = clock
+        self.settings = DetectorSettings.from_config(cfg.detection)
+        self.detector: Detector | None = None
+        self._addresses: dict[str, tuple[str, int]] = {}
+        self._outstanding: dict[str, list[float]] = {}  # node -> send times of open probes
+        self._nonce = 0
+        self._registry_every = registry_every
+        self._registry_at = -1e18
+        self._slurm = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurm-side-effects")
+        self.verdicts: list[Verdict] = []  # every verdict applied (metrics, tests)
+
+    def close(self) -> None:
+        """Wait for pending Slurm side effects."""
+        self._slurm.shutdown(wait=True)
+
+    def tick(self) -> list[str]:
+        """One detection step; returns one line per verdict."""
+        now = self._clock()
+        received = self.server.drain()
+        if not self.leadership.is_leader():
+            if self.detector is not None:
+                log.info("detector dropped: not the leader")
+            self.detector = None
+            return []
+        if self.detector is None:
+            self.detector = Detector(self.settings, now)
+            self._registry_at = -1e18
+            log.info("detector started: no DEAD verdict before %.1fs", self.settings.miss_window
+                     + self.settings.fence_margin)
+        det = self.detector
+        self._watch_registered(det, now)
+        for r in received:
+            self._addresses[r.node] = r.address
+            # The fence deadline counts from the receive time, on this clock: it is after
+            # the send in real time, so no offset between host clocks can make it early.
+            det.heartbeat(r.node, r.received_at, now, acked=r.acked)
+            if r.probe_reply:
+                self._outstanding.pop(r.node, None)  # one answer settles every open probe
+                det.probe_result(r.node, True, now)
+        timeout = self.settings.probe_timeout
+        for node, sent in list(self._outstanding.items()):
+            while sent and now - sent[0] >= timeout:
+                det.probe_result(node, False, now, sent_at=sent.pop(0))
+            if not sent:
+                del self._outstanding[node]
+        for node in det.probes_due(now):
+            address = self._addresses.get(node)
+            if address is not None:
+                self._nonce += 1
+                self.server.send_probe(node, address, self._nonce)
+                self._outstanding.setdefault(node, []).append(now)
+        return [self._apply(v) for v in det.tick(now)]
+
+    def next_wakeup(self, now: float) -> float:
+        """Seconds until the detector needs the next tick (probes, deadlines)."""
+        if self.detector is None:
+            return self.settings.interval / 4
+        at = self.detector.next_wakeup()
+        pending = [sent[0] + self.settings.probe_timeout for sent in self._outstanding.values()]
+        soonest = min([t for t in (at, *pending) if t is not None], default=now + 1.0)
+        return max(0.0, min(self.settings.interval / 4, soonest - now))
+
+    def _watch_registered(self, det: Detector, now: float) -> None:
+        if now - self._registry_at < self._registry_every:
+            return
+        self._registry_at = now
+        try:
+            kvs = self.store.get_prefix(self.keys.nodes_prefix())
+        except StoreError:
+            return
+        for kv in kvs:
+            parts = self.keys.split(kv.key)
+            if len(parts) != 2:
+                continue
+            node = parts[1]
+            if node not in self._addresses:
+                try:
+                    host, _, port = str(json.loads(kv.value)["udp"]).rpartition(":")
+                    self._addresses[node] = (host, int(port))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("node registration %s has no usable udp address", kv.key)
+            det.watch(node, now)
+
+    def _apply(self, v: Verdict) -> str:
+        where = f"{v.job}.{v.rank}" if v.job is not None else v.node
+        line = f"{v.kind} {where}"
+        record = json.dumps({"kind": v.kind, "node": v.node, "job": v.job, "rank": v.rank,
+                             "at": v.at, "evidence": dict(v.evidence)}, default=str).encode()
+        try:
+            if v.job is None:
+                self.leadership.commit([], [Put(self.keys.node_verdict(v.node), record)])
+        except (NotLeader, StoreError) as exc:
+            log.warning("verdict %s not recorded: %s", line, exc)
+        log.warning("verdict: %s %s", line, json.dumps(dict(v.evidence), default=str))
+        self.verdicts.append(v)
+        if v.kind == "DEAD":
+            last = v.evidence.get("last_heartbeat_received_at")
+            since = time.strftime("%H:%M:%S", time.localtime(
+                last if isinstance(last, (int, float)) else v.at))
+            self._slurm.submit(self._drain_dead, v.node, f"{RAPS_REASON} dead: no heartbeat "
+                               f"since {since}")
+        return line
+
+    def _drain_dead(self, node: str, reason: str) -> None:
+        try:
+            self.leadership.ensure()  # no Slurm side effect from a leader that may be deposed
+            info = self._node_info(node)
+            if "DRAIN" in info.flags or "DRAIN" in info.state_text.upper():
+                if not info.reason.startswith(RAPS_REASON):
+                    log.info("%s was drained by an admin (%s): left alone", node, info.reason)
+                return
+            self._drain(node, reason)
+            log.warning("drained %s in Slurm: %s", node, reason)
+        except NotLeader as exc:
+            log.warning("not draining %s: %s", node, exc)
+        except SlurmCommandError as exc:
+            log.error("draining %s failed: %s", node, exc)

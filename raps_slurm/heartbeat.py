@@ -1,0 +1,416 @@
+"""Kernel heartbeat wire format between agents and the coordinator, signed with the cluster key.
+
+Every datagram is one message, big-endian, no padding::
+
+    offset  size  field
+    0       3     magic  b"RPS"
+    3       1     version (1)
+    4       1     kind: 1 Heartbeat (agent -> coordinator), 2 Ack (coordinator -> agent),
+                        3 Probe (coordinator -> agent, "answer me now")
+    5       n     fixed fields of the kind (u64 = unsigned 64-bit, f64 = IEEE double, seconds):
+                    Heartbeat  incarnation u64, counter u64, sent_at f64, flags u8
+                               (bit 0 = probe_reply, other bits must be 0)        n = 25
+                    Ack        incarnation u64, counter u64, sent_at f64,
+                               leader_revision u64, acked_at f64                    n = 40
+                    Probe      nonce u64, sent_at f64                               n = 16
+    5+n     1     name length L (1..64)
+    6+n     L     node name, ASCII subset of UTF-8: [A-Za-z0-9][A-Za-z0-9._-]*
+    6+n+L   32    HMAC-SHA256(cluster key, every byte before the tag)
+
+``decode`` drops anything bad with ``BadDatagram(reason)``, checking in this order:
+
+    size       shorter than the smallest message or longer than MAX_DATAGRAM (read nothing)
+    magic      bytes 0..2 are not b"RPS"
+    version    byte 3 is not a version we speak
+    signature  the tag does not match (constant-time compare)
+    kind       signed, but byte 4 names no known kind
+    length     signed, but the length does not match the kind and the name length
+    name       name length 0 or > 64, or a character outside the node-name set
+    field      a timestamp is NaN or infinite, or an unknown flag bit is set
+
+Magic and version are read before the tag because they are fixed-offset byte compares that
+tell us *which* MAC scheme and tag position apply (a future version may change them), and they
+drop stray traffic on the port without spending an HMAC on it. Nothing the sender chose
+beyond those four bytes is interpreted until the signature holds. NaN/inf timestamps get their
+own reason ("field") rather than "length" so that metrics tell a broken sender from a
+truncated datagram.
+
+The key is shared by every node (like ``munge.key``): the signature proves "a RAPS daemon
+sent this", not which node; the replay guard and the coordinator's view of node addresses do
+the rest (DESIGN.md section 4b).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import hmac
+import math
+import os
+import re
+import secrets
+import stat
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from raps_slurm.errors import BadDatagram, ConfigError
+
+MAX_DATAGRAM = 512  # bytes; anything longer is dropped unread
+KEY_BYTES = 32  # minimum key length: HMAC-SHA256 gains nothing above the 32-byte output
+CREATED_KEY_BYTES = 64  # create_key writes one full SHA-256 block of randomness
+MAX_KEY_FILE = 4096  # a key file larger than this is not a key file
+MAX_NAME = 64
+
+MAGIC = b"RPS"
+VERSION = 1
+KIND_HEARTBEAT = 1
+KIND_ACK = 2
+KIND_PROBE = 3
+TAG_BYTES = 32  # HMAC-SHA256 output
+
+REASONS = ("size", "magic", "version", "signature", "kind", "length", "name", "field")
+
+_PREFIX = MAGIC + bytes([VERSION])
+_HEADER = struct.Struct(">3sBB")
+_HB = struct.Struct(">QQdB")
+_ACK = struct.Struct(">QQdQd")
+_PROBE = struct.Struct(">Qd")
+_FIXED = {KIND_HEARTBEAT: _HB, KIND_ACK: _ACK, KIND_PROBE: _PROBE}
+_NAME_START = _HEADER.size  # offset of the fixed fields
+# Smallest well-formed message: a probe with a one-byte name.
+_MIN_DATAGRAM = _HEADER.size + _PROBE.size + 1 + 1 + TAG_BYTES
+_U64_LIMIT = 1 << 64
+_FLAG_PROBE_REPLY = 0x01
+
+# First character alphanumeric: a name can then never be read as a command-line option
+# (scontrol, srun -w) nor as "." / ".." when it becomes a path or key component.
+_NAME_RE = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Agent -> coordinator: "node is alive", once per interval or in reply to a Probe."""
+
+    node: str
+    incarnation: int
+    counter: int
+    sent_at: float
+    probe_reply: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Coordinator -> agent: the heartbeat (incarnation, counter) was accepted."""
+
+    node: str
+    incarnation: int
+    counter: int
+    sent_at: float
+    leader_revision: int
+    acked_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Coordinator -> agent: "answer me now" (the second channel before a DEAD verdict)."""
+
+    node: str
+    nonce: int
+    sent_at: float
+
+
+Message = Heartbeat | Ack | Probe
+
+
+# One precomputed HMAC object per key: copying it skips the key schedule (two SHA-256 blocks)
+# on every datagram, about 30% of the verify cost. A handful of keys covers key rotation.
+_mac_lock = threading.Lock()
+_mac_cache: dict[bytes, hmac.HMAC] = {}
+_MAC_CACHE_MAX = 4
+
+
+def _mac_base(key: bytes) -> hmac.HMAC:
+    """The cached, never-updated HMAC object for ``key``; callers ``copy()`` it."""
+    base = _mac_cache.get(key)
+    if base is None:
+        base = hmac.new(key, digestmod=hashlib.sha256)
+        with _mac_lock:
+            if len(_mac_cache) >= _MAC_CACHE_MAX:
+                _mac_cache.clear()
+            _mac_cache[key] = base
+    return base
+
+
+def _tag(key: bytes, body: bytes) -> bytes:
+    """HMAC-SHA256 of ``body`` under ``key``."""
+    mac = _mac_base(key).copy()
+    mac.update(body)
+    return mac.digest()
+
+
+def sign(body: bytes, key: bytes) -> bytes:
+    """``body`` followed by its tag; exposed so tests can craft signed-but-malformed datagrams."""
+    return body + _tag(key, body)
+
+
+def _check_name(node: str) -> bytes:
+    """The encoded node name, or BadDatagram("name") if it is not a node name."""
+    raw = node.encode("utf-8", "replace")
+    if _NAME_RE.fullmatch(raw) is None:
+        raise BadDatagram("name", f"{node!r} is not 1..{MAX_NAME} of [A-Za-z0-9._-] "
+                                  "starting with a letter or digit")
+    return raw
+
+
+def _check_u64(what: str, value: int) -> None:
+    """BadDatagram("field") unless ``value`` fits an unsigned 64-bit field."""
+    if isinstance(value, bool) or not 0 <= value < _U64_LIMIT:
+        raise BadDatagram("field", f"{what} {value!r} outside 0..2**64-1")
+
+
+def _check_time(what: str, value: float) -> None:
+    """BadDatagram("field") unless ``value`` is a finite number."""
+    if not math.isfinite(value):
+        raise BadDatagram("field", f"{what} {value!r} is not finite")
+
+
+def encode(msg: Message, key: bytes) -> bytes:
+    """Serialize and sign ``msg``; BadDatagram ("name"/"field") if it cannot be sent as is."""
+    raw = _check_name(msg.node)
+    if isinstance(msg, Heartbeat):
+        _check_u64("incarnation", msg.incarnation)
+        _check_u64("counter", msg.counter)
+        _check_time("sent_at", msg.sent_at)
+        kind = KIND_HEARTBEAT
+        fixed = _HB.pack(msg.incarnation, msg.counter, msg.sent_at,
+                         _FLAG_PROBE_REPLY if msg.probe_reply else 0)
+    elif isinstance(msg, Ack):
+        _check_u64("incarnation", msg.incarnation)
+        _check_u64("counter", msg.counter)
+        _check_u64("leader_revision", msg.leader_revision)
+        _check_time("sent_at", msg.sent_at)
+        _check_time("acked_at", msg.acked_at)
+        kind = KIND_ACK
+        fixed = _ACK.pack(msg.incarnation, msg.counter, msg.sent_at, msg.leader_revision,
+                          msg.acked_at)
+    else:
+        _check_u64("nonce", msg.nonce)
+        _check_time("sent_at", msg.sent_at)
+        kind = KIND_PROBE
+        fixed = _PROBE.pack(msg.nonce, msg.sent_at)
+    body = b"".join((_HEADER.pack(MAGIC, VERSION, kind), fixed, bytes((len(raw),)), raw))
+    return sign(body, key)
+
+
+def decode(data: bytes, key: bytes) -> Message:
+    """Verify and parse one datagram; BadDatagram(reason) for anything that must be dropped."""
+    size = len(data)
+    if size > MAX_DATAGRAM or size < _MIN_DATAGRAM:
+        raise BadDatagram("size", f"{size} bytes outside {_MIN_DATAGRAM}..{MAX_DATAGRAM}")
+    if not data.startswith(_PREFIX):
+        if not data.startswith(MAGIC):
+            raise BadDatagram("magic")
+        raise BadDatagram("version", f"version {data[3]}, we speak {VERSION}")
+    body_end = size - TAG_BYTES
+    mac = _mac_base(key).copy()
+    mac.update(data[:body_end])
+    if not hmac.compare_digest(mac.digest(), data[body_end:]):
+        raise BadDatagram("signature")
+
+    # Authenticated from here on; still parsed strictly, since a bug or a version skew in a
+    # sender holding the key must not crash the coordinator.
+    kind = data[4]
+    fixed = _FIXED.get(kind)
+    if fixed is None:
+        raise BadDatagram("kind", f"kind {kind}")
+    len_at = _NAME_START + fixed.size
+    if body_end <= len_at:
+        raise BadDatagram("length", f"{size} bytes too short for kind {kind}")
+    name_len = data[len_at]
+    if body_end != len_at + 1 + name_len:
+        raise BadDatagram("length", f"{size} bytes, name length {name_len}, kind {kind}")
+    raw = data[len_at + 1:body_end]
+    if _NAME_RE.fullmatch(raw) is None:
+        raise BadDatagram("name", f"bad node name {raw[:MAX_NAME]!r}")
+    node = raw.decode("ascii")
+
+    if kind == KIND_HEARTBEAT:
+        incarnation, counter, sent_at, flags = _HB.unpack_from(data, _NAME_START)
+        if flags & ~_FLAG_PROBE_REPLY:
+            raise BadDatagram("field", f"unknown flags {flags:#04x}")
+        if not math.isfinite(sent_at):
+            raise BadDatagram("field", "sent_at not finite")
+        return Heartbeat(node, incarnation, counter, sent_at, bool(flags))
+    if kind == KIND_ACK:
+        incarnation, counter, sent_at, revision, acked_at = _ACK.unpack_from(data, _NAME_START)
+        if not (math.isfinite(sent_at) and math.isfinite(acked_at)):
+            raise BadDatagram("field", "timestamp not finite")
+        return Ack(node, incarnation, counter, sent_at, revision, acked_at)
+    nonce, sent_at = _PROBE.unpack_from(data, _NAME_START)
+    if not math.isfinite(sent_at):
+        raise BadDatagram("field", "sent_at not finite")
+    return Probe(node, nonce, sent_at)
+
+
+class ReplayGuard:
+    """Accepts a node's heartbeats only in strictly increasing (incarnation, counter) order.
+
+    The signature says a RAPS daemon made a datagram, not that it is fresh: without this guard
+    a captured heartbeat, re-sent after the node died, would keep the node alive. The skew
+    window bounds how long a captured datagram stays usable even after ``forget``.
+    """
+
+    def __init__(self, max_skew: float) -> None:
+        """``max_skew``: seconds ``sent_at`` may differ from the receiver's clock."""
+        if not (math.isfinite(max_skew) and max_skew > 0):
+            raise ConfigError([f"heartbeat max_skew {max_skew!r}: must be a positive number "
+                               "of seconds"])
+        self.max_skew = max_skew
+        self._last: dict[str, tuple[int, int]] = {}
+
+    def check(self, hb: Heartbeat, now: float) -> str | None:
+        """None if accepted (and remembered), else "skew" or "replay"; a rejection changes nothing.
+
+        Skew is checked first: a node with a bad clock then reports the cause to fix. An older
+        incarnation is a replay (a restarted agent always has a larger one); a newer one
+        restarts the counter.
+        """
+        # Written as "not <=" so a NaN clock reading also counts as skew.
+        if not abs(now - hb.sent_at) <= self.max_skew:
+            return "skew"
+        seen = (hb.incarnation, hb.counter)
+        last = self._last.get(hb.node)
+        if last is not None and seen <= last:
+            return "replay"
+        self._last[hb.node] = seen
+        return None
+
+    def last(self, node: str) -> tuple[int, int] | None:
+        """The last accepted (incarnation, counter) of ``node``, if any."""
+        return self._last.get(node)
+
+    def forget(self, node: str) -> None:
+        """Drop what we know of ``node`` (it left the cluster or its lease expired)."""
+        self._last.pop(node, None)
+
+
+_incarnation_lock = threading.Lock()
+_last_incarnation = 0
+
+
+def new_incarnation() -> int:
+    """A fresh incarnation number for this agent process: wall-clock nanoseconds.
+
+    Wall clock, not ``monotonic``: the monotonic clock restarts at every boot, and an agent
+    restarted after a reboot must still outrank its previous life. A restart takes far longer
+    than the clock's resolution, so the new value is larger unless the clock was stepped back
+    by more than the downtime, which the skew check already forbids in a healthy cluster (and
+    the coordinator forgets a node whose lease expired, which clears a stuck state). Within one
+    process the values are also forced strictly increasing. Fits u64 until the year 2554.
+    """
+    global _last_incarnation
+    with _incarnation_lock:
+        _last_incarnation = max(time.time_ns(), _last_incarnation + 1)
+        return _last_incarnation
+
+
+def load_key(path: str) -> bytes:
+    """Read the cluster key; ConfigError (one line) unless a private regular file of >= 32 bytes."""
+
+    def bad(problem: str) -> ConfigError:
+        return ConfigError([f"cluster key {path}: {problem}"])
+
+    # O_NOFOLLOW + fstat check the very file we read (no lstat-then-open race); O_NONBLOCK
+    # keeps a FIFO planted at the path from hanging the daemon.
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise bad(f"missing; create it once (rapsctl config create-key {path}) and "
+                  "copy it to every node, like munge.key") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and os.path.islink(path):
+            raise bad("is a symlink; must be a regular file (mode 0600 or 0400)") from None
+        raise bad(f"unreadable: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise bad("not a regular file; must be a regular file (mode 0600 or 0400)")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode not in (0o600, 0o400):
+            raise bad(f"mode {mode:04o} allows more than owner read/write; must be 0600 or "
+                      "0400 (chmod 600)")
+        if st.st_uid not in (0, os.geteuid()):
+            raise bad(f"owned by uid {st.st_uid}; must be owned by root or uid {os.geteuid()}")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= MAX_KEY_FILE:
+            chunk = os.read(fd, MAX_KEY_FILE + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise bad(f"unreadable: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    key = b"".join(chunks)
+    if len(key) > MAX_KEY_FILE:
+        raise bad(f"larger than {MAX_KEY_FILE} bytes; not a key file")
+    if len(key) < KEY_BYTES:
+        raise bad(f"holds {len(key)} bytes; must hold at least {KEY_BYTES} (random bytes)")
+    return key
+
+
+def create_key(path: str) -> None:
+    """Write a new random cluster key atomically with mode 0600; ConfigError if ``path`` exists."""
+    if os.path.lexists(path):
+        raise ConfigError([f"cluster key {path}: already exists; refusing to overwrite it "
+                           "(every node must share the same key)"])
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
+    try:
+        # O_EXCL: never reuse a file someone else prepared; 0600 from the first byte.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except OSError as exc:
+        raise ConfigError([f"cluster key {path}: cannot create in {directory}: "
+                           f"{exc.strerror or exc}"]) from None
+    try:
+        try:
+            os.fchmod(fd, 0o600)  # the umask may have narrowed it, never widened; be exact
+            data = memoryview(secrets.token_bytes(CREATED_KEY_BYTES))
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        # link(), not rename(): rename would silently replace a key created meanwhile by
+        # another process, and nodes would disagree on the key; link fails with EEXIST.
+        os.link(tmp, path)
+    except FileExistsError:
+        raise ConfigError([f"cluster key {path}: already exists; refusing to overwrite "
+                           "it"]) from None
+    except OSError as exc:
+        raise ConfigError([f"cluster key {path}: cannot write: {exc.strerror or exc}"]) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make the new directory entry durable; best effort where directories cannot be fsynced."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the key file itself is synced
+    finally:
+        os.close(fd)

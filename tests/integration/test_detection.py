@@ -1,0 +1,76 @@
+"""Failure detection on the real cluster: every fake node runs its raps-agent in its
+cgroup; a coordinator leads; a node crash must give a DEAD verdict and a Slurm drain."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from raps_slurm.config import load_file
+from raps_slurm.slurm import CommandRunner
+from raps_slurm.store import Keys, StateStore
+from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
+
+if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
+    pass
+
+
+@pytest.fixture(scope="module")
+def leader(leading: Callable[[str], Any]) -> Iterator[CoordinatorProcess]:
+    """One coordinator, leading before the first test of the module."""
+    with leading("detect") as c:
+        yield c
+
+
+def verdict(store: tuple[StateStore, Keys], node: str) -> dict[str, Any] | None:
+    s, keys = store
+    kv = s.get(keys.node_verdict(node))
+    return None if kv is None else dict(json.loads(kv.value))
+
+
+def test_agents_register_every_node(cluster: LocalCluster,
+                                    store: tuple[StateStore, Keys]) -> None:
+    s, keys = store
+    names = wait_until("all agents registered",
+                       lambda: {keys.split(kv.key)[1] for kv in s.get_prefix(keys.nodes_prefix())
+                                if len(keys.split(kv.key)) == 2},
+                       lambda got: got == set(cluster.node_names), timeout=20)
+    assert names == set(cluster.node_names)
+
+
+def test_crashed_node_is_dead_within_the_bound_and_drained(
+        cluster: LocalCluster, leader: CoordinatorProcess,
+        store: tuple[StateStore, Keys]) -> None:
+    d = load_file(cluster.config_path).detection
+    bound = d.kernel_heartbeat_interval_sec * (d.miss_threshold + 1) + d.fence_margin_sec
+    node = "n6"
+    before = verdict(store, node)
+    # A new leader gives no DEAD verdict within its first miss window + fence margin.
+    grace = d.kernel_heartbeat_interval_sec * d.miss_threshold + d.fence_margin_sec
+    wait_until("the leader's grace to pass", lambda: time.monotonic() - leader.started,
+               lambda age: age > grace + 2, timeout=grace + 10)
+    crashed = time.time()
+    cluster.crash(node)
+    try:
+        got = wait_until(f"DEAD verdict for {node}", lambda: verdict(store, node),
+                         lambda v: v is not None and v != before and v["kind"] == "DEAD",
+                         timeout=bound + 10, interval=0.05)
+        assert got is not None
+        latency = got["at"] - crashed
+        print(f"{node}: DEAD {latency:.2f}s after the crash (bound {bound:.2f}s); "
+              f"evidence {got['evidence']}")
+        assert latency <= bound + 0.25, got  # + one detection tick and the poll
+        info = wait_until(f"{node} drained by raps", lambda: cluster.slurm().node(node),
+                          lambda n: n.reason.startswith("raps: dead"), timeout=15)
+        assert "DRAIN" in info.state_text.upper()
+    finally:
+        cluster.restart(node)
+        CommandRunner(timeout=30, env=cluster.env).run(
+            ["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+    back = wait_until(f"{node} ALIVE again", lambda: verdict(store, node),
+                      lambda v: v is not None and v["kind"] == "ALIVE", timeout=30)
+    assert back is not None

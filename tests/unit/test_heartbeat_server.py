@@ -1,0 +1,88 @@
+"""The coordinator's heartbeat server on real UDP sockets (loopback only)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from raps_slurm.coordinator.heartbeats import HeartbeatServer
+from raps_slurm.heartbeat import Ack, Heartbeat, decode, encode
+
+KEY = b"k" * 32
+OTHER = b"o" * 32
+
+
+@pytest.fixture
+def leading() -> list[int]:
+    return [7]  # leader revision; 0 = not leading
+
+
+@pytest.fixture
+def server(leading: list[int]) -> Iterator[HeartbeatServer]:
+    s = HeartbeatServer(("127.0.0.1", 0), KEY, max_skew=5.0, leader_revision=lambda: leading[0])
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def agent() -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(2.0)
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
+def wait_for(probe: object, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_valid_heartbeat_is_acked_and_queued(server: HeartbeatServer,
+                                             agent: socket.socket) -> None:
+    hb = Heartbeat("n1", 1, 1, time.time())
+    agent.sendto(encode(hb, KEY), server.address)
+    ack = decode(agent.recvfrom(512)[0], KEY)
+    assert isinstance(ack, Ack)
+    assert (ack.node, ack.counter, ack.sent_at, ack.leader_revision) == ("n1", 1, hb.sent_at, 7)
+    got = server.drain()
+    assert [(r.node, r.sent_at, r.acked) for r in got] == [("n1", hb.sent_at, True)]
+
+
+def test_forged_replayed_and_stale_heartbeats_are_dropped_and_counted(
+        server: HeartbeatServer, agent: socket.socket) -> None:
+    good = encode(Heartbeat("n1", 1, 5, time.time()), KEY)
+    agent.sendto(good, server.address)
+    agent.recvfrom(512)
+    agent.sendto(good, server.address)                                           # replay
+    agent.sendto(encode(Heartbeat("n1", 1, 4, time.time()), KEY), server.address)  # older
+    agent.sendto(encode(Heartbeat("n1", 1, 9, time.time()), OTHER), server.address)  # forged
+    agent.sendto(encode(Heartbeat("n1", 1, 9, time.time() - 60), KEY), server.address)  # stale
+    agent.sendto(b"\x00" * 100, server.address)                                  # garbage
+    wait_for(lambda: sum(server.rejected.values()) == 5)
+    assert server.rejected == {"replay": 2, "signature": 1, "skew": 1, "magic": 1}
+    assert server.accepted == 1 and len(server.drain()) == 1  # none renewed anything
+    agent.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        agent.recvfrom(512)  # and none was acknowledged
+
+
+def test_no_ack_unless_leading(server: HeartbeatServer, agent: socket.socket,
+                               leading: list[int]) -> None:
+    leading[0] = 0
+    agent.sendto(encode(Heartbeat("n2", 1, 1, time.time()), KEY), server.address)
+    wait_for(lambda: server.accepted == 1)
+    agent.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        agent.recvfrom(512)
+    assert [r.acked for r in server.drain()] == [False]
