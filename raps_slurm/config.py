@@ -138,6 +138,8 @@ class AgentConfig:
 
     socket_path: str = _f("/run/raps/%n/agent.sock",
                           "unix socket for ranks, raps-run and rapsctl; %n = node name")
+    sweep_interval_sec: float = _f(60.0, "look for purged jobs' local data this often",
+                                   0.5, 86400)
 
 
 @dataclass(frozen=True)

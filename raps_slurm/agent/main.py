@@ -27,7 +27,6 @@ from raps_slurm.heartbeat import load_key
 from raps_slurm.store import open_store
 
 log = logging.getLogger("raps.agent")
-SWEEP_EVERY_SEC = 10.0
 stop = threading.Event()
 
 
@@ -68,7 +67,7 @@ def cli(node: str, config_path: str | None, heartbeat_loss: float,
             if status:
                 log.info("%s", status)
             if time.monotonic() >= next_sweep:
-                next_sweep = time.monotonic() + SWEEP_EVERY_SEC
+                next_sweep = time.monotonic() + cfg.agent.sweep_interval_sec
                 try:
                     sweep_purged(store, keys, root)
                 except StoreError as exc:

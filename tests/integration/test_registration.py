@@ -207,7 +207,7 @@ def test_requeue_keeps_checkpoint_dirs_and_reregisters(
     assert f"job={job}: run 0 ended" in epilog_log
 
 
-def test_finished_job_keys_go_after_the_grace_period(
+def test_finished_job_keys_and_data_go_after_the_grace_period(
         cluster: LocalCluster, jobs: Jobs, rapsctl: Rapsctl) -> None:
     grace = load_file(cluster.config_path).coordinator.purge_grace_sec
     job = jobs.submit("--raps", "-N2", "--wrap", "sleep 1")
@@ -216,9 +216,14 @@ def test_finished_job_keys_go_after_the_grace_period(
     ended_seen = time.monotonic()
     data = rapsctl.job(job)
     assert data is not None and data["state"] == "ended" and data["exit_code"] == 0
+    dirs = [job_dir(cluster, n, job) for n in data["nodes"]]
+    assert all(d.is_dir() for d in dirs)
     wait_until(f"job {job} purged", lambda: rapsctl.job(job), lambda d: d is None,
                timeout=grace + 15)
     assert time.monotonic() - ended_seen >= grace - 1.5  # not before the grace period
+    # The agents delete the job's node-local data once they see its tombstone.
+    wait_until(f"job {job}'s checkpoint dirs deleted", lambda: [d for d in dirs if d.exists()],
+               lambda left: not left, timeout=15)
 
 
 def test_fail_open_and_fail_closed_when_etcd_is_down(

@@ -518,3 +518,13 @@ def test_purge_final_state_without_ended_at() -> None:
 
 def test_purge_zero_grace() -> None:
     assert purge_due(record().ended(5.0, 1), "FAILED", None, 5.0, 0.0)
+
+
+def test_sweep_deletes_only_purged_jobs_data_older_than_the_purge() -> None:
+    from raps_slurm.core.jobs import sweep
+    local = {"5": 100.0, "6": 100.0, "7": 300.0, "10": 50.0}
+    tombstones = {"5": 200.0, "7": 200.0, "10": 200.0}
+    # 6: never purged; 7: dir made after the purge (a new job reusing the id, its prolog
+    # ran before its registration); 10 registered again: all kept.
+    assert sweep(local, tombstones, registered={"10"}) == ["5"]
+    assert sweep(local, {}, registered=set()) == []
