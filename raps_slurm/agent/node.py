@@ -67,6 +67,8 @@ class NodeAgent:
         self._lease: Lease | None = None
         self._lease_refreshed = 0.0               # monotonic, last successful refresh
         self._next_refresh = 0.0
+        self._leader_read = 0.0
+        self._started = time.monotonic()
         self.counters = {"sent": 0, "dropped_by_knob": 0, "acks": 0, "probes": 0,
                          "bad_datagrams": 0}
 
@@ -91,8 +93,17 @@ class NodeAgent:
     # -- main loop duties ----------------------------------------------------------
 
     def step(self) -> str:
-        """Refresh the lease and the leader address when due; one status line."""
+        """Refresh the lease and the leader address when due; one status line.
+
+        The leader key is read with every lease refresh, and at once (at most once per
+        interval) when acks stopped for two intervals: after a fail-over the new
+        leader must hear from us before its grace period ends.
+        """
         now = time.monotonic()
+        with self.hb.lock:
+            unacked = now - max(self.hb.last_ack_at, self._started) > 2 * self.interval
+        if unacked and now - self._leader_read >= self.interval:
+            self._refresh_leader()
         if now < self._next_refresh:
             return ""
         status = self._refresh_membership(now)
@@ -143,6 +154,7 @@ class NodeAgent:
             return f"etcd unreachable: {exc}"
 
     def _refresh_leader(self) -> None:
+        self._leader_read = time.monotonic()
         try:
             kv = self.store.get(self.keys.leader())
         except StoreError:

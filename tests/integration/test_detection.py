@@ -74,3 +74,67 @@ def test_crashed_node_is_dead_within_the_bound_and_drained(
     back = wait_until(f"{node} ALIVE again", lambda: verdict(store, node),
                       lambda v: v is not None and v["kind"] == "ALIVE", timeout=30)
     assert back is not None
+
+
+def dead_verdicts_since(store: tuple[StateStore, Keys], revision: int) -> list[dict[str, Any]]:
+    """DEAD verdicts written after ``revision``."""
+    s, keys = store
+    out = []
+    for kv in s.get_prefix(keys.nodes_prefix()):
+        if kv.key.endswith("/verdict") and kv.mod_revision > revision:
+            v = json.loads(kv.value)
+            if v["kind"] == "DEAD":
+                out.append(v)
+    return out
+
+
+def settle(cluster: LocalCluster) -> None:
+    """Wait two miss windows + fence margin: long enough for any verdict to be reached."""
+    d = load_file(cluster.config_path).detection
+    span = 2 * (d.kernel_heartbeat_interval_sec * d.miss_threshold + d.fence_margin_sec)
+    end = time.monotonic() + span
+    wait_until("the detection window to pass", time.monotonic, lambda t: t >= end,
+               timeout=span + 5)
+
+
+def test_etcd_restart_gives_no_false_verdict(cluster: LocalCluster, leader: CoordinatorProcess,
+                                             store: tuple[StateStore, Keys],
+                                             rapsctl: Rapsctl) -> None:
+    s, _ = store
+    start = s.current_revision()
+    cluster.etcd_stop()
+    cluster.etcd_start()
+    wait_until("the coordinator to lead again", lambda: rapsctl("ping", check=False).stdout,
+               lambda out: "leader detect " in out, timeout=20)
+    settle(cluster)
+    assert dead_verdicts_since(store, start) == []
+
+
+def test_leader_paused_twice_its_lease_gives_no_false_verdict(
+        cluster: LocalCluster, leader: CoordinatorProcess, store: tuple[StateStore, Keys],
+        rapsctl: Rapsctl) -> None:
+    import signal
+    s, _ = store
+    lease = load_file(cluster.config_path).coordinator.leader_lease_sec
+    standby = cluster.coordinator("detect-b").start()
+    try:
+        wait_until("the standby up", standby.log, lambda t: "standby: leader is detect" in t,
+                   timeout=15)
+        start = s.current_revision()
+        leader.signal(signal.SIGSTOP)
+        paused = time.monotonic()
+        wait_until("the standby to lead", lambda: rapsctl("ping", check=False).stdout,
+                   lambda out: "leader detect-b " in out, timeout=lease + 5)
+        wait_until("two leases of pause", time.monotonic,
+                   lambda t: t - paused >= 2 * lease, timeout=2 * lease + 5)
+        leader.signal(signal.SIGCONT)
+        wait_until("the old leader to step down", leader.log,
+                   lambda t: "lost leadership" in t, timeout=10)
+        settle(cluster)
+        assert dead_verdicts_since(store, start) == []
+        assert "leader detect-b " in rapsctl("ping").stdout
+    finally:
+        standby.stop()
+    wait_until("the module's coordinator to lead again",
+               lambda: rapsctl("ping", check=False).stdout,
+               lambda out: "leader detect " in out, timeout=20)
