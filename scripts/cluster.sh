@@ -14,8 +14,9 @@
 # slurmctld on base+817, slurmd on base+1.., etcd client/peer on base+379/base+380),
 # RAPS_PYTHON (interpreter the Slurm hooks run with; SlurmUser must be able to run it:
 # default /opt/raps/venv/bin/python, which scripts/test.sh creates, else python3).
-# The RAPS config of the cluster is $RUN/etc/raps.yaml: configs/test.yaml with the
-# cluster's etcd, checkpoint dirs ($RUN/ckpt/%n) and hook log dir ($RUN/log/raps).
+# The RAPS config of the cluster is $RUN/etc/raps.yaml: RAPS_CLUSTER_PROFILE (default
+# configs/test.yaml) with the cluster's etcd, key, checkpoint dirs ($RUN/ckpt/%n) and hook
+# log dir ($RUN/log/raps).
 # `down` stops exactly the processes `up` started (pids recorded in the run dir).
 set -euo pipefail
 
@@ -131,7 +132,7 @@ write_raps_conf() {
   chmod 0777 "$RUN/log/raps" # PrologSlurmctld (SlurmUser) and Prolog (root) both log here
   {
     sed -e "s#^  local_dir: .*#  local_dir: $RUN/ckpt/%n#" \
-        -e "s#^  log_dir: .*#  log_dir: $RUN/log/raps#" "$REPO/configs/test.yaml"
+        -e "s#^  log_dir: .*#  log_dir: $RUN/log/raps#" "${RAPS_CLUSTER_PROFILE:-$REPO/configs/test.yaml}"
     echo "store:"
     echo "  endpoints: ['http://127.0.0.1:$ETCD_PORT']"
   } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" >"$RUN/etc/raps.yaml"

@@ -23,7 +23,8 @@ class LocalCluster:
     """Starts and stops a cluster in ``run_dir``; ``env`` is what a shell needs to use it."""
 
     def __init__(self, run_dir: Path, nodes: int = 6, racks: int = 3,
-                 port_base: int = 17000, script: Path = SCRIPT) -> None:
+                 port_base: int = 17000, script: Path = SCRIPT,
+                 profile: Path | None = None) -> None:
         if not script.exists():
             raise ClusterError(f"{script} not found: run from a raps-slurm checkout")
         self.run_dir = Path(run_dir)
@@ -31,6 +32,7 @@ class LocalCluster:
         self.racks = racks
         self.port_base = port_base
         self.script = script
+        self.profile = profile  # RAPS config profile (default configs/test.yaml)
         self.env = {
             "SLURM_CONF": str(self.run_dir / "etc" / "slurm.conf"),
             "RAPS_CLUSTER_DIR": str(self.run_dir),
@@ -52,6 +54,8 @@ class LocalCluster:
         env = {**os.environ, "RAPS_CLUSTER_DIR": str(self.run_dir),
                "RAPS_CLUSTER_NODES": str(self.nodes), "RAPS_CLUSTER_RACKS": str(self.racks),
                "RAPS_CLUSTER_PORT": str(self.port_base)}
+        if self.profile is not None:
+            env["RAPS_CLUSTER_PROFILE"] = str(self.profile)
         try:
             proc = subprocess.run(["bash", str(self.script), *args], env=env, text=True,
                                   capture_output=True, timeout=timeout, check=False,
