@@ -16,7 +16,7 @@ from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
-    pass
+    from conftest import Rapsctl
 
 
 @pytest.fixture(scope="module")
