@@ -140,6 +140,7 @@ class AgentConfig:
                           "unix socket for ranks, raps-run and rapsctl; %n = node name")
     sweep_interval_sec: float = _f(60.0, "look for purged jobs' local data this often",
                                    0.5, 86400)
+    probe_root: str = _f("/", "root of /sys and /proc for health probes (tests: a fixture tree)")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Today it keeps the node's membership lease in etcd, sends signed kernel heartbeats to
 the coordinator leader (with one resend when an acknowledgement is missing), answers
-the leader's probes, and deletes the local checkpoint data of purged jobs.
+the leader's probes, writes a health sample to ``nodes/<node>/health`` every
+``detection.telemetry_interval_sec``, and deletes the local checkpoint data of purged jobs.
 SIGTERM/SIGINT stop it; the membership lease is left to expire, so a restart within
 the miss window goes unnoticed.
 """
@@ -19,6 +20,7 @@ from types import FrameType
 
 import click
 
+from raps_slurm.agent.health import HealthReporter
 from raps_slurm.agent.node import NodeAgent
 from raps_slurm.agent.sweep import sweep_purged
 from raps_slurm.config import load_config, node_dir
@@ -38,11 +40,13 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 @click.option("--node", required=True, metavar="NAME", help="Slurm node name this agent serves.")
 @click.option("--config", "config_path", metavar="FILE",
               help="Config file (default: $RAPS_CONFIG, then /etc/raps/raps.yaml).")
+@click.option("--probe-root", default=None, metavar="PATH",
+              help="Override agent.probe_root (root of /sys and /proc for health probes).")
 @click.option("--heartbeat-loss", default=0.0, type=click.FloatRange(0, 1), metavar="P",
               help="Test knob: drop this share of outgoing heartbeats.")
 @click.option("--heartbeat-jitter", default=0.0, type=click.FloatRange(0, 10), metavar="SEC",
               help="Test knob: delay each heartbeat by up to SEC seconds.")
-def cli(node: str, config_path: str | None, heartbeat_loss: float,
+def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_loss: float,
         heartbeat_jitter: float) -> None:
     """Run the raps-slurm agent of one node."""
     try:
@@ -60,7 +64,8 @@ def cli(node: str, config_path: str | None, heartbeat_loss: float,
     root = Path(node_dir(cfg.checkpoint.local_dir, node))
     agent.start()
     log.info("agent of %s started (etcd %s)", node, ", ".join(cfg.store.endpoints))
-    next_sweep = 0.0
+    next_sweep = next_probe = 0.0
+    probes = HealthReporter(store, keys, node, Path(probe_root or cfg.agent.probe_root), root)
     try:
         while not stop.is_set():
             status = agent.step()
@@ -74,6 +79,9 @@ def cli(node: str, config_path: str | None, heartbeat_loss: float,
                     log.debug("sweep skipped: %s", exc)
                 except OSError as exc:
                     log.warning("sweep of %s failed: %s", root, exc)
+            if time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + cfg.detection.telemetry_interval_sec
+                probes.report(agent.lease)
             stop.wait(0.1)
     finally:
         agent.stop()

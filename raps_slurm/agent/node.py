@@ -110,6 +110,11 @@ class NodeAgent:
         self._refresh_leader()
         return status
 
+    @property
+    def lease(self) -> Lease | None:
+        """The membership lease (None while not registered)."""
+        return self._lease
+
     def valid_until(self) -> float:
         """Monotonic time after which this node's ranks must have stopped (0: never acked).
 

@@ -1,7 +1,9 @@
 """The leader's detection loop: heartbeats in, probes out, verdicts to etcd and Slurm.
 
 Runs every quarter heartbeat interval in the coordinator's main thread. The decisions
-are ``core.detector``'s; this module feeds it and applies its verdicts:
+are ``core.detector``'s and ``core.health``'s (probe samples the agents write to
+``nodes/<node>/health``; a DRAIN level drains the node with the policy's reason); this
+module feeds them and applies their verdicts:
 - every verdict is written to ``nodes/<node>/verdict`` with its evidence (a
   leader-guarded write: a deposed leader's verdict is refused by etcd);
 - a DEAD node is drained in Slurm at once (``Reason="raps: dead: ..."``), after
@@ -23,6 +25,7 @@ from raps_slurm.config import Config
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
 from raps_slurm.core.detector import Detector, DetectorSettings, Verdict
+from raps_slurm.core.health import HealthLevel, HealthPolicy, HealthSettings
 from raps_slurm.errors import NotLeader, SlurmCommandError, StoreError
 from raps_slurm.model import NodeInfo
 from raps_slurm.store import Keys, Put, StateStore
@@ -38,7 +41,7 @@ class Detection:
     def __init__(self, cfg: Config, store: StateStore, keys: Keys, leadership: Leadership,
                  server: HeartbeatServer, node_info: Callable[[str], NodeInfo],
                  drain: Callable[[str, str], None], clock: Callable[[], float] = time.time,
-                 registry_every: float = 2.0) -> None:
+                 registry_every: float | None = None) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         self.server, self._node_info, self._drain = server, node_info, drain
         self._clock = clock
@@ -47,7 +50,11 @@ class Detection:
         self._addresses: dict[str, tuple[str, int]] = {}
         self._outstanding: dict[str, list[float]] = {}  # node -> send times of open probes
         self._nonce = 0
-        self._registry_every = registry_every
+        # Node registrations and health samples are read together, at most as often as
+        # agents write samples (and at least every 2 s, to watch new nodes soon).
+        self._registry_every = registry_every if registry_every is not None else min(
+            2.0, cfg.detection.telemetry_interval_sec)
+        self.health: HealthPolicy | None = None
         self._registry_at = -1e18
         self._slurm = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurm-side-effects")
         self.verdicts: list[Verdict] = []  # every verdict applied (metrics, tests)
@@ -63,10 +70,11 @@ class Detection:
         if not self.leadership.is_leader():
             if self.detector is not None:
                 log.info("detector dropped: not the leader")
-            self.detector = None
+            self.detector = self.health = None
             return []
         if self.detector is None:
             self.detector = Detector(self.settings, now)
+            self.health = HealthPolicy(HealthSettings.from_config(self.cfg.detection))
             self._registry_at = -1e18
             log.info("detector started: no DEAD verdict before %.1fs", self.settings.miss_window
                      + self.settings.fence_margin)
@@ -113,6 +121,8 @@ class Detection:
             return
         for kv in kvs:
             parts = self.keys.split(kv.key)
+            if len(parts) == 3 and parts[2] == "health":
+                self._observe_health(parts[1], kv.value, now)
             if len(parts) != 2:
                 continue
             node = parts[1]
@@ -123,6 +133,31 @@ class Detection:
                 except (ValueError, KeyError, TypeError):
                     log.warning("node registration %s has no usable udp address", kv.key)
             det.watch(node, now)
+
+    def _observe_health(self, node: str, raw: bytes, now: float) -> None:
+        if self.health is None:
+            return
+        try:
+            sample = json.loads(raw)
+            if not isinstance(sample, dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            log.warning("nodes/%s/health: malformed sample (%s)", node, exc)
+            return
+        verdict = self.health.observe(node, sample, now)
+        if verdict is None:
+            return
+        record = json.dumps({"level": verdict.level, "previous": verdict.previous,
+                             "score": verdict.score, "reason": verdict.reason,
+                             "at": verdict.at, "conditions": list(verdict.conditions)}).encode()
+        try:
+            self.leadership.commit([], [Put(self.keys.node_health_verdict(node), record)])
+        except (NotLeader, StoreError) as exc:
+            log.warning("health verdict for %s not recorded: %s", node, exc)
+        log.warning("health: %s %s -> %s (score %d): %s", node, verdict.previous,
+                    verdict.level, verdict.score, verdict.reason)
+        if verdict.level == HealthLevel.DRAIN:
+            self._slurm.submit(self._drain_node, node, verdict.reason)
 
     def _apply(self, v: Verdict) -> str:
         where = f"{v.job}.{v.rank}" if v.job is not None else v.node
@@ -140,18 +175,22 @@ class Detection:
             last = v.evidence.get("last_heartbeat_received_at")
             since = time.strftime("%H:%M:%S", time.localtime(
                 last if isinstance(last, (int, float)) else v.at))
-            self._slurm.submit(self._drain_dead, v.node, f"{RAPS_REASON} dead: no heartbeat "
+            self._slurm.submit(self._drain_node, v.node, f"{RAPS_REASON} dead: no heartbeat "
                                f"since {since}")
         return line
 
-    def _drain_dead(self, node: str, reason: str) -> None:
+    def _drain_node(self, node: str, reason: str) -> None:
+        """Drain ``node`` in Slurm unless it is drained already (an admin's drain stays)."""
         try:
             self.leadership.ensure()  # no Slurm side effect from a leader that may be deposed
             info = self._node_info(node)
-            if "DRAIN" in info.flags or "DRAIN" in info.state_text.upper():
+            if "DRAIN" in info.state_text.upper():
                 if not info.reason.startswith(RAPS_REASON):
                     log.info("%s was drained by an admin (%s): left alone", node, info.reason)
-                return
+                    return
+                if info.reason == reason:
+                    return
+                # Drained by RAPS for another reason: say the newest one.
             self._drain(node, reason)
             log.warning("drained %s in Slurm: %s", node, reason)
         except NotLeader as exc:

@@ -4,6 +4,7 @@ Layout under the prefix (default ``/raps/v1/``)::
 
     leader
     nodes/<node>                  nodes/<node>/health           nodes/<node>/verdict
+    nodes/<node>/health-verdict
     jobs/<jobid>                  jobs/<jobid>/map
     jobs/<jobid>/ranks/<rank>     jobs/<jobid>/groups/<rank>
     jobs/<jobid>/ckpt/<rank>/<gen>
@@ -79,6 +80,10 @@ class Keys:
     def node_verdict(self, name: str) -> str:
         """The last failure-detector verdict about one node, with its evidence."""
         return self.node(name) + "/verdict"
+
+    def node_health_verdict(self, name: str) -> str:
+        """The health policy's current level, score and reason for one node."""
+        return self.node(name) + "/health-verdict"
 
     def purged_prefix(self) -> str:
         """Prefix of the tombstones of purged jobs."""

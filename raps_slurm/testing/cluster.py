@@ -50,8 +50,9 @@ class LocalCluster:
         """Client URL of the cluster's etcd."""
         return self.env["RAPS_ETCD_URL"]
 
-    def _run(self, *args: str, timeout: float = 180) -> str:
-        env = {**os.environ, "RAPS_CLUSTER_DIR": str(self.run_dir),
+    def _run(self, *args: str, timeout: float = 180,
+             extra_env: dict[str, str] | None = None) -> str:
+        env = {**os.environ, **(extra_env or {}), "RAPS_CLUSTER_DIR": str(self.run_dir),
                "RAPS_CLUSTER_NODES": str(self.nodes), "RAPS_CLUSTER_RACKS": str(self.racks),
                "RAPS_CLUSTER_PORT": str(self.port_base)}
         if self.profile is not None:
@@ -90,9 +91,9 @@ class LocalCluster:
         """Start a crashed node's slurmd again."""
         self._run("restart", node)
 
-    def agent_start(self, node: str) -> None:
-        """Start a node's raps-agent (in the node's cgroup)."""
-        self._run("agent-start", node)
+    def agent_start(self, node: str, *args: str) -> None:
+        """Start a node's raps-agent (in the node's cgroup), with extra ``raps-agent`` args."""
+        self._run("agent-start", node, extra_env={"RAPS_AGENT_ARGS": " ".join(args)})
 
     def agent_stop(self, node: str) -> None:
         """Stop a node's raps-agent alone (SIGTERM)."""

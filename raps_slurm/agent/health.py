@@ -1,0 +1,49 @@
+"""The agent's health reporting: one probe sample per telemetry interval into etcd.
+
+The sample goes to ``nodes/<node>/health`` under the node's membership lease, so it
+vanishes with the node. The device inventory and raw counters stay in the agent (they
+only serve the next delta); the leader's health policy judges what is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from raps_slurm.agent.probes import ProbeSample, UdevWatcher, collect
+from raps_slurm.errors import LeaseExpired, StoreError
+from raps_slurm.store import Keys, Lease, StateStore
+
+log = logging.getLogger("raps.agent")
+_LOCAL_ONLY = ("devices", "counters")
+
+
+class HealthReporter:
+    """Collects and publishes probe samples of one node."""
+
+    def __init__(self, store: StateStore, keys: Keys, node: str, probe_root: Path,
+                 ckpt_dir: Path) -> None:
+        self.store, self.keys, self.node = store, keys, node
+        self.probe_root, self.ckpt_dir = probe_root, ckpt_dir
+        self.previous: ProbeSample | None = None
+        self.udev = UdevWatcher(probe_root)
+        self.udev.start()
+
+    def report(self, lease: Lease | None) -> ProbeSample:
+        """Take a sample and write it (when registered); returns the sample."""
+        sample = collect(self.probe_root, self.ckpt_dir if self.ckpt_dir.exists() else None,
+                         self.previous, removed_events=self.udev.drain())
+        self.previous = sample
+        for problem in sample.problems:
+            log.debug("probe: %s", problem)
+        if lease is None:
+            return sample
+        data = {k: v for k, v in sample.to_dict().items() if k not in _LOCAL_ONLY}
+        try:
+            self.store.put(self.keys.node_health(self.node), json.dumps(data).encode(), lease)
+        except LeaseExpired:
+            pass  # the main loop registers again; the next sample goes then
+        except StoreError as exc:
+            log.debug("health sample not written: %s", exc)
+        return sample
