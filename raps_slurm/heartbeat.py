@@ -6,16 +6,20 @@ Every datagram is one message, big-endian, no padding::
     0       3     magic  b"RPS"
     3       1     version (1)
     4       1     kind: 1 Heartbeat (agent -> coordinator), 2 Ack (coordinator -> agent),
-                        3 Probe (coordinator -> agent, "answer me now")
+                        3 Probe (coordinator -> agent, "answer me now"),
+                  4 AppReport (agent -> coordinator, progress of the node's ranks)
     5       n     fixed fields of the kind (u64 = unsigned 64-bit, f64 = IEEE double, seconds):
                     Heartbeat  incarnation u64, counter u64, sent_at f64, flags u8
                                (bit 0 = probe_reply, other bits must be 0)        n = 25
                     Ack        incarnation u64, counter u64, sent_at f64,
                                leader_revision u64, acked_at f64                    n = 40
                     Probe      nonce u64, sent_at f64                               n = 16
+                  AppReport  incarnation u64, counter u64, sent_at f64, count u8   n = 25
     5+n     1     name length L (1..64)
     6+n     L     node name, ASCII subset of UTF-8: [A-Za-z0-9][A-Za-z0-9._-]*
-    6+n+L   32    HMAC-SHA256(cluster key, every byte before the tag)
+    6+n+L   20c   AppReport only: count entries of job u32, rank u32, step u64,
+                  blocked_on i32 (-1 = not blocked); at most MAX_APP_ENTRIES
+    ...     32    HMAC-SHA256(cluster key, every byte before the tag)
 
 ``decode`` drops anything bad with ``BadDatagram(reason)``, checking in this order:
 
@@ -69,6 +73,8 @@ VERSION = 1
 KIND_HEARTBEAT = 1
 KIND_ACK = 2
 KIND_PROBE = 3
+KIND_APP = 4
+MAX_APP_ENTRIES = 16  # 16 x 20 bytes + a 64-byte name still fit MAX_DATAGRAM
 TAG_BYTES = 32  # HMAC-SHA256 output
 
 REASONS = ("size", "magic", "version", "signature", "kind", "length", "name", "field")
@@ -78,7 +84,9 @@ _HEADER = struct.Struct(">3sBB")
 _HB = struct.Struct(">QQdB")
 _ACK = struct.Struct(">QQdQd")
 _PROBE = struct.Struct(">Qd")
-_FIXED = {KIND_HEARTBEAT: _HB, KIND_ACK: _ACK, KIND_PROBE: _PROBE}
+_APP = struct.Struct(">QQdB")
+_ENTRY = struct.Struct(">IIQi")
+_FIXED = {KIND_HEARTBEAT: _HB, KIND_ACK: _ACK, KIND_PROBE: _PROBE, KIND_APP: _APP}
 _NAME_START = _HEADER.size  # offset of the fixed fields
 # Smallest well-formed message: a probe with a one-byte name.
 _MIN_DATAGRAM = _HEADER.size + _PROBE.size + 1 + 1 + TAG_BYTES
@@ -122,7 +130,32 @@ class Probe:
     sent_at: float
 
 
-Message = Heartbeat | Ack | Probe
+@dataclass(frozen=True, slots=True)
+class RankProgress:
+    """One rank's last app heartbeat, as the agent forwards it."""
+
+    job: int
+    rank: int
+    step: int
+    blocked_on: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppReport:
+    """Agent -> coordinator: the ranks that sent an app heartbeat since the last report.
+
+    Its own (incarnation, counter) sequence, checked by its own ReplayGuard: a replayed
+    report would make a hung rank look alive.
+    """
+
+    node: str
+    incarnation: int
+    counter: int
+    sent_at: float
+    ranks: tuple[RankProgress, ...] = ()
+
+
+Message = Heartbeat | Ack | Probe | AppReport
 
 
 # One precomputed HMAC object per key: copying it skips the key schedule (two SHA-256 blocks)
@@ -196,6 +229,24 @@ def encode(msg: Message, key: bytes) -> bytes:
         kind = KIND_ACK
         fixed = _ACK.pack(msg.incarnation, msg.counter, msg.sent_at, msg.leader_revision,
                           msg.acked_at)
+    elif isinstance(msg, AppReport):
+        _check_u64("incarnation", msg.incarnation)
+        _check_u64("counter", msg.counter)
+        _check_time("sent_at", msg.sent_at)
+        if len(msg.ranks) > MAX_APP_ENTRIES:
+            raise BadDatagram("field", f"{len(msg.ranks)} ranks > {MAX_APP_ENTRIES} per report")
+        kind = KIND_APP
+        fixed = _APP.pack(msg.incarnation, msg.counter, msg.sent_at, len(msg.ranks))
+        entries = []
+        for r in msg.ranks:
+            blocked = -1 if r.blocked_on is None else r.blocked_on
+            if not (0 <= r.job < 1 << 32 and 0 <= r.rank < 1 << 31 and 0 <= r.step < 1 << 64
+                    and -1 <= blocked < 1 << 31):
+                raise BadDatagram("field", f"rank entry out of range: {r}")
+            entries.append(_ENTRY.pack(r.job, r.rank, r.step, blocked))
+        body = b"".join((_HEADER.pack(MAGIC, VERSION, kind), fixed, bytes((len(raw),)), raw,
+                         *entries))
+        return sign(body, key)
     else:
         _check_u64("nonce", msg.nonce)
         _check_time("sent_at", msg.sent_at)
@@ -230,9 +281,11 @@ def decode(data: bytes, key: bytes) -> Message:
     if body_end <= len_at:
         raise BadDatagram("length", f"{size} bytes too short for kind {kind}")
     name_len = data[len_at]
-    if body_end != len_at + 1 + name_len:
+    name_end = len_at + 1 + name_len
+    entries = data[len_at - 1] if kind == KIND_APP else 0  # the count is the last fixed byte
+    if body_end != name_end + entries * _ENTRY.size or entries > MAX_APP_ENTRIES:
         raise BadDatagram("length", f"{size} bytes, name length {name_len}, kind {kind}")
-    raw = data[len_at + 1:body_end]
+    raw = data[len_at + 1:name_end]
     if _NAME_RE.fullmatch(raw) is None:
         raise BadDatagram("name", f"bad node name {raw[:MAX_NAME]!r}")
     node = raw.decode("ascii")
@@ -244,6 +297,17 @@ def decode(data: bytes, key: bytes) -> Message:
         if not math.isfinite(sent_at):
             raise BadDatagram("field", "sent_at not finite")
         return Heartbeat(node, incarnation, counter, sent_at, bool(flags))
+    if kind == KIND_APP:
+        incarnation, counter, sent_at, _count = _APP.unpack_from(data, _NAME_START)
+        if not math.isfinite(sent_at):
+            raise BadDatagram("field", "sent_at not finite")
+        ranks = []
+        for i in range(entries):
+            job, rank, step, blocked = _ENTRY.unpack_from(data, name_end + i * _ENTRY.size)
+            if blocked < -1 or rank >= 1 << 31:
+                raise BadDatagram("field", f"rank entry {i} out of range")
+            ranks.append(RankProgress(job, rank, step, None if blocked == -1 else blocked))
+        return AppReport(node, incarnation, counter, sent_at, tuple(ranks))
     if kind == KIND_ACK:
         incarnation, counter, sent_at, revision, acked_at = _ACK.unpack_from(data, _NAME_START)
         if not (math.isfinite(sent_at) and math.isfinite(acked_at)):

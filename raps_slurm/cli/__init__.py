@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from raps_slurm.cli import bench, config_cmd, ping, show
+from raps_slurm.cli import admin, bench, config_cmd, ping, show
 from raps_slurm.cli import jobs as _jobs  # noqa: F401  (adds show job, show groups)
 from raps_slurm.errors import ConfigError, RapsError
 
@@ -28,6 +28,8 @@ cli.add_command(config_cmd.config)
 cli.add_command(show.show)
 cli.add_command(ping.ping)
 cli.add_command(bench.bench)
+cli.add_command(admin.drain)
+cli.add_command(admin.resume)
 
 
 def main(argv: list[str] | None = None) -> None:

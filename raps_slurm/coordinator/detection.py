@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from raps_slurm.config import Config
 from raps_slurm.coordinator.election import Leadership
-from raps_slurm.coordinator.heartbeats import HeartbeatServer
+from raps_slurm.coordinator.heartbeats import HeartbeatServer, ReceivedApp
 from raps_slurm.core.detector import Detector, DetectorSettings, Verdict
 from raps_slurm.core.health import HealthLevel, HealthPolicy, HealthSettings
 from raps_slurm.errors import NotLeader, SlurmCommandError, StoreError
@@ -81,6 +81,10 @@ class Detection:
         det = self.detector
         self._watch_registered(det, now)
         for r in received:
+            if isinstance(r, ReceivedApp):
+                for p in r.ranks:
+                    det.app_heartbeat(str(p.job), p.rank, r.node, p.step, p.blocked_on, now)
+                continue
             self._addresses[r.node] = r.address
             # The fence deadline counts from the receive time, on this clock: it is after
             # the send in real time, so no offset between host clocks can make it early.
@@ -164,9 +168,10 @@ class Detection:
         line = f"{v.kind} {where}"
         record = json.dumps({"kind": v.kind, "node": v.node, "job": v.job, "rank": v.rank,
                              "at": v.at, "evidence": dict(v.evidence)}, default=str).encode()
+        key = (self.keys.node_verdict(v.node) if v.job is None or v.rank is None
+               else self.keys.job_rank_verdict(v.job, v.rank))
         try:
-            if v.job is None:
-                self.leadership.commit([], [Put(self.keys.node_verdict(v.node), record)])
+            self.leadership.commit([], [Put(key, record)])
         except (NotLeader, StoreError) as exc:
             log.warning("verdict %s not recorded: %s", line, exc)
         log.warning("verdict: %s %s", line, json.dumps(dict(v.evidence), default=str))

@@ -21,7 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from raps_slurm.errors import BadDatagram
-from raps_slurm.heartbeat import Ack, Heartbeat, Probe, ReplayGuard, decode, encode
+from raps_slurm.heartbeat import (
+    Ack,
+    AppReport,
+    Heartbeat,
+    Probe,
+    RankProgress,
+    ReplayGuard,
+    decode,
+    encode,
+)
 
 log = logging.getLogger("raps.coordinator")
 
@@ -36,6 +45,15 @@ class Received:
     address: tuple[str, int]
     acked: bool
     probe_reply: bool
+
+
+@dataclass(frozen=True)
+class ReceivedApp:
+    """One verified app report: the ranks of ``node`` that heartbeated since its last one."""
+
+    node: str
+    received_at: float
+    ranks: tuple[RankProgress, ...]
 
 
 class _Protocol(asyncio.DatagramProtocol):
@@ -59,7 +77,8 @@ class HeartbeatServer:
         self.address, self._key, self._clock = address, key, clock
         self._leader_revision = leader_revision
         self._guard = ReplayGuard(max_skew)
-        self._queue: queue.SimpleQueue[Received] = queue.SimpleQueue()
+        self._app_guard = ReplayGuard(max_skew)  # app reports count on their own
+        self._queue: queue.SimpleQueue[Received | ReceivedApp] = queue.SimpleQueue()
         self.transport: asyncio.DatagramTransport | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -107,10 +126,19 @@ class HeartbeatServer:
         except BadDatagram as exc:
             self.rejected[exc.reason] += 1
             return
+        now = self._clock()
+        if isinstance(msg, AppReport):
+            problem = self._app_guard.check(
+                Heartbeat(msg.node, msg.incarnation, msg.counter, msg.sent_at), now)
+            if problem is not None:
+                self.rejected[f"app-{problem}"] += 1
+                return
+            self.accepted += 1
+            self._queue.put(ReceivedApp(msg.node, now, msg.ranks))
+            return
         if not isinstance(msg, Heartbeat):
             self.rejected["kind"] += 1  # acks and probes are never sent to a coordinator
             return
-        now = self._clock()
         problem = self._guard.check(msg, now)
         if problem is not None:
             self.rejected[problem] += 1
@@ -123,9 +151,9 @@ class HeartbeatServer:
         self._queue.put(Received(msg.node, msg.sent_at, now, addr, revision > 0,
                                  msg.probe_reply))
 
-    def drain(self) -> list[Received]:
-        """Every heartbeat verified since the last call."""
-        out: list[Received] = []
+    def drain(self) -> list[Received | ReceivedApp]:
+        """Every heartbeat and app report verified since the last call."""
+        out: list[Received | ReceivedApp] = []
         while True:
             try:
                 out.append(self._queue.get_nowait())

@@ -38,6 +38,11 @@ class SlurmClient:
         """The switch tree; leaf switches are racks."""
         return parsers.parse_topology(self.runner.run(commands.scontrol_show_topology()))
 
+    def slurm_user(self) -> tuple[str, int | None]:
+        """SlurmUser (name, uid) of the running slurmctld."""
+        return parsers.slurm_user(parsers.parse_show_config(
+            self.runner.run(commands.scontrol_show_config())))
+
     def drain(self, nodes: Iterable[str], reason: str) -> None:
         """Drain nodes with a reason (running jobs continue, no new work lands)."""
         self.runner.run(commands.drain(nodes, reason))

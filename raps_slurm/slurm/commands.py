@@ -46,6 +46,11 @@ def scontrol_show_topology() -> list[str]:
     return ["scontrol", "show", "topology"]
 
 
+def scontrol_show_config() -> list[str]:
+    """The running slurmctld's configuration (``Key = Value`` lines)."""
+    return ["scontrol", "show", "config"]
+
+
 def drain(nodes: Iterable[str], reason: str) -> list[str]:
     """Drain nodes; Slurm requires a reason."""
     if not reason.strip():

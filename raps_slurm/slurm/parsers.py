@@ -204,3 +204,22 @@ def parse_topology(text: str) -> Topology:
 def _natural(name: str) -> tuple[Any, ...]:
     """Sort key that puts n2 before n10."""
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` -> {key: value}; the header and blank lines are skipped."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    if "SlurmUser" not in out:
+        raise SlurmParseError(["scontrol", "show", "config"], "no SlurmUser line in the output")
+    return out
+
+
+def slurm_user(config: dict[str, str]) -> tuple[str, int | None]:
+    """SlurmUser as (name, uid) from ``SlurmUser = slurm(64030)``."""
+    value = config["SlurmUser"]
+    m = re.fullmatch(r"([^()\s]+)\((\d+)\)", value)
+    return (m.group(1), int(m.group(2))) if m else (value, None)

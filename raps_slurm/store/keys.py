@@ -7,7 +7,7 @@ Layout under the prefix (default ``/raps/v1/``)::
     nodes/<node>/health-verdict
     jobs/<jobid>                  jobs/<jobid>/map
     jobs/<jobid>/ranks/<rank>     jobs/<jobid>/groups/<rank>
-    jobs/<jobid>/ckpt/<rank>/<gen>
+    jobs/<jobid>/ckpt/<rank>/<gen>  jobs/<jobid>/verdicts/<rank>
     plans/<id>
     purged/<jobid>                a finished job's keys are gone; agents delete its local data
 
@@ -124,6 +124,10 @@ class Keys:
     def job_group(self, job_id: int | str, rank: int) -> str:
         """Backup group of one rank."""
         return self.job_groups_prefix(job_id) + _number(rank, "rank")
+
+    def job_rank_verdict(self, job_id: int | str, rank: int) -> str:
+        """The last failure-detector verdict about one rank (HUNG), with its evidence."""
+        return self.job_prefix(job_id) + "verdicts/" + _number(rank, "rank")
 
     def ckpt_prefix(self, job_id: int | str, rank: int) -> str:
         """Prefix of the checkpoint generations of one rank."""

@@ -4,6 +4,9 @@ cgroup; a coordinator leads; a node crash must give a DEAD verdict and a Slurm d
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -179,3 +182,25 @@ def test_hot_nvme_drains_the_node_once_with_its_reason(
         cluster.agent_start(node)
         if "DRAIN" in cluster.slurm().node(node).state_text.upper():
             run.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
+def test_admin_drain_and_resume_need_root_or_slurmuser(cluster: LocalCluster) -> None:
+    node = "n2"
+    env = {**os.environ, **cluster.env}
+
+    def rapsctl_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+        prefix = ["runuser", "-u", user, "--"] if user else []
+        return subprocess.run([*prefix, sys.executable, "-m", "raps_slurm.cli", *args],
+                              env=env, capture_output=True, text=True, timeout=60, check=False)
+
+    denied = rapsctl_as("nobody", "drain", node, "--reason", "not mine")
+    assert denied.returncode == 1
+    assert denied.stderr.strip() == ("rapsctl: permission denied: 'drain' needs root or "
+                                     "SlurmUser (slurm)")
+    assert "DRAIN" not in cluster.slurm().node(node).state_text.upper()
+    done = rapsctl_as(None, "drain", node, "--reason", "admin: swap fan")
+    assert done.returncode == 0, done.stderr
+    info = cluster.slurm().node(node)
+    assert "DRAIN" in info.state_text.upper() and info.reason == "admin: swap fan"
+    assert rapsctl_as("slurm", "resume", node).returncode == 0  # SlurmUser may too
+    assert "DRAIN" not in cluster.slurm().node(node).state_text.upper()

@@ -90,7 +90,7 @@ def test_round_trip_fuzz(msg: Heartbeat | Ack | Probe, key: bytes) -> None:
 def test_layout_is_fixed() -> None:
     data = encode(Heartbeat("ab", 1, 2, 3.0, probe_reply=True), KEY)
     assert data[:-32] == b"RPS\x01\x01" + struct.pack(">QQdB", 1, 2, 3.0, 1) + b"\x02ab"
-    assert len(encode(Ack("n" * 64, 1, 1, 1.0, 1, 1.0), KEY)) == 142  # largest message
+    assert len(encode(Ack("n" * 64, 1, 1, 1.0, 1, 1.0), KEY)) == 142  # largest fixed message
     assert len(encode(Probe("n", 1, 1.0), KEY)) == 55  # smallest message
 
 
@@ -126,7 +126,7 @@ def test_reason_signature() -> None:
     assert reason_of(bytes(tampered)) == "signature"
 
 
-@pytest.mark.parametrize("kind", [0, 4, 255])
+@pytest.mark.parametrize("kind", [0, 5, 255])
 def test_reason_kind(kind: int) -> None:
     assert reason_of(hbm.sign(body(kind, HB_FIXED), KEY)) == "kind"
 
@@ -479,3 +479,31 @@ def test_load_key_fuzz_only_config_errors(tmp_path: Path, data: bytes, mode: int
         assert len(exc.errors) == 1
     finally:
         os.unlink(path)
+
+
+# --- app reports (variable length) ------------------------------------------------------------
+
+
+def test_app_report_round_trip_and_limits() -> None:
+    from raps_slurm.heartbeat import MAX_APP_ENTRIES, MAX_DATAGRAM, AppReport, RankProgress
+    ranks = tuple(RankProgress(12, i, 1000 + i, None if i % 2 else i + 1)
+                  for i in range(MAX_APP_ENTRIES))
+    msg = AppReport("n" * 64, 7, 9, 123.5, ranks)
+    data = encode(msg, KEY)
+    assert len(data) <= MAX_DATAGRAM
+    assert decode(data, KEY) == msg
+    assert decode(encode(AppReport("n1", 1, 1, 1.0), KEY), KEY) == AppReport("n1", 1, 1, 1.0)
+    with pytest.raises(BadDatagram) as info:
+        encode(AppReport("n1", 1, 1, 1.0, ranks + ranks[:1]), KEY)
+    assert info.value.reason == "field"
+    with pytest.raises(BadDatagram):
+        encode(AppReport("n1", 1, 1, 1.0, (RankProgress(1, 0, 0, -5),)), KEY)
+
+
+def test_app_report_count_must_match_the_entries() -> None:
+    from raps_slurm.heartbeat import AppReport, RankProgress
+    data = bytearray(encode(AppReport("n1", 1, 1, 1.0, (RankProgress(1, 0, 5, None),)), KEY))
+    count_at = 5 + 24  # header, then incarnation, counter, sent_at: the count byte
+    for count in (0, 2, 200):
+        data[count_at] = count
+        assert reason_of(hbm.sign(bytes(data[:-32]), KEY)) == "length"
