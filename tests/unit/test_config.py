@@ -162,3 +162,9 @@ def test_lookup_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bad_power_domain_hostlist() -> None:
     [err] = errors_of({"topology": {"power_domains": {"pdu1": "n[1-"}}})
     assert "topology.power_domains.pdu1: 'n[1-' is not a hostlist" in err
+
+
+def test_readme_documents_every_key() -> None:
+    readme = (ROOT / "README.md").read_text()
+    missing = [path for path, _default, _doc in cfgmod.describe() if f"`{path}`" not in readme]
+    assert not missing, f"README.md's configuration table lacks {missing}"
