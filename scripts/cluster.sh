@@ -15,8 +15,8 @@
 # RAPS_PYTHON (interpreter the Slurm hooks run with; SlurmUser must be able to run it:
 # default /opt/raps/venv/bin/python, which scripts/test.sh creates, else python3).
 # The RAPS config of the cluster is $RUN/etc/raps.yaml: RAPS_CLUSTER_PROFILE (default
-# configs/test.yaml) with the cluster's etcd, key, checkpoint dirs ($RUN/ckpt/%n) and hook
-# log dir ($RUN/log/raps).
+# configs/test.yaml) with the cluster's etcd, key, checkpoint dirs ($RUN/ckpt/%n), agent
+# sockets ($RUN/sock/%n/agent.sock) and hook log dir ($RUN/log/raps).
 # `down` stops exactly the processes `up` started (pids recorded in the run dir).
 set -euo pipefail
 
@@ -135,7 +135,8 @@ write_raps_conf() {
         -e "s#^  log_dir: .*#  log_dir: $RUN/log/raps#" "${RAPS_CLUSTER_PROFILE:-$REPO/configs/test.yaml}"
     echo "store:"
     echo "  endpoints: ['http://127.0.0.1:$ETCD_PORT']"
-  } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" >"$RUN/etc/raps.yaml"
+  } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" \
+        -e "/^agent:/a\\  socket_path: $RUN/sock/%n/agent.sock" >"$RUN/etc/raps.yaml"
   [ -f "$RUN/etc/raps.key" ] || "$RAPS_PYTHON" -m raps_slurm.cli config create-key "$RUN/etc/raps.key" >/dev/null
   chmod 0644 "$RUN/etc/raps.yaml"
   if id slurm >/dev/null 2>&1 && ! runuser -u slurm -- "$RAPS_PYTHON" -c 'import raps_slurm.hooks.run' 2>/dev/null; then

@@ -21,12 +21,15 @@ from types import FrameType
 import click
 
 from raps_slurm.agent.health import HealthReporter
+from raps_slurm.agent.local_api import LocalApiServer
 from raps_slurm.agent.node import NodeAgent
+from raps_slurm.agent.ranks import RankSupervisor
 from raps_slurm.agent.sweep import sweep_purged
 from raps_slurm.config import load_config, node_dir
+from raps_slurm.core.jobs import JobRecord
 from raps_slurm.errors import RapsError, StoreError
 from raps_slurm.heartbeat import load_key
-from raps_slurm.store import open_store
+from raps_slurm.store import Keys, StateStore, open_store
 
 log = logging.getLogger("raps.agent")
 stop = threading.Event()
@@ -62,12 +65,24 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     signal.signal(signal.SIGINT, _on_signal)
     agent = NodeAgent(cfg, store, keys, node, key, loss=heartbeat_loss, jitter=heartbeat_jitter)
     root = Path(node_dir(cfg.checkpoint.local_dir, node))
+    api = LocalApiServer(node_dir(cfg.agent.socket_path, node), node,
+                         owner_of=lambda job: _owner_of(store, keys, job),
+                         valid_for=agent.valid_for,
+                         idle_timeout=max(60.0, 3 * cfg.detection.app_heartbeat_interval_sec))
+    supervisor = RankSupervisor(agent, api.ranks, store, keys, key)
+    try:
+        api.start()
+    except RapsError as exc:
+        raise click.ClickException(str(exc)) from None
     agent.start()
     log.info("agent of %s started (etcd %s)", node, ", ".join(cfg.store.endpoints))
-    next_sweep = next_probe = 0.0
+    next_sweep = next_probe = next_report = next_epochs = 0.0
     probes = HealthReporter(store, keys, node, Path(probe_root or cfg.agent.probe_root), root)
     try:
         while not stop.is_set():
+            # Fencing first: after a freeze the lease refresh below would make the node
+            # look valid again before its ranks were stopped.
+            supervisor.fence_if_invalid()
             status = agent.step()
             if status:
                 log.info("%s", status)
@@ -79,14 +94,28 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                     log.debug("sweep skipped: %s", exc)
                 except OSError as exc:
                     log.warning("sweep of %s failed: %s", root, exc)
+            now = time.monotonic()
+            if now >= next_report:
+                next_report = now + cfg.detection.app_heartbeat_interval_sec
+                supervisor.report()
+            if now >= next_epochs:
+                next_epochs = now + max(0.5, cfg.detection.lease_duration_sec / 3)
+                supervisor.kill_superseded()
             if time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + cfg.detection.telemetry_interval_sec
                 probes.report(agent.lease)
             stop.wait(0.1)
     finally:
+        api.stop()
         agent.stop()
         store.close()
     log.info("agent of %s stopped", node)
+
+
+def _owner_of(store: StateStore, keys: Keys, job: str) -> int | None:
+    """The uid that owns ``job`` (from its registration), None if not registered."""
+    kv = store.get(keys.job(job))
+    return None if kv is None else JobRecord.from_json(kv.key, kv.value).owner_uid
 
 
 def main() -> None:

@@ -68,6 +68,7 @@ class NodeAgent:
         self._lease_refreshed = 0.0               # monotonic, last successful refresh
         self._next_refresh = 0.0
         self._leader_read = 0.0
+        self._etcd_ok_at = 0.0  # monotonic time etcd last answered
         self._started = time.monotonic()
         self.counters = {"sent": 0, "dropped_by_knob": 0, "acks": 0, "probes": 0,
                          "bad_datagrams": 0}
@@ -124,6 +125,23 @@ class NodeAgent:
         with self.hb.lock:
             return self.hb.valid_until
 
+    def valid_for(self) -> float:
+        """Seconds this node's ranks may still go on (<= 0: they must stop now).
+
+        Valid while the leader acknowledged a heartbeat sent within the miss window, or
+        while etcd answered within it: an agent that only lost the coordinator (a pause,
+        a fail-over) keeps its ranks; epochs fence a copy that was replaced. Without
+        acks the agent reads the leader key every interval, which keeps this fresh
+        while etcd answers.
+        """
+        now = time.monotonic()
+        by_etcd = self._etcd_ok_at + self.miss_window if self._etcd_ok_at else 0.0
+        return max(self.valid_until(), by_etcd) - now
+
+    def send(self, data: bytes, address: tuple[str, int]) -> None:
+        """Send one datagram from the agent's socket (heartbeats, app reports)."""
+        self._sendto(data, address)
+
     def etcd_reachable(self) -> bool:
         """True while the membership lease was refreshed within the miss window."""
         return time.monotonic() - self._lease_refreshed < self.miss_window
@@ -142,7 +160,7 @@ class NodeAgent:
             if self._lease is not None:
                 try:
                     self.store.refresh_lease(self._lease)
-                    self._lease_refreshed = now
+                    self._lease_refreshed = self._etcd_ok_at = now
                     self._next_refresh = now + ttl / 3
                     return ""
                 except LeaseExpired:
@@ -152,6 +170,7 @@ class NodeAgent:
             lease = self.store.grant_lease(ttl)
             self.store.put(self.keys.node(self.node), self.registration(), lease)
             self._lease, self._lease_refreshed = lease, now
+            self._etcd_ok_at = time.monotonic()
             self._next_refresh = now + ttl / 3
             return f"registered {self.node} (lease {lease.ttl}s)"
         except StoreError as exc:
@@ -164,6 +183,7 @@ class NodeAgent:
             kv = self.store.get(self.keys.leader())
         except StoreError:
             return  # keep sending to the last known leader
+        self._etcd_ok_at = self._leader_read
         if kv is None:
             return
         try:

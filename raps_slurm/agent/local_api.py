@@ -1,0 +1,588 @@
+"""The agent's local API: a unix socket that user processes (application ranks) talk to.
+
+This socket is a trust boundary (DESIGN.md 4b): anyone on the node may connect (mode
+0666), and every request is authorized by the caller's uid, which the kernel reports
+through ``SO_PEERCRED`` and the caller cannot forge. A user may register ranks only of
+jobs that uid owns (the owner recorded in etcd at registration) and only for processes
+that uid runs; heartbeats and unregistration come only from the uid that registered
+the rank. Root may do anything.
+
+Wire format (see :mod:`raps_slurm.runtime.agent_client`, which ranks import without
+pulling in the agent): a 4-byte big-endian length N (1..MAX_REQUEST), then N bytes of
+UTF-8 JSON object; replies are framed the same way. A connection carries many requests.
+A request that cannot be framed or decoded gets one error reply and the connection is
+closed (the stream cannot be trusted to resynchronise); a well-formed request that
+breaks its op's schema or is refused gets an error reply and the connection stays.
+Error replies are ``{"ok": false, "error": MESSAGE, "kind": KIND}``; ``kind`` lets a
+client tell "you were replaced" from "try again".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+import socketserver
+import stat
+import struct
+import threading
+import time
+import typing
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from raps_slurm.errors import RapsError
+from raps_slurm.runtime.agent_client import MAX_JOB_ID_LEN, MAX_REQUEST, encode_frame
+
+log = logging.getLogger("raps.agent")
+
+OPS = ("hello", "register", "heartbeat", "unregister")
+# Once the first byte of a request arrived, the rest must follow within this time: a
+# local client writes a whole frame at once, and a slow trickle must not pin a thread.
+FRAME_TIMEOUT = 5.0
+PID_LIMIT = 1 << 22  # Linux PID_MAX_LIMIT on 64-bit
+_HEADER = struct.Struct(">I")
+_UCRED = struct.Struct("iII")  # struct ucred: pid_t pid; uid_t uid; gid_t gid
+
+
+class LocalApiError(RapsError):
+    """The local API socket cannot be set up (path in use, not a socket, ...)."""
+
+
+class Refused(RapsError):
+    """A request is answered with an error; ``kind`` names the category (counted, sent)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The connecting process as the kernel saw it at connect time."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One registered rank; times are the server clock's (monotonic)."""
+
+    job: str
+    rank: int
+    epoch: int
+    pid: int
+    uid: int
+    registered_at: float
+    last_heartbeat_at: float
+    step: int = 0
+    items: int = 0
+    blocked_on: int | None = None
+
+
+class RankTable:
+    """Registered ranks by (job, rank); thread-safe, checks and changes are atomic."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ranks: dict[tuple[str, int], RankInfo] = {}
+
+    def register(self, info: RankInfo) -> RankInfo | None:
+        """Add or replace (same or higher epoch); returns the replaced entry.
+
+        The same epoch is accepted so that a rank can re-register after its connection
+        dropped or the agent restarted; only a lower one means a stale copy.
+        """
+        key = (info.job, info.rank)
+        with self._lock:
+            old = self._ranks.get(key)
+            if old is not None and info.epoch < old.epoch:
+                raise Refused("epoch", f"epoch {info.epoch} is older than the registered "
+                                       f"{old.epoch}")
+            self._ranks[key] = info
+            return old
+
+    def heartbeat(self, job: str, rank: int, uid: int, step: int, items: int,
+                  blocked_on: int | None, now: float) -> RankInfo:
+        """Record progress for a rank that ``uid`` registered; returns the new entry."""
+        with self._lock:
+            old = self._owned(job, rank, uid)
+            new = replace(old, last_heartbeat_at=now, step=step, items=items,
+                          blocked_on=blocked_on)
+            self._ranks[(job, rank)] = new
+            return new
+
+    def unregister(self, job: str, rank: int, uid: int) -> RankInfo:
+        """Remove a rank that ``uid`` registered; returns the removed entry."""
+        with self._lock:
+            info = self._owned(job, rank, uid)
+            del self._ranks[(job, rank)]
+            return info
+
+    def _owned(self, job: str, rank: int, uid: int) -> RankInfo:
+        info = self._ranks.get((job, rank))
+        if info is None:
+            raise Refused("not_registered", f"rank {rank} of job {job} is not registered")
+        if uid != 0 and info.uid != uid:
+            raise Refused("permission", f"permission denied: rank {rank} of job {job} "
+                                        f"belongs to uid {info.uid}, you are uid {uid}")
+        return info
+
+    def get(self, job: str, rank: int) -> RankInfo | None:
+        """One entry, or None."""
+        with self._lock:
+            return self._ranks.get((job, rank))
+
+    def remove(self, job: str, rank: int) -> RankInfo | None:
+        """Forget a rank without any check (the agent's own use); returns it if it was there."""
+        with self._lock:
+            return self._ranks.pop((job, rank), None)
+
+    def snapshot(self) -> list[RankInfo]:
+        """Every entry, by job then rank."""
+        with self._lock:
+            return sorted(self._ranks.values(), key=lambda r: (len(r.job), r.job, r.rank))
+
+    def fresh_since(self, t: float) -> list[RankInfo]:
+        """Entries heartbeated (or registered) after server-clock time ``t``."""
+        return [r for r in self.snapshot() if r.last_heartbeat_at > t]
+
+    def pids(self) -> dict[tuple[str, int], int]:
+        """(job, rank) -> registered pid."""
+        with self._lock:
+            return {key: info.pid for key, info in self._ranks.items()}
+
+
+def authorize(uid: int, owner: int | None) -> bool:
+    """May ``uid`` act for a job whose registered owner is ``owner`` (None: not registered)?"""
+    return uid == 0 or (owner is not None and owner == uid)
+
+
+def process_uid(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> int | None:
+    """Real uid of process ``pid`` from ``<proc_root>/<pid>/status``; None if unknown."""
+    try:
+        with open(Path(proc_root) / str(pid) / "status", "rb") as f:
+            text = f.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            if len(fields) >= 2 and fields[1].isascii() and fields[1].isdigit():
+                return int(fields[1])
+            return None
+    return None
+
+
+def peer_credentials(sock: socket.socket) -> Peer:
+    """The peer's pid, uid and gid from SO_PEERCRED."""
+    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return Peer(*_UCRED.unpack(data))
+
+
+# --- request decoding and schemas ---------------------------------------------------------
+
+
+def _show(value: object) -> str:
+    """A short, printable rendering of a client-supplied value for an error message."""
+    if isinstance(value, str):
+        return repr(value[:40] + ("..." if len(value) > 40 else ""))
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "a list"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:  # json keeps the last silently; two readers could disagree
+            raise ValueError(f"duplicate key {_show(key)}")
+        seen.add(key)
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not allowed")
+
+
+def decode_request(body: bytes) -> dict[str, object]:
+    """One request body as a JSON object; Refused (the connection must close) otherwise."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused("encoding", f"request is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except RecursionError:
+        raise Refused("json", "request is not valid JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise Refused("json", f"request is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise Refused("not_object", f"request must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _is_int(value: object, low: int, high: int) -> bool:
+    # bool is an int in Python; true must not pass for rank 1.
+    return type(value) is int and low <= value <= high
+
+
+_Check = tuple[Callable[[object], bool], str]
+_JOB: _Check = (lambda v: isinstance(v, str) and v.isascii() and v.isdigit()
+                and 1 <= len(v) <= MAX_JOB_ID_LEN,
+                f"a string of 1..{MAX_JOB_ID_LEN} decimal digits")
+_RANK: _Check = (lambda v: _is_int(v, 0, 2**31 - 1), "an integer >= 0 and < 2**31")
+_COUNT: _Check = (lambda v: _is_int(v, 0, 2**63 - 1), "an integer >= 0 and < 2**63")
+_EPOCH: _Check = (lambda v: _is_int(v, 1, 2**63 - 1), "an integer >= 1 and < 2**63")
+_PID: _Check = (lambda v: _is_int(v, 1, PID_LIMIT), f"an integer 1..{PID_LIMIT}")
+_PEER: _Check = (lambda v: v is None or _is_int(v, 0, 2**31 - 1),
+                 "null or an integer >= 0 and < 2**31")
+SCHEMAS: dict[str, dict[str, _Check]] = {
+    "hello": {},
+    "register": {"job": _JOB, "rank": _RANK, "epoch": _EPOCH, "pid": _PID},
+    "heartbeat": {"job": _JOB, "rank": _RANK, "step": _COUNT, "items": _COUNT,
+                  "blocked_on": _PEER},
+    "unregister": {"job": _JOB, "rank": _RANK},
+}
+
+
+def parse_request(obj: Mapping[str, object]) -> tuple[str, dict[str, object]]:
+    """(op, fields) after checking the op's schema; Refused naming the field otherwise."""
+    if "op" not in obj:
+        raise Refused("schema", f"missing field 'op' (allowed ops: {', '.join(OPS)})")
+    op = obj["op"]
+    if not isinstance(op, str):
+        raise Refused("schema", f"field 'op': expected a string, got {_show(op)}")
+    schema = SCHEMAS.get(op)
+    if schema is None:
+        raise Refused("unknown_op", f"unknown op {_show(op)} (allowed: {', '.join(OPS)})")
+    allowed = ", ".join(["op", *schema])
+    for key in obj:
+        if key != "op" and key not in schema:
+            raise Refused("schema", f"unknown field {_show(key)} for op '{op}' "
+                                    f"(allowed: {allowed})")
+    for key, (ok, what) in schema.items():
+        if key not in obj:
+            raise Refused("schema", f"missing field '{key}' for op '{op}' (allowed: {allowed})")
+        if not ok(obj[key]):
+            raise Refused("schema", f"field '{key}': expected {what}, got {_show(obj[key])}")
+    return op, {k: v for k, v in obj.items() if k != "op"}
+
+
+# --- the server ---------------------------------------------------------------------------
+
+
+class _Closed(Exception):
+    """The client closed the connection (or went idle) between requests."""
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True  # a stuck client must never keep the agent from exiting
+    block_on_close = False
+    request_queue_size = 128
+    api: LocalApiServer
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        self.server.api.serve_connection(typing.cast(socket.socket, self.request))
+
+
+class LocalApiServer:
+    """Serves the local API on the unix socket ``path`` (see the module docstring).
+
+    ``owner_of(job)``: the job's owner uid from the store, None if not registered (called
+    per non-root register; may raise, which the caller sees as an internal error).
+    ``valid_for()``: seconds the node's ranks may go on (the agent's fencing view).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], node: str, *,
+                 owner_of: Callable[[str], int | None],
+                 valid_for: Callable[[], float],
+                 idle_timeout: float = 60.0,
+                 max_connections_per_uid: int = 1024,
+                 proc_root: str | os.PathLike[str] = "/proc",
+                 clock: Callable[[], float] = time.monotonic,
+                 table: RankTable | None = None) -> None:
+        if not (math.isfinite(idle_timeout) and idle_timeout > 0):
+            raise ValueError(f"idle_timeout {idle_timeout!r}: expected seconds > 0")
+        self.path = Path(path)
+        self.node = node
+        self.ranks = table if table is not None else RankTable()
+        self.idle_timeout = idle_timeout
+        self.max_connections_per_uid = max_connections_per_uid
+        self.peer_uid_override: int | None = None  # tests only: act as this uid
+        self.denied = 0
+        self.errors: Counter[str] = Counter()  # kind -> count
+        self._owner_of, self._valid_for = owner_of, valid_for
+        self._proc_root, self._clock = proc_root, clock
+        self._lock = threading.Lock()
+        self._conns: dict[socket.socket, int] = {}  # open connection -> peer uid
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._inode: int | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the socket and serve in daemon threads; LocalApiError if it cannot."""
+        try:
+            server = self._bind()
+        except OSError as exc:
+            raise LocalApiError(f"cannot serve the local API on {self.path}: {exc}") from exc
+        self._server = server
+        # The poll interval bounds how long stop() waits for the accept loop to notice.
+        self._thread = threading.Thread(target=server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, name="local-api",
+                                        daemon=True)
+        self._thread.start()
+        log.info("local API listening on %s", self.path)
+
+    def _bind(self) -> _Server:
+        parent = self.path.parent
+        if not parent.exists():
+            parent.mkdir(parents=True, exist_ok=True)
+            parent.chmod(0o755)  # mkdir's mode is cut by the umask
+        self._clear_stale()
+        server = _Server(str(self.path), _Handler, bind_and_activate=False)
+        server.api = self
+        try:
+            server.server_bind()
+            # Anyone may connect; each request is authorized by the caller's uid.
+            os.chmod(self.path, 0o666)
+            server.server_activate()
+            self._inode = os.stat(self.path).st_ino
+        except BaseException:
+            server.server_close()
+            raise
+        return server
+
+    def _clear_stale(self) -> None:
+        """Remove a socket file nobody listens on; refuse to touch anything else."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise LocalApiError(f"{self.path} exists and is not a socket; not removing it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(self.path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            self.path.unlink(missing_ok=True)  # stale: left by an agent that died
+            return
+        except OSError as exc:
+            raise LocalApiError(f"cannot tell whether {self.path} is in use: {exc}") from exc
+        finally:
+            probe.close()
+        raise LocalApiError(f"another process is serving on {self.path}")
+
+    def stop(self) -> None:
+        """Stop accepting, close every open connection, remove the socket file."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)  # wakes the handler thread blocked in recv
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            if os.lstat(self.path).st_ino == self._inode:  # not a successor's socket
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    # --- connections ---------------------------------------------------------------------
+
+    def serve_connection(self, conn: socket.socket) -> None:
+        """Serve one connection until it closes; never raises."""
+        try:
+            peer = peer_credentials(conn)
+        except OSError as exc:
+            self._count("peercred")
+            log.warning("local API: cannot read SO_PEERCRED: %s", exc)
+            conn.close()
+            return
+        if self.peer_uid_override is not None:
+            peer = replace(peer, uid=self.peer_uid_override)
+        try:
+            if not self._admit(conn, peer.uid):
+                self._count("connections")
+                log.warning("local API: refused a connection from pid %d uid %d: "
+                            "%d connections open", peer.pid, peer.uid,
+                            self.max_connections_per_uid)
+                self._try_send(conn, _error(Refused(
+                    "connections", f"too many connections from uid {peer.uid}")))
+                return
+            self._serve(conn, peer)
+        except Exception:
+            self._count("internal")
+            log.exception("local API: connection from pid %d uid %d failed", peer.pid, peer.uid)
+        finally:
+            with self._lock:
+                self._conns.pop(conn, None)
+            conn.close()
+
+    def _admit(self, conn: socket.socket, uid: int) -> bool:
+        # Per uid, so that one user opening thousands of connections cannot lock the
+        # other users' ranks out.
+        with self._lock:
+            if uid != 0 and sum(u == uid for u in self._conns.values()) \
+                    >= self.max_connections_per_uid:
+                return False
+            self._conns[conn] = uid
+            return True
+
+    def _serve(self, conn: socket.socket, peer: Peer) -> None:
+        while True:
+            try:
+                request = decode_request(self._read_frame(conn))
+            except _Closed:
+                return
+            except Refused as exc:
+                self._count(exc.kind)
+                log.info("local API: closing connection from pid %d uid %d: %s",
+                         peer.pid, peer.uid, exc)
+                self._try_send(conn, _error(exc))
+                return
+            except OSError:
+                self._count("io")
+                return
+            reply = self.handle_request(request, peer)
+            try:
+                conn.sendall(encode_frame(reply))
+            except OSError:
+                self._count("io")  # the client went away or stopped reading
+                return
+
+    def _read_frame(self, conn: socket.socket) -> bytes:
+        conn.settimeout(self.idle_timeout)
+        try:
+            first = conn.recv(_HEADER.size)
+        except TimeoutError:
+            self._count("idle")
+            raise _Closed from None
+        if not first:
+            raise _Closed
+        deadline = time.monotonic() + min(FRAME_TIMEOUT, self.idle_timeout)
+        header = first + self._recv_by(conn, _HEADER.size - len(first), deadline)
+        (n,) = _HEADER.unpack(header)
+        if not 1 <= n <= MAX_REQUEST:
+            raise Refused("size", f"request length {n} outside 1..{MAX_REQUEST}")
+        return self._recv_by(conn, n, deadline)
+
+    @staticmethod
+    def _recv_by(conn: socket.socket, n: int, deadline: float) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            conn.settimeout(max(0.001, deadline - time.monotonic()))
+            try:
+                got = conn.recv(n - len(buf))
+            except TimeoutError:
+                raise Refused("slow", "request not complete in time") from None
+            if not got:
+                raise Refused("truncated", "connection closed in the middle of a request")
+            buf += got
+        return bytes(buf)
+
+    def _try_send(self, conn: socket.socket, reply: Mapping[str, object]) -> None:
+        try:
+            conn.settimeout(1.0)
+            conn.sendall(encode_frame(reply))
+        except OSError:
+            pass  # best effort: the connection is being closed anyway
+
+    def _count(self, kind: str) -> None:
+        with self._lock:
+            self.errors[kind] += 1
+            if kind == "permission":
+                self.denied += 1
+
+    # --- requests ------------------------------------------------------------------------
+
+    def handle_request(self, request: Mapping[str, object], peer: Peer) -> dict[str, object]:
+        """The reply to one decoded request from ``peer``; never raises."""
+        try:
+            op, fields = parse_request(request)
+            if op == "hello":
+                return {"ok": True, "node": self.node, "uid": peer.uid}
+            if op == "register":
+                return self._register(fields, peer)
+            if op == "heartbeat":
+                return self._heartbeat(fields, peer)
+            return self._unregister(fields, peer)
+        except Refused as exc:
+            self._count(exc.kind)
+            if exc.kind == "permission":
+                log.warning("local API: denied %s from pid %d: %s", request.get("op"),
+                            peer.pid, exc)
+            return _error(exc)
+        except Exception:
+            self._count("internal")
+            log.exception("local API: request from pid %d uid %d failed", peer.pid, peer.uid)
+            return {"ok": False, "error": "internal error in the agent (see its log)",
+                    "kind": "internal"}
+
+    def _register(self, fields: dict[str, object], peer: Peer) -> dict[str, object]:
+        job, rank = typing.cast(str, fields["job"]), typing.cast(int, fields["rank"])
+        epoch, pid = typing.cast(int, fields["epoch"]), typing.cast(int, fields["pid"])
+        uid = peer.uid
+        if uid != 0:  # root may act for any job; spare the store the lookup
+            owner = self._owner_of(job)
+            if not authorize(uid, owner):
+                if owner is None:
+                    raise Refused("unknown_job", f"job {job} is not registered with raps-slurm")
+                raise Refused("permission", f"permission denied: job {job} belongs to uid "
+                                            f"{owner}, you are uid {uid}")
+        pid_uid = process_uid(pid, self._proc_root)
+        if pid_uid is None:
+            raise Refused("no_process", f"no process with pid {pid}")
+        if uid != 0 and pid_uid != uid:
+            raise Refused("permission", f"permission denied: pid {pid} belongs to uid "
+                                        f"{pid_uid}, you are uid {uid}")
+        now = self._clock()
+        old = self.ranks.register(RankInfo(job, rank, epoch, pid, uid, now, now))
+        if old is None or (old.epoch, old.pid) != (epoch, pid):
+            log.info("local API: rank %d of job %s registered: pid %d uid %d epoch %d%s",
+                     rank, job, pid, uid, epoch,
+                     f" (replaces pid {old.pid} epoch {old.epoch})" if old else "")
+        return {"ok": True, "valid_for": self._validity()}
+
+    def _heartbeat(self, fields: dict[str, object], peer: Peer) -> dict[str, object]:
+        info = self.ranks.heartbeat(
+            typing.cast(str, fields["job"]), typing.cast(int, fields["rank"]), peer.uid,
+            typing.cast(int, fields["step"]), typing.cast(int, fields["items"]),
+            typing.cast("int | None", fields["blocked_on"]), self._clock())
+        return {"ok": True, "valid_for": self._validity(), "epoch": info.epoch}
+
+    def _unregister(self, fields: dict[str, object], peer: Peer) -> dict[str, object]:
+        info = self.ranks.unregister(typing.cast(str, fields["job"]),
+                                     typing.cast(int, fields["rank"]), peer.uid)
+        log.info("local API: rank %d of job %s unregistered (pid %d)", info.rank, info.job,
+                 info.pid)
+        return {"ok": True}
+
+    def _validity(self) -> float:
+        value = float(self._valid_for())
+        # A non-finite answer is a bug in the caller; never promise forever because of it.
+        return max(0.0, value) if math.isfinite(value) else 0.0
+
+
+def _error(exc: Refused) -> dict[str, object]:
+    return {"ok": False, "error": str(exc), "kind": exc.kind}
