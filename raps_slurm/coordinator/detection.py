@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from raps_slurm.config import Config
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.heartbeats import HeartbeatServer, ReceivedApp
+from raps_slurm.coordinator.metrics import Metrics
 from raps_slurm.core.detector import Detector, DetectorSettings, Verdict
 from raps_slurm.core.health import HealthLevel, HealthPolicy, HealthSettings
 from raps_slurm.errors import NotLeader, SlurmCommandError, StoreError
@@ -41,7 +42,7 @@ class Detection:
     def __init__(self, cfg: Config, store: StateStore, keys: Keys, leadership: Leadership,
                  server: HeartbeatServer, node_info: Callable[[str], NodeInfo],
                  drain: Callable[[str, str], None], clock: Callable[[], float] = time.time,
-                 registry_every: float | None = None) -> None:
+                 registry_every: float | None = None, metrics: Metrics | None = None) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         self.server, self._node_info, self._drain = server, node_info, drain
         self._clock = clock
@@ -58,6 +59,7 @@ class Detection:
         self._registry_at = -1e18
         self._slurm = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurm-side-effects")
         self.verdicts: list[Verdict] = []  # every verdict applied (metrics, tests)
+        self.metrics = metrics
 
     def close(self) -> None:
         """Wait for pending Slurm side effects."""
@@ -176,6 +178,11 @@ class Detection:
             log.warning("verdict %s not recorded: %s", line, exc)
         log.warning("verdict: %s %s", line, json.dumps(dict(v.evidence), default=str))
         self.verdicts.append(v)
+        if self.metrics is not None:
+            self.metrics.verdicts.labels(v.kind).inc()
+            last = v.evidence.get("last_heartbeat_received_at")
+            if v.kind == "DEAD" and isinstance(last, (int, float)):
+                self.metrics.detect_latency.observe(v.at - last)
         if v.kind == "DEAD":
             last = v.evidence.get("last_heartbeat_received_at")
             since = time.strftime("%H:%M:%S", time.localtime(

@@ -73,7 +73,8 @@ class HeartbeatServer:
 
     def __init__(self, address: tuple[str, int], key: bytes, max_skew: float,
                  leader_revision: Callable[[], int],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 on_result: Callable[[str], None] | None = None) -> None:
         self.address, self._key, self._clock = address, key, clock
         self._leader_revision = leader_revision
         self._guard = ReplayGuard(max_skew)
@@ -86,6 +87,7 @@ class HeartbeatServer:
         self._error: BaseException | None = None
         self.accepted = 0
         self.rejected: Counter[str] = Counter()  # reason -> count
+        self._on_result = on_result or (lambda result: None)  # metrics, thread-safe
 
     def start(self) -> None:
         """Bind and serve in a thread; raises OSError if the address cannot be bound."""
@@ -124,32 +126,38 @@ class HeartbeatServer:
         try:
             msg = decode(data, self._key)
         except BadDatagram as exc:
-            self.rejected[exc.reason] += 1
+            self._reject(exc.reason)
             return
         now = self._clock()
         if isinstance(msg, AppReport):
             problem = self._app_guard.check(
                 Heartbeat(msg.node, msg.incarnation, msg.counter, msg.sent_at), now)
             if problem is not None:
-                self.rejected[f"app-{problem}"] += 1
+                self._reject(f"app-{problem}")
                 return
             self.accepted += 1
+            self._on_result("accepted")
             self._queue.put(ReceivedApp(msg.node, now, msg.ranks))
             return
         if not isinstance(msg, Heartbeat):
-            self.rejected["kind"] += 1  # acks and probes are never sent to a coordinator
+            self._reject("kind")  # acks and probes are never sent to a coordinator
             return
         problem = self._guard.check(msg, now)
         if problem is not None:
-            self.rejected[problem] += 1
+            self._reject(problem)
             return
         self.accepted += 1
+        self._on_result("accepted")
         revision = self._leader_revision()
         if revision > 0 and self.transport is not None:
             ack = Ack(msg.node, msg.incarnation, msg.counter, msg.sent_at, revision, now)
             self.transport.sendto(encode(ack, self._key), addr)
         self._queue.put(Received(msg.node, msg.sent_at, now, addr, revision > 0,
                                  msg.probe_reply))
+
+    def _reject(self, reason: str) -> None:
+        self.rejected[reason] += 1
+        self._on_result(reason)
 
     def drain(self) -> list[Received | ReceivedApp]:
         """Every heartbeat and app report verified since the last call."""

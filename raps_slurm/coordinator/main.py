@@ -105,7 +105,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     leadership_box: list[Leadership] = []
     server = HeartbeatServer(listen, key, cfg.detection.max_clock_skew_sec,
                              lambda: leadership_box[0].revision
-                             if leadership_box and leadership_box[0].is_leader() else 0)
+                             if leadership_box and leadership_box[0].is_leader() else 0,
+                             on_result=metrics.count_heartbeat)
     try:
         server.start()
     except OSError as exc:
@@ -117,7 +118,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     leadership = Leadership(store, keys.leader(), cfg.coordinator.leader_lease_sec, identity)
     leadership_box.append(leadership)
     detection = Detection(cfg, store, keys, leadership, server, node_info=slurm.node,
-                          drain=lambda node, reason: slurm.drain([node], reason))
+                          drain=lambda node, reason: slurm.drain([node], reason),
+                          metrics=metrics)
     coordinator = Coordinator(
         cfg, store, keys, leadership, topology=slurm.topology,
         job_states=lambda: {str(j.job_id): j.state for j in slurm.jobs()},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from raps_slurm.config import parse_address
 from raps_slurm.errors import ConfigError
@@ -21,6 +21,16 @@ class Metrics:
         self.groups = Counter("raps_coordinator_groups_built",
                               "backup groups built for rank maps", registry=self.registry)
         self.cycles = Counter("raps_coordinator_cycles", "cycles run", registry=self.registry)
+        self.heartbeats = Counter("raps_coordinator_heartbeats",
+                                  "heartbeat datagrams by result (accepted or why dropped)",
+                                  ["result"], registry=self.registry)
+        self.verdicts = Counter("raps_coordinator_verdicts", "detector verdicts by kind",
+                                ["kind"], registry=self.registry)
+        self.detect_latency = Histogram(
+            "raps_coordinator_detect_latency_seconds",
+            "DEAD verdict time minus the node's last heartbeat received",
+            buckets=(0.5, 1, 2, 3, 3.5, 4, 4.5, 5, 7.5, 10, 20, 60), registry=self.registry)
+        self._heartbeat_children: dict[str, Counter] = {}
         if address:
             parsed = parse_address(address)
             if parsed is None:
@@ -29,3 +39,10 @@ class Metrics:
                 start_http_server(parsed[1], parsed[0], registry=self.registry)
             except OSError as exc:
                 raise ConfigError([f"metrics address {address}: {exc.strerror or exc}"]) from None
+
+    def count_heartbeat(self, result: str) -> None:
+        """Count one datagram by result; the label child is cached (called per datagram)."""
+        child = self._heartbeat_children.get(result)
+        if child is None:
+            child = self._heartbeat_children.setdefault(result, self.heartbeats.labels(result))
+        child.inc()

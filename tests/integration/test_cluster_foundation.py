@@ -149,8 +149,7 @@ def test_cluster_etcd_through_the_configured_store(cluster: LocalCluster) -> Non
 
 def test_rapsctl_show_commands_on_the_cluster(cluster: LocalCluster) -> None:
     """What an admin types: rapsctl show nodes/topology/groups against the live cluster."""
-    env = {**os.environ, **cluster.env}
-    env.pop("RAPS_CONFIG", None)
+    env = {**os.environ, **cluster.env}  # RAPS_CONFIG: the cluster's etcd and agents
 
     def rapsctl(*args: str) -> Any:
         r = subprocess.run([sys.executable, "-m", "raps_slurm.cli", *args], env=env, text=True,
@@ -161,6 +160,8 @@ def test_rapsctl_show_commands_on_the_cluster(cluster: LocalCluster) -> None:
     nodes = rapsctl("show", "nodes", "--json")
     assert [(n["node"], n["rack"]) for n in nodes] == [
         ("n1", "r1"), ("n2", "r1"), ("n3", "r2"), ("n4", "r2"), ("n5", "r3"), ("n6", "r3")]
+    wait_until("every agent registered", lambda: rapsctl("show", "nodes", "--json"),
+               lambda ns: [n["agent"] for n in ns] == ["up"] * 6, timeout=20)
     racks = rapsctl("show", "topology", "--json")
     assert {r["rack"]: r["count"] for r in racks} == {"r1": 2, "r2": 2, "r3": 2}
     groups = rapsctl("show", "groups", "--nodes", "n[1-4]", "--spares", "n[5-6]", "--json")
