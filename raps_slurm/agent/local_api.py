@@ -85,6 +85,7 @@ class RankInfo:
     step: int = 0
     items: int = 0
     blocked_on: int | None = None
+    start_time: int | None = None  # /proc/<pid>/stat starttime: tells a reused pid apart
 
 
 class RankTable:
@@ -179,6 +180,23 @@ def process_uid(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> int | 
                 return int(fields[1])
             return None
     return None
+
+
+def process_start(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> int | None:
+    """Start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22); None if gone.
+
+    Together with the pid it names one process: a pid reused after the rank exited has
+    another start time, so the agent never kills a stranger.
+    """
+    try:
+        with open(Path(proc_root) / str(pid) / "stat", "rb") as f:
+            text = f.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()  # the command name may hold spaces
+    if len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return int(fields[19])
 
 
 def peer_credentials(sock: socket.socket) -> Peer:
@@ -543,6 +561,10 @@ class LocalApiServer:
         job, rank = typing.cast(str, fields["job"]), typing.cast(int, fields["rank"])
         epoch, pid = typing.cast(int, fields["epoch"]), typing.cast(int, fields["pid"])
         uid = peer.uid
+        if uid != 0:
+            # A user's rank is the connecting process as the kernel sees it: a pid claimed
+            # from inside a container's pid namespace would name another process here.
+            pid = peer.pid
         if uid != 0:  # root may act for any job; spare the store the lookup
             owner = self._owner_of(job)
             if not authorize(uid, owner):
@@ -557,7 +579,8 @@ class LocalApiServer:
             raise Refused("permission", f"permission denied: pid {pid} belongs to uid "
                                         f"{pid_uid}, you are uid {uid}")
         now = self._clock()
-        old = self.ranks.register(RankInfo(job, rank, epoch, pid, uid, now, now))
+        old = self.ranks.register(RankInfo(job, rank, epoch, pid, uid, now, now,
+                                           start_time=process_start(pid, self._proc_root)))
         if old is None or (old.epoch, old.pid) != (epoch, pid):
             log.info("local API: rank %d of job %s registered: pid %d uid %d epoch %d%s",
                      rank, job, pid, uid, epoch,

@@ -17,7 +17,7 @@ import os
 import signal
 import time
 
-from raps_slurm.agent.local_api import RankInfo, RankTable
+from raps_slurm.agent.local_api import RankInfo, RankTable, process_start
 from raps_slurm.agent.node import NodeAgent
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.errors import RecordError, StoreError
@@ -91,6 +91,9 @@ class RankSupervisor:
         return killed
 
     def _kill(self, r: RankInfo, why: str) -> None:
+        if r.start_time is not None and process_start(r.pid) != r.start_time:
+            self.table.remove(r.job, r.rank)  # that process is gone; its pid may be reused
+            return
         try:
             os.kill(r.pid, signal.SIGKILL)
         except ProcessLookupError:
