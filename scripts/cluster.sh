@@ -106,7 +106,7 @@ write_conf() {
   local so
   so=$(realpath -m "$(dirname "$0")/../spank/raps_spank.so")
   if [ -f "$so" ]; then
-    echo "required $so agent_socket=$RUN/agent.sock coordinator=127.0.0.1:$((BASE + 470))"
+    echo "required $so agent_socket=$RUN/sock/%n/agent.sock coordinator=127.0.0.1:$((BASE + 470))"
   fi >"$RUN/etc/plugstack.conf"
   {
     for ((r = 1; r <= RACKS; r++)); do

@@ -132,8 +132,9 @@ class AgentClient:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *,
                  on_fenced: Callable[[str], None] | None = None) -> AgentClient:
-        """From RAPS_AGENT_SOCKET, RAPS_JOB (or SLURM_JOB_ID), RAPS_RANK, RAPS_EPOCH (1) and
-        RAPS_APP_HEARTBEAT_SEC (10); ValueError naming the variable when one is bad."""
+        """From RAPS_AGENT_SOCKET (``%n`` = SLURMD_NODENAME), RAPS_JOB (or SLURM_JOB_ID),
+        RAPS_RANK, RAPS_EPOCH (1) and RAPS_APP_HEARTBEAT_SEC (10); ValueError naming the
+        variable when one is bad."""
         env = os.environ if env is None else env
 
         def need(name: str) -> str:
@@ -148,6 +149,10 @@ class AgentClient:
             return int(text)
 
         path = need("RAPS_AGENT_SOCKET")
+        if "%n" in path:
+            # One template for every node (several fake nodes share a host): the shim
+            # cannot know the node name, the task's environment does.
+            path = path.replace("%n", need("SLURMD_NODENAME"))
         job_var = "RAPS_JOB" if env.get("RAPS_JOB") else "SLURM_JOB_ID"
         if not env.get(job_var):
             raise ValueError("neither RAPS_JOB nor SLURM_JOB_ID is set")

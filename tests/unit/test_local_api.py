@@ -819,3 +819,11 @@ def test_process_start_names_one_process(tmp_path: Path) -> None:
                                          + " 123456 9 9\n")
     assert process_start(7, tmp_path) == 123456
     assert process_start(8, tmp_path) is None
+
+
+def test_from_env_puts_the_node_name_into_the_socket_template() -> None:
+    env = {"RAPS_AGENT_SOCKET": "/run/raps/%n/agent.sock", "RAPS_JOB": "12", "RAPS_RANK": "3",
+           "SLURMD_NODENAME": "n7"}
+    assert AgentClient.from_env(env).socket_path == "/run/raps/n7/agent.sock"
+    with pytest.raises(ValueError, match="SLURMD_NODENAME"):
+        AgentClient.from_env({k: v for k, v in env.items() if k != "SLURMD_NODENAME"})
