@@ -24,6 +24,7 @@ from typing import Any
 import click
 import yaml
 
+from raps_slurm.cli.bench_load import bench_heartbeats
 from raps_slurm.config import load_file
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore, open_store
@@ -35,6 +36,9 @@ REPO = Path(__file__).resolve().parents[2]
 @click.group()
 def bench() -> None:
     """Benchmarks that print one JSON object (they are commands, not tests)."""
+
+
+bench.add_command(bench_heartbeats)
 
 
 def _profile(directory: Path, interval: float) -> Path:

@@ -112,9 +112,10 @@ class LocalCluster:
         """The RAPS config of this cluster (hooks, coordinators and rapsctl use it)."""
         return Path(self.env["RAPS_CONFIG"])
 
-    def coordinator(self, name: str) -> CoordinatorProcess:
-        """A raps-coordinator for this cluster (not started yet)."""
-        return CoordinatorProcess(self, name)
+    def coordinator(self, name: str, config: Path | None = None) -> CoordinatorProcess:
+        """A raps-coordinator for this cluster (not started yet), with the cluster's config
+        or ``config``."""
+        return CoordinatorProcess(self, name, config)
 
     def cgroup(self, node: str) -> Path:
         """The cgroup v2 directory of a fake node (it may not exist without cgroup v2)."""
@@ -128,8 +129,9 @@ class LocalCluster:
 class CoordinatorProcess:
     """One ``raps-coordinator`` run by the tests or the demo, logging to the run dir."""
 
-    def __init__(self, cluster: LocalCluster, name: str) -> None:
+    def __init__(self, cluster: LocalCluster, name: str, config: Path | None = None) -> None:
         self.cluster, self.name = cluster, name
+        self.config = config or cluster.config_path
         self.log_path = cluster.run_dir / "log" / f"coordinator-{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0  # monotonic time of start()
@@ -140,7 +142,7 @@ class CoordinatorProcess:
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "raps_slurm.coordinator", "--config",
-                 str(self.cluster.config_path), "--name", self.name, "--metrics-address", "",
+                 str(self.config), "--name", self.name, "--metrics-address", "",
                  "--heartbeat-address", "127.0.0.1:0"],
                 env={**os.environ, **self.cluster.env}, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
