@@ -8,13 +8,22 @@ in etcd and until Slurm itself shows the node DOWN (the test cluster's
 ``SlurmdTimeout=10``; Slurm's default is 300 s). Detection runs with the production
 defaults (1 s heartbeats, 3 strikes, 0.5 s fence margin) unless ``--interval`` says
 otherwise. The cluster is taken down at the end.
+
+``bench loss`` runs the same kind of cluster with every agent dropping a share of its
+heartbeats (``--heartbeat-loss``) and delaying the rest (``--heartbeat-jitter``), and
+one fake rank per node; for ``--minutes`` nothing is crashed, so every DEAD verdict and
+every rank that stops by itself is false. ``bench heartbeats`` (bench_load.py) loads one
+coordinator with N synthetic nodes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,8 +33,8 @@ from typing import Any
 import click
 import yaml
 
-from raps_slurm.cli.bench_load import bench_heartbeats
-from raps_slurm.config import load_file
+from raps_slurm.cli.bench_load import VerdictWatch, bench_heartbeats
+from raps_slurm.config import load_file, node_dir
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore, open_store
 from raps_slurm.testing.cluster import LocalCluster, wait_until
@@ -140,3 +149,102 @@ def _measure(cluster: LocalCluster, runs: int, interval: float, quiet: bool) -> 
             "slurm_down_p50_s": round(statistics.median(slurm_down), 2),
             "slurmd_timeout_s": 10, "slurm_default_slurmd_timeout_s": 300,
             "detect_s": [round(x, 3) for x in detect]}
+
+
+@bench.command("loss")
+@click.option("--minutes", default=10.0, show_default=True, type=click.FloatRange(0.5, 1440),
+              help="How long to watch for false verdicts and fences.")
+@click.option("--loss", default=0.3, show_default=True, type=click.FloatRange(0, 0.95),
+              help="Share of heartbeats every agent drops (--heartbeat-loss).")
+@click.option("--jitter", default=0.3, show_default=True, type=click.FloatRange(0, 5),
+              help="Each heartbeat delayed by up to this many seconds (--heartbeat-jitter).")
+@click.option("--port", default=19700, show_default=True, type=click.IntRange(1024, 60000),
+              help="Base port of the benchmark cluster.")
+@click.option("--json", "as_json", is_flag=True, help="JSON only (the default prints it too).")
+def bench_loss(minutes: float, loss: float, jitter: float, port: int, as_json: bool) -> None:
+    """Lossy, jittery heartbeats and no crash: count false DEAD verdicts and false fences."""
+    run_dir = Path(tempfile.mkdtemp(prefix="raps-bench-loss-"))
+    run_dir.chmod(0o755)
+    cluster = LocalCluster(run_dir, port_base=port, profile=_profile(run_dir, 1.0))
+    try:
+        cluster.up(extra_env={"RAPS_AGENT_ARGS":
+                              f"--heartbeat-loss {loss} --heartbeat-jitter {jitter}"})
+        result = _measure_loss(cluster, minutes, loss, jitter, as_json)
+    finally:
+        cluster.down()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    click.echo(json.dumps(result))
+
+
+def _agent_args(cluster: LocalCluster) -> list[str]:
+    """The knob options of the first node's running agent (from its command line)."""
+    pid = (cluster.run_dir / "pids" / f"agent-{cluster.node_names[0]}.pid").read_text().strip()
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    return [a for i, a in enumerate(argv) if a.startswith("--heartbeat-")
+            or (i > 0 and argv[i - 1].startswith("--heartbeat-"))]
+
+
+def _registered(log: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until a fake rank says it registered with its agent."""
+    text = wait_until(f"{log.stem} to register", lambda: log.read_text(errors="replace"),
+                      lambda t: "registered" in t or proc.poll() is not None, timeout=20)
+    if proc.poll() is not None:
+        raise click.ClickException(f"{log.stem} did not start: {text.strip()}")
+
+
+def _measure_loss(cluster: LocalCluster, minutes: float, loss: float, jitter: float,
+                  quiet: bool) -> dict[str, Any]:
+    cfg = load_file(cluster.config_path)
+    d = cfg.detection
+    window = d.kernel_heartbeat_interval_sec * d.miss_threshold + d.fence_margin_sec
+    store, keys = open_store(cfg.store)
+    watch = VerdictWatch(store, keys)
+    coordinator = cluster.coordinator("bench").start()
+    ranks: list[subprocess.Popen[bytes]] = []
+    try:
+        wait_until("the coordinator to lead", lambda: store.get(keys.leader()),
+                   lambda kv: kv is not None, timeout=30)
+        time.sleep(window + 2)  # the agents have found the leader; its grace is over
+        job = "700001"
+        for rank, node in enumerate(cluster.node_names):
+            with open(cluster.run_dir / "log" / f"rank-{rank}.log", "wb") as out:
+                ranks.append(subprocess.Popen(
+                    [sys.executable, "-m", "raps_slurm.runtime.agent_client", "--socket",
+                     node_dir(cfg.agent.socket_path, node), "--job", job, "--rank", str(rank),
+                     "--interval", "1"], stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL))
+        for rank in range(len(ranks)):
+            _registered(cluster.run_dir / "log" / f"rank-{rank}.log", ranks[rank])
+        started = time.time()
+        agent_args = _agent_args(cluster)
+        end = started + minutes * 60
+        while time.time() < end:
+            time.sleep(min(30.0, max(0.0, end - time.time())))
+            if not quiet:
+                gone = sum(r.poll() is not None for r in ranks)
+                print(f"{(time.time() - started) / 60:.1f} min: {len(watch.dead(started))} "
+                      f"DEAD verdicts, {gone} ranks stopped", file=sys.stderr, flush=True)
+        wall = time.time() - started
+        codes = [r.poll() for r in ranks]
+        log = coordinator.log()
+    finally:
+        for r in ranks:
+            if r.poll() is None:
+                os.kill(r.pid, signal.SIGKILL)
+            r.wait(10)
+        coordinator.stop()
+        watch.close()
+        store.close()
+    nodes = len(cluster.node_names)
+    fenced = [c for c in codes if c is not None]
+    return {"benchmark": "loss", "minutes": round(wall / 60, 2), "loss": loss,
+            "jitter_s": jitter, "nodes": nodes, "interval_s": d.kernel_heartbeat_interval_sec,
+            "miss_threshold": d.miss_threshold, "fence_margin_s": d.fence_margin_sec,
+            "node_minutes": round(nodes * wall / 60, 1),
+            "false_verdicts": len(watch.dead(started)),
+            "alive_verdicts": watch.count("ALIVE", started),
+            "hung_verdict_lines": log.count("verdict: HUNG"),
+            "ranks": len(ranks), "false_fences": len(fenced),
+            "fence_exit_codes": sorted(fenced),  # 75: fenced itself; -9: killed by its agent
+            "agent_knobs": agent_args,  # as the agents run: proof the knobs are on
+            "knob_drops": "heartbeats and their resends only (not probe answers, acks, probes)"}

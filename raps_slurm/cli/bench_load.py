@@ -3,18 +3,21 @@
 Set-up, all on 127.0.0.1: a throw-away etcd (``raps_slurm.testing.EtcdServer``), N node
 registrations ``nodes/<name>`` written in transactions of ``MAX_TXN_OPS``, a new cluster
 key and config (production detection defaults: 1 s heartbeats, 3 strikes, 0.5 s fence
-margin), and ``python -m raps_slurm.coordinator`` with ``SLURM_CONF`` pointing at a file
-that does not exist: its Slurm calls (job states, drains) fail and are logged, which is
-all a coordinator without Slurm can do. No agent runs: a separate load process (spawned,
+margin), and ``python -m raps_slurm.coordinator`` with ``SLURM_CONF`` pointing at an
+empty file: its Slurm calls (job states, drains) fail at once and are logged, which is
+all a coordinator without Slurm can do. (With a missing file squeue retries for 60 s;
+the coordinator's loop waits for it up to the 30 s command timeout and loses its 10 s
+leader lease meanwhile.) No agent runs: a separate load process (spawned,
 so that it has its own interpreter and GIL) sends every node's signed heartbeat once
 per second, spread evenly over the second, from one socket per ``PER_SOCKET`` nodes. It
 reads the coordinator's acks (counted, not decoded: only an accepted heartbeat is acked)
 and answers probes at once, so that a node the detector suspects is not declared dead
 because the load process was slow.
 
-Measured over ``--seconds`` after a warm-up: heartbeats sent, received (sent minus the
-kernel's drops at the coordinator's socket, /proc/net/udp) and acked per second, the
-CPU of the coordinator, of etcd and of the load process (psutil: CPU time / wall time),
+Measured over ``--seconds`` after a warm-up: datagrams sent, received (sent minus the
+kernel's drops at the coordinator's socket, /proc/net/udp), accepted (the coordinator's
+``raps_coordinator_heartbeats_total``, its metrics endpoint on ``--port`` + 1) and acked
+per second, the CPU of the coordinator, of etcd and of the load process (psutil),
 and every DEAD verdict written to etcd (a watch on ``nodes/``): all of them are false,
 since every node keeps sending. Then the load stops 10 random nodes at once (no
 heartbeat, no probe answer: a crash) and the DEAD verdicts' ``at`` is timed from that
@@ -24,6 +27,7 @@ fence margin + one interval = 4.5 s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing
@@ -40,6 +44,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -69,6 +75,7 @@ from raps_slurm.testing.cluster import wait_until
 
 PER_SOCKET = 2500  # nodes per load socket: a socket's acks stay far below its buffer
 STOPPED = 10  # nodes stopped at once for the latency figures
+BOUND_S = 4.5  # miss window 3 s + fence margin 0.5 s + one interval, as for bench detect
 WARMUP_S = 10.0  # > the new leader's grace (3.5 s) and a few registry reads (every 2 s)
 SOCKET_BUFFER = 4 << 20  # bytes asked for the load sockets (the kernel caps at rmem_max)
 _HB = struct.Struct(">QQdB")  # the Heartbeat fields of heartbeat.py's wire format
@@ -103,10 +110,8 @@ class VerdictWatch:
                 if self._stop.is_set():
                     return
                 time.sleep(0.5)
-                try:
+                with contextlib.suppress(StoreError):
                     self._watch = self.store.watch_prefix(self.keys.nodes_prefix(), last + 1)
-                except StoreError:
-                    pass
                 continue
             if ev is None:
                 continue
@@ -145,6 +150,20 @@ def udp_drops(ports: set[int]) -> int:
         if int(fields[1].rpartition(":")[2], 16) in ports:
             total += int(fields[-1])
     return total
+
+
+def accepted(metrics_port: int) -> float | None:
+    """The coordinator's count of accepted datagrams (Prometheus text), None if not exported."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith('raps_coordinator_heartbeats_total{result="accepted"}'):
+            return float(line.split()[-1])
+    return None
 
 
 def cpu_seconds(pid: int) -> float:
@@ -235,6 +254,7 @@ class _Load:
             try:  # from the node's own socket, as an agent answers
                 s.sendto(self.datagram(i, probe_reply=True), self.target)
                 stats["probes_answered"] += 1
+                stats["sent"] += 1
             except OSError:
                 stats["send_errors"] += 1
 
@@ -328,10 +348,8 @@ class LoadProcess:
     def close(self) -> None:
         """Stop it (by its own pid only)."""
         if self.proc.is_alive():
-            try:
+            with contextlib.suppress(OSError):
                 self.conn.send(("quit",))
-            except OSError:
-                pass
             self.proc.join(5)
         if self.proc.is_alive():
             self.proc.kill()
@@ -350,7 +368,8 @@ def _config(run_dir: Path, etcd_url: str, port: int) -> Path:
                           "fence_margin_sec": 0.5, "lease_duration_sec": 15.0,
                           "cluster_key_file": str(key)},
             "store": {"endpoints": [etcd_url]},
-            "coordinator": {"heartbeat_address": f"127.0.0.1:{port}", "metrics_address": ""},
+            "coordinator": {"heartbeat_address": f"127.0.0.1:{port}",
+                            "metrics_address": f"127.0.0.1:{port + 1}"},
             "logging": {"level": "INFO"}}
     path = run_dir / "raps.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -389,52 +408,63 @@ def bench_heartbeats(nodes: int, seconds: int, port: int, as_json: bool) -> None
 
     try:
         with EtcdServer() as etcd:
-            cfg_path = _config(run_dir, etcd.url, port)
-            cfg = load_file(cfg_path)
-            store, keys = open_store(cfg.store)
-            key = (run_dir / "raps.key").read_bytes()
-            load = LoadProcess(nodes, key)
-            started = time.monotonic()
-            _register(store, keys, nodes, load.ports)
-            say(f"registered {nodes} nodes in {time.monotonic() - started:.1f}s")
-            watch = VerdictWatch(store, keys)
-            log_path = run_dir / "coordinator.log"
-            with open(log_path, "wb") as out:
-                coordinator = subprocess.Popen(
-                    [sys.executable, "-m", "raps_slurm.coordinator", "--config", str(cfg_path),
-                     "--name", "bench", "--metrics-address", ""],
-                    env={**os.environ, "SLURM_CONF": str(run_dir / "no-such-slurm.conf")},
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            s, k, proc = store, keys, coordinator
-            wait_until("the coordinator to lead",
-                       lambda: proc.poll() is not None or s.get(k.leader()) is not None,
-                       timeout=60)
-            if coordinator.poll() is not None:
-                raise click.ClickException(f"the coordinator exited {coordinator.returncode}:\n"
-                                           + log_path.read_text(errors="replace")[-2000:])
-            result = _measure(coordinator.pid, etcd.pid or 0, load, watch, nodes, seconds,
-                              port, say)
-            result["coordinator_alive"] = coordinator.poll() is None
-            result["coordinator_log"] = _log_summary(log_path)
+            try:
+                cfg_path = _config(run_dir, etcd.url, port)
+                cfg = load_file(cfg_path)
+                store, keys = open_store(cfg.store)
+                key = (run_dir / "raps.key").read_bytes()
+                load = LoadProcess(nodes, key)
+                started = time.monotonic()
+                _register(store, keys, nodes, load.ports)
+                say(f"registered {nodes} nodes in {time.monotonic() - started:.1f}s")
+                watch = VerdictWatch(store, keys)
+                log_path = run_dir / "coordinator.log"
+                # An empty slurm.conf: every Slurm command fails at once (see the docstring).
+                slurm_conf = run_dir / "slurm.conf"
+                slurm_conf.touch()
+                with open(log_path, "wb") as out:
+                    coordinator = subprocess.Popen(
+                        [sys.executable, "-m", "raps_slurm.coordinator", "--config",
+                         str(cfg_path), "--name", "bench"],
+                        env={**os.environ, "SLURM_CONF": str(slurm_conf)},
+                        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                s, k, proc = store, keys, coordinator
+                wait_until("the coordinator to lead",
+                           lambda: proc.poll() is not None or s.get(k.leader()) is not None,
+                           timeout=60)
+                if coordinator.poll() is not None:
+                    raise click.ClickException(
+                        f"the coordinator exited {coordinator.returncode}:\n"
+                        + log_path.read_text(errors="replace")[-2000:])
+                result = _measure(coordinator.pid, etcd.pid or 0, load, watch, nodes, seconds,
+                                  port, say)
+                result["coordinator_alive"] = coordinator.poll() is None
+                result["coordinator_log"] = _log_summary(log_path)
+            finally:  # before etcd stops: the coordinator resigns through it
+                _stop(coordinator, load, watch, store)
     except BaseException:
         print(f"bench heartbeats: run dir kept: {run_dir}", file=sys.stderr)
         raise
-    finally:
-        if watch is not None:
-            watch.close()
-        if load is not None:
-            load.close()
-        if coordinator is not None and coordinator.poll() is None:
-            coordinator.terminate()
-            try:
-                coordinator.wait(15)
-            except subprocess.TimeoutExpired:
-                coordinator.kill()
-                coordinator.wait(5)
-        if store is not None:
-            store.close()
     shutil.rmtree(run_dir, ignore_errors=True)  # kept above when something failed
     click.echo(json.dumps(result))
+
+
+def _stop(coordinator: subprocess.Popen[bytes] | None, load: LoadProcess | None,
+          watch: VerdictWatch | None, store: StateStore | None) -> None:
+    """Stop what the benchmark started, each by its own handle."""
+    if watch is not None:
+        watch.close()
+    if load is not None:
+        load.close()
+    if coordinator is not None and coordinator.poll() is None:
+        coordinator.terminate()
+        try:
+            coordinator.wait(15)
+        except subprocess.TimeoutExpired:
+            coordinator.kill()
+            coordinator.wait(5)
+    if store is not None:
+        store.close()
 
 
 def _log_summary(path: Path) -> dict[str, int]:
@@ -446,7 +476,7 @@ def _log_summary(path: Path) -> dict[str, int]:
 
 
 def _measure(coordinator: int, etcd: int, load: LoadProcess, watch: VerdictWatch, nodes: int,
-             seconds: int, port: int, say: Any) -> dict[str, Any]:
+             seconds: int, port: int, say: Callable[[str], None]) -> dict[str, Any]:
     go = float(load.ask("go", port))
     say(f"load started; warm-up {WARMUP_S:.0f}s")
     time.sleep(WARMUP_S)
@@ -455,19 +485,21 @@ def _measure(coordinator: int, etcd: int, load: LoadProcess, watch: VerdictWatch
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     drops0 = (udp_drops({port}), udp_drops(ports))
     a = load.ask("snapshot")
+    accepted0 = accepted(port + 1)
     for left in range(seconds, 0, -10):
         time.sleep(min(10, left))
         say(f"... {seconds - left + min(10, left)}s: {len(watch.dead(go))} DEAD verdicts so far")
     b = load.ask("snapshot")
+    accepted1 = accepted(port + 1)
     cpu1 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     drops1 = (udp_drops({port}), udp_drops(ports))
-    wall = b["time"] - a["time"]
+    wall = float(b["time"] - a["time"])
     window_end = time.time()
 
     def rate(name: str) -> float:
-        return round((b[name] - a[name]) / wall, 1)
+        return round(float(b[name] - a[name]) / wall, 1)
 
-    sent = b["sent"] - a["sent"]
+    sent = b["sent"] - a["sent"]  # heartbeats and probe answers: all go to the coordinator
     coordinator_drops = drops1[0] - drops0[0]
     false_window = len(watch.dead(a["time"], window_end))
     # A crash of STOPPED nodes at once: the verdicts' "at" from the instant they went quiet.
@@ -485,15 +517,20 @@ def _measure(coordinator: int, etcd: int, load: LoadProcess, watch: VerdictWatch
     except AssertionError:
         verdicts = found()
     latency = [at - stopped_at for at in verdicts.values()]
+    acked = (b["acks"] - a["acks"]) / sent if sent else 0.0
+    goals = (acked >= 0.99 and false_window == 0 and len(latency) == STOPPED
+             and max(latency) <= BOUND_S)
     false_total = len([n for n, _ in watch.dead(go) if n not in names])
     after = load.ask("snapshot")
     return {
         "benchmark": "heartbeats", "nodes": nodes, "seconds": round(wall, 1),
         "warmup_s": WARMUP_S, "load_sockets": len(ports),
-        "sent_per_s": rate("sent"),
+        "sent_per_s": rate("sent"), "probe_answers_per_s": rate("probes_answered"),
         "received_per_s": round((sent - coordinator_drops) / wall, 1),
+        "accepted_per_s": (round((accepted1 - accepted0) / wall, 1)
+                           if accepted0 is not None and accepted1 is not None else None),
         "acks_per_s": rate("acks"),
-        "acked_share": round((b["acks"] - a["acks"]) / sent, 5) if sent else 0.0,
+        "acked_share": round(acked, 5),
         "coordinator_socket_drops": coordinator_drops,
         "load_socket_drops": drops1[1] - drops0[1],
         "coordinator_cpu_percent": round((cpu1["coordinator"] - cpu0["coordinator"])
@@ -508,6 +545,7 @@ def _measure(coordinator: int, etcd: int, load: LoadProcess, watch: VerdictWatch
         "verdict_latency_p50_s": round(statistics.median(latency), 3) if latency else None,
         "verdict_latency_p99_s": round(percentile(latency, 99), 3) if latency else None,
         "verdict_latency_max_s": round(max(latency), 3) if latency else None,
-        "bound_s": 4.5, "probes_ignored_after_stop": after["probes_ignored"],
+        "bound_s": BOUND_S, "goals_met": goals,
+        "probes_ignored_after_stop": after["probes_ignored"],
         "python": sys.version.split()[0], "cpus": os.cpu_count(),
     }

@@ -1,21 +1,27 @@
 """The coordinator's UDP side: receive and verify heartbeats, acknowledge, send probes.
 
-An asyncio datagram endpoint runs in its own thread so that a slow etcd or Slurm call
-in the main loop never delays an acknowledgement (a late ack shortens the agent's
-``valid_until``). Verified heartbeats are queued for the main loop, which owns the
-detector. Only a coordinator that leads by its own clock acknowledges: an ack is a
-promise that the node may go on until ``sent_at + miss window``, and a deposed leader
-must not make it.
+A thread of its own reads the socket so that a slow etcd or Slurm call in the main loop
+never delays an acknowledgement (a late ack shortens the agent's ``valid_until``).
+Verified heartbeats are queued for the main loop, which owns the detector. Only a
+coordinator that leads by its own clock acknowledges: an ack is a promise that the node
+may go on until ``sent_at + miss window``, and a deposed leader must not make it.
+
+The thread blocks in ``recvfrom`` on a plain socket: an asyncio endpoint cost about twice
+the CPU per datagram (55-60 µs against 22-32 µs with its ack: an epoll round and a loop
+iteration for each one), which capped a coordinator near 15,000 nodes against 25,000 now
+(``rapsctl bench heartbeats``, docs/benchmarks.md). The receive buffer is
+enlarged so that the main loop holding the GIL for a while (a large etcd read) delays
+heartbeats instead of dropping them.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import queue
+import socket
 import threading
 import time
-import typing
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,16 +62,9 @@ class ReceivedApp:
     ranks: tuple[RankProgress, ...]
 
 
-class _Protocol(asyncio.DatagramProtocol):
-    def __init__(self, server: HeartbeatServer) -> None:
-        self.server = server
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A datagram endpoint's transport (its class is private to asyncio).
-        self.server.transport = typing.cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        self.server.handle(data, addr)
+# Receive buffer asked for; Linux grants at most twice net.core.rmem_max (4 MiB here, so
+# 8 MiB: ~10,000 heartbeats). The default 208 KiB holds ~15 ms of them at 20,000/s.
+RECEIVE_BUFFER = 8 << 20
 
 
 class HeartbeatServer:
@@ -80,46 +79,63 @@ class HeartbeatServer:
         self._guard = ReplayGuard(max_skew)
         self._app_guard = ReplayGuard(max_skew)  # app reports count on their own
         self._queue: queue.SimpleQueue[Received | ReceivedApp] = queue.SimpleQueue()
-        self.transport: asyncio.DatagramTransport | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        self._stopping = False
         self.accepted = 0
+        self.send_errors = 0  # acks and probes the kernel refused (send buffer full)
         self.rejected: Counter[str] = Counter()  # reason -> count
         self._on_result = on_result or (lambda result: None)  # metrics, thread-safe
 
     def start(self) -> None:
         """Bind and serve in a thread; raises OSError if the address cannot be bound."""
-        self._thread = threading.Thread(target=self._run, name="heartbeat-server", daemon=True)
+        self._sock = _bind(self.address)
+        self.address = self._sock.getsockname()[:2]
+        self._thread = threading.Thread(target=self._run, args=(self._sock,),
+                                        name="heartbeat-server", daemon=True)
         self._thread.start()
-        self._ready.wait(10)
-        if self._error is not None:
-            raise self._error
 
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self.loop = loop
-        try:
-            loop.run_until_complete(loop.create_datagram_endpoint(
-                lambda: _Protocol(self), local_addr=self.address))
-        except OSError as exc:
-            self._error = exc
-            self._ready.set()
-            return
-        assert self.transport is not None
-        self.address = self.transport.get_extra_info("sockname")[:2]
-        self._ready.set()
-        loop.run_forever()
-        self.transport.close()
-        loop.close()
+    def _run(self, sock: socket.socket) -> None:
+        receive, handle = sock.recvfrom, self.handle  # bound once: this runs per datagram
+        while True:
+            try:
+                data, addr = receive(2048)
+            except OSError:
+                if self._stopping:
+                    return
+                continue  # e.g. an ICMP error reported on the socket: keep serving
+            if self._stopping:
+                return
+            try:
+                handle(data, addr)
+            except Exception:  # a bug must not end the acks (as asyncio's loop would not)
+                log.exception("heartbeat from %s: unexpected error", addr)
 
     def stop(self) -> None:
         """Stop serving."""
-        if self.loop is not None and self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        sock, thread = self._sock, self._thread
+        if sock is None:
+            return
+        self._stopping = True
+        # A blocked recvfrom is not woken by close(): send it a datagram of our own.
+        host, port = self.address[0], self.address[1]
+        wake = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+        with contextlib.suppress(OSError):
+            sock.sendto(b"", (wake, port))
+        if thread is not None:
+            thread.join(timeout=5)
+        sock.close()
+        self._sock = None
+
+    def _send(self, data: bytes, address: tuple[str, int]) -> None:
+        """Send without ever blocking: a full send buffer loses the datagram, like a network."""
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            sock.sendto(data, socket.MSG_DONTWAIT, address)
+        except OSError:
+            self.send_errors += 1
 
     def handle(self, data: bytes, addr: tuple[str, int]) -> None:
         """One datagram (in the server thread): verify, check replay/skew, ack, queue."""
@@ -149,9 +165,9 @@ class HeartbeatServer:
         self.accepted += 1
         self._on_result("accepted")
         revision = self._leader_revision()
-        if revision > 0 and self.transport is not None:
+        if revision > 0:
             ack = Ack(msg.node, msg.incarnation, msg.counter, msg.sent_at, revision, now)
-            self.transport.sendto(encode(ack, self._key), addr)
+            self._send(encode(ack, self._key), addr)
         self._queue.put(Received(msg.node, msg.sent_at, now, addr, revision > 0,
                                  msg.probe_reply))
 
@@ -169,9 +185,23 @@ class HeartbeatServer:
                 return out
 
     def send_probe(self, node: str, address: tuple[str, int], nonce: int) -> None:
-        """Ask a node's agent to answer at once (thread-safe)."""
-        if self.loop is None or self.transport is None:
-            return
-        data = encode(Probe(node, nonce, self._clock()), self._key)
-        transport = self.transport
-        self.loop.call_soon_threadsafe(transport.sendto, data, address)
+        """Ask a node's agent to answer at once (thread-safe: one sendto on the socket)."""
+        self._send(encode(Probe(node, nonce, self._clock()), self._key), address)
+
+
+def _bind(address: tuple[str, int]) -> socket.socket:
+    """A UDP socket bound to ``address`` (a host name may resolve to IPv4 or IPv6)."""
+    error: OSError = OSError(f"cannot resolve {address[0]!r}")
+    for family, kind, proto, _, sockaddr in socket.getaddrinfo(
+            address[0], address[1], type=socket.SOCK_DGRAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.bind(sockaddr)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        return sock
+    raise error

@@ -67,9 +67,12 @@ class LocalCluster:
             raise ClusterError(f"cluster.sh {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout
 
-    def up(self) -> None:
-        """Start munged (if needed), etcd, slurmctld and every slurmd; wait until all are up."""
-        self._run("up")
+    def up(self, extra_env: dict[str, str] | None = None) -> None:
+        """Start munged (if needed), etcd, slurmctld and every slurmd; wait until all are up.
+
+        ``extra_env`` goes to cluster.sh, e.g. RAPS_AGENT_ARGS for every agent it starts.
+        """
+        self._run("up", extra_env=extra_env)
 
     def down(self) -> None:
         """Stop exactly what ``up`` started."""
