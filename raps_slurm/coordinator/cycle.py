@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from raps_slurm.config import Config
@@ -92,7 +93,8 @@ class Coordinator:
                  topology: Callable[[], Topology], job_states: Callable[[], dict[str, str]],
                  metrics: Metrics | None = None, name: str = "",
                  clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 background: bool = False) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         self._read_topology, self._read_job_states = topology, job_states
         self.metrics = metrics or Metrics(None)
@@ -102,7 +104,11 @@ class Coordinator:
         self._topology_at = -1e18
         self._topology_error = ""
         self._states: dict[str, str] | None = None
-        self._states_at = -1e18
+        self._states_at = -1e18  # when the states in hand were asked for
+        self._asked_at = -1e18
+        self._states_future: Future[dict[str, str]] | None = None
+        self._pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurm-reads")
+                      if background else None)
         self._final_since: dict[str, float] = {}
         self._tombstones_at = -1e18
         self._first_seen: dict[str, float] = {}  # monotonic, first snapshot naming the job
@@ -213,14 +219,33 @@ class Coordinator:
     # -- clean-up of finished jobs --------------------------------------------
 
     def _job_states(self) -> dict[str, str] | None:
+        """Slurm's job states as last read; ``_states_at`` is when that read was asked for.
+
+        With ``background`` the read runs in a worker thread: a slow or hanging squeue
+        (up to the runner's timeout) must not stop the loop that keeps the leader lease.
+        """
         now = self._mono()
-        if now - self._states_at >= self.cfg.coordinator.slurm_poll_sec:
-            self._states_at = now
+        pending = self._states_future
+        if pending is not None and pending.done():
+            self._states_future = None
+            self._states_at = self._asked_at
             try:
-                self._states = self._read_job_states()
+                self._states = pending.result()
             except SlurmCommandError as exc:
                 log.warning("cannot read job states from Slurm: %s", exc)
                 self._states = None  # no purge decision without Slurm's word
+        if self._states_future is None and now - self._asked_at >= \
+                self.cfg.coordinator.slurm_poll_sec:
+            self._asked_at = now
+            if self._pool is not None:
+                self._states_future = self._pool.submit(self._read_job_states)
+            else:
+                self._states_at = now
+                try:
+                    self._states = self._read_job_states()
+                except SlurmCommandError as exc:
+                    log.warning("cannot read job states from Slurm: %s", exc)
+                    self._states = None
         return self._states
 
     def _purge(self, snap: Snapshot) -> list[str]:

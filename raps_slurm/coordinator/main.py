@@ -123,7 +123,7 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     coordinator = Coordinator(
         cfg, store, keys, leadership, topology=slurm.topology,
         job_states=lambda: {str(j.job_id): j.state for j in slurm.jobs()},
-        metrics=metrics, name=name)
+        metrics=metrics, name=name, background=True)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     notify = sdnotify.SystemdNotifier()

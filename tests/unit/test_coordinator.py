@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -406,3 +407,31 @@ def test_record_for_another_job_id_skipped(cluster: Cluster) -> None:
     c1.run_cycle()
     c1.run_cycle()
     assert cluster.store.get_prefix(cluster.keys.job_prefix("6")) == []
+
+
+def test_a_hanging_squeue_does_not_stop_the_cycle(cluster: Cluster) -> None:
+    """Job states are read in the background: the loop that keeps the lease goes on."""
+    import threading
+    release = threading.Event()
+
+    def slow_states() -> dict[str, str]:
+        release.wait(10)
+        return {"12": "COMPLETED"}
+
+    c1 = Coordinator(cluster.cfg, cluster.store, cluster.keys, cluster.leadership("c1"),
+                     topology=lambda: TOPOLOGY, job_states=slow_states, name="c1",
+                     clock=cluster.clock, monotonic=cluster.clock, background=True)
+    rec = cluster.register("12")
+    started = time.monotonic()
+    assert c1.run_cycle() == "leader: 1 jobs; mapped job 12 (4 ranks, 2 spares)"
+    assert time.monotonic() - started < 2  # squeue hangs; the cycle does not
+    cluster.end(rec)
+    cluster.clock.advance(GRACE + 1)
+    assert c1.run_cycle() == "leader: 1 jobs"  # no word from Slurm yet: nothing purged
+    release.set()
+    deadline = time.monotonic() + 5
+    status = ""
+    while time.monotonic() < deadline and "purged" not in status:
+        cluster.clock.advance(0.1)
+        status = c1.run_cycle()
+    assert status.endswith("purged job 12"), status
