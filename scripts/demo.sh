@@ -2,7 +2,8 @@
 # The demo on a local cluster: installs what it needs, brings up a 6-node Slurm
 # cluster in 3 racks with etcd, the RAPS hooks and a raps-coordinator, submits
 # `sbatch --raps --raps-spares=2 --no-kill -N6` and shows what the coordinator made of
-# it: 4 ranks, 2 spares spread over racks, a rack-disjoint backup group per rank.
+# it: 4 ranks, 2 spares spread over racks, a rack-disjoint backup group per rank; then
+# crashes a node and shows raps-slurm's DEAD verdict and drain within a second or two.
 # Then takes the cluster down (--keep leaves it up).
 #   scripts/demo.sh [--keep]
 set -euo pipefail
@@ -47,6 +48,18 @@ rapsctl show job "$job"
 step "its backup groups: primary, log backup, checkpoint mirror in three racks (rapsctl show groups $job)"
 rapsctl show groups "$job"
 scancel "$job"
+
+step "a node dies: scripts/cluster.sh crash n6 (its slurmd, steps and raps-agent at once)"
+t0=$("$PY" -c 'import time; print(time.time())')
+scripts/cluster.sh crash n6
+for _ in $(seq 1 100); do
+  rapsctl show nodes --json | "$PY" -c 'import json,sys; sys.exit(0 if any(n["node"] == "n6" and n["verdict"].startswith("DEAD") for n in json.load(sys.stdin)) else 1)' && break
+  sleep 0.1
+done
+"$PY" -c "import time; print(f'raps-slurm: DEAD verdict and drain {time.time() - $t0:.1f} s after the crash (Slurm itself waits SlurmdTimeout)')"
+rapsctl show nodes
+scripts/cluster.sh restart n6
+scontrol update NodeName=n6 State=RESUME
 
 if ((keep)); then
   step "cluster left up: source <(scripts/cluster.sh env); scripts/cluster.sh down when done"
