@@ -107,7 +107,8 @@ class Coordinator:
         self._states_at = -1e18  # when the states in hand were asked for
         self._asked_at = -1e18
         self._states_future: Future[dict[str, str]] | None = None
-        self._pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurm-reads")
+        self._topology_future: Future[Topology] | None = None
+        self._pool = (ThreadPoolExecutor(max_workers=2, thread_name_prefix="slurm-reads")
                       if background else None)
         self._final_since: dict[str, float] = {}
         self._tombstones_at = -1e18
@@ -136,6 +137,7 @@ class Coordinator:
             return f"leader: etcd error: {exc}"
 
     def _lead(self) -> str:
+        self._topology_now()  # read ahead: a job arriving later is mapped without waiting
         snap = read_snapshot(self.store, self.keys)
         for line in snap.bad:
             if line not in self._reported_bad:
@@ -162,14 +164,28 @@ class Coordinator:
     # -- rank maps ------------------------------------------------------------
 
     def _topology_now(self) -> Topology | None:
+        """The cached topology, re-read every ``topology_refresh_sec`` (in the background
+        with ``background``: a slow scontrol must not stop the loop that keeps the lease)."""
         now = self._mono()
-        refresh = self.cfg.coordinator.topology_refresh_sec
-        if self._topology is None or now - self._topology_at >= refresh:
+        pending = self._topology_future
+        if pending is not None and pending.done():
+            self._topology_future = None
             try:
-                self._topology, self._topology_error = self._read_topology(), ""
+                self._topology, self._topology_error = pending.result(), ""
                 self._topology_at = now
             except SlurmCommandError as exc:
                 self._topology_error = str(exc)  # keep the cached one; retry next cycle
+        refresh = self.cfg.coordinator.topology_refresh_sec
+        due = self._topology is None or now - self._topology_at >= refresh
+        if due and self._topology_future is None:
+            if self._pool is not None:
+                self._topology_future = self._pool.submit(self._read_topology)
+            else:
+                try:
+                    self._topology, self._topology_error = self._read_topology(), ""
+                    self._topology_at = now
+                except SlurmCommandError as exc:
+                    self._topology_error = str(exc)
         return self._topology
 
     def _map(self, view: JobView) -> str:
@@ -177,7 +193,8 @@ class Coordinator:
         assert record is not None and kv is not None
         topo = self._topology_now()
         if topo is None:
-            return f"job {record.job_id} waits for the topology ({self._topology_error})"
+            why = self._topology_error or "being read"
+            return f"job {record.job_id} waits for the topology ({why})"
         plan = build_map(record, topo, default_replicas=self.cfg.checkpoint.replica_count,
                          now=self._clock(), previous_epochs=view.epochs,
                          prefer_original_rack=self.cfg.recovery.prefer_original_rack)
