@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,21 @@ def _profile(directory: Path, interval: float) -> Path:
     return path
 
 
+@contextmanager
+def _private_cluster(prefix: str, port: int, interval: float,
+                     extra_env: dict[str, str] | None = None) -> Iterator[LocalCluster]:
+    """A 6-node cluster in a fresh run dir, detection at ``interval``; always taken down."""
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    run_dir.chmod(0o755)  # slurmctld runs as SlurmUser
+    cluster = LocalCluster(run_dir, port_base=port, profile=_profile(run_dir, interval))
+    try:
+        cluster.up(extra_env=extra_env)
+        yield cluster
+    finally:
+        cluster.down()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 @bench.command("detect")
 @click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 100),
               help="Node crashes to measure.")
@@ -71,15 +88,8 @@ def _profile(directory: Path, interval: float) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="JSON only (the default prints it too).")
 def bench_detect(runs: int, interval: float, port: int, as_json: bool) -> None:
     """Crash nodes; time raps-slurm's DEAD verdict and Slurm's DOWN side by side."""
-    run_dir = Path(tempfile.mkdtemp(prefix="raps-bench-"))
-    run_dir.chmod(0o755)
-    cluster = LocalCluster(run_dir, port_base=port, profile=_profile(run_dir, interval))
-    try:
-        cluster.up()
+    with _private_cluster("raps-bench-", port, interval) as cluster:
         result = _measure(cluster, runs, interval, as_json)
-    finally:
-        cluster.down()
-        shutil.rmtree(run_dir, ignore_errors=True)
     click.echo(json.dumps(result))
 
 
@@ -163,16 +173,9 @@ def _measure(cluster: LocalCluster, runs: int, interval: float, quiet: bool) -> 
 @click.option("--json", "as_json", is_flag=True, help="JSON only (the default prints it too).")
 def bench_loss(minutes: float, loss: float, jitter: float, port: int, as_json: bool) -> None:
     """Lossy, jittery heartbeats and no crash: count false DEAD verdicts and false fences."""
-    run_dir = Path(tempfile.mkdtemp(prefix="raps-bench-loss-"))
-    run_dir.chmod(0o755)
-    cluster = LocalCluster(run_dir, port_base=port, profile=_profile(run_dir, 1.0))
-    try:
-        cluster.up(extra_env={"RAPS_AGENT_ARGS":
-                              f"--heartbeat-loss {loss} --heartbeat-jitter {jitter}"})
+    knobs = {"RAPS_AGENT_ARGS": f"--heartbeat-loss {loss} --heartbeat-jitter {jitter}"}
+    with _private_cluster("raps-bench-loss-", port, 1.0, knobs) as cluster:
         result = _measure_loss(cluster, minutes, loss, jitter, as_json)
-    finally:
-        cluster.down()
-        shutil.rmtree(run_dir, ignore_errors=True)
     click.echo(json.dumps(result))
 
 
