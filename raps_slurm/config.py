@@ -49,6 +49,16 @@ class CheckpointConfig:
     local_dir: str = _f("/var/lib/raps/ckpt",
                         "node-local checkpoint dir; %n is replaced by the node name")
     cold_dir: str = _f("", "shared-storage cold copy, last fallback of a restore ('' = none)")
+    cold_every: int = _f(10, "every Nth generation of a rank is also copied to cold_dir",
+                         1, 100_000)
+    avg_chunk_kb: int = _f(256, "average content-defined chunk size", 1, 4096)
+    digest: str = _f("blake3", "chunk digest", choices=("blake3", "sha256"))
+    zstd_level: int = _f(1, "zstd level of chunks (incompressible chunks are stored raw)",
+                         1, 19)
+    shuffle: bool = _f(True, "byte-shuffle numeric arrays before zstd (as HDF5/Blosc do)")
+    use_delta_transfer: bool = _f(True, "replicas receive only the chunks they lack")
+    replication_mbps: float = _f(1000.0, "cap on an agent's outgoing chunk transfer, MB/s",
+                                 0.1, 1_000_000)
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,8 @@ class AgentConfig:
     sweep_interval_sec: float = _f(60.0, "look for purged jobs' local data this often",
                                    0.5, 86400)
     probe_root: str = _f("/", "root of /sys and /proc for health probes (tests: a fixture tree)")
+    transfer_address: str = _f("0.0.0.0:7821",
+                               "TCP host:port for chunk transfer between agents (port 0: any)")
 
 
 @dataclass(frozen=True)

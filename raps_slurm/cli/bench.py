@@ -35,6 +35,7 @@ from typing import Any
 import click
 import yaml
 
+from raps_slurm.cli.bench_ckpt import bench_checkpoint
 from raps_slurm.cli.bench_load import VerdictWatch, bench_heartbeats
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.slurm import CommandRunner
@@ -50,6 +51,7 @@ def bench() -> None:
 
 
 bench.add_command(bench_heartbeats)
+bench.add_command(bench_checkpoint)
 
 
 def _profile(directory: Path, interval: float) -> Path:
