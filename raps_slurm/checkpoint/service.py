@@ -1,0 +1,553 @@
+"""The agent's checkpoint service: commit with the epoch check, replication, repair, restore.
+
+A rank saves through its agent (see :mod:`raps_slurm.agent.ckpt_api`): the agent stores
+the packs, then :meth:`CheckpointService.commit` numbers the generation, writes the
+manifest durably and records it in etcd in one transaction guarded by the revision of
+the rank's entry (``jobs/<id>/ranks/<rank>``) after checking that the entry's epoch is
+the saver's: a fenced copy of a rank cannot commit, and two commits cannot take the same
+generation. Replication to the rank's backup group then runs in the background, and the
+record's holders and state (``committed`` / ``under_replicated``) follow the
+acknowledgements. :meth:`repair` re-replicates a rank's newest generation whenever its
+targets and its live holders differ: a partner that was down, or a new holder the
+coordinator chose after a node died.
+
+:meth:`restore` tries generations newest first: the manifest from this node or a holder
+(checked against the digest in etcd), the chunks this node lacks pulled from live
+holders and each checked, then every chunk decoded and checked. A bad or missing chunk
+is fetched from another holder; when no holder has a good copy, the restore falls back
+to the previous generation, then to the cold copy. Every fallback is logged, returned
+to the caller and noted in the generation's record (``bad`` holders).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from raps_slurm.checkpoint.chunkstore import ChunkStore, write_atomic
+from raps_slurm.checkpoint.codec import CodecParams, Decoder
+from raps_slurm.checkpoint.local import LocalCheckpoints, Restored, SaveError, Session
+from raps_slurm.checkpoint.manifest import Manifest, manifest_digest
+from raps_slurm.checkpoint.pack import MAGIC, iter_records
+from raps_slurm.checkpoint.transfer import (
+    TokenBucket,
+    TransferClient,
+    TransferError,
+    encode_records,
+    verify_chunk,
+)
+from raps_slurm.config import Config
+from raps_slurm.core import checkpoints as decide
+from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.core.jobs import RankEntry, RankMap, group_from_json
+from raps_slurm.errors import RapsError, RecordError, StoreError
+from raps_slurm.model import BackupGroup
+from raps_slurm.store import Keys, StateStore
+from raps_slurm.store.base import Guard, Put
+
+log = logging.getLogger("raps.checkpoint")
+
+MAX_MANIFEST = 256 << 20
+
+
+class Fenced(RapsError):
+    """A commit from an epoch that is no longer the rank's (a stale copy)."""
+
+
+class RestoreError(RapsError):
+    """No generation of the rank could be restored (every fallback failed)."""
+
+
+@dataclass
+class Fallback:
+    """One generation a restore gave up on, and why."""
+
+    generation: int | str
+    reason: str
+    bad: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape."""
+        return {"generation": self.generation, "reason": self.reason, "bad": self.bad}
+
+
+@dataclass
+class RestoreResult:
+    """A verified restore: the data, the generation it came from, what was skipped."""
+
+    restored: Restored
+    generation: int | str
+    fallbacks: list[Fallback]
+    pulled_chunks: int
+
+
+def peers_from_store(store: StateStore, keys: Keys) -> Callable[[], dict[str, tuple[str, int]]]:
+    """A function returning the transfer address of every registered (live) node."""
+
+    def read() -> dict[str, tuple[str, int]]:
+        out = {}
+        for kv in store.get_prefix(keys.nodes_prefix()):
+            rest = kv.key[len(keys.nodes_prefix()):]
+            if "/" in rest:
+                continue
+            try:
+                value = json.loads(kv.value)
+                host, port = str(value["transfer"]).rsplit(":", 1)
+                out[rest] = (host, int(port))
+            except (ValueError, KeyError, TypeError):
+                continue  # an agent without a transfer server (or a malformed key)
+        return out
+
+    return read
+
+
+class CheckpointService:
+    """One node's checkpoint service (the agent owns one)."""
+
+    def __init__(self, cfg: Config, store: StateStore, keys: Keys, node: str, key: bytes,
+                 chunks: ChunkStore, *,
+                 peers: Callable[[], dict[str, tuple[str, int]]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg, self.store, self.keys, self.node = cfg, store, keys, node
+        self.local = LocalCheckpoints(chunks)
+        self.chunks = chunks
+        self._key = key
+        self._peers = peers or peers_from_store(store, keys)
+        self._clock = clock
+        c = cfg.checkpoint
+        self.params = CodecParams(c.avg_chunk_kb, c.digest, c.zstd_level, c.shuffle)
+        self.limiter = TokenBucket(c.replication_mbps * 1e6)
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[str, int, int] | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self.pushed_bytes = 0
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background replication worker."""
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="raps-replicate",
+                                            daemon=True)
+            self._worker.start()
+
+    def stop(self) -> None:
+        """Stop the worker (queued replications are left to the next repair pass)."""
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=10)
+            self._worker = None
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                self.replicate(*item)
+            except (RapsError, OSError) as exc:
+                log.warning("replication of job %s rank %d generation %d: %s", *item, exc)
+            finally:
+                self._queue.task_done()
+
+    def wait_idle(self) -> None:
+        """Block until queued replications are done (tests, shutdown)."""
+        self._queue.join()
+
+    # --- saves ---------------------------------------------------------------------------
+
+    def begin(self, job: str, rank: int, epoch: int, base: int | None) -> tuple[str, bool]:
+        """Open a save; (session id, whether ``base`` is held here)."""
+        session, ok = self.local.begin(job, rank, epoch, base)
+        sid = uuid.uuid4().hex
+        with self._lock:
+            self._sessions[sid] = session
+        return sid, ok
+
+    def session(self, sid: str) -> Session:
+        """An open session; SaveError if unknown."""
+        with self._lock:
+            s = self._sessions.get(sid)
+        if s is None:
+            raise SaveError(f"no open checkpoint session {sid[:40]!r}")
+        return s
+
+    def put(self, sid: str, fd: int) -> tuple[int, int]:
+        """Store one pack of the session."""
+        return self.local.ingest(self.session(sid), fd)
+
+    def abort(self, sid: str) -> None:
+        """Drop a session (its chunks go at the next collection)."""
+        with self._lock:
+            s = self._sessions.pop(sid, None)
+        if s is not None:
+            self.local.end(s)
+
+    def commit(self, sid: str, manifest_raw: bytes) -> CkptRecord:
+        """Number, store and record the session's generation; Fenced for a stale epoch."""
+        s = self.session(sid)
+        try:
+            m = Manifest.from_json("manifest from the rank", manifest_raw)
+            record = self._commit(s, m)
+        finally:
+            self.abort(sid)
+        self._queue.put((s.job, s.rank, record.generation))
+        return record
+
+    def _commit(self, s: Session, m: Manifest) -> CkptRecord:
+        rank_key = self.keys.job_rank(s.job, s.rank)
+        kv = self.store.get(rank_key)
+        if kv is None:
+            raise Fenced(f"rank {s.rank} of job {s.job} has no entry in the rank map")
+        entry = RankEntry.from_json(kv.key, kv.value)
+        if entry.epoch != s.epoch:
+            raise Fenced(f"rank {s.rank} of job {s.job} is at epoch {entry.epoch}; "
+                         f"this copy is epoch {s.epoch} and may not commit")
+        gens = [r.generation for r in self.records(s.job, s.rank)]
+        gen = decide.next_generation(gens)
+        raw = self.local.finish(s, m, gen)
+        wanted = self.wanted_replicas(s.job)
+        record = CkptRecord(s.rank, gen, s.epoch, manifest_digest(raw), m.total_size,
+                            self.chunks.stored_bytes(s.job, m.digests()), len(m.chunks),
+                            m.whole_digest, self.node, (self.node,), wanted,
+                            decide.commit_state(0, wanted), self._clock())
+        ckpt_key = self.keys.ckpt(s.job, s.rank, gen)
+        ok = self.store.transaction([Guard(rank_key, kv.mod_revision), Guard(ckpt_key, 0)],
+                                    [Put(ckpt_key, record.to_json())])
+        if not ok:
+            self.chunks.delete_manifest(s.job, s.rank, gen)
+            raise Fenced(f"commit of rank {s.rank} generation {gen} refused: the rank's "
+                         f"entry changed (a newer epoch?) or the generation was taken")
+        self._collect(s.job, s.rank)
+        log.info("job %s rank %d: generation %d committed (%d bytes, %d chunks)", s.job,
+                 s.rank, gen, m.total_size, len(m.chunks))
+        return record
+
+    def _collect(self, job: str, rank: int) -> None:
+        keep = self.cfg.checkpoint.max_generations
+        result = self.chunks.collect(job, keep)
+        if result.unreadable:
+            log.warning("job %s: manifests %s unreadable; their chunks are kept", job,
+                        result.unreadable)
+        # Records of generations no holder keeps any more: only the primary deletes them.
+        records = self.records(job, rank)
+        for old in decide.restore_order(records)[keep:]:
+            if old.primary == self.node:
+                self.store.delete(self.keys.ckpt(job, rank, old.generation))
+
+    # --- records and groups --------------------------------------------------------------
+
+    def records(self, job: str, rank: int) -> list[CkptRecord]:
+        """The rank's generation records in etcd (malformed ones logged and skipped)."""
+        out = []
+        for kv in self.store.get_prefix(self.keys.ckpt_prefix(job, rank)):
+            try:
+                out.append(CkptRecord.from_json(kv.key, kv.value))
+            except RecordError as exc:
+                log.warning("%s", exc)
+        return out
+
+    def wanted_replicas(self, job: str) -> int:
+        """Copies besides the primary the job asked for (rank map), else the config's."""
+        kv = self.store.get(self.keys.job_map(job))
+        if kv is not None:
+            with contextlib.suppress(RecordError):
+                return RankMap.from_json(kv.key, kv.value).replicas
+        return self.cfg.checkpoint.replica_count
+
+    def group(self, job: str, rank: int) -> BackupGroup | None:
+        """The rank's backup group, None if none is recorded."""
+        kv = self.store.get(self.keys.job_group(job, rank))
+        if kv is None:
+            return None
+        try:
+            return group_from_json(kv.key, kv.value, rank)
+        except RecordError as exc:
+            log.warning("%s", exc)
+            return None
+
+    def _update_holders(self, job: str, rank: int, gen: int,
+                        change: Callable[[CkptRecord], CkptRecord]) -> CkptRecord | None:
+        key = self.keys.ckpt(job, rank, gen)
+        for _ in range(5):
+            kv = self.store.get(key)
+            if kv is None:
+                return None
+            old = CkptRecord.from_json(kv.key, kv.value)
+            new = change(old)
+            if new == old or self.store.compare_and_swap(key, new.to_json(), kv.mod_revision):
+                return new
+        raise StoreError(f"{key}: changed five times while updating its holders")
+
+    # --- replication ---------------------------------------------------------------------
+
+    def replicate(self, job: str, rank: int, gen: int) -> CkptRecord | None:
+        """Copy a generation held here to the targets of its group that lack it."""
+        kv = self.store.get(self.keys.ckpt(job, rank, gen))
+        if kv is None:
+            return None
+        record = CkptRecord.from_json(kv.key, kv.value)
+        peers = self._peers()
+        targets = decide.replica_targets(self.group(job, rank), self.node, record.replicas)
+        live_holders = {h for h in record.holders if h == self.node or h in peers}
+        todo = [t for t in targets if t not in live_holders and t in peers]
+        added: set[str] = set()
+        with self.chunks.pinned(job, gens=[(rank, gen)]):
+            m = self.chunks.manifest(job, rank, gen)
+            if m is None:
+                return record
+            for target in todo:
+                try:
+                    with TransferClient(self._key, self.node, peers[target],
+                                        limiter=self.limiter) as client:
+                        res = client.push(self.chunks, m,
+                                          delta=self.cfg.checkpoint.use_delta_transfer)
+                    self.pushed_bytes += res.sent_bytes
+                    added.add(target)
+                    log.info("job %s rank %d generation %d copied to %s (%d of %d chunks, "
+                             "%d bytes)", job, rank, gen, target, res.sent_chunks, res.offered,
+                             res.sent_bytes)
+                except TransferError as exc:
+                    log.warning("job %s rank %d generation %d: copy to %s failed: %s", job,
+                                rank, gen, target, exc)
+            self._cold_copy(m)
+        def change(r: CkptRecord) -> CkptRecord:
+            # The primary drops holders that are gone (their node's registration lapsed):
+            # a copy nobody can reach must not count towards the replicas.
+            if r.primary == self.node:
+                return r.with_holders({h for h in r.holders if h == self.node or h in peers}
+                                      | added)
+            return r.with_holders(set(r.holders) | added)
+
+        return self._update_holders(job, rank, gen, change)
+
+    def repair(self) -> int:
+        """Re-replicate the newest generation of every rank this node is primary for whose
+        live holders fall short of its targets; returns how many were started."""
+        started = 0
+        if not self.chunks.root.is_dir():
+            return 0
+        peers = self._peers()
+        for job_dir in self.chunks.root.glob("job-*"):
+            job = job_dir.name[4:]
+            if not (job.isdigit() and len(job) <= 20):
+                continue
+            for rank in self.chunks.ranks(job):
+                records = decide.restore_order(self.records(job, rank))
+                if not records or records[0].primary != self.node:
+                    continue
+                rec = records[0]
+                targets = decide.replica_targets(self.group(job, rank), self.node, rec.replicas)
+                live = {h for h in rec.holders if h in peers or h == self.node}
+                if any(t not in live and t in peers for t in targets) or \
+                        live != set(rec.holders):
+                    self._queue.put((job, rank, rec.generation))
+                    started += 1
+        return started
+
+    def _cold_copy(self, m: Manifest) -> None:
+        c = self.cfg.checkpoint
+        if not c.cold_dir or m.generation % c.cold_every:
+            return
+        directory = Path(c.cold_dir) / f"job-{m.job}" / f"rank-{m.rank}"
+        if (directory / f"{m.generation}.json").exists():
+            return
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        records = []
+        for d in sorted(m.digests()):
+            records.append((d, self.chunks.raw_size(m.job, d) or 0, self.chunks.read(m.job, d)))
+        write_atomic(directory, directory, f"{m.generation}.pack",
+                     [MAGIC, encode_records(records)])
+        write_atomic(directory, directory, f"{m.generation}.json", [m.to_json()])
+        self._update_holders(m.job, m.rank, m.generation, lambda r: _with_cold(r))
+        log.info("job %s rank %d generation %d copied to %s", m.job, m.rank, m.generation,
+                 directory)
+
+    # --- restore -------------------------------------------------------------------------
+
+    def restore(self, job: str, rank: int) -> RestoreResult | None:
+        """The newest restorable generation, verified; None if the rank never committed.
+        RestoreError if generations exist but none (nor the cold copy) is whole."""
+        records = decide.restore_order(self.records(job, rank))
+        fallbacks: list[Fallback] = []
+        for rec in records:
+            result, failure = self._restore_one(job, rank, rec)
+            if result is not None:
+                result.fallbacks = fallbacks
+                return result
+            assert failure is not None
+            fallbacks.append(failure)
+            log.warning("job %s rank %d: generation %d not restorable (%s); falling back",
+                        job, rank, rec.generation, failure.reason)
+        cold = self._restore_cold(job, rank, fallbacks)
+        if cold is not None:
+            return cold
+        if not records and not fallbacks:
+            return None
+        raise RestoreError(f"no generation of rank {rank} of job {job} could be restored: "
+                           + "; ".join(f"{f.generation}: {f.reason}" for f in fallbacks))
+
+    def _restore_one(self, job: str, rank: int, rec: CkptRecord
+                     ) -> tuple[RestoreResult | None, Fallback | None]:
+        peers = self._peers()
+        sources = [h for h in rec.holders if h != self.node and h in peers]
+        with self.chunks.pinned(job, gens=[(rank, rec.generation)]):
+            m, why = self._manifest(job, rank, rec, peers, sources)
+            if m is None:
+                return None, Fallback(rec.generation, why)
+            pulled = 0
+            bad_holders: dict[str, str] = {}
+            tried_local = False
+            for attempt in range(len(sources) + 2):
+                missing = self.chunks.missing(job, m.digests())
+                if missing:
+                    pulled += self._pull(job, m, missing, sources, peers, bad_holders)
+                restored, bad = self.local.restore_manifest(m)
+                if restored is not None:
+                    if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
+                        self.chunks.put_manifest(m)
+                    self._note(job, rank, rec, bad_holders, holder=self.node)
+                    return RestoreResult(restored, rec.generation, [], pulled), None
+                # A chunk stored here is bad: drop it and pull a good copy.
+                if not tried_local and self.node in rec.holders:
+                    for b in bad:
+                        bad_holders.setdefault(b.digest, self.node)
+                tried_local = True
+                self.chunks.drop(job, [b.digest for b in bad])
+                if attempt >= len(sources):
+                    break
+            self._note(job, rank, rec, bad_holders)
+            return None, Fallback(rec.generation, "no holder has a good copy of every chunk",
+                                  [{"digest": d, "holder": h}
+                                   for d, h in sorted(bad_holders.items())])
+
+    def _manifest(self, job: str, rank: int, rec: CkptRecord,
+                  peers: dict[str, tuple[str, int]], sources: list[str]
+                  ) -> tuple[Manifest | None, str]:
+        raw = self.chunks.manifest_bytes(job, rank, rec.generation)
+        candidates: list[tuple[str, bytes | None]] = [(self.node, raw)]
+        for src in sources:
+            candidates.append((src, None))
+        for holder, data in candidates:
+            if data is None and holder != self.node:
+                try:
+                    with TransferClient(self._key, self.node, peers[holder],
+                                        limiter=self.limiter) as client:
+                        data = client.manifest(job, rank, rec.generation)
+                except TransferError as exc:
+                    log.warning("manifest of job %s rank %d gen %d from %s: %s", job, rank,
+                                rec.generation, holder, exc)
+                    continue
+            if data is None:
+                continue
+            if manifest_digest(data) != rec.manifest_digest:
+                log.warning("job %s rank %d generation %d: %s's manifest does not match "
+                            "the digest in etcd", job, rank, rec.generation, holder)
+                continue
+            try:
+                return Manifest.from_json(f"manifest from {holder}", data), ""
+            except RecordError as exc:
+                log.warning("%s", exc)
+        return None, "no holder has a manifest matching the record"
+
+    def _pull(self, job: str, m: Manifest, missing: list[str], sources: list[str],
+              peers: dict[str, tuple[str, int]], bad_holders: dict[str, str]) -> int:
+        sizes = dict(m.chunks)
+        want = set(missing)
+        pulled = 0
+        dec = Decoder()
+        for src in sources:
+            if not want:
+                break
+            try:
+                with TransferClient(self._key, self.node, peers[src],
+                                    limiter=self.limiter) as client:
+                    good = []
+                    for digest, raw, stored in client.fetch(job, sorted(want), sizes):
+                        if digest not in want:
+                            continue
+                        reason = verify_chunk(m.digest_algo, digest, raw, stored, dec)
+                        if reason is not None or raw != sizes.get(digest):
+                            bad_holders.setdefault(digest, src)
+                            log.warning("chunk %s of job %s from %s is bad: %s", digest[:16],
+                                        job, src, reason or "wrong size")
+                            continue
+                        good.append((digest, raw, bytes(stored)))
+                    written, _ = self.chunks.put_many(job, good)
+                    pulled += written
+                    want -= {g[0] for g in good}
+            except TransferError as exc:
+                log.warning("pull from %s failed: %s", src, exc)
+        return pulled
+
+    def _note(self, job: str, rank: int, rec: CkptRecord, bad_holders: dict[str, str],
+              holder: str | None = None) -> None:
+        bad = set(bad_holders.values())
+        if not bad and (holder is None or holder in rec.holders):
+            return
+        for d, h in sorted(bad_holders.items()):
+            log.warning("job %s rank %d generation %d: chunk %s on %s was bad", job, rank,
+                        rec.generation, d[:16], h)
+
+        def change(r: CkptRecord) -> CkptRecord:
+            holders = set(r.holders) - bad
+            if holder is not None:
+                holders.add(holder)
+            out = r.with_holders(holders) if holders else r
+            return replace(out, bad=tuple(sorted(set(r.bad) | bad)))
+
+        with contextlib.suppress(StoreError):
+            self._update_holders(job, rank, rec.generation, change)
+
+    def _restore_cold(self, job: str, rank: int, fallbacks: list[Fallback]
+                      ) -> RestoreResult | None:
+        c = self.cfg.checkpoint
+        if not c.cold_dir:
+            return None
+        directory = Path(c.cold_dir) / f"job-{job}" / f"rank-{rank}"
+        if not directory.is_dir():
+            return None
+        gens = sorted((int(p.stem) for p in directory.glob("*.json") if p.stem.isdigit()),
+                      reverse=True)
+        dec = Decoder()
+        for gen in gens:
+            try:
+                m = Manifest.from_json(str(directory / f"{gen}.json"),
+                                       (directory / f"{gen}.json").read_bytes())
+                fd = os.open(directory / f"{gen}.pack", os.O_RDONLY | os.O_CLOEXEC)
+            except (OSError, RecordError) as exc:
+                fallbacks.append(Fallback(f"cold {gen}", str(exc)))
+                continue
+            try:
+                need = set(self.chunks.missing(job, m.digests()))
+                good = []
+                for e in iter_records(fd):
+                    if e.digest in need and verify_chunk(m.digest_algo, e.digest, e.raw_size,
+                                                         e.payload, dec) is None:
+                        good.append((e.digest, e.raw_size, e.payload))
+                self.chunks.put_many(job, good)
+            except RapsError as exc:
+                fallbacks.append(Fallback(f"cold {gen}", str(exc)))
+                continue
+            finally:
+                os.close(fd)
+            restored, bad = self.local.restore_manifest(m)
+            if restored is not None:
+                log.warning("job %s rank %d restored from the cold copy of generation %d",
+                            job, rank, gen)
+                return RestoreResult(restored, f"cold {gen}", fallbacks, len(good))
+            fallbacks.append(Fallback(f"cold {gen}", "cold copy is damaged",
+                                      [{"digest": b.digest, "holder": "cold"} for b in bad]))
+        return None
+
+
+def _with_cold(r: CkptRecord) -> CkptRecord:
+    return replace(r, cold=True)

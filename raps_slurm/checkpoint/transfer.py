@@ -1,0 +1,566 @@
+"""Chunk transfer between agents: a small authenticated TCP protocol (cluster key).
+
+Handshake: the client sends its name and a nonce; the server answers with its name, a
+nonce and a proof ``HMAC(key, "s" | nc | ns | client | server)``; the client answers
+with its proof (``"c"`` ...). Both sides check before anything else is read. After
+that every frame is ``u32 length | payload | HMAC-SHA256(session key, direction |
+sequence | payload)`` with the session key derived from both nonces, so frames cannot
+be forged, replayed, reordered or moved to another connection. A payload is ``u32 n |
+n bytes of JSON header | body``; bodies carry chunk records (digest, raw size, stored
+size, stored bytes), as in :mod:`raps_slurm.checkpoint.pack`.
+
+Requests: ``has`` (which of these chunks are missing: the sender's delta offer),
+``put`` (store chunks; each is decoded and checked against its name before it is
+kept), ``put_manifest`` (store a manifest once all its chunks are here), ``get`` and
+``get_manifest`` (restores pull from holders), ``verify`` (re-read and check a
+generation here). Anything malformed closes the connection after one error line in the
+log; the server never trusts a digest it did not compute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import socket
+import socketserver
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.codec import ChunkError, Decoder, hasher
+from raps_slurm.checkpoint.manifest import Manifest, is_hex_digest
+from raps_slurm.checkpoint.pack import HEADER, MAX_CHUNK, STORED_SLACK
+from raps_slurm.checkpoint.reader import read_into
+from raps_slurm.errors import RapsError, RecordError
+
+log = logging.getLogger("raps.transfer")
+
+MAX_FRAME = 64 << 20
+BATCH_BYTES = 16 << 20  # chunk bytes per put/get frame
+TIMEOUT = 30.0
+_LEN = struct.Struct(">I")
+_MAC = 32
+
+
+class TransferError(RapsError):
+    """A transfer failed: peer unreachable, refused, not authentic, or malformed."""
+
+
+class TokenBucket:
+    """Caps bytes per second across every thread that sends (``replication_mbps``)."""
+
+    def __init__(self, rate_bytes: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = float(rate_bytes)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next = clock()
+
+    def take(self, n: int) -> None:
+        """Wait until ``n`` more bytes may go."""
+        if self.rate <= 0 or n <= 0:
+            return
+        with self._lock:
+            now = self._clock()
+            start = max(now, self._next)
+            self._next = start + n / self.rate
+        if start > now:
+            time.sleep(start - now)
+
+
+# --- framing ------------------------------------------------------------------------------
+
+
+class _Channel:
+    """One authenticated connection (either side)."""
+
+    def __init__(self, sock: socket.socket, session_key: bytes, client: bool) -> None:
+        self.sock = sock
+        self._key = session_key
+        self._send_dir, self._recv_dir = (b"c", b"s") if client else (b"s", b"c")
+        self._send_seq = self._recv_seq = 0
+
+    def send(self, header: dict[str, Any], body: bytes | memoryview = b"") -> None:
+        head = json.dumps(header, separators=(",", ":")).encode()
+        payload_len = _LEN.size + len(head) + len(body)
+        if payload_len > MAX_FRAME:
+            raise TransferError(f"frame of {payload_len} bytes exceeds {MAX_FRAME}")
+        mac = hmac.new(self._key, self._send_dir + self._send_seq.to_bytes(8, "big"),
+                       hashlib.sha256)
+        prefix = _LEN.pack(len(head)) + head
+        mac.update(prefix)
+        mac.update(body)
+        self._send_seq += 1
+        self.sock.sendall(_LEN.pack(payload_len) + prefix)
+        if body:
+            self.sock.sendall(body)
+        self.sock.sendall(mac.digest())
+
+    def recv(self) -> tuple[dict[str, Any], memoryview]:
+        (n,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size))
+        if not _LEN.size <= n <= MAX_FRAME:
+            raise TransferError(f"frame length {n} outside {_LEN.size}..{MAX_FRAME}")
+        payload = _recv_exact(self.sock, n)
+        mac = _recv_exact(self.sock, _MAC)
+        want = hmac.new(self._key, self._recv_dir + self._recv_seq.to_bytes(8, "big") + payload,
+                        hashlib.sha256).digest()
+        if not hmac.compare_digest(mac, want):
+            raise TransferError("frame authentication failed")
+        self._recv_seq += 1
+        return _split(payload)
+
+
+def _split(payload: bytes) -> tuple[dict[str, Any], memoryview]:
+    (hlen,) = _LEN.unpack_from(payload)
+    if hlen > len(payload) - _LEN.size:
+        raise TransferError("frame header longer than the frame")
+    try:
+        header = json.loads(payload[_LEN.size:_LEN.size + hlen])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TransferError(f"frame header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise TransferError("frame header is not a JSON object")
+    return header, memoryview(payload)[_LEN.size + hlen:]
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if not k:
+            raise TransferError("connection closed by the peer")
+        got += k
+    return bytes(buf)
+
+
+def _plain_send(sock: socket.socket, obj: dict[str, Any]) -> None:
+    data = json.dumps(obj).encode()
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def _plain_recv(sock: socket.socket) -> dict[str, Any]:
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    if not 1 <= n <= 4096:
+        raise TransferError(f"handshake message of {n} bytes")
+    try:
+        obj = json.loads(_recv_exact(sock, n))
+    except (ValueError, UnicodeDecodeError):
+        raise TransferError("handshake message is not JSON") from None
+    if not isinstance(obj, dict):
+        raise TransferError("handshake message is not an object")
+    return obj
+
+
+def _proof(key: bytes, side: bytes, nc: bytes, ns: bytes, client: str, server: str) -> str:
+    msg = side + nc + ns + client.encode() + b"\0" + server.encode()
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()
+
+
+def _nonce(obj: dict[str, Any]) -> bytes:
+    text = obj.get("nonce")
+    if not isinstance(text, str) or len(text) != 32:
+        raise TransferError("handshake without a valid nonce")
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise TransferError("handshake without a valid nonce") from None
+
+
+def _name(obj: dict[str, Any]) -> str:
+    name = obj.get("node")
+    if not isinstance(name, str) or not 0 < len(name) <= 255:
+        raise TransferError("handshake without a valid node name")
+    return name
+
+
+def encode_records(chunks: Iterable[tuple[str, int, bytes | memoryview]]) -> bytes:
+    """Chunk records for a frame body."""
+    return b"".join(HEADER.pack(bytes.fromhex(d), raw, len(s)) + bytes(s) for d, raw, s in chunks)
+
+
+def decode_records(body: memoryview) -> Iterator[tuple[str, int, memoryview]]:
+    """(digest, raw size, stored bytes) of each record; TransferError if malformed."""
+    pos = 0
+    while pos < len(body):
+        if len(body) - pos < HEADER.size:
+            raise TransferError("truncated chunk record")
+        digest, raw, stored = HEADER.unpack_from(body, pos)
+        if not (0 < raw <= MAX_CHUNK and 1 <= stored <= raw + STORED_SLACK):
+            raise TransferError(f"chunk record with sizes {raw}/{stored}")
+        start = pos + HEADER.size
+        if start + stored > len(body):
+            raise TransferError("truncated chunk record")
+        yield digest.hex(), raw, body[start:start + stored]
+        pos = start + stored
+
+
+def verify_chunk(algo: str, digest: str, raw: int, stored: bytes | memoryview,
+                 decoder: Decoder) -> str | None:
+    """None if ``stored`` decodes to ``raw`` bytes named ``digest``; else the reason."""
+    try:
+        data = decoder.decode(stored, raw)
+    except ChunkError as exc:
+        return str(exc)
+    if hasher(algo)(data).hex() != digest:
+        return "content does not match its digest"
+    return None
+
+
+# --- server -------------------------------------------------------------------------------
+
+
+def _job(header: dict[str, Any]) -> str:
+    job = header.get("job")
+    if not (isinstance(job, str) and job.isascii() and job.isdigit() and 0 < len(job) <= 20):
+        raise TransferError(f"bad job id {job!r:.40}")
+    return job
+
+
+def _int(header: dict[str, Any], name: str, lo: int = 0) -> int:
+    v = header.get(name)
+    if type(v) is not int or v < lo or v >= 2**63:
+        raise TransferError(f"field {name!r}: expected an integer >= {lo}")
+    return v
+
+
+def _digests(header: dict[str, Any]) -> list[str]:
+    v = header.get("digests")
+    if not isinstance(v, list) or len(v) > 1 << 22 or \
+            not all(isinstance(d, str) and is_hex_digest(d) for d in v):
+        raise TransferError("field 'digests': expected a list of 64-hex-digit names")
+    return v
+
+
+class _Pins:
+    """Chunks a connection announced or sent, pinned until it closes: collection must not
+    remove them before their manifest arrives."""
+
+    def __init__(self, store: ChunkStore, stack: contextlib.ExitStack) -> None:
+        self._store, self._stack = store, stack
+        self._sets: dict[str, set[str]] = {}
+
+    def add(self, job: str, digest: str) -> None:
+        if job not in self._sets:
+            self._sets[job] = self._stack.enter_context(self._store.pinned(job))
+        self._store.pin_chunk(job, self._sets[job], digest)
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    block_on_close = False
+    owner: TransferServer
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        self.server.owner.serve(self.request)
+
+
+class TransferServer:
+    """Serves this node's chunk store to other agents (and to root's ``rapsctl verify``)."""
+
+    def __init__(self, store: ChunkStore, key: bytes, node: str, address: tuple[str, int],
+                 *, digest_algo: str = "blake3", limiter: TokenBucket | None = None,
+                 max_generations: int = 5) -> None:
+        self.store, self.node = store, node
+        self.max_generations = max_generations
+        self._key = key
+        self._address = address
+        self._algo = digest_algo
+        self._limiter = limiter or TokenBucket(0)
+        self._server: _Server | None = None
+        self.errors = 0
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port)."""
+        if self._server is None:
+            return self._address
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        """Bind and serve in daemon threads; OSError if the address is taken."""
+        server = _Server(self._address, _Handler)
+        server.owner = self
+        self._server = server
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                         name="raps-transfer", daemon=True).start()
+        log.info("chunk transfer listening on %s:%d", *self.address)
+
+    def stop(self) -> None:
+        """Stop accepting (open transfers end with their connection)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def serve(self, sock: socket.socket) -> None:
+        """Serve one connection until it closes; never raises."""
+        sock.settimeout(TIMEOUT)
+        peer = "?"
+        try:
+            hello = _plain_recv(sock)
+            peer, nc = _name(hello), _nonce(hello)
+            ns = os.urandom(16)
+            _plain_send(sock, {"node": self.node, "nonce": ns.hex(),
+                               "proof": _proof(self._key, b"s", nc, ns, peer, self.node)})
+            answer = _plain_recv(sock)
+            if not hmac.compare_digest(str(answer.get("proof", "")),
+                                       _proof(self._key, b"c", nc, ns, peer, self.node)):
+                raise TransferError(f"{peer} failed authentication")
+            chan = _Channel(sock, hmac.new(self._key, b"k" + nc + ns, hashlib.sha256).digest(),
+                            client=False)
+            with contextlib.ExitStack() as stack:
+                self._loop(chan, _Pins(self.store, stack))
+        except (TransferError, OSError, ValueError, RecordError) as exc:
+            self.errors += 1
+            if not isinstance(exc, TransferError) or "closed by the peer" not in str(exc):
+                log.warning("chunk transfer with %s ended: %s", peer, exc)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _loop(self, chan: _Channel, pins: _Pins) -> None:
+        while True:
+            try:
+                header, body = chan.recv()
+            except TransferError as exc:
+                if "closed by the peer" in str(exc):
+                    return
+                raise
+            op = header.get("op")
+            handler = getattr(self, f"_op_{op}", None) if isinstance(op, str) and \
+                op.isidentifier() else None
+            if handler is None:
+                raise TransferError(f"unknown op {op!r:.40}")
+            try:
+                reply, out = handler(header, body, pins)
+            except RapsError as exc:
+                reply, out = {"ok": False, "error": str(exc)}, b""
+            self._limiter.take(len(out))
+            chan.send(reply, out)
+
+    def _op_has(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                ) -> tuple[dict[str, Any], bytes]:
+        job = _job(h)
+        digests = _digests(h)
+        for d in digests:  # what we already hold must survive until the manifest comes
+            pins.add(job, d)
+        return {"ok": True, "missing": self.store.missing(job, digests)}, b""
+
+    def _op_put(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                ) -> tuple[dict[str, Any], bytes]:
+        job = _job(h)
+        algo = h.get("algo", self._algo)
+        if algo not in ("blake3", "sha256"):
+            raise TransferError(f"unknown digest {algo!r:.20}")
+        dec = Decoder()
+        good, bad = [], []
+        for digest, raw, stored in decode_records(body):
+            reason = verify_chunk(algo, digest, raw, stored, dec)
+            if reason is not None:
+                bad.append(digest)
+                log.warning("chunk %s of job %s from a peer is bad: %s", digest[:16], job, reason)
+                continue
+            pins.add(job, digest)
+            good.append((digest, raw, stored))
+        written, nbytes = self.store.put_many(job, good)
+        return {"ok": True, "stored": written, "bytes": nbytes, "bad": bad}, b""
+
+    def _op_put_manifest(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                         ) -> tuple[dict[str, Any], bytes]:
+        job = _job(h)
+        m = Manifest.from_json("manifest from a peer", bytes(body))
+        if m.job != job:
+            raise TransferError(f"manifest of job {m.job} sent for job {job}")
+        missing = self.store.missing(job, m.digests())
+        if missing:
+            return {"ok": False, "error": f"{len(missing)} chunk(s) missing",
+                    "missing": missing}, b""
+        self.store.put_manifest(m)
+        self.store.collect(job, self.max_generations)
+        return {"ok": True}, b""
+
+    def _op_get_manifest(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                         ) -> tuple[dict[str, Any], bytes]:
+        raw = self.store.manifest_bytes(_job(h), _int(h, "rank"), _int(h, "gen"))
+        return {"ok": True, "found": raw is not None}, raw or b""
+
+    def _op_get(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                ) -> tuple[dict[str, Any], bytes]:
+        job = _job(h)
+        out, missing = [], []
+        for d in _digests(h):
+            try:
+                data = self.store.read(job, d)
+            except FileNotFoundError:
+                missing.append(d)
+                continue
+            raw = self.store.raw_size(job, d) or 0
+            out.append((d, raw, data))
+        return {"ok": True, "missing": missing}, encode_records(out)
+
+    def _op_verify(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                   ) -> tuple[dict[str, Any], bytes]:
+        found = verify_local(self.store, _job(h), _int(h, "rank"), _int(h, "gen"))
+        return {"ok": True, **found}, b""
+
+
+def verify_local(store: ChunkStore, job: str, rank: int, gen: int) -> dict[str, Any]:
+    """Re-read and check one generation held here: ``{"found", "chunks", "bad": [...]}``."""
+    with store.pinned(job, gens=[(rank, gen)]):
+        try:
+            m = store.manifest(job, rank, gen)
+        except RapsError as exc:
+            return {"found": True, "chunks": 0,
+                    "bad": [{"digest": "manifest", "reason": str(exc)}]}
+        if m is None:
+            return {"found": False, "chunks": 0, "bad": []}
+        buf = bytearray(m.total_size)
+        bad = read_into(m, lambda d: store.read(job, d), memoryview(buf))
+        return {"found": True, "chunks": len(m.chunks),
+                "bad": [{"digest": b.digest, "reason": b.reason} for b in bad]}
+
+
+# --- client -------------------------------------------------------------------------------
+
+
+@dataclass
+class PushResult:
+    """What one push of a generation to one peer moved."""
+
+    offered: int
+    sent_chunks: int
+    sent_bytes: int
+    ok: bool
+    error: str = ""
+
+
+class TransferClient:
+    """One authenticated connection to a peer's transfer server."""
+
+    def __init__(self, key: bytes, node: str, address: tuple[str, int], *,
+                 limiter: TokenBucket | None = None, timeout: float = TIMEOUT) -> None:
+        self.peer = ""
+        self._limiter = limiter or TokenBucket(0)
+        try:
+            sock = socket.create_connection(address, timeout=timeout)
+        except OSError as exc:
+            raise TransferError(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc
+        try:
+            sock.settimeout(timeout)
+            nc = os.urandom(16)
+            _plain_send(sock, {"node": node, "nonce": nc.hex()})
+            hello = _plain_recv(sock)
+            self.peer, ns = _name(hello), _nonce(hello)
+            if not hmac.compare_digest(str(hello.get("proof", "")),
+                                       _proof(key, b"s", nc, ns, node, self.peer)):
+                raise TransferError(f"{address[0]}:{address[1]} failed authentication")
+            _plain_send(sock, {"proof": _proof(key, b"c", nc, ns, node, self.peer)})
+            self._chan = _Channel(sock, hmac.new(key, b"k" + nc + ns, hashlib.sha256).digest(),
+                                  client=True)
+        except (OSError, TransferError) as exc:
+            sock.close()
+            raise TransferError(f"handshake with {address[0]}:{address[1]}: {exc}") from exc
+
+    def close(self) -> None:
+        """Close the connection."""
+        with contextlib.suppress(OSError):
+            self._chan.sock.close()
+
+    def __enter__(self) -> TransferClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, header: dict[str, Any], body: bytes = b"") -> tuple[dict[str, Any], memoryview]:
+        """One request and its reply; TransferError on transport failure or refusal."""
+        self._limiter.take(len(body))
+        try:
+            self._chan.send(header, body)
+            reply, out = self._chan.recv()
+        except OSError as exc:
+            raise TransferError(f"{self.peer}: {exc}") from exc
+        if reply.get("ok") is not True:
+            raise TransferError(f"{self.peer} refused {header.get('op')}: "
+                                f"{reply.get('error', 'no reason given')}")
+        return reply, out
+
+    def push(self, store: ChunkStore, manifest: Manifest, *, delta: bool = True) -> PushResult:
+        """Send a generation held in ``store``: chunks the peer lacks (all with ``delta``
+        off), then the manifest."""
+        job = manifest.job
+        digests = sorted(manifest.digests())
+        if delta:
+            reply, _ = self.call({"op": "has", "job": job, "digests": digests})
+            want = _digests({"digests": reply.get("missing")})
+        else:
+            want = digests
+        sent = nbytes = 0
+        for batch in _batches(store, job, want):
+            body = encode_records(batch)
+            reply, _ = self.call({"op": "put", "job": job, "algo": manifest.digest_algo}, body)
+            if reply.get("bad"):
+                raise TransferError(f"{self.peer} found {len(reply['bad'])} bad chunk(s) in "
+                                    f"what we sent, first {str(reply['bad'][0])[:16]}")
+            sent += len(batch)
+            nbytes += len(body)
+        self.call({"op": "put_manifest", "job": job}, manifest.to_json())
+        return PushResult(len(digests), sent, nbytes, True)
+
+    def fetch(self, job: str, digests: Sequence[str], sizes: dict[str, int]
+              ) -> Iterator[tuple[str, int, memoryview]]:
+        """Stored chunks from the peer, in batches; absent ones are skipped."""
+        batch: list[str] = []
+        size = 0
+        for d in digests:
+            batch.append(d)
+            size += sizes.get(d, MAX_CHUNK) + STORED_SLACK
+            if size >= BATCH_BYTES:
+                yield from self._get(job, batch)
+                batch, size = [], 0
+        if batch:
+            yield from self._get(job, batch)
+
+    def _get(self, job: str, digests: list[str]) -> Iterator[tuple[str, int, memoryview]]:
+        _, body = self.call({"op": "get", "job": job, "digests": digests})
+        yield from decode_records(body)
+
+    def manifest(self, job: str, rank: int, gen: int) -> bytes | None:
+        """The peer's copy of a manifest, None if it has none."""
+        reply, body = self.call({"op": "get_manifest", "job": job, "rank": rank, "gen": gen})
+        return bytes(body) if reply.get("found") else None
+
+    def verify(self, job: str, rank: int, gen: int) -> dict[str, Any]:
+        """Ask the peer to re-read and check a generation it holds."""
+        reply, _ = self.call({"op": "verify", "job": job, "rank": rank, "gen": gen})
+        return reply
+
+
+def _batches(store: ChunkStore, job: str, digests: Sequence[str]
+             ) -> Iterator[list[tuple[str, int, bytes]]]:
+    batch: list[tuple[str, int, bytes]] = []
+    size = 0
+    for d in digests:
+        data = store.read(job, d)
+        batch.append((d, store.raw_size(job, d) or 0, data))
+        size += len(data)
+        if size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch

@@ -1,0 +1,257 @@
+"""Checkpoint commit, replication, repair and restore between agents' services.
+
+Four checkpoint services (one per fake node) with their own chunk stores and transfer
+servers on 127.0.0.1, against the cluster's real etcd. Which nodes are alive is what the
+``peers`` map says (a node missing from it is down, as an agent whose registration
+lapsed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.reader import materialize
+from raps_slurm.checkpoint.service import CheckpointService, Fenced, RestoreError
+from raps_slurm.checkpoint.transfer import TransferServer
+from raps_slurm.checkpoint.writer import encode_state
+from raps_slurm.config import Config
+from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json
+from raps_slurm.model import BackupGroup
+from raps_slurm.store import Keys, StateStore
+
+NODES = ("n1", "n2", "n3", "n4")
+_jobs = itertools.count(int(secrets.token_hex(3), 16) % 100_000 + 800_000)
+
+
+class Nodes:
+    """Services and transfer servers of the four nodes, and who is up."""
+
+    def __init__(self, store: StateStore, keys: Keys, root: Path, cfg: Config) -> None:
+        self.store, self.keys = store, keys
+        self.key = secrets.token_bytes(32)
+        self.up: set[str] = set(NODES)
+        self.servers: dict[str, TransferServer] = {}
+        self.services: dict[str, CheckpointService] = {}
+        for n in NODES:
+            chunks = ChunkStore(root / n)
+            server = TransferServer(chunks, self.key, n, ("127.0.0.1", 0),
+                                    max_generations=cfg.checkpoint.max_generations)
+            server.start()
+            self.servers[n] = server
+            svc = CheckpointService(cfg, store, keys, n, self.key, chunks, peers=self.peers)
+            svc.start()
+            self.services[n] = svc
+
+    def peers(self) -> dict[str, tuple[str, int]]:
+        return {n: s.address for n, s in self.servers.items() if n in self.up}
+
+    def close(self) -> None:
+        for svc in self.services.values():
+            svc.stop()
+        for server in self.servers.values():
+            server.stop()
+
+
+@pytest.fixture
+def nodes(store: tuple[StateStore, Keys], tmp_path: Path) -> Iterator[Nodes]:
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(
+        cfg.checkpoint, avg_chunk_kb=16, max_generations=3, cold_dir=str(tmp_path / "cold"),
+        cold_every=2))
+    n = Nodes(*store, tmp_path, cfg)
+    yield n
+    n.close()
+
+
+def new_job(nodes: Nodes, *, epoch: int = 1, replicas: int = 2) -> str:
+    job = str(next(_jobs))
+    s, k = nodes.store, nodes.keys
+    s.delete_prefix(k.job_prefix(job))
+    s.put(k.job_map(job), RankMap(job, 0, ("n1",), ("n4",), replicas, 0.0).to_json())
+    s.put(k.job_rank(job, 0), RankEntry(0, "n1", epoch, "running", ("n4",)).to_json())
+    s.put(k.job_group(job, 0),
+          group_to_json(BackupGroup(0, "n1", "n2", ("n3",) if replicas > 1 else ())))
+    return job
+
+
+def field(n: int = 200_000, seed: int = 1) -> np.ndarray:
+    return np.sin(np.linspace(0, 30, n)) * 50 + np.random.default_rng(seed).standard_normal(n) * 1e-3
+
+
+def save(svc: CheckpointService, job: str, state: object, previous=None, epoch: int = 1):
+    sid, ok = svc.begin(job, 0, epoch, previous.generation if previous else None)
+    m, _ = encode_state(state, job=job, rank=0, epoch=epoch, params=svc.params,
+                        previous=previous if ok else None, sink=lambda p: svc.put(sid, p.fd),
+                        pack_bytes=256 << 10)
+    record = svc.commit(sid, m.to_json())
+    return record, m.with_generation(record.generation)
+
+
+def record(nodes: Nodes, job: str, gen: int) -> CkptRecord:
+    kv = nodes.store.get(nodes.keys.ckpt(job, 0, gen))
+    assert kv is not None
+    return CkptRecord.from_json(kv.key, kv.value)
+
+
+def test_commit_replicates_to_the_group_with_delta_transfer(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    n1 = nodes.services["n1"]
+    a = field()
+    rec, m1 = save(n1, job, a)
+    assert rec.generation == 1 and rec.state == "under_replicated" and rec.holders == ("n1",)
+    n1.wait_idle()
+    rec = record(nodes, job, 1)
+    assert rec.state == "committed" and rec.holders == ("n1", "n2", "n3")
+    full = n1.pushed_bytes
+    assert full > 0.5 * a.nbytes * 2 * 0.5
+    a[50_000:51_000] += 1  # 8 KB of 1.6 MB
+    _, m2 = save(n1, job, a, m1)
+    n1.wait_idle()
+    delta = n1.pushed_bytes - full
+    assert record(nodes, job, 2).state == "committed"
+    assert delta < full / 10, (delta, full)
+    for n in ("n2", "n3"):
+        held = nodes.services[n].chunks
+        assert held.missing(job, m2.digests()) == []
+
+
+def test_without_delta_transfer_every_chunk_travels(nodes: Nodes) -> None:
+    n1 = nodes.services["n1"]
+    n1.cfg = dataclasses.replace(n1.cfg, checkpoint=dataclasses.replace(
+        n1.cfg.checkpoint, use_delta_transfer=False))
+    job = new_job(nodes)
+    a = field()
+    _, m1 = save(n1, job, a)
+    n1.wait_idle()
+    full = n1.pushed_bytes
+    a[50_000:51_000] += 1
+    save(n1, job, a, m1)
+    n1.wait_idle()
+    again = n1.pushed_bytes - full
+    assert again > 0.9 * full, (again, full)
+
+
+def test_partner_down_gives_under_replicated_then_repair(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    n1 = nodes.services["n1"]
+    nodes.up.discard("n3")
+    save(n1, job, field())
+    n1.wait_idle()
+    rec = record(nodes, job, 1)
+    assert rec.state == "under_replicated" and rec.holders == ("n1", "n2")
+    nodes.up.add("n3")
+    assert n1.repair() >= 1
+    n1.wait_idle()
+    rec = record(nodes, job, 1)
+    assert rec.state == "committed" and rec.holders == ("n1", "n2", "n3")
+
+
+def test_restore_on_a_node_holding_nothing_pulls_and_verifies(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    a = field()
+    save(nodes.services["n1"], job, a)
+    nodes.services["n1"].wait_idle()
+    nodes.up.discard("n1")  # the primary's node died
+    n4 = nodes.services["n4"]
+    assert n4.chunks.chunks(job) == set()
+    result = n4.restore(job, 0)
+    assert result is not None and result.generation == 1 and result.fallbacks == []
+    assert result.pulled_chunks == len(n4.chunks.chunks(job)) > 0
+    assert materialize(result.restored.manifest, result.restored.buffer).tobytes() == a.tobytes()
+    result.restored.close()
+    assert "n4" in record(nodes, job, 1).holders
+
+
+def test_flipped_byte_on_every_holder_falls_back_and_names_chunk_and_holders(
+        nodes: Nodes) -> None:
+    job = new_job(nodes)
+    n1 = nodes.services["n1"]
+    a = field()
+    _, m1 = save(n1, job, a)
+    b = a.copy()
+    b[100_000:100_500] += 3
+    _, m2 = save(n1, job, b, m1)
+    n1.wait_idle()
+    victim = sorted(m2.digests() - m1.digests())[0]
+    for n in ("n1", "n2", "n3"):
+        chunks = nodes.services[n].chunks
+        loc = chunks.location(job, victim)
+        assert loc is not None
+        with open(chunks.pack_path(job, loc), "r+b") as f:
+            f.seek(loc.offset + loc.stored_size - 1)
+            last = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([last[0] ^ 1]))
+    result = nodes.services["n4"].restore(job, 0)
+    assert result is not None and result.generation == 1
+    assert np.array_equal(materialize(result.restored.manifest, result.restored.buffer), a)
+    result.restored.close()
+    [fb] = result.fallbacks
+    assert fb.generation == 2
+    assert {b["digest"] for b in fb.bad} == {victim}
+    assert {b["holder"] for b in fb.bad} <= {"n1", "n2", "n3"} and fb.bad
+    assert set(record(nodes, job, 2).bad) == {b["holder"] for b in fb.bad}
+
+
+def test_cold_copy_is_the_last_fallback(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    n1 = nodes.services["n1"]
+    a = field(50_000)
+    _, m1 = save(n1, job, a)
+    _, m2 = save(n1, job, a * 2, m1)  # generation 2: cold_every=2 copies it
+    n1.wait_idle()
+    assert record(nodes, job, 2).cold
+    nodes.up.clear()
+    nodes.up.add("n4")  # every holder is gone
+    result = nodes.services["n4"].restore(job, 0)
+    assert result is not None and result.generation == "cold 2"
+    assert [f.generation for f in result.fallbacks] == [2, 1]
+    assert np.array_equal(materialize(result.restored.manifest, result.restored.buffer), a * 2)
+    result.restored.close()
+
+
+def test_restore_with_nothing_anywhere(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    assert nodes.services["n4"].restore(job, 0) is None
+    save(nodes.services["n1"], job, field(20_000))
+    nodes.services["n1"].wait_idle()
+    nodes.up.clear()
+    nodes.up.add("n4")
+    with pytest.raises(RestoreError, match="no generation of rank 0"):
+        nodes.services["n4"].restore(job, 0)
+
+
+def test_a_fenced_copy_cannot_commit(nodes: Nodes) -> None:
+    job = new_job(nodes, epoch=2)
+    n1 = nodes.services["n1"]
+    with pytest.raises(Fenced, match="epoch 2; this copy is epoch 1"):
+        save(n1, job, field(20_000), epoch=1)
+    assert nodes.store.get_prefix(nodes.keys.ckpt_prefix(job, 0)) == []
+    assert n1.chunks.generations(job, 0) == []
+    rec, _ = save(n1, job, field(20_000), epoch=2)
+    assert rec.generation == 1 and rec.epoch == 2
+
+
+def test_generations_beyond_the_limit_are_collected_everywhere(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    n1 = nodes.services["n1"]
+    a = field(50_000)
+    prev = None
+    for i in range(5):
+        a[i * 1000:(i + 1) * 1000] += 1
+        _, prev = save(n1, job, a, prev)
+        n1.wait_idle()
+    gens = sorted(int(kv.key.rsplit("/", 1)[1])
+                  for kv in nodes.store.get_prefix(nodes.keys.ckpt_prefix(job, 0)))
+    assert gens == [3, 4, 5]
+    for n in ("n1", "n2", "n3"):
+        assert nodes.services[n].chunks.generations(job, 0) == [3, 4, 5]
