@@ -207,7 +207,7 @@ def test_cold_copy_is_the_last_fallback(nodes: Nodes) -> None:
     n1 = nodes.services["n1"]
     a = field(50_000)
     _, m1 = save(n1, job, a)
-    _, m2 = save(n1, job, a * 2, m1)  # generation 2: cold_every=2 copies it
+    save(n1, job, a * 2, m1)  # generation 2: cold_every=2 copies it
     n1.wait_idle()
     assert record(nodes, job, 2).cold
     nodes.up.clear()
