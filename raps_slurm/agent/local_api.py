@@ -20,7 +20,6 @@ client tell "you were replaced" from "try again".
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -36,30 +35,27 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from raps_slurm.agent.api_schema import (
+    SCHEMAS,
+    Check,
+    Refused,
+    decode_request,
+    parse_request,
+)
 from raps_slurm.errors import RapsError
-from raps_slurm.runtime.agent_client import MAX_JOB_ID_LEN, MAX_REQUEST, encode_frame
+from raps_slurm.runtime.agent_client import MAX_REQUEST, encode_frame
 
 log = logging.getLogger("raps.agent")
 
-OPS = ("hello", "register", "heartbeat", "unregister")
 # Once the first byte of a request arrived, the rest must follow within this time: a
 # local client writes a whole frame at once, and a slow trickle must not pin a thread.
 FRAME_TIMEOUT = 5.0
-PID_LIMIT = 1 << 22  # Linux PID_MAX_LIMIT on 64-bit
 _HEADER = struct.Struct(">I")
 _UCRED = struct.Struct("iII")  # struct ucred: pid_t pid; uid_t uid; gid_t gid
 
 
 class LocalApiError(RapsError):
     """The local API socket cannot be set up (path in use, not a socket, ...)."""
-
-
-class Refused(RapsError):
-    """A request is answered with an error; ``kind`` names the category (counted, sent)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -205,97 +201,23 @@ def peer_credentials(sock: socket.socket) -> Peer:
     return Peer(*_UCRED.unpack(data))
 
 
-# --- request decoding and schemas ---------------------------------------------------------
-
-
-def _show(value: object) -> str:
-    """A short, printable rendering of a client-supplied value for an error message."""
-    if isinstance(value, str):
-        return repr(value[:40] + ("..." if len(value) > 40 else ""))
-    if isinstance(value, dict | list):
-        return "an object" if isinstance(value, dict) else "a list"
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:40] + "..."
-
-
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:  # json keeps the last silently; two readers could disagree
-            raise ValueError(f"duplicate key {_show(key)}")
-        seen.add(key)
-    return dict(pairs)
-
-
-def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not allowed")
-
-
-def decode_request(body: bytes) -> dict[str, object]:
-    """One request body as a JSON object; Refused (the connection must close) otherwise."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Refused("encoding", f"request is not valid UTF-8 (byte {exc.start})") from None
-    try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except RecursionError:
-        raise Refused("json", "request is not valid JSON: nested too deeply") from None
-    except ValueError as exc:
-        raise Refused("json", f"request is not valid JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise Refused("not_object", f"request must be a JSON object, got {type(obj).__name__}")
-    return obj
-
-
-def _is_int(value: object, low: int, high: int) -> bool:
-    # bool is an int in Python; true must not pass for rank 1.
-    return type(value) is int and low <= value <= high
-
-
-_Check = tuple[Callable[[object], bool], str]
-_JOB: _Check = (lambda v: isinstance(v, str) and v.isascii() and v.isdigit()
-                and 1 <= len(v) <= MAX_JOB_ID_LEN,
-                f"a string of 1..{MAX_JOB_ID_LEN} decimal digits")
-_RANK: _Check = (lambda v: _is_int(v, 0, 2**31 - 1), "an integer >= 0 and < 2**31")
-_COUNT: _Check = (lambda v: _is_int(v, 0, 2**63 - 1), "an integer >= 0 and < 2**63")
-_EPOCH: _Check = (lambda v: _is_int(v, 1, 2**63 - 1), "an integer >= 1 and < 2**63")
-_PID: _Check = (lambda v: _is_int(v, 1, PID_LIMIT), f"an integer 1..{PID_LIMIT}")
-_PEER: _Check = (lambda v: v is None or _is_int(v, 0, 2**31 - 1),
-                 "null or an integer >= 0 and < 2**31")
-SCHEMAS: dict[str, dict[str, _Check]] = {
-    "hello": {},
-    "register": {"job": _JOB, "rank": _RANK, "epoch": _EPOCH, "pid": _PID},
-    "heartbeat": {"job": _JOB, "rank": _RANK, "step": _COUNT, "items": _COUNT,
-                  "blocked_on": _PEER},
-    "unregister": {"job": _JOB, "rank": _RANK},
-}
-
-
-def parse_request(obj: Mapping[str, object]) -> tuple[str, dict[str, object]]:
-    """(op, fields) after checking the op's schema; Refused naming the field otherwise."""
-    if "op" not in obj:
-        raise Refused("schema", f"missing field 'op' (allowed ops: {', '.join(OPS)})")
-    op = obj["op"]
-    if not isinstance(op, str):
-        raise Refused("schema", f"field 'op': expected a string, got {_show(op)}")
-    schema = SCHEMAS.get(op)
-    if schema is None:
-        raise Refused("unknown_op", f"unknown op {_show(op)} (allowed: {', '.join(OPS)})")
-    allowed = ", ".join(["op", *schema])
-    for key in obj:
-        if key != "op" and key not in schema:
-            raise Refused("schema", f"unknown field {_show(key)} for op '{op}' "
-                                    f"(allowed: {allowed})")
-    for key, (ok, what) in schema.items():
-        if key not in obj:
-            raise Refused("schema", f"missing field '{key}' for op '{op}' (allowed: {allowed})")
-        if not ok(obj[key]):
-            raise Refused("schema", f"field '{key}': expected {what}, got {_show(obj[key])}")
-    return op, {k: v for k, v in obj.items() if k != "op"}
-
-
 # --- the server ---------------------------------------------------------------------------
+
+MAX_FDS = 2  # descriptors one request may carry (SCM_RIGHTS); extras are closed unread
+Handler = Callable[[dict[str, object], "Peer", list[int]], "tuple[dict[str, object], list[int]]"]
+
+
+@dataclass(frozen=True)
+class Extension:
+    """An op served by another part of the agent: its schema and its handler.
+
+    The handler gets the checked fields, the peer and the descriptors that came with the
+    request (it owns them: it must close them), and returns the reply and descriptors to
+    send back (closed by the server once sent).
+    """
+
+    schema: Mapping[str, Check]
+    handle: Handler
 
 
 class _Closed(Exception):
@@ -331,7 +253,8 @@ class LocalApiServer:
                  max_connections_per_uid: int = 1024,
                  proc_root: str | os.PathLike[str] = "/proc",
                  clock: Callable[[], float] = time.monotonic,
-                 table: RankTable | None = None) -> None:
+                 table: RankTable | None = None,
+                 extensions: Mapping[str, Extension] | None = None) -> None:
         if not (math.isfinite(idle_timeout) and idle_timeout > 0):
             raise ValueError(f"idle_timeout {idle_timeout!r}: expected seconds > 0")
         self.path = Path(path)
@@ -343,6 +266,8 @@ class LocalApiServer:
         self.denied = 0
         self.errors: Counter[str] = Counter()  # kind -> count
         self._owner_of, self._valid_for = owner_of, valid_for
+        self._extensions = dict(extensions or {})
+        self._schemas = {**SCHEMAS, **{op: e.schema for op, e in self._extensions.items()}}
         self._proc_root, self._clock = proc_root, clock
         self._lock = threading.Lock()
         self._conns: dict[socket.socket, int] = {}  # open connection -> peer uid
@@ -469,41 +394,55 @@ class LocalApiServer:
 
     def _serve(self, conn: socket.socket, peer: Peer) -> None:
         while True:
+            fds: list[int] = []
             try:
-                request = decode_request(self._read_frame(conn))
+                body, fds = self._read_frame(conn)
+                request = decode_request(body)
             except _Closed:
                 return
             except Refused as exc:
+                _close_all(fds)
                 self._count(exc.kind)
                 log.info("local API: closing connection from pid %d uid %d: %s",
                          peer.pid, peer.uid, exc)
                 self._try_send(conn, _error(exc))
                 return
             except OSError:
+                _close_all(fds)
                 self._count("io")
                 return
-            reply = self.handle_request(request, peer)
+            reply, out_fds = self.handle_request_fds(request, peer, fds)
             try:
-                conn.sendall(encode_frame(reply))
+                _send_frame(conn, encode_frame(reply), out_fds)
             except OSError:
                 self._count("io")  # the client went away or stopped reading
                 return
+            finally:
+                _close_all(out_fds)
 
-    def _read_frame(self, conn: socket.socket) -> bytes:
+    def _read_frame(self, conn: socket.socket) -> tuple[bytes, list[int]]:
         conn.settimeout(self.idle_timeout)
         try:
-            first = conn.recv(_HEADER.size)
+            first, fds, flags, _ = socket.recv_fds(conn, _HEADER.size, MAX_FDS)
         except TimeoutError:
             self._count("idle")
             raise _Closed from None
+        if flags & socket.MSG_CTRUNC:
+            _close_all(fds)
+            raise Refused("fds", f"a request may carry at most {MAX_FDS} descriptors")
         if not first:
+            _close_all(fds)
             raise _Closed
-        deadline = time.monotonic() + min(FRAME_TIMEOUT, self.idle_timeout)
-        header = first + self._recv_by(conn, _HEADER.size - len(first), deadline)
-        (n,) = _HEADER.unpack(header)
-        if not 1 <= n <= MAX_REQUEST:
-            raise Refused("size", f"request length {n} outside 1..{MAX_REQUEST}")
-        return self._recv_by(conn, n, deadline)
+        try:
+            deadline = time.monotonic() + min(FRAME_TIMEOUT, self.idle_timeout)
+            header = first + self._recv_by(conn, _HEADER.size - len(first), deadline)
+            (n,) = _HEADER.unpack(header)
+            if not 1 <= n <= MAX_REQUEST:
+                raise Refused("size", f"request length {n} outside 1..{MAX_REQUEST}")
+            return self._recv_by(conn, n, deadline), fds
+        except BaseException:
+            _close_all(fds)
+            raise
 
     @staticmethod
     def _recv_by(conn: socket.socket, n: int, deadline: float) -> bytes:
@@ -535,27 +474,44 @@ class LocalApiServer:
     # --- requests ------------------------------------------------------------------------
 
     def handle_request(self, request: Mapping[str, object], peer: Peer) -> dict[str, object]:
-        """The reply to one decoded request from ``peer``; never raises."""
+        """The reply to one decoded request from ``peer`` (no descriptors); never raises."""
+        reply, out = self.handle_request_fds(request, peer, [])
+        _close_all(out)
+        return reply
+
+    def handle_request_fds(self, request: Mapping[str, object], peer: Peer, fds: list[int]
+                           ) -> tuple[dict[str, object], list[int]]:
+        """The reply to one request and the descriptors to send with it; never raises.
+
+        ``fds`` came with the request: an extension op takes them over, any other op
+        closes them.
+        """
         try:
-            op, fields = parse_request(request)
+            op, fields = parse_request(request, self._schemas)
+            ext = self._extensions.get(op)
+            if ext is not None:
+                taken, fds = fds, []
+                return ext.handle(fields, peer, taken)
             if op == "hello":
-                return {"ok": True, "node": self.node, "uid": peer.uid}
+                return {"ok": True, "node": self.node, "uid": peer.uid}, []
             if op == "register":
-                return self._register(fields, peer)
+                return self._register(fields, peer), []
             if op == "heartbeat":
-                return self._heartbeat(fields, peer)
-            return self._unregister(fields, peer)
+                return self._heartbeat(fields, peer), []
+            return self._unregister(fields, peer), []
         except Refused as exc:
             self._count(exc.kind)
             if exc.kind == "permission":
                 log.warning("local API: denied %s from pid %d: %s", request.get("op"),
                             peer.pid, exc)
-            return _error(exc)
+            return _error(exc), []
         except Exception:
             self._count("internal")
             log.exception("local API: request from pid %d uid %d failed", peer.pid, peer.uid)
             return {"ok": False, "error": "internal error in the agent (see its log)",
-                    "kind": "internal"}
+                    "kind": "internal"}, []
+        finally:
+            _close_all(fds)
 
     def _register(self, fields: dict[str, object], peer: Peer) -> dict[str, object]:
         job, rank = typing.cast(str, fields["job"]), typing.cast(int, fields["rank"])
@@ -605,6 +561,21 @@ class LocalApiServer:
         value = float(self._valid_for())
         # A non-finite answer is a bug in the caller; never promise forever because of it.
         return max(0.0, value) if math.isfinite(value) else 0.0
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _send_frame(conn: socket.socket, frame: bytes, fds: list[int]) -> None:
+    if not fds:
+        conn.sendall(frame)
+        return
+    sent = socket.send_fds(conn, [frame], fds)  # the descriptors ride on the first byte
+    if sent < len(frame):
+        conn.sendall(frame[sent:])
 
 
 def _error(exc: Refused) -> dict[str, object]:
