@@ -2,8 +2,10 @@
 
 Today it keeps the node's membership lease in etcd, sends signed kernel heartbeats to
 the coordinator leader (with one resend when an acknowledgement is missing), answers
-the leader's probes, writes a health sample to ``nodes/<node>/health`` every
-``detection.telemetry_interval_sec``, and deletes the local checkpoint data of purged jobs.
+the leader's probes, stores its ranks' checkpoints and replicates them to their backup
+groups (chunk transfer server on ``agent.transfer_address``, published in etcd), writes
+a health sample to ``nodes/<node>/health`` every ``detection.telemetry_interval_sec``,
+and deletes the local checkpoint data of purged jobs.
 SIGTERM/SIGINT stop it; the membership lease is left to expire, so a restart within
 the miss window goes unnoticed.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -20,11 +23,15 @@ from types import FrameType
 
 import click
 
+from raps_slurm.agent.ckpt_api import CheckpointOps
 from raps_slurm.agent.health import HealthReporter
-from raps_slurm.agent.local_api import LocalApiServer
+from raps_slurm.agent.local_api import LocalApiServer, RankTable
 from raps_slurm.agent.node import NodeAgent
 from raps_slurm.agent.ranks import RankSupervisor
 from raps_slurm.agent.sweep import sweep_purged
+from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.service import CheckpointService
+from raps_slurm.checkpoint.transfer import TransferServer
 from raps_slurm.config import load_config, node_dir
 from raps_slurm.core.jobs import JobRecord
 from raps_slurm.errors import RapsError, StoreError
@@ -49,8 +56,10 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
               help="Test knob: drop this share of outgoing heartbeats.")
 @click.option("--heartbeat-jitter", default=0.0, type=click.FloatRange(0, 10), metavar="SEC",
               help="Test knob: delay each heartbeat by up to SEC seconds.")
+@click.option("--transfer-address", default=None, metavar="HOST:PORT",
+              help="Override agent.transfer_address (chunk transfer between agents).")
 def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_loss: float,
-        heartbeat_jitter: float) -> None:
+        heartbeat_jitter: float, transfer_address: str | None) -> None:
     """Run the raps-slurm agent of one node."""
     try:
         cfg = load_config(config_path)
@@ -65,18 +74,33 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     signal.signal(signal.SIGINT, _on_signal)
     agent = NodeAgent(cfg, store, keys, node, key, loss=heartbeat_loss, jitter=heartbeat_jitter)
     root = Path(node_dir(cfg.checkpoint.local_dir, node))
+    chunks = ChunkStore(root)
+    checkpoints = CheckpointService(cfg, store, keys, node, key, chunks)
+    ranks = RankTable()
     api = LocalApiServer(node_dir(cfg.agent.socket_path, node), node,
                          owner_of=lambda job: _owner_of(store, keys, job),
                          valid_for=agent.valid_for,
-                         idle_timeout=max(60.0, 3 * cfg.detection.app_heartbeat_interval_sec))
+                         idle_timeout=max(60.0, 3 * cfg.detection.app_heartbeat_interval_sec),
+                         table=ranks,
+                         extensions=CheckpointOps(checkpoints, ranks).extensions())
     supervisor = RankSupervisor(agent, api.ranks, store, keys, key)
     try:
+        host, port = parse_address(transfer_address or cfg.agent.transfer_address)
+        transfer = TransferServer(chunks, key, node, (host, port),
+                                  digest_algo=cfg.checkpoint.digest,
+                                  limiter=checkpoints.limiter,
+                                  max_generations=cfg.checkpoint.max_generations)
+        transfer.start()
         api.start()
-    except RapsError as exc:
-        raise click.ClickException(str(exc)) from None
+    except (RapsError, OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot start: {exc}") from None
+    bound_host, bound_port = transfer.address
+    agent.transfer = f"{socket.gethostname() if bound_host == '0.0.0.0' else bound_host}:" \
+                     f"{bound_port}"
+    checkpoints.start()
     agent.start()
     log.info("agent of %s started (etcd %s)", node, ", ".join(cfg.store.endpoints))
-    next_sweep = next_probe = next_report = next_epochs = 0.0
+    next_sweep = next_probe = next_report = next_epochs = next_repair = 0.0
     probes = HealthReporter(store, keys, node, Path(probe_root or cfg.agent.probe_root), root)
     try:
         while not stop.is_set():
@@ -101,15 +125,31 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
             if now >= next_epochs:
                 next_epochs = now + max(0.5, cfg.detection.lease_duration_sec / 3)
                 supervisor.kill_superseded()
+            if now >= next_repair:
+                next_repair = now + max(1.0, cfg.detection.lease_duration_sec / 3)
+                try:
+                    checkpoints.repair()
+                except (RapsError, OSError) as exc:
+                    log.warning("checkpoint repair pass failed: %s", exc)
             if time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + cfg.detection.telemetry_interval_sec
                 probes.report(agent.lease)
             stop.wait(0.1)
     finally:
         api.stop()
+        transfer.stop()
+        checkpoints.stop()
         agent.stop()
         store.close()
     log.info("agent of %s stopped", node)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """'host:port' -> (host, port); ValueError naming what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"address {text!r}: expected HOST:PORT with a port 0-65535")
+    return host, int(port)
 
 
 def _owner_of(store: StateStore, keys: Keys, job: str) -> int | None:

@@ -72,6 +72,7 @@ class NodeAgent:
         self._started = time.monotonic()
         self.counters = {"sent": 0, "dropped_by_knob": 0, "acks": 0, "probes": 0,
                          "bad_datagrams": 0}
+        self.transfer: str | None = None  # host:port of the chunk transfer server
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -150,9 +151,11 @@ class NodeAgent:
         """The value of ``nodes/<node>``."""
         port = self.sock.getsockname()[1]
         host = socket.gethostname()
-        return json.dumps({"node": self.node, "host": host, "udp": f"{host}:{port}",
-                           "incarnation": self.hb.incarnation, "pid": os.getpid(),
-                           "since": time.time()}).encode()
+        value = {"node": self.node, "host": host, "udp": f"{host}:{port}",
+                 "incarnation": self.hb.incarnation, "pid": os.getpid(), "since": time.time()}
+        if self.transfer:
+            value["transfer"] = self.transfer
+        return json.dumps(value).encode()
 
     def _refresh_membership(self, now: float) -> str:
         ttl = max(1, round(self.cfg.detection.lease_duration_sec))

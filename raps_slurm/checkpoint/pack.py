@@ -12,6 +12,7 @@ first, see :mod:`raps_slurm.checkpoint.codec`). Nothing follows the last record.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 from collections.abc import Iterator
@@ -46,7 +47,7 @@ class PackWriter:
     """Appends chunks to an anonymous memory file; ``fd`` is what travels to the agent."""
 
     def __init__(self) -> None:
-        self.fd = os.memfd_create("raps-pack", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create("raps-pack", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.write(self.fd, MAGIC)
         self.size = len(MAGIC)
         self.count = 0
@@ -70,11 +71,46 @@ class PackWriter:
         self.count += 1
         return stored
 
+    def seal(self) -> None:
+        """Make the pack immutable before it is handed over (the agent checks the seals:
+        a pack that could change between its checks and its copy is refused)."""
+        seal_memfd(self.fd)
+
     def close(self) -> None:
         """Release the memory file (the agent keeps its own descriptor while reading)."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+SEALS = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+
+
+def seal_memfd(fd: int) -> None:
+    """Forbid any further change to a memory file (and to its seals)."""
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS | fcntl.F_SEAL_SEAL)
+
+
+def is_sealed(fd: int) -> bool:
+    """Is ``fd`` a memory file nobody can change any more?"""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SEALS == SEALS
+    except OSError:
+        return False  # not a memfd (or one created without sealing)
+
+
+def sealed_bytes(data: bytes, name: str = "raps-data") -> int:
+    """A sealed memory file holding ``data``."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        seal_memfd(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def iter_records(fd: int, *, with_payload: bool = True, limit: int = 1 << 40

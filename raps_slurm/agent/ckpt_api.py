@@ -1,0 +1,197 @@
+"""Checkpoint ops of the agent's local API: how a rank saves and restores through its agent.
+
+A rank (a user process) never writes into the agent's store and never names a path:
+it cuts, names and compresses its chunks itself, writes them into a memory file, seals
+it (no later change possible) and passes the descriptor with ``SCM_RIGHTS``. The agent
+refuses an unsealed descriptor, parses the pack strictly and copies it into its own
+store. Ops, each answered ``{"ok": true, ...}`` or an error with a kind:
+
+``ckpt_begin {job, rank, epoch, base}``  open a save; only the uid that registered the
+    rank, with the registered epoch. Answers ``session``, ``base_ok`` (the base
+    generation's chunks are here and pinned: reference them) and the codec ``params``.
+``ckpt_put {session}`` + pack descriptor   store the pack's chunks.
+``ckpt_commit {session}`` + manifest descriptor   commit (epoch check in etcd); answers
+    ``generation``, ``state``, ``holders``. A superseded epoch is refused with kind
+    ``epoch``.
+``ckpt_abort {session}``   drop an unfinished save.
+``ckpt_restore {job, rank}``   the newest verified generation: answers ``generation``
+    (null when the rank never committed), ``fallbacks`` and ``size``, with two
+    descriptors: the data and the manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import threading
+import typing
+
+from raps_slurm.agent.api_schema import Check, Refused, _is_int
+from raps_slurm.agent.local_api import Extension, Peer, RankTable
+from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
+from raps_slurm.checkpoint.service import MAX_MANIFEST, CheckpointService, Fenced, RestoreError
+from raps_slurm.errors import RapsError, RecordError
+from raps_slurm.runtime.agent_client import MAX_JOB_ID_LEN
+
+log = logging.getLogger("raps.agent")
+
+_JOB: Check = (lambda v: isinstance(v, str) and v.isascii() and v.isdigit()
+               and 1 <= len(v) <= MAX_JOB_ID_LEN, f"a string of 1..{MAX_JOB_ID_LEN} digits")
+_RANK: Check = (lambda v: _is_int(v, 0, 2**31 - 1), "an integer >= 0 and < 2**31")
+_EPOCH: Check = (lambda v: _is_int(v, 1, 2**63 - 1), "an integer >= 1 and < 2**63")
+_BASE: Check = (lambda v: v is None or _is_int(v, 1, 2**63 - 1), "null or an integer >= 1")
+_SESSION: Check = (lambda v: isinstance(v, str) and len(v) == 32 and v.isalnum(),
+                   "a session id from ckpt_begin")
+
+
+class CheckpointOps:
+    """The handlers; sessions are bound to the uid that opened them."""
+
+    def __init__(self, service: CheckpointService, ranks: RankTable) -> None:
+        self.service, self.ranks = service, ranks
+        self._owners: dict[str, tuple[int, str, int]] = {}  # session -> (uid, job, rank)
+        self._lock = threading.Lock()
+
+    def extensions(self) -> dict[str, Extension]:
+        """What :class:`LocalApiServer` serves for checkpoints."""
+        return {
+            "ckpt_begin": Extension({"job": _JOB, "rank": _RANK, "epoch": _EPOCH, "base": _BASE},
+                                    self.begin),
+            "ckpt_put": Extension({"session": _SESSION}, self.put),
+            "ckpt_commit": Extension({"session": _SESSION}, self.commit),
+            "ckpt_abort": Extension({"session": _SESSION}, self.abort),
+            "ckpt_restore": Extension({"job": _JOB, "rank": _RANK}, self.restore),
+        }
+
+    # --- checks --------------------------------------------------------------------------
+
+    def _rank_of(self, peer: Peer, job: str, rank: int) -> int | None:
+        """The registered epoch of a rank the peer may act for (root: any, maybe None)."""
+        info = self.ranks.get(job, rank)
+        if info is None:
+            if peer.uid == 0:
+                return None
+            raise Refused("not_registered", f"rank {rank} of job {job} is not registered "
+                                            f"with this agent")
+        if peer.uid != 0 and info.uid != peer.uid:
+            raise Refused("permission", f"permission denied: rank {rank} of job {job} "
+                                        f"belongs to uid {info.uid}, you are uid {peer.uid}")
+        return info.epoch
+
+    def _session(self, peer: Peer, sid: str) -> tuple[str, int]:
+        with self._lock:
+            owner = self._owners.get(sid)
+        if owner is None:
+            raise Refused("session", f"no open checkpoint session {sid!r}")
+        if peer.uid != 0 and owner[0] != peer.uid:
+            raise Refused("permission", "permission denied: the session belongs to uid "
+                                        f"{owner[0]}, you are uid {peer.uid}")
+        return owner[1], owner[2]
+
+    @staticmethod
+    def _one_sealed(fds: list[int], what: str, limit: int) -> int:
+        if len(fds) != 1:
+            raise Refused("fds", f"{what}: expected exactly one descriptor, got {len(fds)}")
+        fd = fds[0]
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not is_sealed(fd):
+            raise Refused("fds", f"{what}: the descriptor must be a sealed memory file "
+                                 "(memfd with write, grow and shrink seals)")
+        if st.st_size > limit:
+            raise Refused("size", f"{what}: {st.st_size} bytes is more than {limit}")
+        return fd
+
+    # --- ops -----------------------------------------------------------------------------
+
+    def begin(self, f: dict[str, object], peer: Peer, fds: list[int]
+              ) -> tuple[dict[str, object], list[int]]:
+        _close(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        epoch, base = typing.cast(int, f["epoch"]), typing.cast("int | None", f["base"])
+        registered = self._rank_of(peer, job, rank)
+        if registered is not None and registered != epoch:
+            raise Refused("epoch", f"epoch {epoch} is not the registered epoch {registered} "
+                                   f"of rank {rank} of job {job}")
+        sid, base_ok = self.service.begin(job, rank, epoch, base)
+        with self._lock:
+            self._owners[sid] = (peer.uid, job, rank)
+        p = self.service.params
+        return {"ok": True, "session": sid, "base_ok": base_ok,
+                "params": {"avg_chunk_kb": p.avg_chunk_kb, "digest": p.digest,
+                           "zstd_level": p.zstd_level, "shuffle": p.shuffle}}, []
+
+    def put(self, f: dict[str, object], peer: Peer, fds: list[int]
+            ) -> tuple[dict[str, object], list[int]]:
+        try:
+            sid = typing.cast(str, f["session"])
+            self._session(peer, sid)
+            fd = self._one_sealed(fds, "ckpt_put", 1 << 36)
+            try:
+                written, nbytes = self.service.put(sid, fd)
+            except PackError as exc:
+                raise Refused("pack", f"ckpt_put: {exc}") from None
+            return {"ok": True, "chunks": written, "bytes": nbytes}, []
+        finally:
+            _close(fds)
+
+    def commit(self, f: dict[str, object], peer: Peer, fds: list[int]
+               ) -> tuple[dict[str, object], list[int]]:
+        sid = typing.cast(str, f["session"])
+        try:
+            self._session(peer, sid)
+            fd = self._one_sealed(fds, "ckpt_commit", MAX_MANIFEST)
+            raw = os.pread(fd, MAX_MANIFEST, 0)
+            try:
+                record = self.service.commit(sid, raw)
+            except Fenced as exc:
+                raise Refused("epoch", str(exc)) from None
+            except (RecordError, RapsError) as exc:
+                raise Refused("manifest", f"ckpt_commit: {exc}") from None
+            return {"ok": True, "generation": record.generation, "state": record.state,
+                    "holders": list(record.holders), "epoch": record.epoch}, []
+        finally:
+            _close(fds)
+            self._forget(sid)
+
+    def abort(self, f: dict[str, object], peer: Peer, fds: list[int]
+              ) -> tuple[dict[str, object], list[int]]:
+        _close(fds)
+        sid = typing.cast(str, f["session"])
+        self._session(peer, sid)
+        self.service.abort(sid)
+        self._forget(sid)
+        return {"ok": True}, []
+
+    def restore(self, f: dict[str, object], peer: Peer, fds: list[int]
+                ) -> tuple[dict[str, object], list[int]]:
+        _close(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        self._rank_of(peer, job, rank)
+        try:
+            result = self.service.restore(job, rank)
+        except RestoreError as exc:
+            raise Refused("restore", str(exc)) from None
+        if result is None:
+            return {"ok": True, "generation": None, "fallbacks": [], "size": 0}, []
+        r = result.restored
+        manifest_fd = sealed_bytes(r.manifest.to_json(), "raps-manifest")
+        if r.buffer is not None:
+            r.buffer.close()  # the rank maps its own view; ours must not outlive the reply
+        log.info("local API: restored rank %d of job %s from generation %s for pid %d", rank,
+                 job, result.generation, peer.pid)
+        return {"ok": True, "generation": result.generation,
+                "fallbacks": [fb.to_dict() for fb in result.fallbacks],
+                "size": r.manifest.total_size, "pulled_chunks": result.pulled_chunks}, \
+            [r.fd, manifest_fd]
+
+    def _forget(self, sid: str) -> None:
+        with self._lock:
+            self._owners.pop(sid, None)
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -1,0 +1,106 @@
+"""Checkpoints through the real agents of the test cluster: a rank saves through its
+node's agent socket (sealed memory files over SCM_RIGHTS), the agents replicate to the
+rank's backup group over their transfer servers, and a rank relaunched on a node that
+holds nothing restores from the holders."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import pytest
+
+from raps_slurm.config import load_file, node_dir
+from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json
+from raps_slurm.model import BackupGroup
+from raps_slurm.store import Keys, StateStore
+from raps_slurm.testing.cluster import LocalCluster, wait_until
+
+
+def setup_job(store: tuple[StateStore, Keys], node: str = "n1", epoch: int = 1) -> str:
+    s, k = store
+    job = str(700000 + uuid.uuid4().int % 100000)
+    s.put(k.job_map(job), RankMap(job, 0, (node,), ("n4",), 2, 0.0).to_json())
+    s.put(k.job_rank(job, 0), RankEntry(0, node, epoch, "running", ("n4",)).to_json())
+    s.put(k.job_group(job, 0), group_to_json(BackupGroup(0, node, "n2", ("n3",))))
+    return job
+
+
+def run_rank(cluster: LocalCluster, node: str, job: str, mode: str, *, epoch: int = 1,
+             saves: int = 2, uid: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+    cfg = load_file(cluster.config_path)
+    args = [sys.executable, "-m", "raps_slurm.testing.ckpt_rank", mode, "--socket",
+            node_dir(cfg.agent.socket_path, node), "--job", job, "--epoch", str(epoch),
+            "--saves", str(saves)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                          user=uid, cwd="/")
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert lines, proc.stderr[-3000:]
+    return proc.returncode, lines
+
+
+def record(store: tuple[StateStore, Keys], job: str, gen: int) -> CkptRecord | None:
+    s, k = store
+    kv = s.get(k.ckpt(job, 0, gen))
+    return None if kv is None else CkptRecord.from_json(kv.key, kv.value)
+
+
+def test_save_replicate_and_restore_elsewhere(cluster: LocalCluster,
+                                              store: tuple[StateStore, Keys]) -> None:
+    job = setup_job(store)
+    rc, saves = run_rank(cluster, "n1", job, "save", saves=3)
+    assert rc == 0, saves
+    assert [x["generation"] for x in saves] == [1, 2, 3]
+    assert saves[1]["new_chunks"] < saves[0]["new_chunks"] / 4  # incremental
+    rec = wait_until("generation 3 committed on three holders", lambda: record(store, job, 3),
+                     lambda r: r is not None and r.state == "committed", 20)
+    assert rec.holders == ("n1", "n2", "n3")
+    # The rank moves to n4 with a new epoch (what recovery does) and restores there.
+    s, k = store
+    s.put(k.job_rank(job, 0), RankEntry(0, "n4", 2, "running", ()).to_json())
+    rc, [out] = run_rank(cluster, "n4", job, "restore", epoch=2)
+    assert rc == 0 and out["generation"] == 3 and out["identical"] and out["saves"] == 3
+    rec = wait_until("n4 among the holders", lambda: record(store, job, 3),
+                     lambda r: r is not None and "n4" in r.holders, 5)
+    # The old copy on n1 is fenced: its commit is refused and it exits EX_TEMPFAIL.
+    rc, lines = run_rank(cluster, "n1", job, "save", epoch=1, saves=1)
+    assert rc == 75 and lines[-1]["kind"] == "epoch"
+    assert record(store, job, 4) is None
+
+
+def test_partner_agent_down_then_back(cluster: LocalCluster,
+                                      store: tuple[StateStore, Keys]) -> None:
+    s, k = store
+    job = setup_job(store)
+    cluster.agent_stop("n3")
+    try:
+        wait_until("n3's registration to lapse", lambda: s.get(k.node("n3")), lambda v: v is None,
+                   15)
+        rc, _ = run_rank(cluster, "n1", job, "save", saves=1)
+        assert rc == 0
+        rec = wait_until("generation 1 on n1 and n2", lambda: record(store, job, 1),
+                         lambda r: r is not None and r.holders == ("n1", "n2"), 20)
+        assert rec.state == "under_replicated"
+    finally:
+        cluster.agent_start("n3")
+    rec = wait_until("the repair pass to copy generation 1 to n3",
+                     lambda: record(store, job, 1),
+                     lambda r: r is not None and r.state == "committed", 30)
+    assert rec.holders == ("n1", "n2", "n3")
+
+
+def test_another_user_cannot_use_a_rank_it_did_not_register(
+        cluster: LocalCluster, store: tuple[StateStore, Keys]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another uid")
+    job = setup_job(store)
+    rc, _ = run_rank(cluster, "n1", job, "save", saves=1)
+    assert rc == 0
+    # uid 65534 cannot register a job it does not own, so it cannot save or restore.
+    rc, lines = run_rank(cluster, "n1", job, "restore", uid=65534)
+    assert rc == 1 and lines[-1]["kind"] in ("unknown_job", "permission"), lines
