@@ -18,7 +18,7 @@ from raps_slurm.runtime.agent_client import EXIT_FENCED, AgentClient, AgentError
 from raps_slurm.runtime.checkpoint import CheckpointClient
 
 
-def make_state(seed: int, saves: int, size: int) -> dict[str, object]:
+def make_state(seed: int, saves: int, size: int) -> dict[str, np.ndarray]:
     """The state after ``saves`` saves: each save before it changed one slice."""
     n = size // 8
     rng = np.random.default_rng(seed)
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 state = loaded.state
                 assert isinstance(state, dict)
-                saves = int(state["step"][0])  # type: ignore[index]
+                saves = int(state["step"][0])
                 want = make_state(a.seed, saves, a.size)
-                same = all(np.array_equal(state[k], want[k]) for k in want)  # type: ignore[call-overload]
+                same = all(np.array_equal(state[k], v) for k, v in want.items())
                 print(json.dumps({"generation": loaded.generation, "saves": saves,
                                   "identical": same, "fallbacks": loaded.fallbacks}),
                       flush=True)
