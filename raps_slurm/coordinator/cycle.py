@@ -25,11 +25,13 @@ from raps_slurm.core.jobs import (
     RankEntry,
     RankMap,
     build_map,
+    group_from_json,
     group_to_json,
     purge_due,
 )
-from raps_slurm.errors import NotLeader, RecordError, SlurmCommandError, StoreError
-from raps_slurm.model import Topology
+from raps_slurm.core.placement import replace_dead_backups
+from raps_slurm.errors import NotLeader, PlacementError, RecordError, SlurmCommandError, StoreError
+from raps_slurm.model import BackupGroup, Topology
 from raps_slurm.store import MAX_TXN_OPS, Delete, Guard, Keys, KeyValue, Put, StateStore, TxnOp
 
 log = logging.getLogger("raps.coordinator")
@@ -46,6 +48,7 @@ class JobView:
     rank_map: RankMap | None = None
     epochs: dict[int, int] = field(default_factory=dict)
     ranks: int = 0
+    groups: dict[int, tuple[BackupGroup, KeyValue]] = field(default_factory=dict)
 
 
 @dataclass
@@ -54,6 +57,44 @@ class Snapshot:
 
     jobs: dict[str, JobView]
     bad: list[str]
+
+
+def _members(g: BackupGroup) -> list[str]:
+    return [m for m in (g.primary, g.log_backup, *g.ckpt_mirrors) if m]
+
+
+class DeadNodes:
+    """Nodes that are dead now: a DEAD verdict in etcd and no live registration.
+
+    Read from etcd (one prefix read, at most every ``every`` seconds) rather than from
+    this process's detector, so that a leader elected after the death knows it too.
+    """
+
+    def __init__(self, store: StateStore, keys: Keys, every: float,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.keys, self.every = store, keys, every
+        self._mono = monotonic
+        self._at = -1e18
+        self._dead: set[str] = set()
+
+    def __call__(self) -> set[str]:
+        now = self._mono()
+        if now - self._at >= self.every:
+            self._at = now
+            prefix = self.keys.nodes_prefix()
+            registered, verdict = set(), set()
+            for kv in self.store.get_prefix(prefix):
+                rest = kv.key[len(prefix):]
+                if "/" not in rest:
+                    registered.add(rest)
+                elif rest.endswith("/verdict"):
+                    try:
+                        if json.loads(kv.value).get("kind") == "DEAD":
+                            verdict.add(rest[:-len("/verdict")])
+                    except (ValueError, AttributeError):
+                        continue
+            self._dead = verdict - registered
+        return set(self._dead)
 
 
 def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
@@ -81,6 +122,9 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
                 entry = RankEntry.from_json(kv.key, kv.value)
                 view.epochs[entry.rank] = entry.epoch
                 view.ranks += 1
+            elif parts[2] == "groups" and len(parts) == 4 and parts[3].isdigit():
+                rank = int(parts[3])
+                view.groups[rank] = (group_from_json(kv.key, kv.value, rank), kv)
         except RecordError as exc:
             bad.append(str(exc))
     return Snapshot(jobs, bad)
@@ -94,7 +138,8 @@ class Coordinator:
                  metrics: Metrics | None = None, name: str = "",
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
-                 background: bool = False) -> None:
+                 background: bool = False,
+                 dead_nodes: Callable[[], set[str]] | None = None) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         self._read_topology, self._read_job_states = topology, job_states
         self.metrics = metrics or Metrics(None)
@@ -114,6 +159,7 @@ class Coordinator:
         self._tombstones_at = -1e18
         self._first_seen: dict[str, float] = {}  # monotonic, first snapshot naming the job
         self._reported_bad: set[str] = set()
+        self._dead_nodes = dead_nodes or (lambda: set())
 
     def run_cycle(self) -> str:
         """One cycle; returns what it did as one line."""
@@ -158,8 +204,57 @@ class Coordinator:
             if view.record.state == "running" and (
                     m is None or m.restart_count != view.record.restart_count):
                 done.append(self._map(view))
+        done.extend(self._repair_groups(records))
         done.extend(self._purge(snap))
         return f"leader: {len(records)} jobs" + "".join(f"; {d}" for d in done if d)
+
+    # -- backup groups after a node death ------------------------------------
+
+    def _repair_groups(self, jobs: dict[str, JobView]) -> list[str]:
+        """Replace dead backups in the groups of running jobs (agents then re-replicate)."""
+        dead = self._dead_nodes()
+        if not dead:
+            return []
+        topology = self._topology
+        done = []
+        for job_id, view in sorted(jobs.items()):
+            m = view.rank_map
+            if m is None or view.record is None or view.record.state != "running" or \
+                    topology is None:
+                continue
+            loads: dict[str, int] = {}
+            for g, _ in view.groups.values():
+                for b in (g.log_backup, *g.ckpt_mirrors):
+                    if b:
+                        loads[b] = loads.get(b, 0) + 1
+            pool = [*m.nodes, *m.spares]
+            ops: list[TxnOp] = []
+            guards: list[Guard] = []
+            for rank, (g, kv) in sorted(view.groups.items()):
+                try:
+                    new = replace_dead_backups(topology, g, dead, pool, loads)
+                except PlacementError as exc:
+                    log.warning("job %s rank %d: cannot replace dead backups: %s", job_id,
+                                rank, exc)
+                    continue
+                if new is None:
+                    continue
+                for b in (g.log_backup, *g.ckpt_mirrors):
+                    if b in dead:
+                        loads[b] -= 1
+                for b in (new.log_backup, *new.ckpt_mirrors):
+                    if b and b not in (g.log_backup, *g.ckpt_mirrors):
+                        loads[b] = loads.get(b, 0) + 1
+                guards.append(Guard(kv.key, kv.mod_revision))
+                ops.append(Put(kv.key, group_to_json(new)))
+                log.warning("job %s rank %d: backup group %s -> %s (dead: %s)", job_id, rank,
+                            _members(g), _members(new), ", ".join(sorted(dead & set(_members(g)))))
+                if len(ops) >= _RANKS_PER_TXN:
+                    break  # the rest next cycle
+            if ops:
+                self.leadership.commit(guards, ops)
+                done.append(f"job {job_id}: {len(ops)} group(s) off dead nodes")
+        return done
 
     # -- rank maps ------------------------------------------------------------
 

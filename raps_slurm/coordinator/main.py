@@ -20,7 +20,7 @@ import click
 import sdnotify
 
 from raps_slurm.config import load_config, parse_address
-from raps_slurm.coordinator.cycle import Coordinator
+from raps_slurm.coordinator.cycle import Coordinator, DeadNodes
 from raps_slurm.coordinator.detection import Detection
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
@@ -123,7 +123,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     coordinator = Coordinator(
         cfg, store, keys, leadership, topology=slurm.topology,
         job_states=lambda: {str(j.job_id): j.state for j in slurm.jobs()},
-        metrics=metrics, name=name, background=True)
+        metrics=metrics, name=name, background=True,
+        dead_nodes=DeadNodes(store, keys, every=max(0.5, cfg.detection.lease_duration_sec / 2)))
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     notify = sdnotify.SystemdNotifier()

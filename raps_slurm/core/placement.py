@@ -426,3 +426,59 @@ def _reason(d: _Domains, p: str, backups: list[str], replicas: int, racks: list[
         return (f"no two backups for {p} differ from it and each other in both rack and "
                 f"power domain; rack-disjoint only: {same_power}")
     return f"rack-disjoint only: {same_power}"
+
+
+def replace_dead_backups(topology: Topology, group: BackupGroup, dead: Collection[str],
+                         pool: Iterable[str], loads: Mapping[str, int]) -> BackupGroup | None:
+    """The group with every dead backup (log backup or mirror) replaced, None if none died.
+
+    Each replacement is a live pool node outside the group, chosen as a new mirror is:
+    domain-disjoint from every remaining member if one is, else rack-disjoint from every
+    one, then least loaded (``loads``: backup roles per node in the job), then fewest
+    hops from the primary, then name. A role with no candidate is left empty and the
+    group marked degraded. The primary is never replaced here: a dead primary means the
+    rank is relaunched elsewhere, and the group follows the new primary then.
+    """
+    if not any(b in dead for b in (group.log_backup, *group.ckpt_mirrors) if b):
+        return None
+    d = _Domains(topology)
+    members = [m for m in (group.primary, group.log_backup, *group.ckpt_mirrors)
+               if m and m not in dead]
+    load = dict(loads)
+    candidates = sorted({n for n in pool if n not in dead and n in d.rack})
+
+    def pick() -> str | None:
+        free = [n for n in candidates if n not in members]
+        if not free:
+            return None
+        classes = [d.cls(m) for m in members if m in d.rack]
+
+        def key(n: str) -> tuple[int, int, int, str]:
+            c = d.cls(n)
+            tier = 0 if all(d.disjoint(c, m) for m in classes) else \
+                1 if all(c[0] != m[0] for m in classes) else 2
+            hops = d.dist(group.primary, n) if group.primary in d.rack else 0
+            return tier, load.get(n, 0), hops, n
+
+        best = min(free, key=key)
+        members.append(best)
+        load[best] = load.get(best, 0) + 1
+        return best
+
+    log_backup = group.log_backup
+    if log_backup is not None and log_backup in dead:
+        log_backup = pick()
+    mirrors = []
+    for m in group.ckpt_mirrors:
+        if m in dead:
+            new = pick()
+            if new is not None:
+                mirrors.append(new)
+        else:
+            mirrors.append(m)
+    short = (log_backup is None) != (group.log_backup is None) or \
+        len(mirrors) < len(group.ckpt_mirrors)
+    return BackupGroup(group.rank, group.primary, log_backup, tuple(mirrors),
+                       degraded=short or group.degraded,
+                       reason="too few live nodes to replace every dead backup" if short
+                       else group.reason)

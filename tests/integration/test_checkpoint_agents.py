@@ -10,14 +10,16 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.core.checkpoints import CkptRecord
-from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json
+from raps_slurm.core.jobs import RankEntry, RankMap, group_from_json, group_to_json
 from raps_slurm.model import BackupGroup
+from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 
@@ -42,6 +44,13 @@ def run_rank(cluster: LocalCluster, node: str, job: str, mode: str, *, epoch: in
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     assert lines, proc.stderr[-3000:]
     return proc.returncode, lines
+
+
+def group_of(store: tuple[StateStore, Keys], job: str) -> BackupGroup:
+    s, k = store
+    kv = s.get(k.job_group(job, 0))
+    assert kv is not None
+    return group_from_json(kv.key, kv.value, 0)
 
 
 def record(store: tuple[StateStore, Keys], job: str, gen: int) -> CkptRecord | None:
@@ -104,3 +113,45 @@ def test_another_user_cannot_use_a_rank_it_did_not_register(
     # uid 65534 cannot register a job it does not own, so it cannot save or restore.
     rc, lines = run_rank(cluster, "n1", job, "restore", uid=65534)
     assert rc == 1 and lines[-1]["kind"] in ("unknown_job", "permission"), lines
+
+
+def test_dead_backup_is_replaced_and_rereplicated(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any]) -> None:
+    run = CommandRunner(timeout=60, env=cluster.env)
+    with leading("ckpt"):
+        out = run.run(["sbatch", "--parsable", "-o", "/dev/null", "--raps", "--raps-spares=1",
+                       "--raps-replicas=2", "--no-kill", "-N4", "--wrap", "sleep 300"])
+        job = out.strip().split(";")[0]
+        try:
+            data = wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),
+                              lambda d: d is not None and d["state"] == "mapped", 20)
+            primary = data["ranks"][0]["node"]
+            group = group_of(store, job)
+            batch_host = cluster.slurm().job(int(job)).batch_host or primary
+            victim = next(m for m in (*group.ckpt_mirrors, group.log_backup)
+                          if m and m not in (primary, batch_host))
+            rc, _ = run_rank(cluster, primary, job, "save", saves=1)
+            assert rc == 0
+            rec = wait_until("generation 1 on the whole group", lambda: record(store, job, 1),
+                             lambda r: r is not None and r.state == "committed", 20)
+            assert victim in rec.holders
+            cluster.crash(victim)
+            try:
+                new = wait_until(
+                    f"{victim} replaced in rank 0's group",
+                    lambda: group_of(store, job),
+                    lambda g: victim not in (g.log_backup, *g.ckpt_mirrors), 30)
+                replacement = ({new.log_backup, *new.ckpt_mirrors} - {group.log_backup,
+                                                                      *group.ckpt_mirrors})
+                assert len(replacement) == 1 and victim not in replacement
+                rec = wait_until("generation 1 copied to the replacement",
+                                 lambda: record(store, job, 1),
+                                 lambda r: r is not None and set(replacement) <= set(r.holders)
+                                 and r.state == "committed", 30)
+                assert victim not in rec.holders
+            finally:
+                cluster.restart(victim)
+                run.run(["scontrol", "update", f"NodeName={victim}", "State=RESUME"])
+        finally:
+            run.run(["scancel", job])

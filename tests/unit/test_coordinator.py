@@ -18,9 +18,9 @@ import pytest
 from raps_slurm.config import Config, parse_config
 from raps_slurm.coordinator.cycle import Coordinator
 from raps_slurm.coordinator.election import Leadership, read_leader
-from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_from_json
 from raps_slurm.errors import NotLeader
-from raps_slurm.model import Switch, Topology
+from raps_slurm.model import BackupGroup, Switch, Topology
 from raps_slurm.registry import UnknownJob, job_view
 from raps_slurm.store import Guard, Keys, MemoryStore, Put
 from raps_slurm.testing import FakeClock
@@ -438,3 +438,38 @@ def test_a_hanging_squeue_does_not_stop_the_cycle(cluster: Cluster) -> None:
         cluster.clock.advance(0.1)
         status = c1.run_cycle()
     assert status.endswith("purged job 12"), status
+
+
+# ---------------------------------------------------------------- groups after a death
+
+
+def groups(cluster: Cluster, job_id: str) -> dict[int, BackupGroup]:
+    return {int(kv.key.rsplit("/", 1)[1]): group_from_json(kv.key, kv.value, 0)
+            for kv in cluster.store.get_prefix(cluster.keys.job_groups_prefix(job_id))}
+
+
+def test_dead_backup_is_replaced_by_a_live_pool_node(cluster: Cluster) -> None:
+    dead: set[str] = set()
+    c1 = Coordinator(cluster.cfg, cluster.store, cluster.keys, cluster.leadership("c1"),
+                     topology=lambda: TOPOLOGY, job_states=lambda: dict(cluster.states),
+                     name="c1", clock=cluster.clock, monotonic=cluster.clock,
+                     dead_nodes=lambda: set(dead))
+    c1.run_cycle()
+    cluster.register("31", replicas=2)
+    c1.run_cycle()
+    before = groups(cluster, "31")
+    victim = before[0].ckpt_mirrors[0]
+    users = [r for r, g in before.items() if victim in (g.log_backup, *g.ckpt_mirrors)]
+    dead.add(victim)
+    line = c1.run_cycle()
+    assert f"job 31: {len(users)} group(s) off dead nodes" in line
+    after = groups(cluster, "31")
+    for rank, g in after.items():
+        assert victim not in (g.log_backup, *g.ckpt_mirrors)
+        assert g.primary == before[rank].primary
+        members = [m for m in (g.primary, g.log_backup, *g.ckpt_mirrors) if m]
+        assert len(set(members)) == len(members) == 3
+        if rank not in users:
+            assert g == before[rank]
+    # Nothing more to do while the node stays dead.
+    assert "off dead nodes" not in c1.run_cycle()

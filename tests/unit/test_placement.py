@@ -23,6 +23,7 @@ from raps_slurm.core.placement import (
     domain_disjoint,
     fault_domain,
     order_spares,
+    replace_dead_backups,
 )
 from raps_slurm.errors import PlacementError
 from raps_slurm.model import BackupGroup, RankPlacement, Switch, Topology
@@ -557,3 +558,18 @@ def test_deterministic_under_shuffled_input(job: Job, rnd: random.Random,
                               spares, replicas=replicas, prefer_original_rack=job.prefer,
                               unhealthy=sick)
     assert again == job.run()
+
+
+def test_replace_dead_backups_prefers_disjoint_then_least_loaded() -> None:
+    topo = make_topology({"r1": ["a1", "a2"], "r2": ["b1", "b2"], "r3": ["c1", "c2"]})
+    g = BackupGroup(0, "a1", "b1", ("c1",))
+    assert replace_dead_backups(topo, g, {"a2"}, ["a1", "a2", "b1", "b2", "c1", "c2"], {}) \
+        is None
+    new = replace_dead_backups(topo, g, {"c1"}, ["a1", "a2", "b1", "b2", "c1", "c2"], {})
+    assert new is not None and new.ckpt_mirrors == ("c2",) and not new.degraded
+    new = replace_dead_backups(topo, g, {"c1", "c2"}, ["a1", "a2", "b1", "b2", "c1", "c2"],
+                               {"a2": 3})
+    assert new is not None and new.ckpt_mirrors == ("b2",)  # no disjoint node: least loaded
+    new = replace_dead_backups(topo, g, {"b1", "c1"}, ["a1", "b1", "c1"], {})
+    assert new is not None and new.log_backup is None and new.ckpt_mirrors == ()
+    assert new.degraded and "too few live nodes" in new.reason
