@@ -15,6 +15,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
@@ -66,6 +67,7 @@ class LocalCheckpoints:
 
     def __init__(self, store: ChunkStore) -> None:
         self.store = store
+        self.progress: Callable[[int], None] | None = None  # bytes verified (CLI bar)
 
     # --- saves -------------------------------------------------------------------------
 
@@ -147,7 +149,8 @@ class LocalCheckpoints:
         alloc = time.perf_counter() - t
         try:
             view = memoryview(buf) if buf is not None else memoryview(bytearray())
-            bad = read_into(m, lambda d: self.store.read(m.job, d), view)
+            bad = read_into(m, lambda d: self.store.read(m.job, d), view,
+                            progress=self.progress)
             view.release()
         except BaseException:
             if buf is not None:

@@ -36,7 +36,8 @@ class BadChunk:
 
 
 def read_into(manifest: Manifest, fetch: Callable[[str], bytes], out: memoryview, *,
-              workers: int | None = None, only: set[str] | None = None) -> list[BadChunk]:
+              workers: int | None = None, only: set[str] | None = None,
+              progress: Callable[[int], None] | None = None) -> list[BadChunk]:
     """Decode and verify every chunk of ``manifest`` into ``out``; the bad ones, by name.
 
     ``fetch(digest)`` returns stored bytes (FileNotFoundError: missing). With ``only``,
@@ -65,6 +66,8 @@ def read_into(manifest: Manifest, fetch: Callable[[str], bytes], out: memoryview
         except ChunkError as exc:
             with lock:
                 bad.setdefault(digest, BadChunk(digest, str(exc)))
+        if progress is not None:
+            progress(size)
 
     jobs = [c for c in iter_chunk_offsets(manifest) if only is None or c[1] in only]
     with ThreadPoolExecutor(workers, thread_name_prefix="raps-restore") as pool:

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from raps_slurm.cli import admin, bench, config_cmd, ping, show
+from raps_slurm.cli import admin, bench, ckpt, config_cmd, ping, show
 from raps_slurm.cli import jobs as _jobs  # noqa: F401  (adds show job, show groups)
 from raps_slurm.errors import ConfigError, RapsError
 
@@ -30,6 +30,8 @@ cli.add_command(ping.ping)
 cli.add_command(bench.bench)
 cli.add_command(admin.drain)
 cli.add_command(admin.resume)
+cli.add_command(ckpt.verify)
+cli.add_command(ckpt.restore)
 
 
 def main(argv: list[str] | None = None) -> None:

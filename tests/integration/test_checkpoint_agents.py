@@ -11,16 +11,19 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import RankEntry, RankMap, group_from_json, group_to_json
 from raps_slurm.model import BackupGroup
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
+from raps_slurm.testing.ckpt_rank import make_state
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 
 
@@ -155,3 +158,46 @@ def test_dead_backup_is_replaced_and_rereplicated(
                 run.run(["scontrol", "update", f"NodeName={victim}", "State=RESUME"])
         finally:
             run.run(["scancel", job])
+
+
+def test_cli_show_verify_and_restore(cluster: LocalCluster, store: tuple[StateStore, Keys],
+                                     rapsctl: Any, tmp_path: Path) -> None:
+    job = setup_job(store)
+    rc, _ = run_rank(cluster, "n1", job, "save", saves=2)
+    assert rc == 0
+    wait_until("generation 2 committed", lambda: record(store, job, 2),
+               lambda r: r is not None and r.state == "committed", 20)
+    rows = json.loads(rapsctl("show", "checkpoints", job, "--json").stdout)
+    assert [(r["rank"], r["generation"], r["state"]) for r in rows] == \
+        [(0, 1, "committed"), (0, 2, "committed")]
+    assert rows[1]["holders"] == ["n1", "n2", "n3"]
+    text = rapsctl("show", "checkpoints", job).stdout
+    assert text.splitlines()[0].split()[:3] == ["rank", "generation", "epoch"]
+    ok = rapsctl("verify", job, "--json")
+    assert ok.returncode == 0 and {r["result"] for r in json.loads(ok.stdout)} == {"ok"}
+    # Damage, on n2 only, one chunk that generation 2 has and generation 1 has not.
+    chunks = ChunkStore(cluster.run_dir / "ckpt" / "n2")
+    m1, m2 = chunks.manifest(job, 0, 1), chunks.manifest(job, 0, 2)
+    assert m1 is not None and m2 is not None
+    victim = sorted(m2.digests() - m1.digests())[0]
+    loc = chunks.location(job, victim)
+    assert loc is not None
+    with open(chunks.pack_path(job, loc), "r+b") as f:
+        f.seek(loc.offset + 5)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    bad = rapsctl("verify", job, "--rank", "0", "--json", check=False)
+    assert bad.returncode == 1, bad.stderr
+    results = {(r["generation"], r["holder"]): r for r in json.loads(bad.stdout)}
+    assert results[(2, "n2")]["result"].startswith("BAD")
+    assert [b["digest"] for b in results[(2, "n2")]["bad"]] == [victim]
+    assert results[(2, "n1")]["result"] == "ok" and results[(1, "n2")]["result"] == "ok"
+    out = tmp_path / "state.bin"
+    done = rapsctl("restore", job, "--rank", "0", "--out", str(out))
+    assert "from generation 2" in done.stdout
+    want = make_state(1, 2, 8 << 20)
+    assert out.read_bytes() == want["field"].tobytes() + want["step"].tobytes()
+    missing = rapsctl("show", "checkpoints", "123456789", check=False)
+    assert missing.returncode == 1 and "no committed checkpoint" in missing.stderr
+    assert "expected a numeric Slurm job id" in rapsctl("verify", "abc", check=False).stderr
