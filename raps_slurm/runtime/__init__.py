@@ -1,6 +1,7 @@
 """Rank-side runtime: what an application rank links against.
 
-For now only :mod:`raps_slurm.runtime.agent_client` (register with the node's agent,
-heartbeat, stop when the agent's fencing view runs out). The full runtime API
-(checkpoints, message logging, recovery) comes with the messaging issue.
+:mod:`raps_slurm.runtime.agent_client` registers with the node's agent, heartbeats and
+stops the rank when the agent's fencing view runs out; :mod:`raps_slurm.runtime.checkpoint`
+saves and restores the rank's state through the agent. The full runtime API
+(``runtime.init()``, message logging, recovery) comes with the messaging issue.
 """
