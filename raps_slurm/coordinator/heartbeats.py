@@ -165,11 +165,12 @@ class HeartbeatServer:
         self.accepted += 1
         self._on_result("accepted")
         revision = self._leader_revision()
+        # Queued before the ack goes out: whoever has seen the ack finds the heartbeat.
+        self._queue.put(Received(msg.node, msg.sent_at, now, addr, revision > 0,
+                                 msg.probe_reply))
         if revision > 0:
             ack = Ack(msg.node, msg.incarnation, msg.counter, msg.sent_at, revision, now)
             self._send(encode(ack, self._key), addr)
-        self._queue.put(Received(msg.node, msg.sent_at, now, addr, revision > 0,
-                                 msg.probe_reply))
 
     def _reject(self, reason: str) -> None:
         self.rejected[reason] += 1
