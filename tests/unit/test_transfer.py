@@ -1,0 +1,144 @@
+"""The chunk transfer protocol against hostile and broken peers (loopback only)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.checkpoint.local import LocalCheckpoints
+from raps_slurm.checkpoint.transfer import (
+    TokenBucket,
+    TransferClient,
+    TransferError,
+    TransferServer,
+    encode_records,
+)
+from raps_slurm.checkpoint.writer import encode_state
+
+KEY = secrets.token_bytes(32)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[TransferServer, LocalCheckpoints]]:
+    store = ChunkStore(tmp_path / "server")
+    server = TransferServer(store, KEY, "srv", ("127.0.0.1", 0), max_generations=2)
+    server.start()
+    yield server, LocalCheckpoints(store)
+    server.stop()
+
+
+def saved(local: LocalCheckpoints, seed: int = 1):
+    a = np.random.default_rng(seed).standard_normal(30_000)
+    s, _ = local.begin("9", 0, 1, None)
+    m, _ = encode_state(a, job="9", rank=0, epoch=1, params=CodecParams(avg_chunk_kb=8),
+                        previous=None, sink=lambda p: local.ingest(s, p.fd))
+    local.finish(s, m, 1)
+    local.end(s)
+    return m.with_generation(1)
+
+
+def still_serves(server: TransferServer) -> None:
+    with TransferClient(KEY, "good", server.address) as c:
+        assert c.call({"op": "has", "job": "9", "digests": []})[0]["missing"] == []
+
+
+def test_wrong_key_is_refused_both_ways(served) -> None:
+    server, _ = served
+    with pytest.raises(TransferError, match="failed authentication"):
+        TransferClient(secrets.token_bytes(32), "intruder", server.address)
+    still_serves(server)
+
+
+def test_push_then_pull_round_trip(served, tmp_path: Path) -> None:
+    server, _ = served
+    mine = LocalCheckpoints(ChunkStore(tmp_path / "client"))
+    m = saved(mine)
+    with TransferClient(KEY, "c", server.address) as c:
+        res = c.push(mine.store, m)
+        assert res.sent_chunks == len(m.digests()) and res.ok
+        again = c.push(mine.store, m)  # delta: nothing left to send
+        assert again.sent_chunks == 0
+        assert c.manifest("9", 0, 1) == m.to_json()
+        got = list(c.fetch("9", sorted(m.digests()), dict(m.chunks)))
+        assert {d for d, _, _ in got} == m.digests()
+        assert c.verify("9", 0, 1)["bad"] == []
+        assert c.manifest("9", 0, 2) is None
+
+
+def test_corrupt_chunk_in_a_put_is_refused_and_not_stored(served) -> None:
+    server, local = served
+    with TransferClient(KEY, "c", server.address) as c:
+        digest = "ab" * 32
+        reply, _ = c.call({"op": "put", "job": "9"}, encode_records([(digest, 5, b"\x00hello")]))
+        assert reply["bad"] == [digest] and reply["stored"] == 0
+        assert not local.store.has("9", digest)
+
+
+def test_manifest_naming_absent_chunks_is_refused(served, tmp_path: Path) -> None:
+    server, _ = served
+    mine = LocalCheckpoints(ChunkStore(tmp_path / "client"))
+    m = saved(mine)
+    with TransferClient(KEY, "c", server.address) as c:
+        with pytest.raises(TransferError, match="chunk\\(s\\) missing"):
+            c.call({"op": "put_manifest", "job": "9"}, m.to_json())
+        with pytest.raises(TransferError, match="bad job id"):
+            c.call({"op": "get", "job": "../etc", "digests": []})
+        with pytest.raises(TransferError, match="expected a list of 64-hex-digit"):
+            c.call({"op": "get", "job": "9", "digests": ["../../x"]})
+
+
+@pytest.mark.parametrize("garbage", [
+    b"",                                      # connect and close
+    b"\x00\x00\x00\x05hello",                 # not JSON
+    struct.pack(">I", 1 << 30),               # absurd length
+    b'\x00\x00\x00\x02{}',                    # no name, no nonce
+    os.urandom(4096),
+])
+def test_garbage_handshakes_leave_the_server_serving(served, garbage: bytes) -> None:
+    server, _ = served
+    before = server.errors
+    with socket.create_connection(server.address, timeout=5) as s:
+        s.sendall(garbage)
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+    still_serves(server)
+    if garbage:
+        deadline = time.monotonic() + 5
+        while server.errors == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.errors > before
+
+
+def test_tampered_frame_closes_the_connection(served) -> None:
+    server, _ = served
+    c = TransferClient(KEY, "c", server.address)
+    chan = c._chan
+    chan._key = secrets.token_bytes(32)  # frames now carry a wrong MAC
+    with pytest.raises(TransferError):
+        c.call({"op": "has", "job": "9", "digests": []})
+    c.close()
+    still_serves(server)
+
+
+def test_token_bucket_paces_bytes() -> None:
+    now = [0.0]
+    bucket = TokenBucket(1000.0, clock=lambda: now[0])
+    t = time.monotonic()
+    bucket.take(50)   # 0.05 s of budget: waits 0 now, next send at 0.05
+    bucket.take(50)   # waits until 0.05 (clock frozen: sleeps 0.05)
+    assert time.monotonic() - t >= 0.04
