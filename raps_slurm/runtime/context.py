@@ -1,0 +1,542 @@
+"""The rank's runtime context: send/recv with sender-based logging, checkpoints that agree
+with the logs, restore and replay.
+
+Semantics an application relies on (docs/messaging.md):
+- a rank must be *piecewise deterministic*: given the same messages in the same order it
+  sends the same messages; ``recv`` names its source (no any-source receive), so the
+  order is fixed by the program;
+- ``send`` never waits for a peer (nor for its checkpoint): it logs the message and
+  writes it to the peer's connection if there is one; a peer that is down gets it when
+  it comes back. It blocks only for a local disk write when the log is over its high
+  watermark (``messagelog.buffer_high_watermark_mb``): the log then *spills*;
+- ``recv`` returns messages from one source in the order they were sent, exactly once,
+  across failures of either side; it gives up after ``recv_timeout`` with an error
+  naming the pair and the sequence it waits for, and reports it to the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from raps_slurm.runtime.msglog import (
+    Entry,
+    Inbox,
+    MessagingError,
+    NotDeterministic,
+    SenderLog,
+    parse_records,
+)
+from raps_slurm.runtime.ports import Port
+from raps_slurm.runtime.transport import (
+    COVERED,
+    DATA,
+    DELIVERED,
+    HELLO,
+    RESEND,
+    SENT_FLOOR,
+    Frame,
+    Listener,
+    Outgoing,
+    encode,
+)
+
+log = logging.getLogger("raps.runtime")
+
+STATE_ITEM = "\0raps/state"
+LARGE_PREFIX = "\0raps/large/"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Runtime knobs (from the config / environment)."""
+
+    flush_ms: int = 100
+    large_threshold: int = 4096 * 1024
+    buffer_bytes: int = 256 << 20
+    high_watermark: int = 192 << 20
+    checkpoint_interval: float = 600.0
+    max_generations: int = 5
+    recv_timeout: float = 600.0
+    host: str = "127.0.0.1"
+
+
+class Context:
+    """One rank's runtime (thread-safe for one application thread plus its own threads)."""
+
+    def __init__(self, port: Port, rank: int, size: int, epoch: int,
+                 settings: Settings | None = None, *, job: str = "local",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} outside 0..{size - 1}")
+        self.port, self.rank, self.size, self.epoch, self.job = port, rank, size, epoch, job
+        self.s = settings or Settings()
+        self._clock = clock
+        self.log = SenderLog(large_threshold=self.s.large_threshold,
+                             high_watermark=self.s.high_watermark)
+        self.inbox = Inbox()
+        self._mu = threading.Lock()
+        self._arrived = threading.Condition(self._mu)
+        self._out: dict[int, Outgoing] = {}
+        self._out_lock = threading.Lock()
+        self._peer_epoch: dict[int, int] = {}
+        self._hello_cids: dict[int, int] = {}   # incoming connection -> src (after HELLO)
+        self._error: MessagingError | None = None
+        self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._kept: deque[tuple[dict[int, int], dict[int, int]]] = deque()
+        self._last_ckpt = clock()
+        self._started = False
+        self._closed = False
+        self._persisted_bodies: dict[tuple[int, int], bytes] | None = None
+        self._gaps: dict[int, tuple[int, int]] = {}
+        self._blocked: dict[int, float] = {}  # src -> since when a recv waits for it
+        self._acked: dict[int, int] = {}      # dst -> what it confirmed delivered
+        self._confirmed: dict[int, int] = {}  # src -> what we told it we delivered
+        self.refused_hellos = 0
+        self.drop_every = 0  # test knob: silently skip every Nth DATA write
+        self._sent_frames = 0
+        self.generation: int | None = None
+        self.listener = Listener(self.s.host, self._on_frame, self._on_close)
+        host, port_no = self.listener.address
+        port.publish(host, port_no, epoch)
+        self._threads = [threading.Thread(target=self._worker, name="raps-msg-worker",
+                                          daemon=True),
+                         threading.Thread(target=self._ticker, name="raps-msg-flush",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # --- application API -------------------------------------------------------------
+
+    def restore(self) -> Any:
+        """The state of this rank's newest checkpoint (None if it has none), with the
+        message layer put back where that checkpoint left it; then peers replay."""
+        got = self.port.restore()
+        if got is None:
+            self._start()
+            return None
+        items, gen, extra = got
+        meta = extra.get("raps_msg") or {}
+        delivered = {int(k): int(v) for k, v in (meta.get("delivered") or {}).items()}
+        sent = {int(k): int(v) for k, v in (meta.get("sent") or {}).items()}
+        floors = {int(k): int(v) for k, v in (meta.get("floors") or {}).items()}
+        bodies = {}
+        for name in [n for n in items if n.startswith(LARGE_PREFIX)]:
+            dst, seq = (int(x) for x in name[len(LARGE_PREFIX):].split("/"))
+            bodies[(dst, seq)] = bytes(items.pop(name))
+        with self._mu:
+            self.inbox.restore(delivered)
+            self.log.reload(parse_records(self.port.log_read()), sent, bodies, floors)
+            self._kept = deque([(delivered, sent)])
+            self.generation = gen
+        log.info("rank %d epoch %d restored generation %d (delivered %s, sent %s)",
+                 self.rank, self.epoch, gen, delivered, sent)
+        self._start()
+        if STATE_ITEM in items:
+            return items[STATE_ITEM]
+        return items
+
+    def send(self, dst: int, payload: bytes | bytearray | memoryview) -> None:
+        """Send a message to rank ``dst`` (logged first; never waits for ``dst``)."""
+        if not 0 <= dst < self.size or dst == self.rank:
+            raise ValueError(f"destination {dst}: expected another rank in 0..{self.size - 1}")
+        self._start()
+        self._raise_error()
+        with self._mu:
+            spill = self.log.over_watermark()
+        if spill:
+            self._spill()
+        with self._mu:
+            e = self.log.append(dst, payload, self.epoch)
+        self._send_entry(e)
+
+    def recv(self, src: int, timeout: float | None = None) -> bytes:
+        """The next message from rank ``src``, in order; MessagingError after ``timeout``."""
+        if not 0 <= src < self.size or src == self.rank:
+            raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
+        self._start()
+        wait = self.s.recv_timeout if timeout is None else timeout
+        deadline = self._clock() + wait
+        with self._arrived:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                msg = self.inbox.pop(src)
+                if msg is not None:
+                    self._blocked.pop(src, None)
+                    return msg
+                self._blocked.setdefault(src, self._clock())
+                left = deadline - self._clock()
+                if left <= 0:
+                    want = self.inbox.delivered(src) + 1
+                    err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for seq {want} "
+                                         f"from rank {src}")
+                    break
+                self._arrived.wait(min(left, 0.5))
+        self.port.escalate(str(err))
+        raise err
+
+    def heartbeat(self, step: int, items: int = 0) -> None:
+        """Report progress (through the agent)."""
+        self.port.heartbeat(step, items)
+
+    def checkpoint_due(self) -> bool:
+        """True once ``checkpoint.interval_sec`` passed since the last checkpoint."""
+        return self._clock() - self._last_ckpt >= self.s.checkpoint_interval
+
+    def checkpoint(self, state: Any) -> int:
+        """Flush the log, save ``state`` with the delivered and sent vectors and the large
+        bodies not yet covered; returns the generation."""
+        self._start()
+        self._flush()
+        with self._mu:
+            delivered = self.inbox.delivered_vector()
+            sent = self.log.sent_vector()
+            floors = dict(self.log.floors)
+            large = [(e.dst, e.seq, e.body) for e in self.log.large_uncovered()]
+        items: dict[str, Any] = dict(state) if isinstance(state, dict) and all(
+            isinstance(k, str) and not k.startswith("\0") for k in state) else {STATE_ITEM: state}
+        missing = [(d, s) for d, s, b in large if b is None]
+        if missing:
+            spilled = self._persisted()
+            for d, s in missing:
+                if (d, s) not in spilled:
+                    raise MessagingError(f"rank {self.rank}: the body of seq {s} to rank {d} "
+                                         "is neither in memory nor in the log store")
+                items[f"{LARGE_PREFIX}{d}/{s}"] = spilled[(d, s)]
+        for d, s, b in large:
+            if b is not None:
+                items[f"{LARGE_PREFIX}{d}/{s}"] = bytes(b)
+        extra = {"raps_msg": {"delivered": {str(k): v for k, v in delivered.items()},
+                              "sent": {str(k): v for k, v in sent.items()},
+                              "floors": {str(k): v for k, v in floors.items()},
+                              "epoch": self.epoch}}
+        gen = self.port.save(items, extra)
+        self._last_ckpt = self._clock()
+        with self._mu:
+            self.generation = gen
+            self._kept.append((delivered, sent))
+            while len(self._kept) > self.s.max_generations:
+                self._kept.popleft()
+            oldest_delivered, oldest_sent = self._kept[0]
+        for src in range(self.size):
+            if src != self.rank:
+                self._control(src, COVERED, oldest_delivered.get(src, 0))
+                self._control(src, SENT_FLOOR, oldest_sent.get(src, 0))
+        with contextlib.suppress(Exception):
+            self.port.log_trim(dict(self.log.floors))
+        return gen
+
+    def finalize(self, timeout: float | None = None) -> None:
+        """Flush the log, wait until every peer has delivered what this rank sent (going
+        on serving resends meanwhile), then close every connection."""
+        if self._closed:
+            return
+        with contextlib.suppress(Exception):
+            self._flush()
+            self._confirm()
+        deadline = self._clock() + (self.s.recv_timeout if timeout is None else timeout)
+        with self._arrived:
+            while True:
+                behind = {d: (self._acked.get(d, 0), n) for d, n in self.log.sent.items()
+                          if self._acked.get(d, 0) < n}
+                if not behind or self._clock() >= deadline:
+                    break
+                self._arrived.wait(0.05)
+        if behind:
+            log.warning("rank %d finalized with messages not confirmed delivered: %s",
+                        self.rank, ", ".join(f"to {d}: {a}/{n}" for d, (a, n) in behind.items()))
+        with contextlib.suppress(Exception):
+            self._confirm()  # the peers wait for this in their own finalize
+        self.close()
+
+    def close(self) -> None:
+        """Stop without flushing (what a crash looks like to the peers)."""
+        self._closed = True
+        self._work.put(None)
+        self.listener.close()
+        with self._out_lock:
+            outs, self._out = list(self._out.values()), {}
+        for o in outs:
+            o.close()
+        self.port.close()
+
+    def stats(self) -> dict[str, Any]:
+        """Sent, delivered, logged and collected ranges per peer; buffer use; gaps."""
+        with self._mu:
+            peers = {}
+            for p in range(self.size):
+                if p == self.rank:
+                    continue
+                q = self.log.entries.get(p, deque())
+                src = self.inbox.sources.get(p)
+                peers[p] = {
+                    "sent": self.log.sent.get(p, 0),
+                    "logged": [q[0].seq, q[-1].seq] if q else None,
+                    "collected_upto": self.log.floors.get(p, 0),
+                    "delivered": self.inbox.delivered(p),
+                    "waiting_for_gap": self.inbox.waiting(p),
+                    "early": sorted(src.early) if src else [],
+                    "peer_epoch": self._peer_epoch.get(p),
+                }
+            return {"rank": self.rank, "epoch": self.epoch, "generation": self.generation,
+                    "buffer_bytes": self.log.held, "buffer_peak": self.log.peak,
+                    "high_watermark": self.s.high_watermark, "spilled": self.log.spilled,
+                    "duplicates": self.inbox.duplicates,
+                    "refused_stale_frames": self.inbox.refused_epoch,
+                    "refused_hellos": self.refused_hellos, "peers": peers}
+
+    # --- connections -----------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for p in range(self.size):
+            if p != self.rank:
+                self._work.put(lambda p=p: self._hello(p))  # type: ignore[misc]
+
+    def _outgoing(self, dst: int) -> Outgoing | None:
+        with self._out_lock:
+            o = self._out.get(dst)
+        if o is not None:
+            return o
+        where = self.port.lookup(dst)
+        if where is None:
+            return None
+        host, port_no, epoch = where
+        if epoch < self._peer_epoch.get(dst, 0):
+            return None  # not published yet by the newer incarnation
+        try:
+            o = Outgoing((host, port_no), epoch)
+        except OSError:
+            return None
+        with self._mu:
+            delivered = self.inbox.delivered(dst)
+        try:
+            o.send(encode(HELLO, self.rank, dst, delivered, self.epoch))
+        except OSError:
+            o.close()
+            return None
+        with self._out_lock:
+            old = self._out.get(dst)
+            if old is not None:  # another thread connected first
+                o.close()
+                return old
+            self._out[dst] = o
+        return o
+
+    def _drop_out(self, dst: int, o: Outgoing | None = None) -> None:
+        with self._out_lock:
+            cur = self._out.get(dst)
+            if cur is not None and (o is None or cur is o):
+                del self._out[dst]
+                cur.close()
+
+    def _send_entry(self, e: Entry) -> None:
+        body = e.body
+        if body is None:
+            body = self._persisted().get((e.dst, e.seq))
+            if body is None:
+                raise MessagingError(f"rank {self.rank}: body of seq {e.seq} to rank {e.dst} "
+                                     "is neither in memory nor in the log store")
+        self._sent_frames += 1
+        if self.drop_every and self._sent_frames % self.drop_every == 0:
+            return  # test knob: as if the network lost it
+        o = self._outgoing(e.dst)
+        if o is None:
+            return  # logged; the peer gets it when it (re)connects
+        try:
+            o.send(encode(DATA, self.rank, e.dst, e.seq, e.epoch, body, crc=e.crc))
+        except OSError:
+            self._drop_out(e.dst, o)
+
+    def _control(self, dst: int, kind: int, seq: int, last: int = 0) -> None:
+        o = self._outgoing(dst)
+        if o is None:
+            return
+        try:
+            o.send(encode(kind, self.rank, dst, seq, self.epoch, length=last, crc=0))
+        except OSError:
+            self._drop_out(dst, o)
+
+    def _hello(self, dst: int) -> None:
+        self._outgoing(dst)  # connecting sends HELLO
+
+    def _resend(self, dst: int, after: int, last: int | None = None) -> None:
+        with self._mu:
+            try:
+                entries = self.log.after(dst, after)
+            except MessagingError as exc:
+                err = exc
+                entries = None
+        if entries is None:
+            log.error("rank %d: %s", self.rank, err)
+            self.port.escalate(f"rank {self.rank} cannot replay to rank {dst}: {err}")
+            return
+        for e in entries:
+            if last is not None and e.seq > last:
+                break
+            self._send_entry(e)
+
+    # --- incoming --------------------------------------------------------------------
+
+    def _on_frame(self, f: Frame, cid: int) -> None:
+        if f.dst != self.rank or not 0 <= f.src < self.size:
+            return
+        if f.kind == HELLO:
+            with self._mu:
+                known = self._peer_epoch.get(f.src, 0)
+                if f.epoch < known:
+                    self.refused_hellos += 1
+                    stale = True
+                else:
+                    stale = False
+                    self._peer_epoch[f.src] = f.epoch
+                    self.inbox.set_epoch(f.src, f.epoch)
+                    new_conn = cid not in self._hello_cids
+                    self._hello_cids[cid] = f.src
+                    if new_conn:
+                        self._confirmed.pop(f.src, None)  # tell this incarnation again
+            if stale:
+                log.warning("rank %d: refused rank %d epoch %d (epoch %d is current)",
+                            self.rank, f.src, f.epoch, known)
+                self.listener.drop(cid)
+                return
+            if f.epoch > known and known:
+                self._drop_out(f.src)  # it moved: reconnect to its new address
+            if new_conn:
+                self._work.put(lambda: self._hello(f.src))
+            self._work.put(lambda: self._resend(f.src, f.seq))
+            return
+        with self._mu:
+            if self._hello_cids.get(cid) != f.src:
+                return  # no HELLO on this connection: not a peer we know
+        if f.kind == DATA:
+            with self._arrived:
+                try:
+                    verdict, first, last = self.inbox.offer(f.src, f.seq, f.epoch, f.crc,
+                                                            f.payload)
+                except NotDeterministic as exc:
+                    self._error = exc
+                    self._arrived.notify_all()
+                    log.error("rank %d: %s", self.rank, exc)
+                    reason = str(exc)
+                    self._work.put(lambda: self.port.escalate(reason))
+                    return
+                if verdict == "ok":
+                    self._arrived.notify_all()
+            if verdict == "gap":
+                self._work.put(lambda: self._control(f.src, RESEND, first, last))
+        elif f.kind == RESEND:  # length: last seq wanted, 0 = everything after
+            self._work.put(lambda: self._resend(f.src, f.seq - 1, f.length or None))
+        elif f.kind == DELIVERED:
+            with self._arrived:
+                if f.seq > self._acked.get(f.src, 0):
+                    self._acked[f.src] = f.seq
+                    self._arrived.notify_all()
+        elif f.kind == COVERED:
+            with self._mu:
+                self.log.raise_floor(f.src, f.seq)
+        elif f.kind == SENT_FLOOR:
+            with self._mu:
+                self.inbox.trim_checksums(f.src, f.seq)
+
+    def _on_close(self, cid: int) -> None:
+        with self._mu:
+            self._hello_cids.pop(cid, None)
+
+    # --- background ------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        while (job := self._work.get()) is not None:
+            try:
+                job()
+            except Exception:
+                if not self._closed:
+                    log.exception("rank %d: messaging worker", self.rank)
+
+    def _ticker(self) -> None:
+        period = self.s.flush_ms / 1000
+        while not self._closed:
+            time.sleep(period)
+            if self._closed:
+                return
+            try:
+                self._flush()
+                self._reask()
+                self._confirm()
+            except Exception as exc:
+                if not self._closed:
+                    log.warning("rank %d: log flush failed: %s", self.rank, exc)
+
+    def _flush(self) -> None:
+        with self._mu:
+            parts = [p for rec in self.log.take_unpersisted() for p in rec]
+            if not parts:
+                self.log.persisted()
+                return
+            # Durable before they count as persisted; the lock keeps the order of batches.
+            self.port.log_append(parts)
+            self.log.persisted()
+            self._persisted_bodies = None
+
+    def _spill(self) -> None:
+        """Over the high watermark: persist what must be, then drop bodies from memory."""
+        self._flush()
+        with self._mu:
+            plan = self.log.spill_plan()
+            parts = [p for e in plan for p in e.record(with_body=True)]
+            if parts:
+                self.port.log_append(parts)
+                for e in plan:
+                    e.body_persisted = True
+                self._persisted_bodies = None
+            self.log.spill()
+
+    def _persisted(self) -> dict[tuple[int, int], bytes]:
+        if self._persisted_bodies is None:
+            self._persisted_bodies = {(e.dst, e.seq): bytes(e.body) for e in
+                                      parse_records(self.port.log_read()) if e.body is not None}
+        return self._persisted_bodies
+
+    def _confirm(self) -> None:
+        """Tell each source how far this rank has delivered (a sender's finalize waits
+        for it, and it ends a resend of a lost last frame)."""
+        with self._mu:
+            now = self.inbox.delivered_vector()
+            changed = {s: v for s, v in now.items() if self._confirmed.get(s) != v}
+        for src, seq in changed.items():
+            self._control(src, DELIVERED, seq)
+            self._confirmed[src] = seq
+
+    def _reask(self) -> None:
+        # A gap still open one tick after it was seen is asked for again: the first
+        # request (or the resend) may have been lost with a connection.
+        with self._mu:
+            gaps = {src: (s.next, min(s.early) - 1) for src, s in self.inbox.sources.items()
+                    if s.early and s.next not in s.early}
+            again = {src: g for src, g in gaps.items() if self._gaps.get(src) == g}
+            self._gaps = gaps
+            # A recv blocked for a while with no gap in sight may wait for a message whose
+            # frame was the sender's last one and got lost: ask for everything after.
+            now = self._clock()
+            stuck = [(src, self.inbox.delivered(src) + 1) for src, since in self._blocked.items()
+                     if src not in gaps and now - since > 3 * self.s.flush_ms / 1000]
+            for src, _ in stuck:
+                self._blocked[src] = now
+        for src, (first, last) in again.items():
+            self._control(src, RESEND, first, last)
+        for src, first in stuck:
+            self._control(src, RESEND, first, 0)
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error

@@ -1,0 +1,336 @@
+"""Sender-based message logging and in-order delivery: the bookkeeping, no I/O.
+
+Vocabulary. Every message from rank ``s`` to rank ``d`` has a sequence number
+``seq`` (1, 2, ... per ordered pair). The *sent vector* of a rank is the last ``seq``
+it used per destination; its *delivered vector* the last ``seq`` it handed to the
+application per source. A *floor* is what a receiver's oldest kept checkpoint has
+delivered from a sender: entries at or below it can never be asked for again, so the
+sender may collect them.
+
+:class:`SenderLog` keeps, per destination, the entries not yet collected: small
+messages with their body (persisted at the next flush), large ones (over the
+threshold) as metadata with the body kept in memory (a reference when the payload is
+immutable ``bytes``, a copy otherwise) until the receiver's floor passes them. When the
+bodies held exceed the high watermark, the log *spills*: bodies already persisted are
+dropped from memory and large bodies are persisted first, then dropped; the sender
+blocks only for that local disk write, never for a peer.
+
+:class:`Inbox` keeps, per source, the next sequence to deliver, early arrivals, and the
+checksums of delivered messages (to check a re-executed sender's duplicates).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from raps_slurm.errors import RapsError
+
+RECORD = struct.Struct(">IQQIIB")  # dst, seq, epoch, size, crc32, flags
+F_BODY, F_LARGE = 1, 2
+
+
+class MessagingError(RapsError):
+    """A message cannot be delivered correctly (named pair and sequence)."""
+
+
+class NotDeterministic(MessagingError):
+    """A re-executed send differs from what was delivered before: the rank is not
+    piecewise deterministic."""
+
+
+def checksum(data: bytes | memoryview) -> int:
+    """CRC-32 of a payload (frames and logs)."""
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+@dataclass
+class Entry:
+    """One logged message."""
+
+    dst: int
+    seq: int
+    epoch: int
+    size: int
+    crc: int
+    large: bool
+    body: bytes | memoryview | None
+    persisted: bool = False       # a record is in the log store
+    body_persisted: bool = False  # ... and it carries the body
+
+    def record(self, with_body: bool) -> list[bytes | memoryview]:
+        """The log-store record (header, then the body when asked and known)."""
+        flags = (F_LARGE if self.large else 0) | (F_BODY if with_body else 0)
+        head = RECORD.pack(self.dst, self.seq, self.epoch, self.size, self.crc, flags)
+        if with_body:
+            assert self.body is not None
+            return [head, self.body]
+        return [head]
+
+
+def parse_records(data: bytes | memoryview) -> Iterator[Entry]:
+    """Entries of a log-store blob; MessagingError at a truncated or inconsistent record."""
+    view = memoryview(data)
+    pos = 0
+    while pos < len(view):
+        if len(view) - pos < RECORD.size:
+            raise MessagingError(f"log record truncated at offset {pos}")
+        dst, seq, epoch, size, crc, flags = RECORD.unpack_from(view, pos)
+        pos += RECORD.size
+        body = None
+        if flags & F_BODY:
+            if len(view) - pos < size:
+                raise MessagingError(f"log body truncated at offset {pos}")
+            body = bytes(view[pos:pos + size])
+            pos += size
+            if checksum(body) != crc:
+                raise MessagingError(f"log record to {dst} seq {seq}: body checksum mismatch")
+        yield Entry(dst, seq, epoch, size, crc, bool(flags & F_LARGE), body, True,
+                    body is not None)
+
+
+class SenderLog:
+    """The sender's side: sequence numbers, the log, flush batches, spilling, collection."""
+
+    def __init__(self, *, large_threshold: int, high_watermark: int) -> None:
+        self.large_threshold = large_threshold
+        self.high_watermark = high_watermark
+        self.sent: dict[int, int] = {}          # dst -> last seq
+        self.entries: dict[int, deque[Entry]] = {}
+        self.floors: dict[int, int] = {}        # dst -> collectable up to
+        self.held = 0                           # bytes of bodies in memory
+        self.peak = 0
+        self.spilled = 0                        # bodies written out under pressure
+        self._unpersisted: list[Entry] = []
+
+    # --- sending ---------------------------------------------------------------------
+
+    def append(self, dst: int, payload: bytes | bytearray | memoryview, epoch: int) -> Entry:
+        """Log a message to ``dst``; the entry carries its seq and checksum."""
+        size = len(payload)
+        large = size > self.large_threshold
+        if isinstance(payload, bytes):
+            body: bytes | memoryview = payload  # immutable: a reference is enough
+        else:
+            body = bytes(payload)  # the application may change its buffer after send()
+        seq = self.sent.get(dst, 0) + 1
+        self.sent[dst] = seq
+        e = Entry(dst, seq, epoch, size, checksum(body), large, body)
+        self.entries.setdefault(dst, deque()).append(e)
+        self._unpersisted.append(e)
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        return e
+
+    def take_unpersisted(self) -> list[list[bytes | memoryview]]:
+        """Records to persist now (small messages with their bodies, large as metadata);
+        call :meth:`persisted` with the same entries once they are durable."""
+        out = [e.record(with_body=not e.large) for e in self._unpersisted]
+        return out
+
+    def persisted(self) -> list[Entry]:
+        """Mark everything handed out by :meth:`take_unpersisted` as durable."""
+        done, self._unpersisted = self._unpersisted, []
+        for e in done:
+            e.persisted = True
+            e.body_persisted = not e.large
+        return done
+
+    def over_watermark(self) -> bool:
+        """Bodies held exceed the high watermark: spill before the next send."""
+        return self.held > self.high_watermark
+
+    def spill_plan(self) -> list[Entry]:
+        """Large entries whose bodies must be written out before memory can shrink
+        (oldest first) until the held bytes would fall under the watermark."""
+        plan = []
+        would = self.held
+        for e in self._by_age():
+            if would <= self.high_watermark * 3 // 4:
+                break
+            if e.body is not None and e.persisted:
+                if not e.body_persisted:
+                    plan.append(e)
+                would -= e.size
+        return plan
+
+    def spill(self) -> int:
+        """Drop from memory the bodies that are durable (oldest first) until under 3/4 of
+        the watermark; returns the bytes freed."""
+        freed = 0
+        for e in self._by_age():
+            if self.held <= self.high_watermark * 3 // 4:
+                break
+            if e.body is not None and e.body_persisted:
+                self.held -= e.size
+                freed += e.size
+                e.body = None
+                self.spilled += 1
+        return freed
+
+    def _by_age(self) -> list[Entry]:
+        every = [e for q in self.entries.values() for e in q]
+        return sorted(every, key=lambda e: (e.epoch, e.seq))
+
+    # --- collection and resend -------------------------------------------------------
+
+    def raise_floor(self, dst: int, floor: int) -> int:
+        """The receiver ``dst`` will never ask again for seq <= ``floor``: collect them.
+        Returns how many entries went."""
+        if floor <= self.floors.get(dst, 0):
+            return 0
+        self.floors[dst] = floor
+        q = self.entries.get(dst)
+        n = 0
+        while q and q[0].seq <= floor and q[0].persisted:
+            e = q.popleft()
+            if e.body is not None:
+                self.held -= e.size
+            n += 1
+        return n
+
+    def after(self, dst: int, seq: int) -> list[Entry]:
+        """Entries to ``dst`` with a sequence above ``seq`` (a resend or a replay).
+
+        MessagingError if some of them were collected already (the receiver went back
+        further than its oldest kept checkpoint): never replay a hole.
+        """
+        q = self.entries.get(dst, deque())
+        want_from = seq + 1
+        last = self.sent.get(dst, 0)
+        if want_from > last:
+            return []
+        first = q[0].seq if q else last + 1
+        if want_from < first:
+            raise MessagingError(f"rank {dst} asks for messages from seq {want_from}, but "
+                                 f"seq {want_from}..{first - 1} were collected (floor "
+                                 f"{self.floors.get(dst, 0)})")
+        return [e for e in q if e.seq > seq]
+
+    def sent_vector(self) -> dict[int, int]:
+        """Last seq per destination."""
+        return dict(self.sent)
+
+    def large_uncovered(self) -> list[Entry]:
+        """Large entries whose receivers have not covered them (they go into a checkpoint)."""
+        return [e for q in self.entries.values() for e in q if e.large]
+
+    def reload(self, entries: Iterable[Entry], sent: dict[int, int],
+               bodies: dict[tuple[int, int], bytes], floors: dict[int, int]) -> None:
+        """After a restore: the persisted entries up to the checkpoint's sent vector and
+        above the floors it had collected to, with large bodies from the checkpoint;
+        later entries are dropped (re-execution sends them again)."""
+        self.sent = {int(k): int(v) for k, v in sent.items()}
+        self.floors = {int(k): int(v) for k, v in floors.items()}
+        self.entries = {}
+        self.held = 0
+        best: dict[tuple[int, int], Entry] = {}
+        for e in entries:
+            if self.floors.get(e.dst, 0) < e.seq <= self.sent.get(e.dst, 0):
+                old = best.get((e.dst, e.seq))
+                if old is None or (old.body is None and e.body is not None):
+                    best[(e.dst, e.seq)] = e
+        for (dst, seq), e in sorted(best.items()):
+            if e.body is None and (dst, seq) in bodies:
+                e.body = bodies[(dst, seq)]
+            e.persisted = True
+            self.entries.setdefault(dst, deque()).append(e)
+            if e.body is not None:
+                self.held += e.size
+        self._unpersisted = []
+
+
+@dataclass
+class _Source:
+    next: int = 1
+    early: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # seq -> (crc, body)
+    crcs: dict[int, int] = field(default_factory=dict)                 # delivered seq -> crc
+    epoch: int = 0
+    asked: int = 0  # a resend was requested up to this seq
+
+
+class Inbox:
+    """The receiver's side: per source, in-order delivery, duplicates, gaps."""
+
+    def __init__(self) -> None:
+        self.sources: dict[int, _Source] = {}
+        self.refused_epoch = 0
+        self.duplicates = 0
+
+    def _src(self, src: int) -> _Source:
+        return self.sources.setdefault(src, _Source())
+
+    def delivered(self, src: int) -> int:
+        """Last seq delivered from ``src``."""
+        return self._src(src).next - 1
+
+    def delivered_vector(self) -> dict[int, int]:
+        """Last seq delivered per source."""
+        return {s: v.next - 1 for s, v in self.sources.items() if v.next > 1}
+
+    def set_epoch(self, src: int, epoch: int) -> bool:
+        """Note the sender's newest epoch; False if ``epoch`` is older than known."""
+        s = self._src(src)
+        if epoch < s.epoch:
+            return False
+        s.epoch = epoch
+        return True
+
+    def offer(self, src: int, seq: int, epoch: int, crc: int, body: bytes
+              ) -> tuple[str, int, int]:
+        """A data frame arrived: ``("ok"|"dup"|"stale", 0, 0)`` or ``("gap", first, last)``
+        (ask the sender to resend first..last). NotDeterministic for a duplicate whose
+        checksum differs from the delivered one."""
+        s = self._src(src)
+        if epoch < s.epoch:
+            self.refused_epoch += 1
+            return "stale", 0, 0
+        s.epoch = epoch
+        if seq < s.next:
+            self.duplicates += 1
+            known = s.crcs.get(seq)
+            if known is not None and known != crc:
+                raise NotDeterministic(
+                    f"rank {src} re-sent seq {seq} with checksum {crc:08x}, but "
+                    f"{known:08x} was delivered: rank {src} is not piecewise deterministic")
+            return "dup", 0, 0
+        if seq in s.early:
+            if s.early[seq][0] != crc:
+                raise NotDeterministic(f"rank {src} sent seq {seq} twice with different "
+                                       f"checksums: not piecewise deterministic")
+            return "dup", 0, 0
+        s.early[seq] = (crc, body)
+        if seq > s.next and s.asked < seq - 1:
+            first = max(s.next, s.asked + 1)
+            s.asked = seq - 1
+            return "gap", first, seq - 1
+        return "ok", 0, 0
+
+    def pop(self, src: int) -> bytes | None:
+        """The next in-order message from ``src``, None if it has not arrived."""
+        s = self._src(src)
+        got = s.early.pop(s.next, None)
+        if got is None:
+            return None
+        s.crcs[s.next] = got[0]
+        s.next += 1
+        return got[1]
+
+    def trim_checksums(self, src: int, upto: int) -> None:
+        """Forget delivered checksums up to ``upto`` (the sender's checkpoint passed them:
+        a re-execution never sends them again)."""
+        s = self._src(src)
+        for seq in [q for q in s.crcs if q <= upto]:
+            del s.crcs[seq]
+
+    def restore(self, delivered: dict[int, int]) -> None:
+        """After a restore: continue after the checkpoint's delivered vector."""
+        self.sources = {int(k): _Source(next=int(v) + 1) for k, v in delivered.items()}
+
+    def waiting(self, src: int) -> bool:
+        """A gap is open (early arrivals wait for a missing one)."""
+        s = self._src(src)
+        return bool(s.early) and s.next not in s.early

@@ -1,0 +1,243 @@
+"""Where a rank's runtime keeps what outlives it: peer addresses, its message log, its
+checkpoints. Two implementations of one small interface:
+
+- :class:`AgentPort`: the node's agent, over its unix socket (production; the rank
+  holds no etcd credentials, DESIGN.md 4b);
+- :class:`LocalPort`: a directory on this machine (``runtime.init(local=N)`` and the
+  tests): peers are files, the log is segment files, checkpoints go to a chunk store
+  in the directory, and ``epochs/<rank>`` plays the rank map's epoch check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+from raps_slurm.checkpoint.chunkstore import ChunkStore, write_atomic
+from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.checkpoint.local import LocalCheckpoints
+from raps_slurm.checkpoint.manifest import Manifest
+from raps_slurm.checkpoint.reader import materialize
+from raps_slurm.checkpoint.writer import encode_state
+from raps_slurm.runtime.agent_client import AgentError
+from raps_slurm.runtime.msglog import MessagingError, parse_records
+
+
+class Port(Protocol):
+    """What the runtime needs from its agent (or its stand-in)."""
+
+    def publish(self, host: str, port: int, epoch: int) -> None: ...
+    def lookup(self, rank: int) -> tuple[str, int, int] | None: ...
+    def log_append(self, parts: list[bytes | memoryview]) -> None: ...
+    def log_read(self) -> bytes: ...
+    def log_trim(self, floors: dict[int, int]) -> None: ...
+    def save(self, items: dict[str, Any], extra: dict[str, Any]) -> int: ...
+    def restore(self) -> tuple[dict[str, Any], int, dict[str, Any]] | None: ...
+    def heartbeat(self, step: int, items: int) -> None: ...
+    def escalate(self, reason: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class LocalPort:
+    """A directory shared by the ranks of one local run."""
+
+    def __init__(self, root: str | os.PathLike[str], job: str, rank: int, epoch: int,
+                 params: CodecParams | None = None, max_generations: int = 5) -> None:
+        self.root = Path(root)
+        self.job, self.rank, self.epoch = job, rank, epoch
+        self.params = params or CodecParams()
+        self.max_generations = max_generations
+        for d in ("peers", "epochs", f"logs/{rank}", "tmp"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        self._ckpt = LocalCheckpoints(ChunkStore(self.root / "ckpt"))
+        self._last: Manifest | None = None
+        self._seg = 0
+        self._lock = threading.Lock()
+        current = self.current_epoch(rank)
+        if current is None or current < epoch:
+            write_atomic(self.root / "epochs", self.root / "tmp", str(rank),
+                         [str(epoch).encode()], sync_dir=False)
+
+    def current_epoch(self, rank: int) -> int | None:
+        """The epoch the 'rank map' says rank runs at."""
+        try:
+            return int((self.root / "epochs" / str(rank)).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _check_epoch(self) -> None:
+        current = self.current_epoch(self.rank)
+        if current is not None and current != self.epoch:
+            raise AgentError(f"rank {self.rank} is at epoch {current}; this copy is epoch "
+                             f"{self.epoch}", "epoch")
+
+    def publish(self, host: str, port: int, epoch: int) -> None:
+        write_atomic(self.root / "peers", self.root / "tmp", f"{self.rank}.json",
+                     [json.dumps({"host": host, "port": port, "epoch": epoch}).encode()],
+                     sync_dir=False)
+
+    def lookup(self, rank: int) -> tuple[str, int, int] | None:
+        try:
+            d = json.loads((self.root / "peers" / f"{rank}.json").read_text())
+            return str(d["host"]), int(d["port"]), int(d["epoch"])
+        except (FileNotFoundError, ValueError, KeyError):
+            return None
+
+    def _logdir(self) -> Path:
+        return self.root / "logs" / str(self.rank)
+
+    def log_append(self, parts: list[bytes | memoryview]) -> None:
+        if not parts:
+            return
+        with self._lock:
+            self._check_epoch()
+            names = [int(p.stem) for p in self._logdir().glob("*.seg") if p.stem.isdigit()]
+            self._seg = max([self._seg, *names]) + 1
+            write_atomic(self._logdir(), self.root / "tmp", f"{self._seg}.seg", parts)
+
+    def log_read(self) -> bytes:
+        segs = sorted((int(p.stem), p) for p in self._logdir().glob("*.seg") if p.stem.isdigit())
+        return b"".join(p.read_bytes() for _, p in segs)
+
+    def log_trim(self, floors: dict[int, int]) -> None:
+        with self._lock:
+            for p in sorted(self._logdir().glob("*.seg")):
+                try:
+                    entries = list(parse_records(p.read_bytes()))
+                except (OSError, MessagingError):
+                    continue
+                if entries and all(e.seq <= floors.get(e.dst, 0) for e in entries):
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
+
+    def save(self, items: dict[str, Any], extra: dict[str, Any]) -> int:
+        with self._lock:
+            self._check_epoch()
+            job, rank = self.job, self.rank
+            base = self._last.generation if self._last else None
+            session, ok = self._ckpt.begin(job, rank, self.epoch, base)
+            try:
+                m, _ = encode_state(items, job=job, rank=rank, epoch=self.epoch,
+                                    params=self.params, previous=self._last if ok else None,
+                                    sink=lambda p: _ignore(self._ckpt.ingest(session, p.fd)),
+                                    extra=extra)
+                gen = max(self._ckpt.store.generations(job, rank), default=0) + 1
+                self._ckpt.finish(session, m, gen)
+            finally:
+                self._ckpt.end(session)
+            self._last = m.with_generation(gen)
+            self._ckpt.store.collect(job, self.max_generations)
+            return gen
+
+    def restore(self) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
+        for gen in reversed(self._ckpt.store.generations(self.job, self.rank)):
+            restored, _ = self._ckpt.restore(self.job, self.rank, gen)
+            if restored is None:
+                continue
+            state = materialize(restored.manifest, restored.buffer)
+            items = state if isinstance(state, dict) else {"": state}
+            # Copies: the memory file is closed below.
+            items = {k: (v.copy() if hasattr(v, "copy") else v) for k, v in items.items()}
+            self._last = restored.manifest
+            extra = restored.manifest.extra
+            restored.close()
+            return items, gen, extra
+        return None
+
+    def heartbeat(self, step: int, items: int) -> None:
+        return None
+
+    def escalate(self, reason: str) -> None:
+        (self.root / "escalations").mkdir(exist_ok=True)
+        with open(self.root / "escalations" / f"{self.rank}.log", "a") as f:
+            f.write(reason + "\n")
+
+    def close(self) -> None:
+        return None
+
+
+class AgentPort:
+    """The node's agent: the runtime's one door (unix socket, SO_PEERCRED)."""
+
+    def __init__(self, socket_path: str, job: str, rank: int, epoch: int, *,
+                 heartbeat_sec: float = 10.0) -> None:
+        from raps_slurm.runtime.agent_client import AgentClient
+        from raps_slurm.runtime.checkpoint import CheckpointClient
+
+        self.job, self.rank, self.epoch = job, rank, epoch
+        self.agent = AgentClient(socket_path, job, rank, epoch, interval=heartbeat_sec)
+        self.agent.register()
+        self.agent.start()
+        self.ckpt = CheckpointClient(socket_path, job, rank, epoch)
+
+    def _call(self, message: dict[str, Any], fds: list[int] | None = None
+              ) -> tuple[dict[str, Any], list[int]]:
+        return self.ckpt._call(message, fds)
+
+    def publish(self, host: str, port: int, epoch: int) -> None:
+        self._call({"op": "peer_publish", "job": self.job, "rank": self.rank,
+                    "epoch": epoch, "host": host, "port": port})
+
+    def lookup(self, rank: int) -> tuple[str, int, int] | None:
+        reply, _ = self._call({"op": "peer_lookup", "job": self.job, "rank": rank})
+        if reply.get("host") is None:
+            return None
+        return str(reply["host"]), int(reply["port"]), int(reply["epoch"])
+
+    def log_append(self, parts: list[bytes | memoryview]) -> None:
+        if not parts:
+            return
+        from raps_slurm.checkpoint.pack import sealed_bytes
+        fd = sealed_bytes(b"".join(bytes(p) for p in parts), "raps-log")
+        try:
+            self._call({"op": "log_append", "job": self.job, "rank": self.rank,
+                        "epoch": self.epoch}, [fd])
+        finally:
+            os.close(fd)
+
+    def log_read(self) -> bytes:
+        reply, fds = self._call({"op": "log_read", "job": self.job, "rank": self.rank})
+        try:
+            return os.pread(fds[0], int(reply["size"]), 0) if fds else b""
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def log_trim(self, floors: dict[int, int]) -> None:
+        self._call({"op": "log_trim", "job": self.job, "rank": self.rank,
+                    "floors": {str(k): v for k, v in floors.items()}})
+
+    def save(self, items: dict[str, Any], extra: dict[str, Any]) -> int:
+        return self.ckpt.save(items, extra).generation
+
+    def restore(self) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
+        loaded = self.ckpt.restore()
+        if loaded is None or not isinstance(loaded.generation, int):
+            return None if loaded is None else (
+                _items(loaded.state), 0, self.ckpt.last.extra if self.ckpt.last else {})
+        assert self.ckpt.last is not None
+        return _items(loaded.state), loaded.generation, self.ckpt.last.extra
+
+    def heartbeat(self, step: int, items: int) -> None:
+        self.agent.progress(step, items)
+
+    def escalate(self, reason: str) -> None:
+        with contextlib.suppress(AgentError):
+            self._call({"op": "escalate", "job": self.job, "rank": self.rank,
+                        "reason": reason[:500]})
+
+    def close(self) -> None:
+        self.ckpt.close()
+        self.agent.close()
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+def _items(state: object) -> dict[str, Any]:
+    return state if isinstance(state, dict) else {"": state}

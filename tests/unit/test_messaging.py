@@ -1,0 +1,230 @@
+"""Message logging, replay and fencing on loopback TCP, ranks as threads, local ports.
+
+A *program* is a list of rounds; in each round every rank sends to some peers (payload
+derived from its state), then receives from every peer that sent to it, in rank order,
+folding each payload into its state; some ranks checkpoint at the end of some rounds.
+All sends of a round come before its receives, so a program cannot deadlock. A run with
+failures must end in exactly the states of the failure-free run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.runtime.context import Context, Settings
+from raps_slurm.runtime.msglog import MessagingError, NotDeterministic
+from raps_slurm.runtime.ports import LocalPort
+
+PARAMS = CodecParams(avg_chunk_kb=4)
+SMALL = Settings(flush_ms=20, large_threshold=256, high_watermark=1 << 20,
+                 buffer_bytes=2 << 20, checkpoint_interval=1e9, max_generations=2,
+                 recv_timeout=20.0)
+
+
+@dataclass
+class Program:
+    ranks: int
+    sends: list[list[list[int]]]          # round -> rank -> destinations
+    checkpoints: list[set[int]]           # rank -> rounds after which it checkpoints
+    sizes: list[int] = field(default_factory=list)  # payload size per round
+
+    @property
+    def rounds(self) -> int:
+        return len(self.sends)
+
+
+class Killed(Exception):
+    pass
+
+
+def payload(state: bytes, rnd: int, src: int, dst: int, size: int) -> bytes:
+    seed = hashlib.sha256(state + bytes([rnd % 256, src, dst])).digest()
+    return (seed * (size // 32 + 1))[:size]
+
+
+def run_rank(prog: Program, rank: int, root: Path, *, epoch: int = 1,
+             kill_at: int | None = None, tweak: Callable[[bytes], bytes] | None = None,
+             ctx_hook: Callable[[Context], None] | None = None,
+             settings: Settings = SMALL) -> bytes:
+    """One incarnation after another until the program ends; the final state."""
+    while True:
+        ctx = Context(LocalPort(root, "1", rank, epoch, PARAMS, max_generations=2),
+                      rank, prog.ranks, epoch, settings)
+        if ctx_hook:
+            ctx_hook(ctx)
+        try:
+            restored = ctx.restore()
+            if restored is None:
+                state, start = hashlib.sha256(b"start").digest(), 0
+            else:
+                state, start = bytes(restored["h"]), int(restored["round"][0])
+            for rnd in range(start, prog.rounds):
+                if kill_at is not None and rnd == kill_at and epoch == 1:
+                    raise Killed
+                size = prog.sizes[rnd] if prog.sizes else 64
+                for dst in prog.sends[rnd][rank]:
+                    data = payload(state, rnd, rank, dst, size)
+                    if tweak is not None and epoch > 1:
+                        data = tweak(data)
+                    ctx.send(dst, data)
+                for src in range(prog.ranks):
+                    if rank in prog.sends[rnd][src]:
+                        state = hashlib.sha256(state + ctx.recv(src)).digest()
+                if rnd + 1 in prog.checkpoints[rank]:
+                    ctx.checkpoint({"h": np.frombuffer(state, dtype=np.uint8).copy(),
+                                    "round": np.array([rnd + 1], dtype=np.int64)})
+            ctx.finalize()
+            return state
+        except Killed:
+            ctx.close()  # as a crash: nothing flushed, connections cut
+            epoch += 1
+
+
+def run(prog: Program, root: Path, kills: dict[int, int] | None = None,
+        **kw: object) -> list[bytes | BaseException]:
+    out: list[bytes | BaseException] = [b""] * prog.ranks
+
+    def one(r: int) -> None:
+        try:
+            out[r] = run_rank(prog, r, root, kill_at=(kills or {}).get(r), **kw)  # type: ignore[arg-type]
+        except BaseException as exc:  # reported by the test
+            out[r] = exc
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(prog.ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+@st.composite
+def programs(draw: st.DrawFn) -> tuple[Program, dict[int, int]]:
+    n = draw(st.integers(3, 4))
+    rounds = draw(st.integers(2, 6))
+    sends = [[sorted(draw(st.sets(st.sampled_from([d for d in range(n) if d != r]),
+                                  max_size=n - 1))) for r in range(n)] for _ in range(rounds)]
+    ckpts = [draw(st.sets(st.integers(1, rounds - 1), max_size=rounds)) for _ in range(n)]
+    sizes = [draw(st.sampled_from([16, 200, 1000])) for _ in range(rounds)]  # 1000 > large
+    victim = draw(st.integers(0, n - 1))
+    at = draw(st.integers(0, rounds - 1))
+    return Program(n, sends, ckpts, sizes), {victim: at}
+
+
+@given(programs())
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_random_programs_survive_a_killed_rank(tmp_path_factory: pytest.TempPathFactory,
+                                               case: tuple[Program, dict[int, int]]) -> None:
+    prog, kills = case
+    clean = run(prog, tmp_path_factory.mktemp("clean"))
+    faulty = run(prog, tmp_path_factory.mktemp("faulty"), kills)
+    assert all(isinstance(x, bytes) for x in clean), clean
+    assert faulty == clean
+
+
+def ring(n: int, rounds: int, every: int = 2, size: int = 64) -> Program:
+    return Program(n, [[[(r + 1) % n] for r in range(n)] for _ in range(rounds)],
+                   [set(range(every, rounds, every)) for _ in range(n)], [size] * rounds)
+
+
+def test_two_neighbours_killed_together(tmp_path: Path) -> None:
+    prog = ring(4, 8)
+    clean = run(prog, tmp_path / "clean")
+    assert run(prog, tmp_path / "faulty", {1: 5, 2: 5}) == clean
+
+
+def test_whole_job_restart_from_uncoordinated_checkpoints(tmp_path: Path) -> None:
+    prog = Program(3, [[[1, 2], [0, 2], [0, 1]] for _ in range(8)],
+                   [{2, 5}, {3, 6}, {4}], [100] * 8)
+    clean = run(prog, tmp_path / "clean")
+    # every rank dies at a different round, each after its own last checkpoint
+    assert run(prog, tmp_path / "faulty", {0: 6, 1: 7, 2: 5}) == clean
+
+
+def test_dropped_frames_are_resent_in_order(tmp_path: Path) -> None:
+    prog = ring(3, 12, every=100)
+    clean = run(prog, tmp_path / "clean")
+    seen: list[Context] = []
+
+    def lossy(ctx: Context) -> None:
+        ctx.drop_every = 3
+        seen.append(ctx)
+
+    assert run(prog, tmp_path / "lossy", ctx_hook=lossy) == clean
+    assert any(c.inbox.duplicates >= 0 and c.stats()["peers"] for c in seen)
+
+
+def test_non_deterministic_rank_is_an_error_not_a_wrong_result(tmp_path: Path) -> None:
+    prog = ring(3, 6, every=2)
+    quick = Settings(flush_ms=20, large_threshold=256, high_watermark=1 << 20,
+                     buffer_bytes=2 << 20, checkpoint_interval=1e9, max_generations=2,
+                     recv_timeout=3.0)
+    out = run(prog, tmp_path, {0: 5}, tweak=lambda b: b[::-1], settings=quick)
+    errors = [x for x in out if isinstance(x, BaseException)]
+    assert errors, out
+    assert any(isinstance(e, NotDeterministic) and "rank 0 re-sent seq" in str(e)
+               and "not piecewise deterministic" in str(e) for e in errors), errors
+
+
+def test_frames_from_a_fenced_epoch_are_refused_and_counted(tmp_path: Path) -> None:
+    a = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, SMALL)
+    b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, SMALL)
+    a.send(1, b"first")
+    assert b.recv(0, timeout=10) == b"first"
+    # rank 0 is relaunched (epoch 2, no checkpoint): it re-executes and goes on
+    newer = Context(LocalPort(tmp_path, "1", 0, 2, PARAMS), 0, 2, 2, SMALL)
+    newer.send(1, b"first")  # the re-executed send: a duplicate, dropped
+    newer.send(1, b"second")
+    assert b.recv(0, timeout=10) == b"second"
+    assert b.stats()["duplicates"] >= 1
+    # the old incarnation (a node back from a partition) connects again: refused
+    a._drop_out(1)
+    a.send(1, b"stale")
+    deadline = time.monotonic() + 10
+    while b.stats()["refused_hellos"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert b.stats()["refused_hellos"] >= 1
+    with pytest.raises(MessagingError, match="waited 1s for seq 3 from rank 0"):
+        b.recv(0, timeout=1)
+    for c in (a, b, newer):
+        c.close()
+
+
+def test_fast_senders_both_ways_spill_and_never_deadlock(tmp_path: Path) -> None:
+    tight = Settings(flush_ms=10, large_threshold=1024, high_watermark=256 << 10,
+                     buffer_bytes=512 << 10, recv_timeout=30.0)
+    n, size = 400, 4096  # 1.6 MB each way, six times the watermark
+    peaks: dict[int, int] = {}
+    done: dict[int, list[bytes]] = {}
+
+    def rank(r: int) -> None:
+        ctx = Context(LocalPort(tmp_path, "1", r, 1, PARAMS), r, 2, 1, tight)
+        other = 1 - r
+        for i in range(n):
+            ctx.send(other, bytes([i % 256]) * size)
+        done[r] = [ctx.recv(other) for _ in range(n)]
+        peaks[r] = ctx.log.peak
+        assert ctx.log.spilled > 0
+        ctx.finalize()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    for r in (0, 1):
+        assert done[r] == [bytes([i % 256]) * size for i in range(n)]
+        assert peaks[r] <= tight.buffer_bytes
