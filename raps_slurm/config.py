@@ -70,6 +70,11 @@ class MessageLogConfig:
     buffer_size_mb: int = _f(256, "in-memory log buffer per rank", 1, 1024 * 1024)
     buffer_high_watermark_mb: int = _f(192, "above this the log spills to local disk",
                                        1, 1024 * 1024)
+    recv_timeout_sec: float = _f(600.0, "a receive waiting this long is an error, escalated",
+                                 0.1, 7 * 86400)
+    listen_address: str = _f("", "address ranks listen on for peers ('' = the node's name)")
+    stats_interval_sec: float = _f(10.0, "ranks report their message-log figures this often",
+                                   0.1, 3600)
 
 
 @dataclass(frozen=True)

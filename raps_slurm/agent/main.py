@@ -26,6 +26,7 @@ import click
 from raps_slurm.agent.ckpt_api import CheckpointOps
 from raps_slurm.agent.health import HealthReporter
 from raps_slurm.agent.local_api import LocalApiServer, RankTable
+from raps_slurm.agent.msg_api import MessagingOps
 from raps_slurm.agent.node import NodeAgent
 from raps_slurm.agent.ranks import RankSupervisor
 from raps_slurm.agent.sweep import sweep_purged
@@ -82,7 +83,10 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                          valid_for=agent.valid_for,
                          idle_timeout=max(60.0, 3 * cfg.detection.app_heartbeat_interval_sec),
                          table=ranks,
-                         extensions=CheckpointOps(checkpoints, ranks).extensions())
+                         extensions={**CheckpointOps(checkpoints, ranks).extensions(),
+                                     **MessagingOps(checkpoints, ranks,
+                                                    lambda job: _owner_of(store, keys, job))
+                                     .extensions()})
     supervisor = RankSupervisor(agent, api.ranks, store, keys, key)
     try:
         host, port = parse_address(transfer_address or cfg.agent.transfer_address)

@@ -37,6 +37,7 @@ from typing import Any
 from raps_slurm.checkpoint.chunkstore import ChunkStore, write_atomic
 from raps_slurm.checkpoint.codec import CodecParams, Decoder
 from raps_slurm.checkpoint.local import LocalCheckpoints, Restored, SaveError, Session
+from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest, manifest_digest
 from raps_slurm.checkpoint.pack import MAGIC, iter_records
 from raps_slurm.checkpoint.transfer import (
@@ -129,7 +130,8 @@ class CheckpointService:
         self.limiter = TokenBucket(c.replication_mbps * 1e6)
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[str, int, int] | None] = queue.Queue()
+        self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
+        self.logs = LogStore(chunks.root)
         self._worker: threading.Thread | None = None
         self.pushed_bytes = 0
 
@@ -152,11 +154,14 @@ class CheckpointService:
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
             try:
-                self.replicate(*item)
+                item()
             except (RapsError, OSError) as exc:
-                log.warning("replication of job %s rank %d generation %d: %s", *item, exc)
+                log.warning("background copy failed: %s", exc)
             finally:
                 self._queue.task_done()
+
+    def _later(self, job: str, rank: int, gen: int) -> None:
+        self._queue.put(lambda: self.replicate(job, rank, gen))
 
     def wait_idle(self) -> None:
         """Block until queued replications are done (tests, shutdown)."""
@@ -199,7 +204,7 @@ class CheckpointService:
             record = self._commit(s, m)
         finally:
             self.abort(sid)
-        self._queue.put((s.job, s.rank, record.generation))
+        self._later(s.job, s.rank, record.generation)
         return record
 
     def _commit(self, s: Session, m: Manifest) -> CkptRecord:
@@ -349,9 +354,68 @@ class CheckpointService:
                 live = {h for h in rec.holders if h in peers or h == self.node}
                 if any(t not in live and t in peers for t in targets) or \
                         live != set(rec.holders):
-                    self._queue.put((job, rank, rec.generation))
+                    self._later(job, rank, rec.generation)
                     started += 1
         return started
+
+    # --- message-log segments ------------------------------------------------------------
+
+    def append_log(self, job: str, rank: int, data: bytes) -> int:
+        """Store a rank's log segment here and copy it to the rank's log backup (in the
+        background); its number."""
+        n = self.logs.append(job, rank, data)
+        self._queue.put(lambda: self._push_log(job, rank, n, data))
+        return n
+
+    def _push_log(self, job: str, rank: int, n: int, data: bytes) -> None:
+        group = self.group(job, rank)
+        targets = [t for t in decide.replica_targets(group, self.node, 1)]
+        peers = self._peers()
+        for t in targets:
+            if t in peers:
+                with TransferClient(self._key, self.node, peers[t], limiter=self.limiter) as c:
+                    c.call({"op": "log_put", "job": job, "rank": rank, "seg": n}, data)
+
+    def read_log(self, job: str, rank: int) -> bytes:
+        """A rank's log segments: this node's, else pulled from its group (a rank restored
+        on a spare reloads its log from the log backup)."""
+        if self.logs.segments(job, rank):
+            return self.logs.read(job, rank)
+        group = self.group(job, rank)
+        peers = self._peers()
+        for holder in [m for m in (group.log_backup, group.primary, *group.ckpt_mirrors)
+                       if m] if group else []:
+            if holder == self.node or holder not in peers:
+                continue
+            try:
+                with TransferClient(self._key, self.node, peers[holder],
+                                    limiter=self.limiter) as c:
+                    reply, body = c.call({"op": "log_get", "job": job, "rank": rank})
+            except TransferError as exc:
+                log.warning("log of job %s rank %d from %s: %s", job, rank, holder, exc)
+                continue
+            segs = reply.get("segments") or []
+            pos = 0
+            for n, size in segs:
+                self.logs.append(job, rank, bytes(body[pos:pos + size]), number=int(n))
+                pos += size
+            return self.logs.read(job, rank)
+        return b""
+
+    def trim_log(self, job: str, rank: int, floors: dict[int, int]) -> int:
+        """Drop segments the floors cover, here and on the log backup."""
+        n = self.logs.trim(job, rank, floors)
+        group = self.group(job, rank)
+        peers = self._peers()
+        if group is not None and group.log_backup in peers and group.log_backup != self.node:
+            target = peers[group.log_backup]
+            body = {str(k): v for k, v in floors.items()}
+
+            def remote() -> None:
+                with TransferClient(self._key, self.node, target, limiter=self.limiter) as c:
+                    c.call({"op": "log_trim", "job": job, "rank": rank, "floors": body})
+            self._queue.put(remote)
+        return n
 
     def _cold_copy(self, m: Manifest) -> None:
         c = self.cfg.checkpoint

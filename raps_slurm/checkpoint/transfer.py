@@ -13,7 +13,8 @@ Requests: ``has`` (which of these chunks are missing: the sender's delta offer),
 ``put`` (store chunks; each is decoded and checked against its name before it is
 kept), ``put_manifest`` (store a manifest once all its chunks are here), ``get`` and
 ``get_manifest`` (restores pull from holders), ``verify`` (re-read and check a
-generation here). Anything malformed closes the connection after one error line in the
+generation here), ``log_put``/``log_get``/``log_trim`` (message-log segments of a rank
+whose log backup this node is). Anything malformed closes the connection after one error line in the
 log; the server never trusts a digest it did not compute.
 """
 
@@ -36,6 +37,7 @@ from typing import Any
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.codec import ChunkError, Decoder, hasher
+from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest, is_hex_digest
 from raps_slurm.checkpoint.pack import HEADER, MAX_CHUNK, STORED_SLACK
 from raps_slurm.checkpoint.reader import read_into
@@ -275,6 +277,7 @@ class TransferServer:
                  *, digest_algo: str = "blake3", limiter: TokenBucket | None = None,
                  max_generations: int = 5) -> None:
         self.store, self.node = store, node
+        self.logs = LogStore(store.root)
         self.max_generations = max_generations
         self._key = key
         self._address = address
@@ -412,6 +415,30 @@ class TransferServer:
             raw = self.store.raw_size(job, d) or 0
             out.append((d, raw, data))
         return {"ok": True, "missing": missing}, encode_records(out)
+
+    def _op_log_put(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                    ) -> tuple[dict[str, Any], bytes]:
+        n = self.logs.append(_job(h), _int(h, "rank"), bytes(body), number=_int(h, "seg", 1))
+        return {"ok": True, "seg": n}, b""
+
+    def _op_log_get(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                    ) -> tuple[dict[str, Any], bytes]:
+        job, rank = _job(h), _int(h, "rank")
+        parts, segs = [], []
+        for n in self.logs.segments(job, rank):
+            data = self.logs.segment(job, rank, n)
+            parts.append(data)
+            segs.append([n, len(data)])
+        return {"ok": True, "segments": segs}, b"".join(parts)
+
+    def _op_log_trim(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                     ) -> tuple[dict[str, Any], bytes]:
+        floors = h.get("floors")
+        if not isinstance(floors, dict) or not all(
+                isinstance(k, str) and k.isdigit() and type(v) is int for k, v in floors.items()):
+            raise TransferError("field 'floors': expected an object of rank -> seq")
+        n = self.logs.trim(_job(h), _int(h, "rank"), {int(k): v for k, v in floors.items()})
+        return {"ok": True, "trimmed": n}, b""
 
     def _op_verify(self, h: dict[str, Any], body: memoryview, pins: _Pins
                    ) -> tuple[dict[str, Any], bytes]:

@@ -66,6 +66,7 @@ class Settings:
     max_generations: int = 5
     recv_timeout: float = 600.0
     host: str = "127.0.0.1"
+    stats_interval: float = 10.0
 
 
 class Context:
@@ -465,7 +466,14 @@ class Context:
 
     def _ticker(self) -> None:
         period = self.s.flush_ms / 1000
+        next_stats = self._clock() + self.s.stats_interval
         while not self._closed:
+            if self._clock() >= next_stats:
+                next_stats = self._clock() + self.s.stats_interval
+                try:
+                    self.port.report(self.stats())
+                except Exception as exc:
+                    log.debug("rank %d: stats not reported: %s", self.rank, exc)
             time.sleep(period)
             if self._closed:
                 return

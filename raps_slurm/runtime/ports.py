@@ -20,11 +20,11 @@ from typing import Any, Protocol
 from raps_slurm.checkpoint.chunkstore import ChunkStore, write_atomic
 from raps_slurm.checkpoint.codec import CodecParams
 from raps_slurm.checkpoint.local import LocalCheckpoints
+from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest
 from raps_slurm.checkpoint.reader import materialize
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.runtime.agent_client import AgentError
-from raps_slurm.runtime.msglog import MessagingError, parse_records
 
 
 class Port(Protocol):
@@ -39,6 +39,7 @@ class Port(Protocol):
     def restore(self) -> tuple[dict[str, Any], int, dict[str, Any]] | None: ...
     def heartbeat(self, step: int, items: int) -> None: ...
     def escalate(self, reason: str) -> None: ...
+    def report(self, stats: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -51,11 +52,13 @@ class LocalPort:
         self.job, self.rank, self.epoch = job, rank, epoch
         self.params = params or CodecParams()
         self.max_generations = max_generations
-        for d in ("peers", "epochs", f"logs/{rank}", "tmp"):
+        for d in ("peers", "epochs", "tmp"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
-        self._ckpt = LocalCheckpoints(ChunkStore(self.root / "ckpt"))
+        # One store per rank: several processes share the directory, and a store's
+        # collection must only ever see its own process's pins.
+        self._ckpt = LocalCheckpoints(ChunkStore(self.root / "ckpt" / str(rank)))
+        self._logs = LogStore(self.root / "logs")
         self._last: Manifest | None = None
-        self._seg = 0
         self._lock = threading.Lock()
         current = self.current_epoch(rank)
         if current is None or current < epoch:
@@ -87,32 +90,18 @@ class LocalPort:
         except (FileNotFoundError, ValueError, KeyError):
             return None
 
-    def _logdir(self) -> Path:
-        return self.root / "logs" / str(self.rank)
-
     def log_append(self, parts: list[bytes | memoryview]) -> None:
         if not parts:
             return
         with self._lock:
             self._check_epoch()
-            names = [int(p.stem) for p in self._logdir().glob("*.seg") if p.stem.isdigit()]
-            self._seg = max([self._seg, *names]) + 1
-            write_atomic(self._logdir(), self.root / "tmp", f"{self._seg}.seg", parts)
+            self._logs.append(self.job, self.rank, b"".join(bytes(p) for p in parts))
 
     def log_read(self) -> bytes:
-        segs = sorted((int(p.stem), p) for p in self._logdir().glob("*.seg") if p.stem.isdigit())
-        return b"".join(p.read_bytes() for _, p in segs)
+        return self._logs.read(self.job, self.rank)
 
     def log_trim(self, floors: dict[int, int]) -> None:
-        with self._lock:
-            for p in sorted(self._logdir().glob("*.seg")):
-                try:
-                    entries = list(parse_records(p.read_bytes()))
-                except (OSError, MessagingError):
-                    continue
-                if entries and all(e.seq <= floors.get(e.dst, 0) for e in entries):
-                    with contextlib.suppress(FileNotFoundError):
-                        p.unlink()
+        self._logs.trim(self.job, self.rank, floors)
 
     def save(self, items: dict[str, Any], extra: dict[str, Any]) -> int:
         with self._lock:
@@ -151,6 +140,10 @@ class LocalPort:
     def heartbeat(self, step: int, items: int) -> None:
         return None
 
+    def report(self, stats: dict[str, Any]) -> None:
+        write_atomic(self.root / "peers", self.root / "tmp", f"{self.rank}.stats",
+                     [json.dumps(stats).encode()], sync_dir=False)
+
     def escalate(self, reason: str) -> None:
         (self.root / "escalations").mkdir(exist_ok=True)
         with open(self.root / "escalations" / f"{self.rank}.log", "a") as f:
@@ -173,10 +166,15 @@ class AgentPort:
         self.agent.register()
         self.agent.start()
         self.ckpt = CheckpointClient(socket_path, job, rank, epoch)
+        # Messaging ops get their own connection: a checkpoint in progress on the other
+        # one must not hold up log flushes.
+        self._msg = CheckpointClient(socket_path, job, rank, epoch, timeout=60)
+        self._msg_lock = threading.Lock()
 
     def _call(self, message: dict[str, Any], fds: list[int] | None = None
               ) -> tuple[dict[str, Any], list[int]]:
-        return self.ckpt._call(message, fds)
+        with self._msg_lock:
+            return self._msg._call(message, fds)
 
     def publish(self, host: str, port: int, epoch: int) -> None:
         self._call({"op": "peer_publish", "job": self.job, "rank": self.rank,
@@ -225,6 +223,10 @@ class AgentPort:
     def heartbeat(self, step: int, items: int) -> None:
         self.agent.progress(step, items)
 
+    def report(self, stats: dict[str, Any]) -> None:
+        self._call({"op": "msg_stats", "job": self.job, "rank": self.rank,
+                    "stats": json.loads(json.dumps(stats, default=str))})
+
     def escalate(self, reason: str) -> None:
         with contextlib.suppress(AgentError):
             self._call({"op": "escalate", "job": self.job, "rank": self.rank,
@@ -232,6 +234,7 @@ class AgentPort:
 
     def close(self) -> None:
         self.ckpt.close()
+        self._msg.close()
         self.agent.close()
 
 

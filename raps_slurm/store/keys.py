@@ -8,6 +8,7 @@ Layout under the prefix (default ``/raps/v1/``)::
     jobs/<jobid>                  jobs/<jobid>/map
     jobs/<jobid>/ranks/<rank>     jobs/<jobid>/groups/<rank>
     jobs/<jobid>/ckpt/<rank>/<gen>  jobs/<jobid>/verdicts/<rank>
+    jobs/<jobid>/peers/<rank>       jobs/<jobid>/msgstats/<rank>
     plans/<id>
     purged/<jobid>                a finished job's keys are gone; agents delete its local data
 
@@ -128,6 +129,18 @@ class Keys:
     def job_rank_verdict(self, job_id: int | str, rank: int) -> str:
         """The last failure-detector verdict about one rank (HUNG), with its evidence."""
         return self.job_prefix(job_id) + "verdicts/" + _number(rank, "rank")
+
+    def job_peer(self, job_id: int | str, rank: int) -> str:
+        """Where a rank listens for its peers (host, port, epoch), published by its agent."""
+        return self.job_prefix(job_id) + "peers/" + _number(rank, "rank")
+
+    def job_msgstats_prefix(self, job_id: int | str) -> str:
+        """Prefix of the ranks' message-log figures."""
+        return self.job_prefix(job_id) + "msgstats/"
+
+    def job_msgstats(self, job_id: int | str, rank: int) -> str:
+        """One rank's message-log figures (sent, delivered, logged, collected per peer)."""
+        return self.job_msgstats_prefix(job_id) + _number(rank, "rank")
 
     def ckpt_prefix(self, job_id: int | str, rank: int) -> str:
         """Prefix of the checkpoint generations of one rank."""

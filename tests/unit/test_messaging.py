@@ -228,3 +228,32 @@ def test_fast_senders_both_ways_spill_and_never_deadlock(tmp_path: Path) -> None
     for r in (0, 1):
         assert done[r] == [bytes([i % 256]) * size for i in range(n)]
         assert peaks[r] <= tight.buffer_bytes
+
+
+def _heat(args: list[str], tmp: Path) -> str:
+    import subprocess
+    import sys
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", *args, "--",
+                           sys.executable, str(repo / "examples" / "heat_ring.py"),
+                           "--steps", "120", "--every", "20"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("final ")]
+    return line
+
+
+def test_local_launcher_relaunches_a_crashed_rank_process(tmp_path: Path) -> None:
+    clean = _heat(["-n", "3"], tmp_path)
+    assert _heat(["-n", "3", "--restarts", "1"], tmp_path) == clean
+    import subprocess
+    import sys
+    repo = Path(__file__).resolve().parents[2]
+    crashed = subprocess.run(
+        [sys.executable, "-m", "raps_slurm.runtime.local", "-n", "3", "--restarts", "1", "--",
+         sys.executable, str(repo / "examples" / "heat_ring.py"), "--steps", "120",
+         "--every", "20", "--die-at", "70"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert crashed.returncode == 0, crashed.stderr[-2000:]
+    assert "rank 2 exited with 17; relaunching it with epoch 2" in crashed.stderr
+    assert clean in crashed.stdout

@@ -1,0 +1,171 @@
+"""Messaging ops of the agent's local API: what a rank's runtime needs besides checkpoints.
+
+A rank holds no etcd credentials: it publishes its listening address and reads its
+peers' through its agent, and it hands its message-log segments to the agent, which
+keeps them in the node's store and copies them to the rank's log backup. Ops:
+
+``peer_publish {job, rank, epoch, host, port}``  only the uid that registered the rank,
+    with the registered epoch; written to ``jobs/<id>/peers/<rank>``.
+``peer_lookup {job, rank}``  only the job's owner; ``host``/``port``/``epoch`` or nulls.
+``log_append {job, rank, epoch}`` + sealed memory file   one log segment (parsed before
+    it is kept); refused with kind ``epoch`` for a superseded epoch.
+``log_read {job, rank}``  every segment (pulled from the log backup when this node has
+    none, as on a spare after a relaunch), as a sealed memory file.
+``log_trim {job, rank, floors}``  drop segments the receivers' floors cover.
+``msg_stats {job, rank, stats}``  the rank's message-log figures, for ``rapsctl inspect``.
+``escalate {job, rank, reason}``  a case the runtime cannot serve (a hole in a replay,
+    a receive that timed out): recorded as the rank's verdict ``ESCALATE`` for the
+    coordinator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import typing
+from collections.abc import Callable
+
+from raps_slurm.agent.api_schema import Check, Refused, _is_int
+from raps_slurm.agent.ckpt_api import _close
+from raps_slurm.agent.local_api import Extension, Peer, RankTable
+from raps_slurm.checkpoint.logstore import MAX_SEGMENT, LogStoreError
+from raps_slurm.checkpoint.pack import is_sealed, sealed_bytes
+from raps_slurm.checkpoint.service import CheckpointService
+from raps_slurm.runtime.agent_client import MAX_JOB_ID_LEN
+
+_JOB: Check = (lambda v: isinstance(v, str) and v.isascii() and v.isdigit()
+               and 1 <= len(v) <= MAX_JOB_ID_LEN, f"a string of 1..{MAX_JOB_ID_LEN} digits")
+_RANK: Check = (lambda v: _is_int(v, 0, 2**31 - 1), "an integer >= 0 and < 2**31")
+_EPOCH: Check = (lambda v: _is_int(v, 1, 2**63 - 1), "an integer >= 1 and < 2**63")
+_HOST: Check = (lambda v: isinstance(v, str) and 0 < len(v) <= 255 and v.isascii()
+                and v.isprintable() and " " not in v, "a host name or address")
+_PORT: Check = (lambda v: _is_int(v, 1, 65535), "a port 1..65535")
+_FLOORS: Check = (lambda v: isinstance(v, dict) and len(v) <= 1 << 20 and all(
+    isinstance(k, str) and k.isdigit() and _is_int(x, 0, 2**63 - 1) for k, x in v.items()),
+    "an object of rank -> seq")
+_STATS: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 1 << 16,
+                 "an object of at most 64 KiB")
+_REASON: Check = (lambda v: isinstance(v, str) and 0 < len(v) <= 1000, "a text of 1..1000")
+
+
+class MessagingOps:
+    """The handlers."""
+
+    def __init__(self, service: CheckpointService, ranks: RankTable,
+                 owner_of: Callable[[str], int | None]) -> None:
+        self.service, self.ranks, self._owner_of = service, ranks, owner_of
+        self.store, self.keys = service.store, service.keys
+
+    def extensions(self) -> dict[str, Extension]:
+        """What :class:`LocalApiServer` serves for messaging."""
+        return {
+            "peer_publish": Extension({"job": _JOB, "rank": _RANK, "epoch": _EPOCH,
+                                       "host": _HOST, "port": _PORT}, self.publish),
+            "peer_lookup": Extension({"job": _JOB, "rank": _RANK}, self.lookup),
+            "log_append": Extension({"job": _JOB, "rank": _RANK, "epoch": _EPOCH},
+                                    self.log_append),
+            "log_read": Extension({"job": _JOB, "rank": _RANK}, self.log_read),
+            "log_trim": Extension({"job": _JOB, "rank": _RANK, "floors": _FLOORS},
+                                  self.log_trim),
+            "msg_stats": Extension({"job": _JOB, "rank": _RANK, "stats": _STATS},
+                                   self.stats),
+            "escalate": Extension({"job": _JOB, "rank": _RANK, "reason": _REASON},
+                                  self.escalate),
+        }
+
+    def _own(self, peer: Peer, job: str, rank: int, epoch: int | None = None) -> None:
+        info = self.ranks.get(job, rank)
+        if info is None:
+            if peer.uid == 0:
+                return
+            raise Refused("not_registered", f"rank {rank} of job {job} is not registered "
+                                            "with this agent")
+        if peer.uid != 0 and info.uid != peer.uid:
+            raise Refused("permission", f"permission denied: rank {rank} of job {job} "
+                                        f"belongs to uid {info.uid}, you are uid {peer.uid}")
+        if epoch is not None and epoch != info.epoch:
+            raise Refused("epoch", f"epoch {epoch} is not the registered epoch {info.epoch} "
+                                   f"of rank {rank} of job {job}")
+
+    def publish(self, f: dict[str, object], peer: Peer, fds: list[int]
+                ) -> tuple[dict[str, object], list[int]]:
+        _close(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        self._own(peer, job, rank, typing.cast(int, f["epoch"]))
+        self.store.put(self.keys.job_peer(job, rank), json.dumps(
+            {"host": f["host"], "port": f["port"], "epoch": f["epoch"],
+             "node": self.service.node}).encode())
+        return {"ok": True}, []
+
+    def lookup(self, f: dict[str, object], peer: Peer, fds: list[int]
+               ) -> tuple[dict[str, object], list[int]]:
+        _close(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        if peer.uid != 0:
+            owner = self._owner_of(job)
+            if owner != peer.uid:
+                raise Refused("permission", f"permission denied: job {job} belongs to uid "
+                                            f"{owner}, you are uid {peer.uid}")
+        kv = self.store.get(self.keys.job_peer(job, rank))
+        if kv is None:
+            return {"ok": True, "host": None, "port": None, "epoch": None}, []
+        try:
+            d = json.loads(kv.value)
+            return {"ok": True, "host": str(d["host"]), "port": int(d["port"]),
+                    "epoch": int(d["epoch"])}, []
+        except (ValueError, KeyError, TypeError):
+            return {"ok": True, "host": None, "port": None, "epoch": None}, []
+
+    def log_append(self, f: dict[str, object], peer: Peer, fds: list[int]
+                   ) -> tuple[dict[str, object], list[int]]:
+        try:
+            job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+            self._own(peer, job, rank, typing.cast(int, f["epoch"]))
+            if len(fds) != 1 or not is_sealed(fds[0]):
+                raise Refused("fds", "log_append: expected one sealed memory file")
+            size = os.fstat(fds[0]).st_size
+            if size > MAX_SEGMENT:
+                raise Refused("size", f"log_append: {size} bytes is more than {MAX_SEGMENT}")
+            try:
+                n = self.service.append_log(job, rank, os.pread(fds[0], size, 0))
+            except LogStoreError as exc:
+                raise Refused("log", f"log_append: {exc}") from None
+            return {"ok": True, "segment": n}, []
+        finally:
+            _close(fds)
+
+    def log_read(self, f: dict[str, object], peer: Peer, fds: list[int]
+                 ) -> tuple[dict[str, object], list[int]]:
+        _close(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        self._own(peer, job, rank)
+        data = self.service.read_log(job, rank)
+        return {"ok": True, "size": len(data)}, [sealed_bytes(data, "raps-log")]
+
+    def log_trim(self, f: dict[str, object], peer: Peer, fds: list[int]
+                 ) -> tuple[dict[str, object], list[int]]:
+        _close(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        self._own(peer, job, rank)
+        floors = {int(k): int(v) for k, v in typing.cast("dict[str, int]", f["floors"]).items()}
+        return {"ok": True, "trimmed": self.service.trim_log(job, rank, floors)}, []
+
+    def stats(self, f: dict[str, object], peer: Peer, fds: list[int]
+              ) -> tuple[dict[str, object], list[int]]:
+        _close(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        self._own(peer, job, rank)
+        value = {"stats": f["stats"], "node": self.service.node, "at": time.time()}
+        self.store.put(self.keys.job_msgstats(job, rank), json.dumps(value).encode())
+        return {"ok": True}, []
+
+    def escalate(self, f: dict[str, object], peer: Peer, fds: list[int]
+                 ) -> tuple[dict[str, object], list[int]]:
+        _close(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        self._own(peer, job, rank)
+        value = {"kind": "ESCALATE", "node": self.service.node, "job": job, "rank": rank,
+                 "at": time.time(), "evidence": {"reason": f["reason"]}}
+        self.store.put(self.keys.job_rank_verdict(job, rank), json.dumps(value).encode())
+        return {"ok": True}, []

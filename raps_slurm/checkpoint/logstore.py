@@ -1,0 +1,100 @@
+"""Message-log segments of ranks on a node (the agent's, or a local run's directory).
+
+A rank flushes its message log in batches; each batch is one *segment* file,
+``job-<id>/logs/<rank>/<n>.seg``, written atomically (temp file, fsync, rename): a
+crash keeps whole segments only. Segments are numbered in the order they were written;
+reading concatenates them. Trimming deletes the segments whose every record is at or
+below the floor its destination gave (those messages can never be asked for again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+
+from raps_slurm.checkpoint.chunkstore import write_atomic
+from raps_slurm.errors import RapsError
+from raps_slurm.runtime.msglog import MessagingError, parse_records
+
+MAX_SEGMENT = 256 << 20
+
+
+class LogStoreError(RapsError):
+    """A segment is refused (malformed, too large)."""
+
+
+class LogStore:
+    """Segments under one root; thread-safe."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._lock = threading.Lock()
+
+    def _dir(self, job: str, rank: int) -> Path:
+        if not (job.isascii() and job.isdigit() and 0 < len(job) <= 20) and job != "local":
+            raise ValueError(f"job id {job!r}: expected 1..20 decimal digits")
+        return self.root / f"job-{job}" / "logs" / str(int(rank))
+
+    def segments(self, job: str, rank: int) -> list[int]:
+        """Segment numbers, ascending."""
+        d = self._dir(job, rank)
+        if not d.is_dir():
+            return []
+        return sorted(int(p.stem) for p in d.glob("*.seg") if p.stem.isdigit())
+
+    def append(self, job: str, rank: int, data: bytes, number: int | None = None) -> int:
+        """Store one segment (checked to parse); its number. With ``number`` (a copy from
+        the primary) the same number is used, and an existing one is kept."""
+        if len(data) > MAX_SEGMENT:
+            raise LogStoreError(f"log segment of {len(data)} bytes exceeds {MAX_SEGMENT}")
+        try:
+            for _ in parse_records(data):
+                pass
+        except MessagingError as exc:
+            raise LogStoreError(f"malformed log segment: {exc}") from None
+        d = self._dir(job, rank)
+        with self._lock:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = d.parent.parent / "tmp"
+            tmp.mkdir(mode=0o700, exist_ok=True)
+            if number is None:
+                number = max(self.segments(job, rank), default=0) + 1
+            elif (d / f"{number}.seg").exists():
+                return number
+            write_atomic(d, tmp, f"{number}.seg", [data])
+        return number
+
+    def segment(self, job: str, rank: int, n: int) -> bytes:
+        """One segment's bytes (empty if it is gone)."""
+        try:
+            return (self._dir(job, rank) / f"{int(n)}.seg").read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def read(self, job: str, rank: int, after: int = 0) -> bytes:
+        """Every segment above ``after``, concatenated in order."""
+        d = self._dir(job, rank)
+        out = []
+        for n in self.segments(job, rank):
+            if n > after:
+                with contextlib.suppress(FileNotFoundError):
+                    out.append((d / f"{n}.seg").read_bytes())
+        return b"".join(out)
+
+    def trim(self, job: str, rank: int, floors: dict[int, int]) -> int:
+        """Delete segments whose every record is at or below its destination's floor."""
+        d = self._dir(job, rank)
+        gone = 0
+        with self._lock:
+            for n in self.segments(job, rank):
+                path = d / f"{n}.seg"
+                try:
+                    entries = list(parse_records(path.read_bytes()))
+                except (OSError, MessagingError):
+                    continue
+                if all(e.seq <= floors.get(e.dst, 0) for e in entries):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                        gone += 1
+        return gone

@@ -1,0 +1,81 @@
+"""``python -m raps_slurm.runtime.local -n N [--restarts K] -- PROGRAM ARGS``: N ranks here.
+
+A launcher for trying an application without Slurm or agents: it starts PROGRAM N times
+with ``RAPS_LOCAL_DIR`` (peers, logs and checkpoints in one directory),
+``RAPS_RANK``, ``RAPS_SIZE`` and ``RAPS_EPOCH``; ``runtime.init()`` in the program picks
+them up. A rank that dies (non-zero exit or a signal) is started again with the next
+epoch, up to ``--restarts`` times in all: it restores its last checkpoint and its peers
+replay what it missed, as on a cluster. The exit code is 0 when every rank ended with
+0, else the first failing rank's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the launcher."""
+    p = argparse.ArgumentParser(prog="python -m raps_slurm.runtime.local",
+                                description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("-n", "--ranks", type=int, required=True, help="number of ranks (1-256)")
+    p.add_argument("--restarts", type=int, default=0,
+                   help="how many rank failures to recover from by relaunching (default 0)")
+    p.add_argument("--dir", default=None, help="state directory (default: a new temp dir, "
+                                               "removed at the end)")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS")
+    a = p.parse_args(argv)
+    prog = a.program[1:] if a.program[:1] == ["--"] else a.program
+    if not prog:
+        p.error("expected -- PROGRAM ARGS")
+    if not 1 <= a.ranks <= 256:
+        p.error(f"--ranks {a.ranks}: expected 1-256")
+    root = a.dir or tempfile.mkdtemp(prefix="raps-local-")
+    try:
+        return run(prog, a.ranks, a.restarts, root)
+    finally:
+        if a.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def run(prog: list[str], n: int, restarts: int, root: str) -> int:
+    """Start, watch and relaunch the ranks; the exit code."""
+    epochs = dict.fromkeys(range(n), 1)
+
+    def start(rank: int) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "RAPS_LOCAL_DIR": root, "RAPS_RANK": str(rank),
+               "RAPS_SIZE": str(n), "RAPS_EPOCH": str(epochs[rank])}
+        return subprocess.Popen(prog, env=env)
+
+    procs = {r: start(r) for r in range(n)}
+    codes: dict[int, int] = {}
+    left = restarts
+    while procs:
+        for rank, proc in list(procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del procs[rank]
+            if code != 0 and left > 0:
+                left -= 1
+                epochs[rank] += 1
+                print(f"raps-local: rank {rank} exited with {code}; relaunching it with "
+                      f"epoch {epochs[rank]}", file=sys.stderr)
+                procs[rank] = start(rank)
+            else:
+                codes[rank] = code
+        time.sleep(0.02)
+    bad = [(r, c) for r, c in sorted(codes.items()) if c != 0]
+    for r, c in bad:
+        print(f"raps-local: rank {r} failed with exit code {c}", file=sys.stderr)
+    return bad[0][1] if bad and bad[0][1] > 0 else (1 if bad else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
