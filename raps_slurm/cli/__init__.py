@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from raps_slurm.cli import admin, bench, ckpt, config_cmd, ping, show
+from raps_slurm.cli import admin, bench, ckpt, config_cmd, inspect_cmd, ping, show
 from raps_slurm.cli import jobs as _jobs  # noqa: F401  (adds show job, show groups)
 from raps_slurm.errors import ConfigError, RapsError
 
@@ -32,6 +32,7 @@ cli.add_command(admin.drain)
 cli.add_command(admin.resume)
 cli.add_command(ckpt.verify)
 cli.add_command(ckpt.restore)
+cli.add_command(inspect_cmd.inspect)
 
 
 def main(argv: list[str] | None = None) -> None:

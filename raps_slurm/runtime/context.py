@@ -256,6 +256,8 @@ class Context:
                         self.rank, ", ".join(f"to {d}: {a}/{n}" for d, (a, n) in behind.items()))
         with contextlib.suppress(Exception):
             self._confirm()  # the peers wait for this in their own finalize
+        with contextlib.suppress(Exception):
+            self.port.report(self.stats())  # the last figures, for rapsctl inspect
         self.close()
 
     def close(self) -> None:
