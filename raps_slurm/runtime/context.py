@@ -32,6 +32,7 @@ from raps_slurm.runtime.msglog import (
     MessagingError,
     NotDeterministic,
     SenderLog,
+    checksum,
     parse_records,
 )
 from raps_slurm.runtime.ports import Port
@@ -67,6 +68,7 @@ class Settings:
     recv_timeout: float = 600.0
     host: str = "127.0.0.1"
     stats_interval: float = 10.0
+    logging: bool = True  # False only for the benchmark's unlogged baseline
 
 
 class Context:
@@ -97,6 +99,7 @@ class Context:
         self._closed = False
         self._persisted_bodies: dict[tuple[int, int], bytes] | None = None
         self._gaps: dict[int, tuple[int, int]] = {}
+        self._flush_lock = threading.Lock()
         self._blocked: dict[int, float] = {}  # src -> since when a recv waits for it
         self._acked: dict[int, int] = {}      # dst -> what it confirmed delivered
         self._confirmed: dict[int, int] = {}  # src -> what we told it we delivered
@@ -150,6 +153,14 @@ class Context:
             raise ValueError(f"destination {dst}: expected another rank in 0..{self.size - 1}")
         self._start()
         self._raise_error()
+        if not self.s.logging:  # benchmark baseline: numbered frames, nothing kept
+            with self._mu:
+                seq = self.log.sent.get(dst, 0) + 1
+                self.log.sent[dst] = seq
+            body = bytes(payload) if not isinstance(payload, bytes) else payload
+            self._send_entry(Entry(dst, seq, self.epoch, len(body), checksum(body),
+                                   False, body))
+            return
         with self._mu:
             spill = self.log.over_watermark()
         if spill:
@@ -374,6 +385,8 @@ class Context:
         self._outgoing(dst)  # connecting sends HELLO
 
     def _resend(self, dst: int, after: int, last: int | None = None) -> None:
+        if not self.s.logging:
+            return  # the unlogged baseline keeps nothing to resend
         with self._mu:
             try:
                 entries = self.log.after(dst, after)
@@ -488,28 +501,32 @@ class Context:
                     log.warning("rank %d: log flush failed: %s", self.rank, exc)
 
     def _flush(self) -> None:
-        with self._mu:
-            parts = [p for rec in self.log.take_unpersisted() for p in rec]
+        # The disk write happens outside _mu (sends and the reader threads go on); the
+        # flush lock keeps batches in order. Entries count as persisted once durable.
+        with self._flush_lock:
+            with self._mu:
+                batch, parts = self.log.take_unpersisted()
             if not parts:
-                self.log.persisted()
                 return
-            # Durable before they count as persisted; the lock keeps the order of batches.
             self.port.log_append(parts)
-            self.log.persisted()
-            self._persisted_bodies = None
+            with self._mu:
+                self.log.persisted(batch)
+                self._persisted_bodies = None
 
     def _spill(self) -> None:
         """Over the high watermark: persist what must be, then drop bodies from memory."""
         self._flush()
-        with self._mu:
-            plan = self.log.spill_plan()
-            parts = [p for e in plan for p in e.record(with_body=True)]
+        with self._flush_lock:
+            with self._mu:
+                plan = self.log.spill_plan()
+                parts = [p for e in plan for p in e.record(with_body=True)]
             if parts:
                 self.port.log_append(parts)
+            with self._mu:
                 for e in plan:
                     e.body_persisted = True
                 self._persisted_bodies = None
-            self.log.spill()
+                self.log.spill()
 
     def _persisted(self) -> dict[tuple[int, int], bytes]:
         if self._persisted_bodies is None:

@@ -125,19 +125,21 @@ class SenderLog:
         self.peak = max(self.peak, self.held)
         return e
 
-    def take_unpersisted(self) -> list[list[bytes | memoryview]]:
-        """Records to persist now (small messages with their bodies, large as metadata);
-        call :meth:`persisted` with the same entries once they are durable."""
-        out = [e.record(with_body=not e.large) for e in self._unpersisted]
-        return out
+    def take_unpersisted(self) -> tuple[list[Entry], list[bytes | memoryview]]:
+        """The entries to persist now and their records (small messages with their bodies,
+        large ones as metadata); call :meth:`persisted` with them once they are durable."""
+        batch, self._unpersisted = self._unpersisted, []
+        parts: list[bytes | memoryview] = []
+        for e in batch:
+            parts.extend(e.record(with_body=not e.large))
+        return batch, parts
 
-    def persisted(self) -> list[Entry]:
-        """Mark everything handed out by :meth:`take_unpersisted` as durable."""
-        done, self._unpersisted = self._unpersisted, []
-        for e in done:
+    @staticmethod
+    def persisted(batch: list[Entry]) -> None:
+        """Mark a batch from :meth:`take_unpersisted` as durable."""
+        for e in batch:
             e.persisted = True
             e.body_persisted = not e.large
-        return done
 
     def over_watermark(self) -> bool:
         """Bodies held exceed the high watermark: spill before the next send."""
