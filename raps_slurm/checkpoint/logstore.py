@@ -43,16 +43,22 @@ class LogStore:
             return []
         return sorted(int(p.stem) for p in d.glob("*.seg") if p.stem.isdigit())
 
-    def append(self, job: str, rank: int, data: bytes, number: int | None = None) -> int:
-        """Store one segment (checked to parse); its number. With ``number`` (a copy from
-        the primary) the same number is used, and an existing one is kept."""
-        if len(data) > MAX_SEGMENT:
-            raise LogStoreError(f"log segment of {len(data)} bytes exceeds {MAX_SEGMENT}")
-        try:
-            for _ in parse_records(data):
-                pass
-        except MessagingError as exc:
-            raise LogStoreError(f"malformed log segment: {exc}") from None
+    def append(self, job: str, rank: int, data: bytes | list[bytes | memoryview],
+               number: int | None = None, *, check: bool = True) -> int:
+        """Store one segment (its framing checked unless ``check`` is off: a rank's own
+        local store); its number. With ``number`` (a copy from the primary) the same
+        number is used, and an existing one is kept. Bodies' checksums are checked when
+        the log is read back."""
+        parts = [data] if isinstance(data, bytes) else data
+        size = sum(len(p) for p in parts)
+        if size > MAX_SEGMENT:
+            raise LogStoreError(f"log segment of {size} bytes exceeds {MAX_SEGMENT}")
+        if check:
+            try:
+                for _ in parse_records(b"".join(parts), verify=False):
+                    pass
+            except MessagingError as exc:
+                raise LogStoreError(f"malformed log segment: {exc}") from None
         d = self._dir(job, rank)
         with self._lock:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -62,7 +68,7 @@ class LogStore:
                 number = max(self.segments(job, rank), default=0) + 1
             elif (d / f"{number}.seg").exists():
                 return number
-            write_atomic(d, tmp, f"{number}.seg", [data])
+            write_atomic(d, tmp, f"{number}.seg", parts)
         return number
 
     def segment(self, job: str, rank: int, n: int) -> bytes:
