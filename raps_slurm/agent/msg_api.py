@@ -4,9 +4,11 @@ A rank holds no etcd credentials: it publishes its listening address and reads i
 peers' through its agent, and it hands its message-log segments to the agent, which
 keeps them in the node's store and copies them to the rank's log backup. Ops:
 
-``peer_publish {job, rank, epoch, host, port}``  only the uid that registered the rank,
-    with the registered epoch; written to ``jobs/<id>/peers/<rank>``.
-``peer_lookup {job, rank}``  only the job's owner; ``host``/``port``/``epoch`` or nulls.
+``peer_publish {job, rank, epoch, host, port, done}``  only the uid that registered the
+    rank, with the registered epoch; written to ``jobs/<id>/peers/<rank>`` (``done``: the
+    rank finished its program and waits for the others at ``finalize``).
+``peer_lookup {job, rank}``  only the job's owner; ``host``/``port``/``epoch``/``done``
+    or nulls.
 ``log_append {job, rank, epoch}`` + sealed memory file   one log segment (parsed before
     it is kept); refused with kind ``epoch`` for a superseded epoch.
 ``log_read {job, rank}``  every segment (pulled from the log backup when this node has
@@ -41,6 +43,7 @@ _EPOCH: Check = (lambda v: _is_int(v, 1, 2**63 - 1), "an integer >= 1 and < 2**6
 _HOST: Check = (lambda v: isinstance(v, str) and 0 < len(v) <= 255 and v.isascii()
                 and v.isprintable() and " " not in v, "a host name or address")
 _PORT: Check = (lambda v: _is_int(v, 1, 65535), "a port 1..65535")
+_DONE: Check = (lambda v: isinstance(v, bool), "true or false")
 _FLOORS: Check = (lambda v: isinstance(v, dict) and len(v) <= 1 << 20 and all(
     isinstance(k, str) and k.isdigit() and _is_int(x, 0, 2**63 - 1) for k, x in v.items()),
     "an object of rank -> seq")
@@ -61,7 +64,8 @@ class MessagingOps:
         """What :class:`LocalApiServer` serves for messaging."""
         return {
             "peer_publish": Extension({"job": _JOB, "rank": _RANK, "epoch": _EPOCH,
-                                       "host": _HOST, "port": _PORT}, self.publish),
+                                       "host": _HOST, "port": _PORT, "done": _DONE},
+                                      self.publish),
             "peer_lookup": Extension({"job": _JOB, "rank": _RANK}, self.lookup),
             "log_append": Extension({"job": _JOB, "rank": _RANK, "epoch": _EPOCH},
                                     self.log_append),
@@ -94,7 +98,7 @@ class MessagingOps:
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank, typing.cast(int, f["epoch"]))
         self.store.put(self.keys.job_peer(job, rank), json.dumps(
-            {"host": f["host"], "port": f["port"], "epoch": f["epoch"],
+            {"host": f["host"], "port": f["port"], "epoch": f["epoch"], "done": f["done"],
              "node": self.service.node}).encode())
         return {"ok": True}, []
 
@@ -109,13 +113,13 @@ class MessagingOps:
                                             f"{owner}, you are uid {peer.uid}")
         kv = self.store.get(self.keys.job_peer(job, rank))
         if kv is None:
-            return {"ok": True, "host": None, "port": None, "epoch": None}, []
+            return {"ok": True, "host": None, "port": None, "epoch": None, "done": False}, []
         try:
             d = json.loads(kv.value)
             return {"ok": True, "host": str(d["host"]), "port": int(d["port"]),
-                    "epoch": int(d["epoch"])}, []
+                    "epoch": int(d["epoch"]), "done": bool(d.get("done"))}, []
         except (ValueError, KeyError, TypeError):
-            return {"ok": True, "host": None, "port": None, "epoch": None}, []
+            return {"ok": True, "host": None, "port": None, "epoch": None, "done": False}, []
 
     def log_append(self, f: dict[str, object], peer: Peer, fds: list[int]
                    ) -> tuple[dict[str, object], list[int]]:

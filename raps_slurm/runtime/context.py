@@ -102,6 +102,7 @@ class Context:
         self._flush_lock = threading.Lock()
         self._blocked: dict[int, float] = {}  # src -> since when a recv waits for it
         self._acked: dict[int, int] = {}      # dst -> what it confirmed delivered
+        self._floor_epoch: dict[int, int] = {}  # dst -> epoch that reported its floor
         self._confirmed: dict[int, int] = {}  # src -> what we told it we delivered
         self.refused_hellos = 0
         self.drop_every = 0  # test knob: silently skip every Nth DATA write
@@ -247,26 +248,31 @@ class Context:
         return gen
 
     def finalize(self, timeout: float | None = None) -> None:
-        """Flush the log, wait until every peer has delivered what this rank sent (going
-        on serving resends meanwhile), then close every connection."""
+        """Flush the log, say this rank is done, and wait until every peer is done too,
+        serving resends meanwhile: a peer that fails now is relaunched and replays from
+        ranks that are still here. Then close every connection."""
         if self._closed:
             return
         with contextlib.suppress(Exception):
             self._flush()
             self._confirm()
-        deadline = self._clock() + (self.s.recv_timeout if timeout is None else timeout)
-        with self._arrived:
-            while True:
-                behind = {d: (self._acked.get(d, 0), n) for d, n in self.log.sent.items()
-                          if self._acked.get(d, 0) < n}
-                if not behind or self._clock() >= deadline:
-                    break
-                self._arrived.wait(0.05)
-        if behind:
-            log.warning("rank %d finalized with messages not confirmed delivered: %s",
-                        self.rank, ", ".join(f"to {d}: {a}/{n}" for d, (a, n) in behind.items()))
+        host, port_no = self.listener.address
         with contextlib.suppress(Exception):
-            self._confirm()  # the peers wait for this in their own finalize
+            self.port.publish(host, port_no, self.epoch, done=True)
+        deadline = self._clock() + (self.s.recv_timeout if timeout is None else timeout)
+        waiting = set(range(self.size)) - {self.rank}
+        while waiting and self._clock() < deadline:
+            for d in list(waiting):
+                where = self.port.lookup(d)
+                if where is not None and where[3] and where[2] >= self._peer_epoch.get(d, 0):
+                    waiting.discard(d)
+            if waiting:
+                time.sleep(min(0.05, self.s.flush_ms / 1000))
+        if waiting:
+            log.warning("rank %d finalized before rank(s) %s were done", self.rank,
+                        ", ".join(map(str, sorted(waiting))))
+        with contextlib.suppress(Exception):
+            self._confirm()
         with contextlib.suppress(Exception):
             self.port.report(self.stats())  # the last figures, for rapsctl inspect
         self.close()
@@ -325,7 +331,7 @@ class Context:
         where = self.port.lookup(dst)
         if where is None:
             return None
-        host, port_no, epoch = where
+        host, port_no, epoch, _ = where
         if epoch < self._peer_epoch.get(dst, 0):
             return None  # not published yet by the newer incarnation
         try:
@@ -384,10 +390,16 @@ class Context:
     def _hello(self, dst: int) -> None:
         self._outgoing(dst)  # connecting sends HELLO
 
-    def _resend(self, dst: int, after: int, last: int | None = None) -> None:
+    def _resend(self, dst: int, after: int, last: int | None = None,
+                epoch: int | None = None) -> None:
         if not self.s.logging:
             return  # the unlogged baseline keeps nothing to resend
         with self._mu:
+            floor = self.log.floors.get(dst, 0)
+            if after < floor and (epoch is None or epoch <= self._floor_epoch.get(dst, 0)):
+                # A request older than the floor the same incarnation reported since (a
+                # HELLO overtaken by its COVERED): nothing below the floor is wanted.
+                after = floor
             try:
                 entries = self.log.after(dst, after)
             except MessagingError as exc:
@@ -428,9 +440,11 @@ class Context:
                 return
             if f.epoch > known and known:
                 self._drop_out(f.src)  # it moved: reconnect to its new address
-            if new_conn:
+            if new_conn and self._started:
+                # Not before restore(): our HELLO says what we delivered, which a restore
+                # is about to change (_start greets every peer afterwards).
                 self._work.put(lambda: self._hello(f.src))
-            self._work.put(lambda: self._resend(f.src, f.seq))
+            self._work.put(lambda: self._resend(f.src, f.seq, epoch=f.epoch))
             return
         with self._mu:
             if self._hello_cids.get(cid) != f.src:
@@ -461,6 +475,7 @@ class Context:
         elif f.kind == COVERED:
             with self._mu:
                 self.log.raise_floor(f.src, f.seq)
+                self._floor_epoch[f.src] = max(self._floor_epoch.get(f.src, 0), f.epoch)
         elif f.kind == SENT_FLOOR:
             with self._mu:
                 self.inbox.trim_checksums(f.src, f.seq)
@@ -494,8 +509,9 @@ class Context:
                 return
             try:
                 self._flush()
-                self._reask()
-                self._confirm()
+                if self._started:  # before restore() our delivered vector is not known
+                    self._reask()
+                    self._confirm()
             except Exception as exc:
                 if not self._closed:
                     log.warning("rank %d: log flush failed: %s", self.rank, exc)

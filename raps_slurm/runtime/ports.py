@@ -30,8 +30,8 @@ from raps_slurm.runtime.agent_client import AgentError
 class Port(Protocol):
     """What the runtime needs from its agent (or its stand-in)."""
 
-    def publish(self, host: str, port: int, epoch: int) -> None: ...
-    def lookup(self, rank: int) -> tuple[str, int, int] | None: ...
+    def publish(self, host: str, port: int, epoch: int, done: bool = False) -> None: ...
+    def lookup(self, rank: int) -> tuple[str, int, int, bool] | None: ...
     def log_append(self, parts: list[bytes | memoryview]) -> None: ...
     def log_read(self) -> bytes: ...
     def log_trim(self, floors: dict[int, int]) -> None: ...
@@ -78,15 +78,15 @@ class LocalPort:
             raise AgentError(f"rank {self.rank} is at epoch {current}; this copy is epoch "
                              f"{self.epoch}", "epoch")
 
-    def publish(self, host: str, port: int, epoch: int) -> None:
+    def publish(self, host: str, port: int, epoch: int, done: bool = False) -> None:
         write_atomic(self.root / "peers", self.root / "tmp", f"{self.rank}.json",
-                     [json.dumps({"host": host, "port": port, "epoch": epoch}).encode()],
-                     sync_dir=False)
+                     [json.dumps({"host": host, "port": port, "epoch": epoch,
+                                  "done": done}).encode()], sync_dir=False)
 
-    def lookup(self, rank: int) -> tuple[str, int, int] | None:
+    def lookup(self, rank: int) -> tuple[str, int, int, bool] | None:
         try:
             d = json.loads((self.root / "peers" / f"{rank}.json").read_text())
-            return str(d["host"]), int(d["port"]), int(d["epoch"])
+            return str(d["host"]), int(d["port"]), int(d["epoch"]), bool(d.get("done"))
         except (FileNotFoundError, ValueError, KeyError):
             return None
 
@@ -176,15 +176,16 @@ class AgentPort:
         with self._msg_lock:
             return self._msg._call(message, fds)
 
-    def publish(self, host: str, port: int, epoch: int) -> None:
+    def publish(self, host: str, port: int, epoch: int, done: bool = False) -> None:
         self._call({"op": "peer_publish", "job": self.job, "rank": self.rank,
-                    "epoch": epoch, "host": host, "port": port})
+                    "epoch": epoch, "host": host, "port": port, "done": done})
 
-    def lookup(self, rank: int) -> tuple[str, int, int] | None:
+    def lookup(self, rank: int) -> tuple[str, int, int, bool] | None:
         reply, _ = self._call({"op": "peer_lookup", "job": self.job, "rank": rank})
         if reply.get("host") is None:
             return None
-        return str(reply["host"]), int(reply["port"]), int(reply["epoch"])
+        return (str(reply["host"]), int(reply["port"]), int(reply["epoch"]),
+                bool(reply.get("done")))
 
     def log_append(self, parts: list[bytes | memoryview]) -> None:
         if not parts:
