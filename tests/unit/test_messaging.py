@@ -153,6 +153,16 @@ def test_whole_job_restart_from_uncoordinated_checkpoints(tmp_path: Path) -> Non
     assert run(prog, tmp_path / "faulty", {0: 6, 1: 7, 2: 5}) == clean
 
 
+def test_every_rank_killed_at_once_restarts_from_its_own_latest_checkpoint(
+        tmp_path: Path) -> None:
+    # What a requeue of the whole job looks like: every rank stops at the same round and
+    # comes back from its own latest checkpoint, taken at a different round for each.
+    prog = Program(4, [[[(r + 1) % 4, (r + 2) % 4] for r in range(4)] for _ in range(9)],
+                   [{2, 5}, {3, 6}, {4}, {1, 7}], [300] * 9)
+    clean = run(prog, tmp_path / "clean")
+    assert run(prog, tmp_path / "faulty", {0: 8, 1: 8, 2: 8, 3: 8}) == clean
+
+
 def test_dropped_frames_are_resent_in_order(tmp_path: Path) -> None:
     prog = ring(3, 12, every=100)
     clean = run(prog, tmp_path / "clean")
