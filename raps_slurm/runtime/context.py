@@ -103,6 +103,7 @@ class Context:
         self._blocked: dict[int, float] = {}  # src -> since when a recv waits for it
         self._acked: dict[int, int] = {}      # dst -> what it confirmed delivered
         self._floor_epoch: dict[int, int] = {}  # dst -> epoch that reported its floor
+        self._pending_hellos: dict[int, tuple[int, int]] = {}  # before restore: src -> seq
         self._confirmed: dict[int, int] = {}  # src -> what we told it we delivered
         self.refused_hellos = 0
         self.drop_every = 0  # test knob: silently skip every Nth DATA write
@@ -316,12 +317,16 @@ class Context:
     # --- connections -----------------------------------------------------------------
 
     def _start(self) -> None:
-        if self._started:
-            return
-        self._started = True
+        with self._mu:
+            if self._started:
+                return
+            self._started = True
+            pending, self._pending_hellos = self._pending_hellos, {}
         for p in range(self.size):
             if p != self.rank:
                 self._work.put(lambda p=p: self._hello(p))  # type: ignore[misc]
+        for src, (seq, epoch) in pending.items():
+            self._work.put(lambda s=src, q=seq, e=epoch: self._resend(s, q, epoch=e))  # type: ignore[misc]
 
     def _outgoing(self, dst: int) -> Outgoing | None:
         with self._out_lock:
@@ -374,7 +379,9 @@ class Context:
         if o is None:
             return  # logged; the peer gets it when it (re)connects
         try:
-            o.send(encode(DATA, self.rank, e.dst, e.seq, e.epoch, body, crc=e.crc))
+            # The frame carries this incarnation's epoch (a resend of an entry an earlier
+            # incarnation logged is sent by this one, and fencing is about the sender).
+            o.send(encode(DATA, self.rank, e.dst, e.seq, self.epoch, body, crc=e.crc))
         except OSError:
             self._drop_out(e.dst, o)
 
@@ -388,7 +395,20 @@ class Context:
             self._drop_out(dst, o)
 
     def _hello(self, dst: int) -> None:
-        self._outgoing(dst)  # connecting sends HELLO
+        """Say HELLO to ``dst`` (what we delivered from it): a new connection starts with
+        one; on an existing connection it is sent again, so that a peer that greeted us
+        before it could resend anything (before its own restore) hears from us now."""
+        with self._out_lock:
+            existing = self._out.get(dst)
+        o = self._outgoing(dst)
+        if o is None or o is not existing:
+            return
+        with self._mu:
+            delivered = self.inbox.delivered(dst)
+        try:
+            o.send(encode(HELLO, self.rank, dst, delivered, self.epoch))
+        except OSError:
+            self._drop_out(dst, o)
 
     def _resend(self, dst: int, after: int, last: int | None = None,
                 epoch: int | None = None) -> None:
@@ -444,6 +464,11 @@ class Context:
                 # Not before restore(): our HELLO says what we delivered, which a restore
                 # is about to change (_start greets every peer afterwards).
                 self._work.put(lambda: self._hello(f.src))
+            with self._mu:
+                if not self._started:
+                    # Our log is not reloaded yet: answer once restore() is done.
+                    self._pending_hellos[f.src] = (f.seq, f.epoch)
+                    return
             self._work.put(lambda: self._resend(f.src, f.seq, epoch=f.epoch))
             return
         with self._mu:
@@ -463,7 +488,7 @@ class Context:
                     return
                 if verdict == "ok":
                     self._arrived.notify_all()
-            if verdict == "gap":
+            if verdict == "gap" and self._started:
                 self._work.put(lambda: self._control(f.src, RESEND, first, last))
         elif f.kind == RESEND:  # length: last seq wanted, 0 = everything after
             self._work.put(lambda: self._resend(f.src, f.seq - 1, f.length or None))
