@@ -108,14 +108,14 @@ def test_manifest_naming_absent_chunks_is_refused(served, tmp_path: Path) -> Non
 def test_garbage_handshakes_leave_the_server_serving(served, garbage: bytes) -> None:
     server, _ = served
     before = server.errors
-    with socket.create_connection(server.address, timeout=5) as s:
-        # The server may hang up in the middle of the garbage: that is the point.
-        with contextlib.suppress(OSError):
-            s.sendall(garbage)
-            s.shutdown(socket.SHUT_WR)
-            s.settimeout(5)
-            while s.recv(4096):
-                pass
+    # The server may hang up in the middle of the garbage: that is the point.
+    with socket.create_connection(server.address, timeout=5) as s, \
+            contextlib.suppress(OSError):
+        s.sendall(garbage)
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(5)
+        while s.recv(4096):
+            pass
     still_serves(server)
     if garbage:
         deadline = time.monotonic() + 5
