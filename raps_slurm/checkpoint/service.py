@@ -472,6 +472,9 @@ class CheckpointService:
             tried_local = False
             for attempt in range(len(sources) + 2):
                 missing = self.chunks.missing(job, m.digests())
+                if not self.cfg.recovery.use_delta_transfer and attempt == 0:
+                    # measured comparison: pull every chunk, held here or not
+                    missing = sorted(m.digests())
                 if missing:
                     pulled += self._pull(job, m, missing, sources, peers, bad_holders)
                 restored, bad = self.local.restore_manifest(m)

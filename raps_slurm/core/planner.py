@@ -1,0 +1,186 @@
+"""Recovery plans: which ranks to relaunch where, in which order, and when to give up.
+
+Pure: no I/O. The coordinator (recovery issue) feeds it the verdicts, the job's rank
+entries and where each rank's checkpoints are, persists the plans it returns in etcd
+(``plans/<id>``) and carries them out step by step.
+
+Rules:
+- a DEAD node's ranks each get a target from their spare order: a spare that is not
+  dead, not unhealthy (SUSPECT, DEGRADED, DRAIN) and not taken by another plan; outside
+  the dead node's rack, unless ``prefer_original_rack`` and that rack is healthy (no
+  other dead or unhealthy node in it); among those, a spare that already holds the
+  rank's newest checkpoint first (least transfer), then the spare order;
+- a rank with no usable spare, or a dead batch-script node, escalates the whole job
+  (``scontrol requeue``; every rank then restores its newest committed checkpoint);
+- a HUNG rank is relaunched on its own node;
+- the queue is cluster-wide and bounded by ``max_concurrent_recoveries``, largest
+  restore first; a plan counts as running until its rank is launched **and restored**,
+  not until its replay ends (a restored rank may wait in replay for a neighbour whose
+  plan is still queued; holding the queue meanwhile would deadlock them);
+- a plan not done within ``recovery_timeout_sec`` escalates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from raps_slurm.core.records import Reader, dump
+from raps_slurm.errors import RecordError
+
+STATES = ("queued", "running", "restored", "done", "escalated")
+ACTIVE = ("queued", "running", "restored")
+
+
+@dataclass(frozen=True)
+class RankSite:
+    """Where one rank runs now and where it may go."""
+
+    rank: int
+    node: str
+    epoch: int
+    spares: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``plans/<id>``: relaunch one rank of one job on ``target`` with ``epoch``."""
+
+    plan_id: str
+    job: str
+    rank: int
+    source: str
+    target: str
+    epoch: int
+    reason: str
+    restore_bytes: int
+    state: str = "queued"
+    created_at: float = 0.0
+    started_at: float | None = None
+    restored_at: float | None = None
+    finished_at: float | None = None
+    note: str = ""
+
+    def to_json(self) -> bytes:
+        """The etcd value."""
+        return dump({"plan_id": self.plan_id, "job": self.job, "rank": self.rank,
+                     "source": self.source, "target": self.target, "epoch": self.epoch,
+                     "reason": self.reason, "restore_bytes": self.restore_bytes,
+                     "state": self.state, "created_at": self.created_at,
+                     "started_at": self.started_at, "restored_at": self.restored_at,
+                     "finished_at": self.finished_at, "note": self.note})
+
+    @classmethod
+    def from_json(cls, key: str, raw: bytes) -> Plan:
+        """Decode; RecordError naming the key and the field if malformed."""
+        r = Reader(key, raw)
+        plan = cls(r.text("plan_id"), r.text("job"), r.integer("rank", 0, 2**31 - 1),
+                   r.text("source"), r.text("target"), r.integer("epoch", 1),
+                   r.text("reason"), r.integer("restore_bytes"), r.choice("state", STATES),
+                   r.num("created_at"), r.opt_num("started_at"), r.opt_num("restored_at"),
+                   r.opt_num("finished_at"), r.text("note", empty=True))
+        if not plan.job.isdigit():
+            raise RecordError(f"{key}: field 'job': expected a job id, got {plan.job!r:.40}")
+        return plan
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """The job cannot be recovered rank by rank: requeue it whole."""
+
+    job: str
+    reason: str
+
+
+def rack_of(racks: Mapping[str, Collection[str]], node: str) -> str | None:
+    """The rack holding ``node`` (first by name), None if it is in none."""
+    for name in sorted(racks):
+        if node in racks[name]:
+            return name
+    return None
+
+
+def choose_target(site: RankSite, *, dead: Collection[str], unhealthy: Collection[str],
+                  taken: Collection[str], racks: Mapping[str, Collection[str]],
+                  prefer_original_rack: bool, holders: Collection[str]) -> str | None:
+    """The spare to relaunch ``site``'s rank on, None if none is usable."""
+    bad = set(dead) | set(unhealthy) | set(taken)
+    usable = [s for s in site.spares if s not in bad and s != site.node]
+    if not usable:
+        return None
+    home = rack_of(racks, site.node)
+    home_nodes = set(racks.get(home, ())) if home else set()
+    home_healthy = home is not None and not (home_nodes - {site.node}) & (set(dead)
+                                                                         | set(unhealthy))
+    if prefer_original_rack and home_healthy:
+        allowed = usable
+    else:
+        allowed = [s for s in usable if s not in home_nodes]
+    if not allowed:
+        return None
+    held = [s for s in allowed if s in holders]
+    return held[0] if held else allowed[0]
+
+
+def plan_dead_node(job: str, node: str, sites: Iterable[RankSite], *, batch_host: str,
+                   dead: Collection[str], unhealthy: Collection[str],
+                   taken: Collection[str], racks: Mapping[str, Collection[str]],
+                   prefer_original_rack: bool, holders: Mapping[int, Collection[str]],
+                   sizes: Mapping[int, int], now: float) -> list[Plan] | Escalation:
+    """Plans for every rank of ``job`` that ran on the dead ``node``, or an escalation."""
+    if node == batch_host:
+        return Escalation(job, f"the batch script's node {node} is dead")
+    plans: list[Plan] = []
+    claimed = set(taken)
+    for site in sorted(sites, key=lambda s: s.rank):
+        if site.node != node:
+            continue
+        target = choose_target(site, dead=dead, unhealthy=unhealthy, taken=claimed,
+                               racks=racks, prefer_original_rack=prefer_original_rack,
+                               holders=holders.get(site.rank, ()))
+        if target is None:
+            return Escalation(job, f"no usable spare for rank {site.rank} of job {job}")
+        claimed.add(target)
+        plans.append(Plan(f"{job}-{site.rank}-{site.epoch + 1}", job, site.rank, node, target,
+                          site.epoch + 1, f"node {node} is dead", sizes.get(site.rank, 0),
+                          created_at=now))
+    return plans
+
+
+def plan_hung_rank(job: str, site: RankSite, size: int, now: float) -> Plan:
+    """A HUNG rank: relaunched on its own node from its checkpoint."""
+    return Plan(f"{job}-{site.rank}-{site.epoch + 1}", job, site.rank, site.node, site.node,
+                site.epoch + 1, f"rank {site.rank} is hung", size, created_at=now)
+
+
+def to_start(plans: Iterable[Plan], max_concurrent: int) -> list[Plan]:
+    """Queued plans to start now: the largest restores first, as many as the bound allows
+    beside the ones still launching or restoring (restored ones do not count)."""
+    every = list(plans)
+    running = sum(1 for p in every if p.state == "running")
+    room = max(0, max_concurrent - running)
+    queued = sorted((p for p in every if p.state == "queued"),
+                    key=lambda p: (-p.restore_bytes, p.created_at, p.plan_id))
+    return queued[:room]
+
+
+def overdue(plans: Iterable[Plan], now: float, timeout: float) -> list[Plan]:
+    """Active plans older than ``timeout``: their jobs escalate."""
+    return [p for p in plans if p.state in ACTIVE and now - p.created_at > timeout]
+
+
+def advance(plan: Plan, state: str, now: float, note: str = "") -> Plan:
+    """The plan in its next state with the time stamp of that step (idempotent: a plan
+    already there, or further, is returned unchanged)."""
+    order = {s: i for i, s in enumerate(STATES)}
+    if order[state] <= order[plan.state]:
+        return plan
+    stamps: dict[str, Any] = {}
+    if state == "running":
+        stamps["started_at"] = now
+    elif state == "restored":
+        stamps["restored_at"] = now
+    elif state in ("done", "escalated"):
+        stamps["finished_at"] = now
+    return replace(plan, state=state, note=note or plan.note, **stamps)

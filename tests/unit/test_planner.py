@@ -1,0 +1,106 @@
+"""Recovery planning: targets, escalation, the bounded queue, timeouts, plan records."""
+
+from __future__ import annotations
+
+import pytest
+
+from raps_slurm.core.planner import (
+    Escalation,
+    Plan,
+    RankSite,
+    advance,
+    choose_target,
+    overdue,
+    plan_dead_node,
+    plan_hung_rank,
+    to_start,
+)
+from raps_slurm.errors import RecordError
+
+RACKS = {"r1": {"n1", "n2"}, "r2": {"n3", "n4"}, "r3": {"n5", "n6"}}
+SITES = [RankSite(0, "n1", 1, ("n2", "n4", "n6")), RankSite(1, "n1", 1, ("n2", "n4", "n6")),
+         RankSite(2, "n3", 1, ("n4", "n2", "n6"))]
+
+
+def target(site: RankSite, **kw: object) -> str | None:
+    args: dict[str, object] = {"dead": {site.node}, "unhealthy": set(), "taken": set(),
+                               "racks": RACKS, "prefer_original_rack": False,
+                               "holders": set()}
+    args.update(kw)
+    return choose_target(site, **args)  # type: ignore[arg-type]
+
+
+def test_target_leaves_the_dead_rack_unless_preferred_and_healthy() -> None:
+    assert target(SITES[0]) == "n4"
+    assert target(SITES[0], prefer_original_rack=True) == "n2"
+    # the home rack has another sick node: not healthy, so leave it
+    assert target(SITES[0], prefer_original_rack=True, unhealthy={"n2"}) == "n4"
+
+
+def test_target_prefers_a_spare_holding_the_checkpoint() -> None:
+    assert target(SITES[0], holders={"n6"}) == "n6"
+    assert target(SITES[0], holders={"n6"}, unhealthy={"n6"}) == "n4"
+
+
+def test_no_usable_spare() -> None:
+    assert target(SITES[0], dead={"n1", "n4", "n6"}) is None
+    assert target(SITES[0], taken={"n4", "n6"}) is None  # n2 shares the dead rack
+
+
+def test_plans_for_a_dead_node_take_distinct_spares() -> None:
+    got = plan_dead_node("7", "n1", SITES, batch_host="n3", dead={"n1"}, unhealthy=set(),
+                         taken=set(), racks=RACKS, prefer_original_rack=False,
+                         holders={}, sizes={0: 10, 1: 20}, now=5.0)
+    assert isinstance(got, list)
+    assert [(p.rank, p.target, p.epoch, p.restore_bytes) for p in got] == \
+        [(0, "n4", 2, 10), (1, "n6", 2, 20)]
+    assert {p.state for p in got} == {"queued"}
+
+
+def test_escalations() -> None:
+    kw = {"dead": {"n1"}, "unhealthy": set(), "taken": {"n6"}, "racks": RACKS,
+          "prefer_original_rack": False, "holders": {}, "sizes": {}, "now": 0.0}
+    got = plan_dead_node("7", "n1", SITES, batch_host="n3", **kw)  # type: ignore[arg-type]
+    assert got == Escalation("7", "no usable spare for rank 1 of job 7")
+    got = plan_dead_node("7", "n3", SITES, batch_host="n3", **kw)  # type: ignore[arg-type]
+    assert got == Escalation("7", "the batch script's node n3 is dead")
+
+
+def test_queue_is_bounded_largest_first_and_restored_plans_free_their_slot() -> None:
+    plans = [Plan(f"p{i}", "7", i, "n1", "n4", 2, "dead", size, created_at=float(i))
+             for i, size in enumerate([5, 50, 20, 50])]
+    first = to_start(plans, 2)
+    assert [p.plan_id for p in first] == ["p1", "p3"]
+    plans = [advance(p, "running", 1.0) if p in first else p for p in plans]
+    assert to_start(plans, 2) == []
+    # p1 is restored (it may now wait in replay for a neighbour): its slot is free
+    plans = [advance(p, "restored", 2.0) if p.plan_id == "p1" else p for p in plans]
+    assert [p.plan_id for p in to_start(plans, 2)] == ["p2"]
+
+
+def test_overdue_and_hung() -> None:
+    site = RankSite(3, "n5", 4, ())
+    p = plan_hung_rank("9", site, 100, now=10.0)
+    assert (p.source, p.target, p.epoch) == ("n5", "n5", 5)
+    assert overdue([p], now=200.0, timeout=300) == []
+    assert overdue([p], now=311.0, timeout=300) == [p]
+    assert overdue([advance(p, "done", 20.0)], now=1e6, timeout=300) == []
+
+
+def test_advance_is_idempotent_and_stamps_times() -> None:
+    p = Plan("a", "7", 0, "n1", "n4", 2, "dead", 1, created_at=1.0)
+    r = advance(p, "running", 2.0)
+    assert r.started_at == 2.0 and advance(r, "running", 9.0) == r
+    d = advance(advance(r, "restored", 3.0), "done", 4.0)
+    assert (d.restored_at, d.finished_at, d.state) == (3.0, 4.0, "done")
+    assert advance(d, "running", 5.0) == d  # never backwards
+
+
+def test_plan_record_round_trip_and_strictness() -> None:
+    p = advance(Plan("7-0-2", "7", 0, "n1", "n4", 2, "node n1 is dead", 123, created_at=1.5),
+                "running", 2.5)
+    assert Plan.from_json("k", p.to_json()) == p
+    with pytest.raises(RecordError, match="field 'state'"):
+        Plan.from_json("k", p.to_json().replace(b'"running"', b'"sleeping"'))
+    with pytest.raises(RecordError, match="field 'job'"):
+        Plan.from_json("k", p.to_json().replace(b'"job":"7"', b'"job":"../x"'))
