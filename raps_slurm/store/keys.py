@@ -11,6 +11,7 @@ Layout under the prefix (default ``/raps/v1/``)::
     jobs/<jobid>/peers/<rank>       jobs/<jobid>/msgstats/<rank>
     plans/<id>
     purged/<jobid>                a finished job's keys are gone; agents delete its local data
+    audit/<time>-<host>-<pid>     one admin action (rapsctl drain/resume): who, what, when
 
 Numbers are written in decimal without padding, so a prefix listing is sorted
 as text (``10`` before ``9``): sort numerically after reading.
@@ -149,6 +150,14 @@ class Keys:
     def ckpt(self, job_id: int | str, rank: int, gen: int) -> str:
         """One checkpoint generation: manifest digest, size, holders, verified."""
         return self.ckpt_prefix(job_id, rank) + _number(gen, "generation")
+
+    def audit_prefix(self) -> str:
+        """Prefix of the admin audit records."""
+        return f"{self._prefix}audit/"
+
+    def audit(self, ident: str) -> str:
+        """One admin action: who, what, when (``ident`` sorts by time)."""
+        return self.audit_prefix() + _component(ident, "audit id")
 
     def plans_prefix(self) -> str:
         """Prefix of every recovery plan."""

@@ -204,3 +204,7 @@ def test_admin_drain_and_resume_need_root_or_slurmuser(cluster: LocalCluster) ->
     assert "DRAIN" in info.state_text.upper() and info.reason == "admin: swap fan"
     assert rapsctl_as("slurm", "resume", node).returncode == 0  # SlurmUser may too
     assert "DRAIN" not in cluster.slurm().node(node).state_text.upper()
+    audit = json.loads(rapsctl_as(None, "--config", str(cluster.config_path), "show",
+                                  "audit", "--last", "2", "--json").stdout)
+    assert [(a["who"], a["verb"], a["nodes"], a["reason"]) for a in audit] == \
+        [("root", "drain", node, "admin: swap fan"), ("slurm", "resume", node, "")]
