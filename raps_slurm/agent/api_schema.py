@@ -65,27 +65,27 @@ def decode_request(body: bytes) -> dict[str, object]:
     return obj
 
 
-def _is_int(value: object, low: int, high: int) -> bool:
+def is_int(value: object, low: int, high: int) -> bool:
     # bool is an int in Python; true must not pass for rank 1.
     return type(value) is int and low <= value <= high
 
 
 Check = tuple[Callable[[object], bool], str]
-_JOB: Check = (lambda v: isinstance(v, str) and v.isascii() and v.isdigit()
+JOB: Check = (lambda v: isinstance(v, str) and v.isascii() and v.isdigit()
                 and 1 <= len(v) <= MAX_JOB_ID_LEN,
                 f"a string of 1..{MAX_JOB_ID_LEN} decimal digits")
-_RANK: Check = (lambda v: _is_int(v, 0, 2**31 - 1), "an integer >= 0 and < 2**31")
-_COUNT: Check = (lambda v: _is_int(v, 0, 2**63 - 1), "an integer >= 0 and < 2**63")
-_EPOCH: Check = (lambda v: _is_int(v, 1, 2**63 - 1), "an integer >= 1 and < 2**63")
-_PID: Check = (lambda v: _is_int(v, 1, PID_LIMIT), f"an integer 1..{PID_LIMIT}")
-_PEER: Check = (lambda v: v is None or _is_int(v, 0, 2**31 - 1),
+RANK: Check = (lambda v: is_int(v, 0, 2**31 - 1), "an integer >= 0 and < 2**31")
+_COUNT: Check = (lambda v: is_int(v, 0, 2**63 - 1), "an integer >= 0 and < 2**63")
+EPOCH: Check = (lambda v: is_int(v, 1, 2**63 - 1), "an integer >= 1 and < 2**63")
+_PID: Check = (lambda v: is_int(v, 1, PID_LIMIT), f"an integer 1..{PID_LIMIT}")
+_PEER: Check = (lambda v: v is None or is_int(v, 0, 2**31 - 1),
                  "null or an integer >= 0 and < 2**31")
 SCHEMAS: dict[str, dict[str, Check]] = {
     "hello": {},
-    "register": {"job": _JOB, "rank": _RANK, "epoch": _EPOCH, "pid": _PID},
-    "heartbeat": {"job": _JOB, "rank": _RANK, "step": _COUNT, "items": _COUNT,
+    "register": {"job": JOB, "rank": RANK, "epoch": EPOCH, "pid": _PID},
+    "heartbeat": {"job": JOB, "rank": RANK, "step": _COUNT, "items": _COUNT,
                   "blocked_on": _PEER},
-    "unregister": {"job": _JOB, "rank": _RANK},
+    "unregister": {"job": JOB, "rank": RANK},
 }
 
 

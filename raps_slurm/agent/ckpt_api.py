@@ -21,27 +21,22 @@ store. Ops, each answered ``{"ok": true, ...}`` or an error with a kind:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import stat
 import threading
 import typing
 
-from raps_slurm.agent.api_schema import Check, Refused, _is_int
-from raps_slurm.agent.local_api import Extension, Peer, RankTable
+from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Refused, is_int
+from raps_slurm.agent.local_api import Extension, Peer, RankTable, close_fds
+from raps_slurm.checkpoint.manifest import MAX_MANIFEST
 from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
-from raps_slurm.checkpoint.service import MAX_MANIFEST, CheckpointService, Fenced, RestoreError
+from raps_slurm.checkpoint.service import CheckpointService, Fenced, RestoreError
 from raps_slurm.errors import RapsError, RecordError
-from raps_slurm.runtime.agent_client import MAX_JOB_ID_LEN
 
 log = logging.getLogger("raps.agent")
 
-_JOB: Check = (lambda v: isinstance(v, str) and v.isascii() and v.isdigit()
-               and 1 <= len(v) <= MAX_JOB_ID_LEN, f"a string of 1..{MAX_JOB_ID_LEN} digits")
-_RANK: Check = (lambda v: _is_int(v, 0, 2**31 - 1), "an integer >= 0 and < 2**31")
-_EPOCH: Check = (lambda v: _is_int(v, 1, 2**63 - 1), "an integer >= 1 and < 2**63")
-_BASE: Check = (lambda v: v is None or _is_int(v, 1, 2**63 - 1), "null or an integer >= 1")
+_BASE: Check = (lambda v: v is None or is_int(v, 1, 2**63 - 1), "null or an integer >= 1")
 _SESSION: Check = (lambda v: isinstance(v, str) and len(v) == 32 and v.isalnum(),
                    "a session id from ckpt_begin")
 
@@ -57,12 +52,12 @@ class CheckpointOps:
     def extensions(self) -> dict[str, Extension]:
         """What :class:`LocalApiServer` serves for checkpoints."""
         return {
-            "ckpt_begin": Extension({"job": _JOB, "rank": _RANK, "epoch": _EPOCH, "base": _BASE},
+            "ckpt_begin": Extension({"job": JOB, "rank": RANK, "epoch": EPOCH, "base": _BASE},
                                     self.begin),
             "ckpt_put": Extension({"session": _SESSION}, self.put),
             "ckpt_commit": Extension({"session": _SESSION}, self.commit),
             "ckpt_abort": Extension({"session": _SESSION}, self.abort),
-            "ckpt_restore": Extension({"job": _JOB, "rank": _RANK}, self.restore),
+            "ckpt_restore": Extension({"job": JOB, "rank": RANK}, self.restore),
         }
 
     # --- checks --------------------------------------------------------------------------
@@ -107,7 +102,7 @@ class CheckpointOps:
 
     def begin(self, f: dict[str, object], peer: Peer, fds: list[int]
               ) -> tuple[dict[str, object], list[int]]:
-        _close(fds)
+        close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         epoch, base = typing.cast(int, f["epoch"]), typing.cast("int | None", f["base"])
         registered = self._rank_of(peer, job, rank)
@@ -134,7 +129,7 @@ class CheckpointOps:
                 raise Refused("pack", f"ckpt_put: {exc}") from None
             return {"ok": True, "chunks": written, "bytes": nbytes}, []
         finally:
-            _close(fds)
+            close_fds(fds)
 
     def commit(self, f: dict[str, object], peer: Peer, fds: list[int]
                ) -> tuple[dict[str, object], list[int]]:
@@ -152,12 +147,12 @@ class CheckpointOps:
             return {"ok": True, "generation": record.generation, "state": record.state,
                     "holders": list(record.holders), "epoch": record.epoch}, []
         finally:
-            _close(fds)
+            close_fds(fds)
             self._forget(sid)
 
     def abort(self, f: dict[str, object], peer: Peer, fds: list[int]
               ) -> tuple[dict[str, object], list[int]]:
-        _close(fds)
+        close_fds(fds)
         sid = typing.cast(str, f["session"])
         self._session(peer, sid)
         self.service.abort(sid)
@@ -166,7 +161,7 @@ class CheckpointOps:
 
     def restore(self, f: dict[str, object], peer: Peer, fds: list[int]
                 ) -> tuple[dict[str, object], list[int]]:
-        _close(fds)
+        close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._rank_of(peer, job, rank)
         try:
@@ -189,9 +184,3 @@ class CheckpointOps:
     def _forget(self, sid: str) -> None:
         with self._lock:
             self._owners.pop(sid, None)
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)

@@ -401,14 +401,14 @@ class LocalApiServer:
             except _Closed:
                 return
             except Refused as exc:
-                _close_all(fds)
+                close_fds(fds)
                 self._count(exc.kind)
                 log.info("local API: closing connection from pid %d uid %d: %s",
                          peer.pid, peer.uid, exc)
                 self._try_send(conn, _error(exc))
                 return
             except OSError:
-                _close_all(fds)
+                close_fds(fds)
                 self._count("io")
                 return
             reply, out_fds = self.handle_request_fds(request, peer, fds)
@@ -418,7 +418,7 @@ class LocalApiServer:
                 self._count("io")  # the client went away or stopped reading
                 return
             finally:
-                _close_all(out_fds)
+                close_fds(out_fds)
 
     def _read_frame(self, conn: socket.socket) -> tuple[bytes, list[int]]:
         conn.settimeout(self.idle_timeout)
@@ -428,10 +428,10 @@ class LocalApiServer:
             self._count("idle")
             raise _Closed from None
         if flags & socket.MSG_CTRUNC:
-            _close_all(fds)
+            close_fds(fds)
             raise Refused("fds", f"a request may carry at most {MAX_FDS} descriptors")
         if not first:
-            _close_all(fds)
+            close_fds(fds)
             raise _Closed
         try:
             deadline = time.monotonic() + min(FRAME_TIMEOUT, self.idle_timeout)
@@ -441,7 +441,7 @@ class LocalApiServer:
                 raise Refused("size", f"request length {n} outside 1..{MAX_REQUEST}")
             return self._recv_by(conn, n, deadline), fds
         except BaseException:
-            _close_all(fds)
+            close_fds(fds)
             raise
 
     @staticmethod
@@ -476,7 +476,7 @@ class LocalApiServer:
     def handle_request(self, request: Mapping[str, object], peer: Peer) -> dict[str, object]:
         """The reply to one decoded request from ``peer`` (no descriptors); never raises."""
         reply, out = self.handle_request_fds(request, peer, [])
-        _close_all(out)
+        close_fds(out)
         return reply
 
     def handle_request_fds(self, request: Mapping[str, object], peer: Peer, fds: list[int]
@@ -511,7 +511,7 @@ class LocalApiServer:
             return {"ok": False, "error": "internal error in the agent (see its log)",
                     "kind": "internal"}, []
         finally:
-            _close_all(fds)
+            close_fds(fds)
 
     def _register(self, fields: dict[str, object], peer: Peer) -> dict[str, object]:
         job, rank = typing.cast(str, fields["job"]), typing.cast(int, fields["rank"])
@@ -563,7 +563,8 @@ class LocalApiServer:
         return max(0.0, value) if math.isfinite(value) else 0.0
 
 
-def _close_all(fds: list[int]) -> None:
+def close_fds(fds: list[int]) -> None:
+    """Close descriptors that came with a request (or were to go with a reply)."""
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)

@@ -28,24 +28,18 @@ import time
 import typing
 from collections.abc import Callable
 
-from raps_slurm.agent.api_schema import Check, Refused, _is_int
-from raps_slurm.agent.ckpt_api import _close
-from raps_slurm.agent.local_api import Extension, Peer, RankTable
+from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Refused, is_int
+from raps_slurm.agent.local_api import Extension, Peer, RankTable, close_fds
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT, LogStoreError
 from raps_slurm.checkpoint.pack import is_sealed, sealed_bytes
 from raps_slurm.checkpoint.service import CheckpointService
-from raps_slurm.runtime.agent_client import MAX_JOB_ID_LEN
 
-_JOB: Check = (lambda v: isinstance(v, str) and v.isascii() and v.isdigit()
-               and 1 <= len(v) <= MAX_JOB_ID_LEN, f"a string of 1..{MAX_JOB_ID_LEN} digits")
-_RANK: Check = (lambda v: _is_int(v, 0, 2**31 - 1), "an integer >= 0 and < 2**31")
-_EPOCH: Check = (lambda v: _is_int(v, 1, 2**63 - 1), "an integer >= 1 and < 2**63")
 _HOST: Check = (lambda v: isinstance(v, str) and 0 < len(v) <= 255 and v.isascii()
                 and v.isprintable() and " " not in v, "a host name or address")
-_PORT: Check = (lambda v: _is_int(v, 1, 65535), "a port 1..65535")
+_PORT: Check = (lambda v: is_int(v, 1, 65535), "a port 1..65535")
 _DONE: Check = (lambda v: isinstance(v, bool), "true or false")
 _FLOORS: Check = (lambda v: isinstance(v, dict) and len(v) <= 1 << 20 and all(
-    isinstance(k, str) and k.isdigit() and _is_int(x, 0, 2**63 - 1) for k, x in v.items()),
+    isinstance(k, str) and k.isdigit() and is_int(x, 0, 2**63 - 1) for k, x in v.items()),
     "an object of rank -> seq")
 _STATS: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 1 << 16,
                  "an object of at most 64 KiB")
@@ -63,18 +57,18 @@ class MessagingOps:
     def extensions(self) -> dict[str, Extension]:
         """What :class:`LocalApiServer` serves for messaging."""
         return {
-            "peer_publish": Extension({"job": _JOB, "rank": _RANK, "epoch": _EPOCH,
+            "peer_publish": Extension({"job": JOB, "rank": RANK, "epoch": EPOCH,
                                        "host": _HOST, "port": _PORT, "done": _DONE},
                                       self.publish),
-            "peer_lookup": Extension({"job": _JOB, "rank": _RANK}, self.lookup),
-            "log_append": Extension({"job": _JOB, "rank": _RANK, "epoch": _EPOCH},
+            "peer_lookup": Extension({"job": JOB, "rank": RANK}, self.lookup),
+            "log_append": Extension({"job": JOB, "rank": RANK, "epoch": EPOCH},
                                     self.log_append),
-            "log_read": Extension({"job": _JOB, "rank": _RANK}, self.log_read),
-            "log_trim": Extension({"job": _JOB, "rank": _RANK, "floors": _FLOORS},
+            "log_read": Extension({"job": JOB, "rank": RANK}, self.log_read),
+            "log_trim": Extension({"job": JOB, "rank": RANK, "floors": _FLOORS},
                                   self.log_trim),
-            "msg_stats": Extension({"job": _JOB, "rank": _RANK, "stats": _STATS},
+            "msg_stats": Extension({"job": JOB, "rank": RANK, "stats": _STATS},
                                    self.stats),
-            "escalate": Extension({"job": _JOB, "rank": _RANK, "reason": _REASON},
+            "escalate": Extension({"job": JOB, "rank": RANK, "reason": _REASON},
                                   self.escalate),
         }
 
@@ -94,7 +88,7 @@ class MessagingOps:
 
     def publish(self, f: dict[str, object], peer: Peer, fds: list[int]
                 ) -> tuple[dict[str, object], list[int]]:
-        _close(fds)
+        close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank, typing.cast(int, f["epoch"]))
         self.store.put(self.keys.job_peer(job, rank), json.dumps(
@@ -104,7 +98,7 @@ class MessagingOps:
 
     def lookup(self, f: dict[str, object], peer: Peer, fds: list[int]
                ) -> tuple[dict[str, object], list[int]]:
-        _close(fds)
+        close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         if peer.uid != 0:
             owner = self._owner_of(job)
@@ -137,11 +131,11 @@ class MessagingOps:
                 raise Refused("log", f"log_append: {exc}") from None
             return {"ok": True, "segment": n}, []
         finally:
-            _close(fds)
+            close_fds(fds)
 
     def log_read(self, f: dict[str, object], peer: Peer, fds: list[int]
                  ) -> tuple[dict[str, object], list[int]]:
-        _close(fds)
+        close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank)
         data = self.service.read_log(job, rank)
@@ -149,7 +143,7 @@ class MessagingOps:
 
     def log_trim(self, f: dict[str, object], peer: Peer, fds: list[int]
                  ) -> tuple[dict[str, object], list[int]]:
-        _close(fds)
+        close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank)
         floors = {int(k): int(v) for k, v in typing.cast("dict[str, int]", f["floors"]).items()}
@@ -157,7 +151,7 @@ class MessagingOps:
 
     def stats(self, f: dict[str, object], peer: Peer, fds: list[int]
               ) -> tuple[dict[str, object], list[int]]:
-        _close(fds)
+        close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank)
         value = {"stats": f["stats"], "node": self.service.node, "at": time.time()}
@@ -166,7 +160,7 @@ class MessagingOps:
 
     def escalate(self, f: dict[str, object], peer: Peer, fds: list[int]
                  ) -> tuple[dict[str, object], list[int]]:
-        _close(fds)
+        close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank)
         value = {"kind": "ESCALATE", "node": self.service.node, "job": job, "rank": rank,

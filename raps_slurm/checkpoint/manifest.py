@@ -29,6 +29,7 @@ KINDS = ("bytes", "ndarray")
 MAX_ITEMS = 4096
 MAX_NAME = 255
 MAX_EXTRA = 16 << 20  # bytes of JSON: spilled message bodies live in chunks, not here
+MAX_MANIFEST = 256 << 20  # bytes of one manifest between rank, agent and peers
 
 
 @dataclass(frozen=True)

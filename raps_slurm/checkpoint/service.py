@@ -58,7 +58,6 @@ from raps_slurm.store.base import Guard, Put
 
 log = logging.getLogger("raps.checkpoint")
 
-MAX_MANIFEST = 256 << 20
 
 
 class Fenced(RapsError):
@@ -369,7 +368,7 @@ class CheckpointService:
 
     def _push_log(self, job: str, rank: int, n: int, data: bytes) -> None:
         group = self.group(job, rank)
-        targets = [t for t in decide.replica_targets(group, self.node, 1)]
+        targets = decide.replica_targets(group, self.node, 1)
         peers = self._peers()
         for t in targets:
             if t in peers:

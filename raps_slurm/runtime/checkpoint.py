@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raps_slurm.checkpoint.codec import CodecParams
-from raps_slurm.checkpoint.manifest import Manifest
+from raps_slurm.checkpoint.manifest import MAX_MANIFEST, Manifest
 from raps_slurm.checkpoint.pack import PackWriter, sealed_bytes
 from raps_slurm.checkpoint.reader import materialize
 from raps_slurm.checkpoint.writer import SaveStats, encode_state
@@ -34,8 +34,6 @@ from raps_slurm.runtime.agent_client import (
     encode_frame,
     recv_exact,
 )
-
-MAX_MANIFEST = 256 << 20
 
 
 @dataclass
