@@ -106,6 +106,7 @@ class Context:
         self._pending_hellos: dict[int, tuple[int, int]] = {}  # before restore: src -> seq
         self._confirmed: dict[int, int] = {}  # src -> what we told it we delivered
         self.refused_hellos = 0
+        self.resent = 0  # messages sent again (gap repair, replay)
         self.drop_every = 0  # test knob: silently skip every Nth DATA write
         self._sent_frames = 0
         self.generation: int | None = None
@@ -310,7 +311,7 @@ class Context:
             return {"rank": self.rank, "epoch": self.epoch, "generation": self.generation,
                     "buffer_bytes": self.log.held, "buffer_peak": self.log.peak,
                     "high_watermark": self.s.high_watermark, "spilled": self.log.spilled,
-                    "duplicates": self.inbox.duplicates,
+                    "duplicates": self.inbox.duplicates, "resent": self.resent,
                     "refused_stale_frames": self.inbox.refused_epoch,
                     "refused_hellos": self.refused_hellos, "peers": peers}
 
@@ -432,6 +433,7 @@ class Context:
         for e in entries:
             if last is not None and e.seq > last:
                 break
+            self.resent += 1
             self._send_entry(e)
 
     # --- incoming --------------------------------------------------------------------

@@ -173,7 +173,7 @@ def test_dropped_frames_are_resent_in_order(tmp_path: Path) -> None:
         seen.append(ctx)
 
     assert run(prog, tmp_path / "lossy", ctx_hook=lossy) == clean
-    assert any(c.inbox.duplicates >= 0 and c.stats()["peers"] for c in seen)
+    assert sum(c.resent for c in seen) >= len(seen)  # every rank's third frame was lost
 
 
 def test_non_deterministic_rank_is_an_error_not_a_wrong_result(tmp_path: Path) -> None:
