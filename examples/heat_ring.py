@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -29,6 +30,9 @@ def main() -> int:
     p.add_argument("--cells", type=int, default=4096, help="cells per rank")
     p.add_argument("--every", type=int, default=25, help="checkpoint every N steps")
     p.add_argument("--die-at", type=int, default=None)
+    p.add_argument("--step-sec", type=float, default=0.0,
+                   help="sleep this long each step (stands for real work: a run long enough "
+                        "to crash a node in the middle of it)")
     p.add_argument("--local", type=int, default=None, help="run N ranks here (no launcher)")
     a = p.parse_args()
     ctx = runtime.init(local=a.local)
@@ -52,6 +56,8 @@ def main() -> int:
         padded = np.concatenate([lo, u, hi])
         u = u + 0.1 * (padded[:-2] - 2 * u + padded[2:])
         step += 1
+        if a.step_sec:
+            time.sleep(a.step_sec)
         ctx.heartbeat(step=step)
         if step % a.every == 0:
             ctx.checkpoint({"u": u, "step": np.array([step], dtype=np.int64)})

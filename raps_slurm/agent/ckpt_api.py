@@ -28,10 +28,12 @@ import threading
 import typing
 
 from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Refused, is_int
-from raps_slurm.agent.local_api import Extension, Peer, RankTable, close_fds
+from raps_slurm.agent.local_api import Extension, Peer, RankTable, close_fds, registered_epoch
+from raps_slurm.agent.recovery_api import record_event
 from raps_slurm.checkpoint.manifest import MAX_MANIFEST
 from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
 from raps_slurm.checkpoint.service import CheckpointService, Fenced, RestoreError
+from raps_slurm.core.planner import plan_id
 from raps_slurm.errors import RapsError, RecordError
 
 log = logging.getLogger("raps.agent")
@@ -64,16 +66,7 @@ class CheckpointOps:
 
     def _rank_of(self, peer: Peer, job: str, rank: int) -> int | None:
         """The registered epoch of a rank the peer may act for (root: any, maybe None)."""
-        info = self.ranks.get(job, rank)
-        if info is None:
-            if peer.uid == 0:
-                return None
-            raise Refused("not_registered", f"rank {rank} of job {job} is not registered "
-                                            f"with this agent")
-        if peer.uid != 0 and info.uid != peer.uid:
-            raise Refused("permission", f"permission denied: rank {rank} of job {job} "
-                                        f"belongs to uid {info.uid}, you are uid {peer.uid}")
-        return info.epoch
+        return registered_epoch(self.ranks, peer, job, rank)
 
     def _session(self, peer: Peer, sid: str) -> tuple[str, int]:
         with self._lock:
@@ -163,12 +156,16 @@ class CheckpointOps:
                 ) -> tuple[dict[str, object], list[int]]:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
-        self._rank_of(peer, job, rank)
+        epoch = self._rank_of(peer, job, rank)
         try:
             result = self.service.restore(job, rank)
         except RestoreError as exc:
             raise Refused("restore", str(exc)) from None
         if result is None:
+            if epoch is not None and epoch > 1:
+                self.recovery_event(job, rank, epoch, "restored", {
+                    "generation": None, "bytes": 0, "bytes_pulled": 0, "chunks_pulled": 0,
+                    "sources": [], "fallbacks": []})
             return {"ok": True, "generation": None, "fallbacks": [], "size": 0}, []
         r = result.restored
         manifest_fd = sealed_bytes(r.manifest.to_json(), "raps-manifest")
@@ -176,10 +173,23 @@ class CheckpointOps:
             r.buffer.close()  # the rank maps its own view; ours must not outlive the reply
         log.info("local API: restored rank %d of job %s from generation %s for pid %d", rank,
                  job, result.generation, peer.pid)
+        if epoch is not None and epoch > 1:
+            self.recovery_event(job, rank, epoch, "restored", {
+                "generation": result.generation, "bytes": r.manifest.total_size,
+                "bytes_pulled": result.pulled_bytes, "chunks_pulled": result.pulled_chunks,
+                "sources": list(result.sources),
+                "fallbacks": [fb.to_dict() for fb in result.fallbacks]})
         return {"ok": True, "generation": result.generation,
                 "fallbacks": [fb.to_dict() for fb in result.fallbacks],
                 "size": r.manifest.total_size, "pulled_chunks": result.pulled_chunks}, \
             [r.fd, manifest_fd]
+
+    def recovery_event(self, job: str, rank: int, epoch: int, phase: str,
+                       detail: dict[str, object]) -> None:
+        """Report a phase of the recovery plan that gave this rank ``epoch`` (if one did:
+        a requeued job's ranks restore without a plan)."""
+        record_event(self.service.store, self.service.keys, self.service.node,
+                     plan_id(job, rank, epoch), phase, detail)
 
     def _forget(self, sid: str) -> None:
         with self._lock:

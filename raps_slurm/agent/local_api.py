@@ -157,6 +157,33 @@ class RankTable:
             return {key: info.pid for key, info in self._ranks.items()}
 
 
+def registered_epoch(ranks: RankTable, peer: Peer, job: str, rank: int) -> int | None:
+    """The registered epoch of a rank ``peer`` may act for (root: any rank, maybe None).
+
+    Refused when the rank is not registered here (for a user) or another uid registered it.
+    """
+    info = ranks.get(job, rank)
+    if info is None:
+        if peer.uid == 0:
+            return None
+        raise Refused("not_registered", f"rank {rank} of job {job} is not registered "
+                                        "with this agent")
+    if peer.uid != 0 and info.uid != peer.uid:
+        raise Refused("permission", f"permission denied: rank {rank} of job {job} "
+                                    f"belongs to uid {info.uid}, you are uid {peer.uid}")
+    return info.epoch
+
+
+def require_owner(owner_of: Callable[[str], int | None], peer: Peer, job: str) -> None:
+    """Refused unless ``peer`` is root or the uid that owns ``job`` (as registered)."""
+    if peer.uid == 0:
+        return
+    owner = owner_of(job)
+    if owner != peer.uid:
+        raise Refused("permission", f"permission denied: job {job} belongs to uid "
+                                    f"{owner}, you are uid {peer.uid}")
+
+
 def authorize(uid: int, owner: int | None) -> bool:
     """May ``uid`` act for a job whose registered owner is ``owner`` (None: not registered)?"""
     return uid == 0 or (owner is not None and owner == uid)

@@ -29,6 +29,7 @@ from raps_slurm.agent.local_api import LocalApiServer, RankTable
 from raps_slurm.agent.msg_api import MessagingOps
 from raps_slurm.agent.node import NodeAgent
 from raps_slurm.agent.ranks import RankSupervisor
+from raps_slurm.agent.recovery_api import RecoveryOps
 from raps_slurm.agent.sweep import sweep_purged
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.service import CheckpointService
@@ -78,15 +79,19 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     chunks = ChunkStore(root)
     checkpoints = CheckpointService(cfg, store, keys, node, key, chunks)
     ranks = RankTable()
+
+    def owner_of(job: str) -> int | None:
+        return _owner_of(store, keys, job)
+
     api = LocalApiServer(node_dir(cfg.agent.socket_path, node), node,
-                         owner_of=lambda job: _owner_of(store, keys, job),
+                         owner_of=owner_of,
                          valid_for=agent.valid_for,
                          idle_timeout=max(60.0, 3 * cfg.detection.app_heartbeat_interval_sec),
                          table=ranks,
                          extensions={**CheckpointOps(checkpoints, ranks).extensions(),
-                                     **MessagingOps(checkpoints, ranks,
-                                                    lambda job: _owner_of(store, keys, job))
-                                     .extensions()})
+                                     **MessagingOps(checkpoints, ranks, owner_of).extensions(),
+                                     **RecoveryOps(store, keys, node, ranks,
+                                                   owner_of).extensions()})
     supervisor = RankSupervisor(agent, api.ranks, store, keys, key)
     try:
         host, port = parse_address(transfer_address or cfg.agent.transfer_address)

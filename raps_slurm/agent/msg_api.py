@@ -29,7 +29,14 @@ import typing
 from collections.abc import Callable
 
 from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Refused, is_int
-from raps_slurm.agent.local_api import Extension, Peer, RankTable, close_fds
+from raps_slurm.agent.local_api import (
+    Extension,
+    Peer,
+    RankTable,
+    close_fds,
+    registered_epoch,
+    require_owner,
+)
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT, LogStoreError
 from raps_slurm.checkpoint.pack import is_sealed, sealed_bytes
 from raps_slurm.checkpoint.service import CheckpointService
@@ -73,17 +80,9 @@ class MessagingOps:
         }
 
     def _own(self, peer: Peer, job: str, rank: int, epoch: int | None = None) -> None:
-        info = self.ranks.get(job, rank)
-        if info is None:
-            if peer.uid == 0:
-                return
-            raise Refused("not_registered", f"rank {rank} of job {job} is not registered "
-                                            "with this agent")
-        if peer.uid != 0 and info.uid != peer.uid:
-            raise Refused("permission", f"permission denied: rank {rank} of job {job} "
-                                        f"belongs to uid {info.uid}, you are uid {peer.uid}")
-        if epoch is not None and epoch != info.epoch:
-            raise Refused("epoch", f"epoch {epoch} is not the registered epoch {info.epoch} "
+        registered = registered_epoch(self.ranks, peer, job, rank)
+        if epoch is not None and registered is not None and epoch != registered:
+            raise Refused("epoch", f"epoch {epoch} is not the registered epoch {registered} "
                                    f"of rank {rank} of job {job}")
 
     def publish(self, f: dict[str, object], peer: Peer, fds: list[int]
@@ -100,11 +99,7 @@ class MessagingOps:
                ) -> tuple[dict[str, object], list[int]]:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
-        if peer.uid != 0:
-            owner = self._owner_of(job)
-            if owner != peer.uid:
-                raise Refused("permission", f"permission denied: job {job} belongs to uid "
-                                            f"{owner}, you are uid {peer.uid}")
+        require_owner(self._owner_of, peer, job)
         kv = self.store.get(self.keys.job_peer(job, rank))
         if kv is None:
             return {"ok": True, "host": None, "port": None, "epoch": None, "done": False}, []

@@ -89,6 +89,8 @@ class RestoreResult:
     generation: int | str
     fallbacks: list[Fallback]
     pulled_chunks: int
+    pulled_bytes: int = 0  # as stored (compressed), what crossed the network
+    sources: tuple[str, ...] = ()  # holders chunks were pulled from
 
 
 def peers_from_store(store: StateStore, keys: Keys) -> Callable[[], dict[str, tuple[str, int]]]:
@@ -467,6 +469,7 @@ class CheckpointService:
             if m is None:
                 return None, Fallback(rec.generation, why)
             pulled = 0
+            traffic: dict[str, int] = {}  # holder -> bytes pulled from it
             bad_holders: dict[str, str] = {}
             tried_local = False
             for attempt in range(len(sources) + 2):
@@ -475,13 +478,15 @@ class CheckpointService:
                     # measured comparison: pull every chunk, held here or not
                     missing = sorted(m.digests())
                 if missing:
-                    pulled += self._pull(job, m, missing, sources, peers, bad_holders)
+                    pulled += self._pull(job, m, missing, sources, peers, bad_holders, traffic)
                 restored, bad = self.local.restore_manifest(m)
                 if restored is not None:
                     if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
                         self.chunks.put_manifest(m)
                     self._note(job, rank, rec, bad_holders, holder=self.node)
-                    return RestoreResult(restored, rec.generation, [], pulled), None
+                    return RestoreResult(restored, rec.generation, [], pulled,
+                                         sum(traffic.values()),
+                                         tuple(h for h in sources if traffic.get(h))), None
                 # A chunk stored here is bad: drop it and pull a good copy.
                 if not tried_local and self.node in rec.holders:
                     for b in bad:
@@ -525,7 +530,8 @@ class CheckpointService:
         return None, "no holder has a manifest matching the record"
 
     def _pull(self, job: str, m: Manifest, missing: list[str], sources: list[str],
-              peers: dict[str, tuple[str, int]], bad_holders: dict[str, str]) -> int:
+              peers: dict[str, tuple[str, int]], bad_holders: dict[str, str],
+              traffic: dict[str, int]) -> int:
         sizes = dict(m.chunks)
         want = set(missing)
         pulled = 0
@@ -549,6 +555,7 @@ class CheckpointService:
                         good.append((digest, raw, bytes(stored)))
                     written, _ = self.chunks.put_many(job, good)
                     pulled += written
+                    traffic[src] = traffic.get(src, 0) + sum(len(g[2]) for g in good)
                     want -= {g[0] for g in good}
             except TransferError as exc:
                 log.warning("pull from %s failed: %s", src, exc)

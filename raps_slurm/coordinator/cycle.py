@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from raps_slurm.config import Config
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.metrics import Metrics
+from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import (
     FINAL_STATES,
     JobRecord,
@@ -36,6 +38,7 @@ from raps_slurm.store import MAX_TXN_OPS, Delete, Guard, Keys, KeyValue, Put, St
 
 log = logging.getLogger("raps.coordinator")
 
+_UNHEALTHY = ("DEGRADED", "DRAIN")  # health levels that rule a node out as a recovery target
 _RANKS_PER_TXN = (MAX_TXN_OPS - 2) // 2  # a rank entry and a group each, room for deletes
 
 
@@ -49,6 +52,8 @@ class JobView:
     epochs: dict[int, int] = field(default_factory=dict)
     ranks: int = 0
     groups: dict[int, tuple[BackupGroup, KeyValue]] = field(default_factory=dict)
+    entries: dict[int, tuple[RankEntry, KeyValue]] = field(default_factory=dict)
+    ckpts: dict[int, list[CkptRecord]] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,6 +73,8 @@ class DeadNodes:
 
     Read from etcd (one prefix read, at most every ``every`` seconds) rather than from
     this process's detector, so that a leader elected after the death knows it too.
+    The same read gives ``unhealthy`` (a SUSPECT verdict, or health DEGRADED or DRAIN:
+    no recovery target) and ``dead_at`` (when each DEAD verdict was given).
     """
 
     def __init__(self, store: StateStore, keys: Keys, every: float,
@@ -76,24 +83,37 @@ class DeadNodes:
         self._mono = monotonic
         self._at = -1e18
         self._dead: set[str] = set()
+        self.unhealthy: set[str] = set()
+        self.dead_at: dict[str, float] = {}
 
     def __call__(self) -> set[str]:
         now = self._mono()
         if now - self._at >= self.every:
             self._at = now
             prefix = self.keys.nodes_prefix()
-            registered, verdict = set(), set()
+            registered, verdict, unhealthy = set(), set(), set()
+            dead_at: dict[str, float] = {}
             for kv in self.store.get_prefix(prefix):
                 rest = kv.key[len(prefix):]
                 if "/" not in rest:
                     registered.add(rest)
-                elif rest.endswith("/verdict"):
-                    try:
-                        if json.loads(kv.value).get("kind") == "DEAD":
-                            verdict.add(rest[:-len("/verdict")])
-                    except (ValueError, AttributeError):
-                        continue
+                    continue
+                node, _, leaf = rest.partition("/")
+                try:
+                    value = json.loads(kv.value)
+                    if leaf == "verdict" and value.get("kind") == "DEAD":
+                        verdict.add(node)
+                        dead_at[node] = float(value.get("at") or 0.0)
+                    else:
+                        sick = (value.get("kind") == "SUSPECT" if leaf == "verdict"
+                                else leaf == "health-verdict" and value.get("level") in _UNHEALTHY)
+                        if sick:
+                            unhealthy.add(node)
+                except (ValueError, AttributeError, TypeError):
+                    continue
             self._dead = verdict - registered
+            self.unhealthy = unhealthy
+            self.dead_at = {n: t for n, t in dead_at.items() if n in self._dead}
         return set(self._dead)
 
 
@@ -121,7 +141,11 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
             elif parts[2] == "ranks" and len(parts) == 4:
                 entry = RankEntry.from_json(kv.key, kv.value)
                 view.epochs[entry.rank] = entry.epoch
+                view.entries[entry.rank] = (entry, kv)
                 view.ranks += 1
+            elif parts[2] == "ckpt" and len(parts) == 5:
+                rec = CkptRecord.from_json(kv.key, kv.value)
+                view.ckpts.setdefault(rec.rank, []).append(rec)
             elif parts[2] == "groups" and len(parts) == 4 and parts[3].isdigit():
                 rank = int(parts[3])
                 view.groups[rank] = (group_from_json(kv.key, kv.value, rank), kv)
@@ -139,7 +163,8 @@ class Coordinator:
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
                  background: bool = False,
-                 dead_nodes: Callable[[], set[str]] | None = None) -> None:
+                 dead_nodes: Callable[[], set[str]] | None = None,
+                 recovery: Any = None) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         self._read_topology, self._read_job_states = topology, job_states
         self.metrics = metrics or Metrics(None)
@@ -160,6 +185,7 @@ class Coordinator:
         self._first_seen: dict[str, float] = {}  # monotonic, first snapshot naming the job
         self._reported_bad: set[str] = set()
         self._dead_nodes = dead_nodes or (lambda: set())
+        self.recovery = recovery  # coordinator.recovery.Recovery (it imports this module)
 
     def run_cycle(self) -> str:
         """One cycle; returns what it did as one line."""
@@ -205,6 +231,12 @@ class Coordinator:
                     m is None or m.restart_count != view.record.restart_count):
                 done.append(self._map(view))
         done.extend(self._repair_groups(records))
+        if self.recovery is not None:
+            dead = self._dead_nodes()
+            done.extend(self.recovery.step(records, dead,
+                                           set(getattr(self._dead_nodes, "unhealthy", ())),
+                                           dict(getattr(self._dead_nodes, "dead_at", {})),
+                                           self._topology))
         done.extend(self._purge(snap))
         return f"leader: {len(records)} jobs" + "".join(f"; {d}" for d in done if d)
 
@@ -383,6 +415,8 @@ class Coordinator:
                                     "purged_at": now}).encode()
             if self.leadership.commit([guard], [Delete(self.keys.job_prefix(job_id), prefix=True),
                                                 Delete(self.keys.job(job_id)),
+                                                Delete(self.keys.job_plans_prefix(job_id),
+                                                       prefix=True),
                                                 Put(self.keys.purged(job_id), tombstone)]):
                 self._final_since.pop(job_id, None)
                 log.info("job %s finished for good (%s): keys deleted after %gs grace",

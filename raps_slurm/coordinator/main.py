@@ -25,6 +25,7 @@ from raps_slurm.coordinator.detection import Detection
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
 from raps_slurm.coordinator.metrics import Metrics
+from raps_slurm.coordinator.recovery import Recovery
 from raps_slurm.errors import RapsError, StoreError
 from raps_slurm.heartbeat import load_key
 from raps_slurm.slurm import SlurmClient
@@ -35,31 +36,45 @@ log = logging.getLogger("raps.coordinator")
 
 
 class _Wakeup:
-    """Waits for the next cycle: returns early when something under the jobs prefix changes."""
+    """Waits for the next cycle: returns early when something under the jobs or plans
+    prefix changes (a new job, a checkpoint commit, a phase a node reports)."""
 
-    def __init__(self, store: StateStore, prefix: str) -> None:
-        self._store, self._prefix = store, prefix
-        self._watch: Watch | None = None
+    def __init__(self, store: StateStore, prefixes: tuple[str, ...]) -> None:
+        self._store, self._prefixes = store, prefixes
+        self._watches: list[Watch] = []
+        self._changed = threading.Event()
 
     def wait(self, timeout: float) -> bool:
         """True when something changed (the caller runs a cycle at once)."""
         try:
-            if self._watch is None:
-                self._watch = self._store.watch_prefix(self._prefix)
-            if self._watch.next(timeout) is not None:
-                while self._watch.next(0) is not None:  # drain: one cycle reads it all
-                    pass
-                return True
+            if not self._watches:
+                self._watches = [self._store.watch_prefix(p) for p in self._prefixes]
+            deadline = time.monotonic() + timeout
+            while True:
+                for w in self._watches:
+                    if w.next(0) is not None:
+                        for x in self._watches:  # drain: one cycle reads it all
+                            while x.next(0) is not None:
+                                pass
+                        return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                # the first watch blocks; the others are polled at least every 50 ms
+                if self._watches[0].next(min(left, 0.05)) is not None:
+                    for x in self._watches:
+                        while x.next(0) is not None:
+                            pass
+                    return True
         except StoreError:
-            if self._watch is not None:
-                self._watch.cancel()
-            self._watch = None
+            self.close()
             stop.wait(timeout)
         return False
 
     def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
+        for w in self._watches:
+            w.cancel()
+        self._watches = []
 
 
 stop = threading.Event()
@@ -125,10 +140,13 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
         job_states=lambda: {str(j.job_id): j.state for j in slurm.jobs()},
         metrics=metrics, name=name, background=True,
         dead_nodes=DeadNodes(store, keys, every=max(0.5, cfg.detection.lease_duration_sec / 2)))
+    coordinator.recovery = Recovery(cfg, store, keys, leadership,
+                                    job_info=lambda job: slurm.job(int(job)),
+                                    requeue=lambda job: slurm.requeue(int(job)))
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     notify = sdnotify.SystemdNotifier()
-    wakeup = _Wakeup(store, keys.jobs_prefix())
+    wakeup = _Wakeup(store, (keys.jobs_prefix(), keys.plans_prefix()))
     log.info("coordinator %s started (etcd %s)", name, ", ".join(cfg.store.endpoints))
     notify.notify("READY=1")
     last = ""

@@ -61,6 +61,13 @@ class Plan:
     restored_at: float | None = None
     finished_at: float | None = None
     note: str = ""
+    run: int = 0  # the job run (Slurm restart count) the plan belongs to
+    detected_at: float | None = None  # when the fault verdict was given
+
+    @property
+    def active(self) -> bool:
+        """Queued, launching or restoring: not yet finished one way or the other."""
+        return self.state in ACTIVE
 
     def to_json(self) -> bytes:
         """The etcd value."""
@@ -69,7 +76,8 @@ class Plan:
                      "reason": self.reason, "restore_bytes": self.restore_bytes,
                      "state": self.state, "created_at": self.created_at,
                      "started_at": self.started_at, "restored_at": self.restored_at,
-                     "finished_at": self.finished_at, "note": self.note})
+                     "finished_at": self.finished_at, "note": self.note, "run": self.run,
+                     "detected_at": self.detected_at})
 
     @classmethod
     def from_json(cls, key: str, raw: bytes) -> Plan:
@@ -79,7 +87,8 @@ class Plan:
                    r.text("source"), r.text("target"), r.integer("epoch", 1),
                    r.text("reason"), r.integer("restore_bytes"), r.choice("state", STATES),
                    r.num("created_at"), r.opt_num("started_at"), r.opt_num("restored_at"),
-                   r.opt_num("finished_at"), r.text("note", empty=True))
+                   r.opt_num("finished_at"), r.text("note", empty=True), r.integer("run"),
+                   r.opt_num("detected_at"))
         if not plan.job.isdigit():
             raise RecordError(f"{key}: field 'job': expected a job id, got {plan.job!r:.40}")
         return plan
@@ -127,7 +136,8 @@ def plan_dead_node(job: str, node: str, sites: Iterable[RankSite], *, batch_host
                    dead: Collection[str], unhealthy: Collection[str],
                    taken: Collection[str], racks: Mapping[str, Collection[str]],
                    prefer_original_rack: bool, holders: Mapping[int, Collection[str]],
-                   sizes: Mapping[int, int], now: float) -> list[Plan] | Escalation:
+                   sizes: Mapping[int, int], now: float, run: int = 0,
+                   detected_at: float | None = None) -> list[Plan] | Escalation:
     """Plans for every rank of ``job`` that ran on the dead ``node``, or an escalation."""
     if node == batch_host:
         return Escalation(job, f"the batch script's node {node} is dead")
@@ -144,14 +154,16 @@ def plan_dead_node(job: str, node: str, sites: Iterable[RankSite], *, batch_host
         claimed.add(target)
         plans.append(Plan(f"{job}-{site.rank}-{site.epoch + 1}", job, site.rank, node, target,
                           site.epoch + 1, f"node {node} is dead", sizes.get(site.rank, 0),
-                          created_at=now))
+                          created_at=now, run=run, detected_at=detected_at))
     return plans
 
 
-def plan_hung_rank(job: str, site: RankSite, size: int, now: float) -> Plan:
+def plan_hung_rank(job: str, site: RankSite, size: int, now: float, run: int = 0,
+                   detected_at: float | None = None) -> Plan:
     """A HUNG rank: relaunched on its own node from its checkpoint."""
     return Plan(f"{job}-{site.rank}-{site.epoch + 1}", job, site.rank, site.node, site.node,
-                site.epoch + 1, f"rank {site.rank} is hung", size, created_at=now)
+                site.epoch + 1, f"rank {site.rank} is hung", size, created_at=now, run=run,
+                detected_at=detected_at)
 
 
 def to_start(plans: Iterable[Plan], max_concurrent: int) -> list[Plan]:
@@ -184,3 +196,92 @@ def advance(plan: Plan, state: str, now: float, note: str = "") -> Plan:
     elif state in ("done", "escalated"):
         stamps["finished_at"] = now
     return replace(plan, state=state, note=note or plan.note, **stamps)
+
+
+# What the launcher and the agents report about a running plan, in order.
+PHASES = ("launched", "restored", "running")
+
+
+@dataclass(frozen=True)
+class PlanEvent:
+    """``plans/<id>/<phase>``: one phase of a recovery as the node that saw it reports it.
+
+    ``launched``: raps-run started the rank on the target; ``restored``: the target's
+    agent restored its checkpoint (``detail``: generation, bytes and chunks pulled, from
+    whom); ``running``: the rank's first progress report after its replay ended
+    (``detail``: messages replayed).
+    """
+
+    plan_id: str
+    phase: str
+    at: float
+    node: str
+    detail: dict[str, Any]
+
+    def to_json(self) -> bytes:
+        """The etcd value."""
+        return dump({"plan_id": self.plan_id, "phase": self.phase, "at": self.at,
+                     "node": self.node, "detail": self.detail})
+
+    @classmethod
+    def from_json(cls, key: str, raw: bytes) -> PlanEvent:
+        """Decode; RecordError naming the key and the field if malformed."""
+        r = Reader(key, raw)
+        return cls(r.text("plan_id"), r.choice("phase", PHASES), r.num("at"), r.text("node"),
+                   r.obj("detail"))
+
+
+def plan_id(job: str, rank: int, epoch: int) -> str:
+    """The id of the plan that gives ``rank`` of ``job`` the epoch ``epoch``."""
+    return f"{job}-{rank}-{epoch}"
+
+
+def follow_events(plan: Plan, events: Mapping[str, PlanEvent]) -> Plan:
+    """The plan advanced as far as its reported phases take it (restored, then done).
+
+    A ``running`` report implies the restore happened even if its own report is missing
+    (a rank without any checkpoint restores nothing and says so only by running).
+    """
+    if plan.state not in ("running", "restored"):
+        return plan
+    restored = events.get("restored")
+    running = events.get("running")
+    if restored is not None or running is not None:
+        at = restored.at if restored is not None else running.at  # type: ignore[union-attr]
+        plan = advance(plan, "restored", at)
+    if running is not None:
+        plan = advance(plan, "done", running.at)
+    return plan
+
+
+def taken_spares(plans: Iterable[Plan], job: str, run: int) -> set[str]:
+    """Spares of one job run that earlier plans already gave to a rank (or are giving)."""
+    return {p.target for p in plans
+            if p.job == job and p.run == run and p.state != "escalated" and p.target != p.source}
+
+
+def timeline(plan: Plan, events: Mapping[str, PlanEvent]) -> list[tuple[str, float, str]]:
+    """The recovery's phases in order as (phase, time, what), for ``rapsctl show plan``."""
+    rows: list[tuple[str, float, str]] = []
+    if plan.detected_at is not None:
+        rows.append(("fault verdict", plan.detected_at, plan.reason))
+    rows.append(("plan", plan.created_at,
+                 f"rank {plan.rank}: {plan.source} -> {plan.target}, epoch {plan.epoch}"))
+    if plan.started_at is not None:
+        rows.append(("start", plan.started_at, "rank entry moved to the target"))
+    for phase in PHASES:
+        e = events.get(phase)
+        if e is None:
+            continue
+        what = f"on {e.node}"
+        d = e.detail
+        if phase == "restored":
+            src = ",".join(d.get("sources") or []) or "local copy"
+            what += (f": generation {d.get('generation')}, {d.get('bytes_pulled', 0)} bytes "
+                     f"pulled from {src}")
+        elif phase == "running":
+            what += f": replay done, {d.get('replayed', 0)} messages re-sent"
+        rows.append((phase, e.at, what))
+    if plan.state in ("done", "escalated") and plan.finished_at is not None:
+        rows.append((plan.state, plan.finished_at, plan.note))
+    return rows

@@ -74,6 +74,12 @@ class CheckpointClient:
                 self._sock.close()
             self._sock = None
 
+    def request(self, message: dict[str, Any], fds: list[int] | None = None
+                ) -> tuple[dict[str, Any], list[int]]:
+        """One request to the agent on this connection: (reply, descriptors received).
+        AgentError on a refusal or a broken connection."""
+        return self._call(message, fds)
+
     def _call(self, message: dict[str, Any], fds: list[int] | None = None
               ) -> tuple[dict[str, Any], list[int]]:
         frame = encode_frame(message)

@@ -110,6 +110,7 @@ class Context:
         self.drop_every = 0  # test knob: silently skip every Nth DATA write
         self._sent_frames = 0
         self.generation: int | None = None
+        self._replay: tuple[dict[int, int], int] | None = None  # (sent before loss, count)
         self.listener = Listener(self.s.host, self._on_frame, self._on_close)
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)
@@ -127,6 +128,7 @@ class Context:
         message layer put back where that checkpoint left it; then peers replay."""
         got = self.port.restore()
         if got is None:
+            self._replay = ({}, 0)  # nothing to catch up with: running from the start
             self._start()
             return None
         items, gen, extra = got
@@ -138,9 +140,16 @@ class Context:
         for name in [n for n in items if n.startswith(LARGE_PREFIX)]:
             dst, seq = (int(x) for x in name[len(LARGE_PREFIX):].split("/"))
             bodies[(dst, seq)] = bytes(items.pop(name))
+        records = list(parse_records(self.port.log_read()))
+        # What this rank had sent before it was lost: re-execution has caught up (its
+        # replay is over) once it has sent as much again to every peer.
+        target: dict[int, int] = dict(sent)
+        for e in records:
+            target[e.dst] = max(target.get(e.dst, 0), e.seq)
+        self._replay = (target, sum(target.values()) - sum(sent.values()))
         with self._mu:
             self.inbox.restore(delivered)
-            self.log.reload(parse_records(self.port.log_read()), sent, bodies, floors)
+            self.log.reload(records, sent, bodies, floors)
             self._kept = deque([(delivered, sent)])
             self.generation = gen
         log.info("rank %d epoch %d restored generation %d (delivered %s, sent %s)",
@@ -199,8 +208,16 @@ class Context:
         raise err
 
     def heartbeat(self, step: int, items: int = 0) -> None:
-        """Report progress (through the agent)."""
+        """Report progress (through the agent); the first one after a relaunched rank's
+        replay ended also tells the recovery it is running again."""
         self.port.heartbeat(step, items)
+        if self._replay is not None and self.epoch > 1:
+            target, replayed = self._replay
+            with self._mu:
+                caught_up = all(self.log.sent.get(d, 0) >= n for d, n in target.items())
+            if caught_up:
+                self._replay = None
+                self.port.recovery_event("running", {"replayed": replayed, "step": step})
 
     def checkpoint_due(self) -> bool:
         """True once ``checkpoint.interval_sec`` passed since the last checkpoint."""

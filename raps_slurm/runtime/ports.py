@@ -40,6 +40,7 @@ class Port(Protocol):
     def heartbeat(self, step: int, items: int) -> None: ...
     def escalate(self, reason: str) -> None: ...
     def report(self, stats: dict[str, Any]) -> None: ...
+    def recovery_event(self, phase: str, detail: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
 
 
@@ -144,6 +145,11 @@ class LocalPort:
         write_atomic(self.root / "peers", self.root / "tmp", f"{self.rank}.stats",
                      [json.dumps(stats).encode()], sync_dir=False)
 
+    def recovery_event(self, phase: str, detail: dict[str, Any]) -> None:
+        with open(self.root / "recovery-events.log", "a") as f:
+            f.write(json.dumps({"rank": self.rank, "epoch": self.epoch, "phase": phase,
+                                "detail": detail}) + "\n")
+
     def escalate(self, reason: str) -> None:
         (self.root / "escalations").mkdir(exist_ok=True)
         with open(self.root / "escalations" / f"{self.rank}.log", "a") as f:
@@ -227,6 +233,12 @@ class AgentPort:
     def report(self, stats: dict[str, Any]) -> None:
         self._call({"op": "msg_stats", "job": self.job, "rank": self.rank,
                     "stats": json.loads(json.dumps(stats, default=str))})
+
+    def recovery_event(self, phase: str, detail: dict[str, Any]) -> None:
+        """Tell the recovery that gave this rank its epoch how far it got."""
+        with contextlib.suppress(AgentError):
+            self._call({"op": "recovery_event", "job": self.job, "rank": self.rank,
+                        "epoch": self.epoch, "phase": phase, "detail": detail})
 
     def escalate(self, reason: str) -> None:
         with contextlib.suppress(AgentError):

@@ -81,3 +81,10 @@ def cancel(job_id: int, signal: str | None = None) -> list[str]:
     if signal:
         argv += [f"--signal={signal}"]
     return [*argv, str(int(job_id))]
+
+
+def srun_rank(node: str, name: str, options: Iterable[str], program: Iterable[str]) -> list[str]:
+    """One rank as its own step: one task on ``node``, only the CPUs it asks for, and it
+    survives the loss of other nodes (``--no-kill``); ``options`` are the user's."""
+    return ["srun", "-N1", "-n1", "-w", node, "--exact", "--no-kill", "--kill-on-bad-exit=0",
+            f"--job-name={name}", *options, *program]

@@ -38,3 +38,15 @@ class CommandRunner:
         if proc.returncode != 0:
             raise SlurmCommandError(args, "failed", proc.returncode, proc.stderr)
         return proc.stdout
+
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        """Start a long-running command (a job step) without waiting; its output goes where
+        ours goes. SlurmCommandError if it cannot be started."""
+        args = list(argv)
+        try:
+            return subprocess.Popen(args, env={**env, **self.env}, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise SlurmCommandError(
+                args, f"command not found: {args[0]} (is Slurm installed and on PATH?)") from None
+        except PermissionError:
+            raise SlurmCommandError(args, f"permission denied running {args[0]}") from None

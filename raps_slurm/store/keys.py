@@ -9,14 +9,16 @@ Layout under the prefix (default ``/raps/v1/``)::
     jobs/<jobid>/ranks/<rank>     jobs/<jobid>/groups/<rank>
     jobs/<jobid>/ckpt/<rank>/<gen>  jobs/<jobid>/verdicts/<rank>
     jobs/<jobid>/peers/<rank>       jobs/<jobid>/msgstats/<rank>
-    plans/<id>
+    jobs/<jobid>/escalation
+    plans/<id>                    plans/<id>/<phase>   (launched, restored, running)
     purged/<jobid>                a finished job's keys are gone; agents delete its local data
     audit/<time>-<host>-<pid>     one admin action (rapsctl drain/resume): who, what, when
 
 Numbers are written in decimal without padding, so a prefix listing is sorted
 as text (``10`` before ``9``): sort numerically after reading.
 Prefix methods (``*_prefix``) end with ``/`` so that listing ``n1`` never also
-returns ``n10``: list with them, never with a leaf key.
+returns ``n10``: list with them, never with a leaf key (``job_plans_prefix`` ends with
+``-``: plan ids are ``<job>-<rank>-<epoch>``, so job 12's never match job 123's).
 """
 
 from __future__ import annotations
@@ -131,6 +133,11 @@ class Keys:
         """The last failure-detector verdict about one rank (HUNG), with its evidence."""
         return self.job_prefix(job_id) + "verdicts/" + _number(rank, "rank")
 
+    def job_escalation(self, job_id: int | str) -> str:
+        """A whole-job requeue the leader decided for one run of the job, and when Slurm
+        took it."""
+        return self.job_prefix(job_id) + "escalation"
+
     def job_peer(self, job_id: int | str, rank: int) -> str:
         """Where a rank listens for its peers (host, port, epoch), published by its agent."""
         return self.job_prefix(job_id) + "peers/" + _number(rank, "rank")
@@ -166,6 +173,14 @@ class Keys:
     def plan(self, plan_id: str) -> str:
         """One recovery plan and its state."""
         return self.plans_prefix() + _component(plan_id, "plan id")
+
+    def plan_event(self, plan_id: str, phase: str) -> str:
+        """What a node reported about one phase of a plan."""
+        return self.plan(plan_id) + "/" + _component(phase, "phase")
+
+    def job_plans_prefix(self, job_id: int | str) -> str:
+        """Prefix of every plan of one job (plan ids start with the job id and '-')."""
+        return self.plans_prefix() + _component(job_id, "job id") + "-"
 
     def split(self, key: str) -> tuple[str, ...]:
         """The components of ``key`` after the prefix, e.g. ``("jobs", "12", "ranks", "0")``.

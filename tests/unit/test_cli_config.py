@@ -73,8 +73,15 @@ def test_missing_file_and_bad_usage_are_one_line() -> None:
     assert r.returncode == 2 and "No such command 'frobnicate'" in r.stderr
 
 
-def test_placeholders_say_not_yet_available() -> None:
-    for mod in ("raps_slurm.launcher",):
-        r = subprocess.run([sys.executable, "-c", f"import {mod} as m; m.main()"],
-                           capture_output=True, text=True, timeout=60, check=False)
-        assert r.returncode == 2 and "not yet available" in r.stderr
+def test_raps_run_refuses_bad_command_lines_in_one_line() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    cases = [([], "'--' is missing"), (["--mem=1G", "--"], "no program after '--'"),
+             (["-N2", "--", "true"], "raps-run sets --nodes itself"),
+             (["--nodelist=n1", "--", "true"], "raps-run sets --nodelist itself"),
+             (["--", "true"], "SLURM_JOB_ID is not set")]
+    for args, message in cases:
+        r = subprocess.run([sys.executable, "-c", "from raps_slurm.launcher import main; main()",
+                            *args], capture_output=True, text=True, timeout=60, check=False,
+                           env=env)
+        assert r.returncode == 2, (args, r.stderr)
+        assert message in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)

@@ -10,6 +10,7 @@ failures must end in exactly the states of the failure-free run.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -260,10 +261,18 @@ def test_local_launcher_relaunches_a_crashed_rank_process(tmp_path: Path) -> Non
     import sys
     repo = Path(__file__).resolve().parents[2]
     crashed = subprocess.run(
-        [sys.executable, "-m", "raps_slurm.runtime.local", "-n", "3", "--restarts", "1", "--",
+        [sys.executable, "-m", "raps_slurm.runtime.local", "-n", "3", "--restarts", "1",
+         "--dir", str(tmp_path / "run"), "--",
          sys.executable, str(repo / "examples" / "heat_ring.py"), "--steps", "120",
          "--every", "20", "--die-at", "70"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert crashed.returncode == 0, crashed.stderr[-2000:]
     assert "rank 2 exited with 17; relaunching it with epoch 2" in crashed.stderr
     assert clean in crashed.stdout
+    # the relaunched rank said when its replay was over: it re-sent what its log held
+    # from between its checkpoint (step 60) and its death (step 70), 2 messages a step
+    events = [json.loads(x) for x in
+              (tmp_path / "run" / "recovery-events.log").read_text().splitlines()]
+    assert [(e["rank"], e["epoch"], e["phase"]) for e in events] == [(2, 2, "running")]
+    detail = events[0]["detail"]
+    assert 0 <= detail["replayed"] <= 20 and 61 <= detail["step"] <= 61 + detail["replayed"] // 2

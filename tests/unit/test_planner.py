@@ -104,3 +104,32 @@ def test_plan_record_round_trip_and_strictness() -> None:
         Plan.from_json("k", p.to_json().replace(b'"running"', b'"sleeping"'))
     with pytest.raises(RecordError, match="field 'job'"):
         Plan.from_json("k", p.to_json().replace(b'"job":"7"', b'"job":"../x"'))
+
+
+def test_plan_follows_reported_phases_and_keeps_its_fields() -> None:
+    from raps_slurm.core.planner import PlanEvent, follow_events, taken_spares, timeline
+
+    p = advance(Plan("7-2-2", "7", 2, "n3", "n4", 2, "node n3 is dead", 10, created_at=1.0,
+                     run=1, detected_at=0.5), "running", 2.0)
+    assert Plan.from_json("k", p.to_json()) == p
+    restored = PlanEvent("7-2-2", "restored", 3.0, "n4",
+                         {"generation": 4, "bytes_pulled": 99, "sources": ["n5"]})
+    running = PlanEvent("7-2-2", "running", 4.0, "n4", {"replayed": 6})
+    assert PlanEvent.from_json("k", running.to_json()) == running
+    half = follow_events(p, {"restored": restored})
+    assert (half.state, half.restored_at) == ("restored", 3.0)
+    done = follow_events(half, {"restored": restored, "running": running})
+    assert (done.state, done.finished_at) == ("done", 4.0)
+    # a rank with nothing to restore reports only that it runs
+    assert follow_events(p, {"running": running}).state == "done"
+    assert follow_events(Plan("q", "7", 0, "n1", "n2", 2, "x", 0), {"running": running}).state \
+        == "queued"
+    rows = timeline(done, {"restored": restored, "running": running})
+    assert [r[0] for r in rows] == ["fault verdict", "plan", "start", "restored", "running",
+                                    "done"]
+    assert "99 bytes pulled from n5" in rows[3][2] and "6 messages" in rows[4][2]
+    assert taken_spares([done, Plan("h", "7", 1, "n1", "n1", 2, "hung", 0, run=1)], "7", 1) \
+        == {"n4"}
+    assert taken_spares([done], "7", 2) == set()
+    with pytest.raises(RecordError, match="phase"):
+        PlanEvent.from_json("k", running.to_json().replace(b'"running"', b'"flying"'))

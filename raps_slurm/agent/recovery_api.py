@@ -1,0 +1,156 @@
+"""Recovery ops of the agent's local API: what ``raps-run`` (the job's owner, never root
+by necessity, never an etcd client: DESIGN.md 4b) asks about its job, and what it and
+the ranks report about a recovery.
+
+``job_layout {job}``  only the job's owner: ``ready`` once the coordinator mapped the
+    job's current run; then ``run`` (restart count), ``size``, ``ranks`` as
+    ``[rank, node, epoch]``, ``spares``; ``error`` when the job cannot be mapped.
+``job_plans {job}``  only the job's owner: the job's recovery plans (``plan_id``, ``run``,
+    ``rank``, ``target``, ``epoch``, ``state``) and ``escalated`` (the run the leader
+    requeues, or null).
+``recovery_event {job, rank, epoch, phase, detail}``  ``launched``: the job's owner, for
+    a plan that exists; ``running``: only the registered rank with that epoch (its first
+    progress report after its replay ended). First report wins; ``restored`` is written by
+    the agent itself when it restores a relaunched rank.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import typing
+from collections.abc import Callable
+
+from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Refused
+from raps_slurm.agent.local_api import (
+    Extension,
+    Peer,
+    RankTable,
+    close_fds,
+    registered_epoch,
+    require_owner,
+)
+from raps_slurm.core.jobs import JobRecord, RankEntry, RankMap
+from raps_slurm.core.planner import Plan, PlanEvent, plan_id
+from raps_slurm.errors import RecordError, StoreError
+from raps_slurm.store import Keys, StateStore
+
+log = logging.getLogger("raps.agent")
+
+_PHASE: Check = (lambda v: v in ("launched", "running"), "'launched' or 'running'")
+_DETAIL: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 4096,
+                  "an object of at most 4 KiB")
+
+
+def record_event(store: StateStore, keys: Keys, node: str, pid: str, phase: str,
+                 detail: dict[str, object], at: float | None = None) -> bool:
+    """Write ``plans/<pid>/<phase>`` if the plan exists and the phase is not yet reported.
+
+    Returns True when written. An etcd failure is logged, not raised: a report must never
+    fail the rank's restore or launch (the leader then times the plan out).
+    """
+    try:
+        if store.get(keys.plan(pid)) is None:
+            return False
+        event = PlanEvent(pid, phase, time.time() if at is None else at, node, detail)
+        wrote = store.create(keys.plan_event(pid, phase), event.to_json())
+    except StoreError as exc:
+        log.warning("plan %s: phase %s not recorded: %s", pid, phase, exc)
+        return False
+    if wrote:
+        log.info("plan %s: %s on %s %s", pid, phase, node, json.dumps(detail, default=str))
+    return wrote
+
+
+class RecoveryOps:
+    """The handlers."""
+
+    def __init__(self, store: StateStore, keys: Keys, node: str, ranks: RankTable,
+                 owner_of: Callable[[str], int | None]) -> None:
+        self.store, self.keys, self.node, self.ranks = store, keys, node, ranks
+        self._owner_of = owner_of
+
+    def extensions(self) -> dict[str, Extension]:
+        """What :class:`LocalApiServer` serves for recovery."""
+        return {
+            "job_layout": Extension({"job": JOB}, self.layout),
+            "job_plans": Extension({"job": JOB}, self.plans),
+            "recovery_event": Extension({"job": JOB, "rank": RANK, "epoch": EPOCH,
+                                         "phase": _PHASE, "detail": _DETAIL}, self.event),
+        }
+
+    def layout(self, f: dict[str, object], peer: Peer, fds: list[int]
+               ) -> tuple[dict[str, object], list[int]]:
+        close_fds(fds)
+        job = typing.cast(str, f["job"])
+        require_owner(self._owner_of, peer, job)
+        not_ready: dict[str, object] = {"ok": True, "ready": False}
+        kv = self.store.get(self.keys.job(job))
+        mkv = self.store.get(self.keys.job_map(job))
+        if kv is None or mkv is None:
+            return not_ready, []
+        try:
+            record = JobRecord.from_json(kv.key, kv.value)
+            rank_map = RankMap.from_json(mkv.key, mkv.value)
+            entries = [RankEntry.from_json(e.key, e.value)
+                       for e in self.store.get_prefix(self.keys.job_ranks_prefix(job))]
+        except RecordError as exc:
+            raise Refused("record", f"job {job}: {exc}") from None
+        if rank_map.restart_count != record.restart_count:
+            return not_ready, []
+        if rank_map.error:
+            return {"ok": True, "ready": True, "run": record.restart_count,
+                    "error": rank_map.error, "size": 0, "ranks": [], "spares": []}, []
+        size = len(rank_map.nodes)
+        ranks = sorted((e.rank, e.node, e.epoch) for e in entries if e.rank < size)
+        if len(ranks) != size:
+            return not_ready, []  # the map is written last, but an entry may lag a read
+        return {"ok": True, "ready": True, "run": record.restart_count, "error": "",
+                "size": size, "ranks": [list(r) for r in ranks],
+                "spares": list(rank_map.spares)}, []
+
+    def plans(self, f: dict[str, object], peer: Peer, fds: list[int]
+              ) -> tuple[dict[str, object], list[int]]:
+        close_fds(fds)
+        job = typing.cast(str, f["job"])
+        require_owner(self._owner_of, peer, job)
+        out = []
+        prefix = self.keys.plans_prefix()
+        for kv in self.store.get_prefix(self.keys.job_plans_prefix(job)):
+            if "/" in kv.key[len(prefix):]:
+                continue  # a phase report
+            try:
+                p = Plan.from_json(kv.key, kv.value)
+            except RecordError as exc:
+                log.warning("job_plans: %s", exc)
+                continue
+            if p.job == job:
+                out.append({"plan_id": p.plan_id, "run": p.run, "rank": p.rank,
+                            "target": p.target, "epoch": p.epoch, "state": p.state})
+        escalated = None
+        ekv = self.store.get(self.keys.job_escalation(job))
+        if ekv is not None:
+            try:
+                run = json.loads(ekv.value).get("run")
+                escalated = run if isinstance(run, int) else None
+            except (ValueError, AttributeError):
+                pass
+        return {"ok": True, "plans": out, "escalated": escalated}, []
+
+    def event(self, f: dict[str, object], peer: Peer, fds: list[int]
+              ) -> tuple[dict[str, object], list[int]]:
+        close_fds(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        epoch, phase = typing.cast(int, f["epoch"]), typing.cast(str, f["phase"])
+        if phase == "launched":
+            require_owner(self._owner_of, peer, job)
+        else:
+            registered = registered_epoch(self.ranks, peer, job, rank)
+            if registered is not None and registered != epoch:
+                raise Refused("epoch", f"epoch {epoch} is not the registered epoch "
+                                       f"{registered} of rank {rank} of job {job}")
+        detail = typing.cast(dict[str, object], f["detail"])
+        wrote = record_event(self.store, self.keys, self.node, plan_id(job, rank, epoch),
+                             phase, detail)
+        return {"ok": True, "recorded": wrote}, []

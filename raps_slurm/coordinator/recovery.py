@@ -1,0 +1,279 @@
+"""The leader's recovery pass: plans for dead nodes' ranks, started within the bound,
+followed through the phases nodes report, escalated to a requeue when they cannot finish.
+
+Decisions come from :mod:`raps_slurm.core.planner`; this module reads etcd (the jobs
+snapshot, ``plans/``) and writes what was decided with guarded transactions, so every
+step is idempotent and a new leader finishes what an old one started:
+
+- a plan is created only where its key is absent (ids are ``<job>-<rank>-<epoch>``);
+- starting a plan moves the rank entry to the target with the new epoch *and* marks the
+  plan running in one transaction, guarded by both revisions (the launcher, which reads
+  the plan through its agent, then starts the rank there);
+- an escalation is recorded (``jobs/<id>/escalation``) before Slurm is asked to requeue
+  and marked done after; a leader that finds it not done asks again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from raps_slurm.config import Config
+from raps_slurm.coordinator.cycle import JobView
+from raps_slurm.coordinator.election import Leadership
+from raps_slurm.core import planner
+from raps_slurm.core.jobs import RankEntry, group_to_json
+from raps_slurm.core.planner import Escalation, Plan, PlanEvent, RankSite
+from raps_slurm.errors import RecordError, SlurmCommandError
+from raps_slurm.model import JobInfo, Topology
+from raps_slurm.store import Guard, Keys, KeyValue, Put, StateStore
+
+log = logging.getLogger("raps.coordinator")
+
+
+@dataclass
+class PlanBook:
+    """Every plan under ``plans/`` with its key-value (for guards) and reported phases."""
+
+    plans: dict[str, tuple[Plan, KeyValue]]
+    events: dict[str, dict[str, PlanEvent]]
+    bad: list[str]
+
+    def of_job(self, job: str, run: int) -> list[Plan]:
+        """The plans of one job run."""
+        return [p for p, _ in self.plans.values() if p.job == job and p.run == run]
+
+
+def read_plans(store: StateStore, keys: Keys) -> PlanBook:
+    """Decode ``plans/`` in one read; malformed values are listed, not fatal."""
+    book = PlanBook({}, {}, [])
+    prefix = keys.plans_prefix()
+    for kv in store.get_prefix(prefix):
+        rest = kv.key[len(prefix):].split("/")
+        try:
+            if len(rest) == 1:
+                plan = Plan.from_json(kv.key, kv.value)
+                if plan.plan_id != rest[0]:
+                    raise RecordError(f"{kv.key}: field 'plan_id': expected {rest[0]!r}")
+                book.plans[plan.plan_id] = (plan, kv)
+            elif len(rest) == 2:
+                event = PlanEvent.from_json(kv.key, kv.value)
+                book.events.setdefault(rest[0], {})[event.phase] = event
+        except RecordError as exc:
+            book.bad.append(str(exc))
+    return book
+
+
+def escalation_record(run: int, reason: str, at: float, requeued_at: float | None) -> bytes:
+    """``jobs/<id>/escalation``: a whole-job requeue decided for one run of the job."""
+    return json.dumps({"run": run, "reason": reason, "at": at,
+                       "requeued_at": requeued_at}).encode()
+
+
+class Recovery:
+    """The recovery pass; :meth:`step` is called once per leader cycle."""
+
+    def __init__(self, cfg: Config, store: StateStore, keys: Keys, leadership: Leadership, *,
+                 job_info: Callable[[str], JobInfo], requeue: Callable[[str], None],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
+        self._job_info, self._requeue, self._clock = job_info, requeue, clock
+        self._reported: set[str] = set()
+
+    def step(self, jobs: dict[str, JobView], dead: set[str], unhealthy: set[str],
+             dead_at: dict[str, float], topology: Topology | None) -> list[str]:
+        """One pass over every running job; returns what it did (for the cycle status)."""
+        book = read_plans(self.store, self.keys)
+        for line in book.bad:
+            if line not in self._reported:
+                log.error("skipping malformed value: %s", line)
+                self._reported.add(line)
+        done: list[str] = []
+        now = self._clock()
+        views = jobs
+        done.extend(self._follow(book))
+        for job, view in sorted(views.items(), key=lambda kv: int(kv[0])):
+            rec, m = view.record, view.rank_map
+            if rec is None or m is None or rec.state != "running" or m.error or \
+                    m.restart_count != rec.restart_count:
+                continue
+            done.extend(self._escalations(job, rec.restart_count))
+            plans = book.of_job(job, rec.restart_count)
+            if any(p.state == "escalated" for p in plans):
+                continue
+            late = planner.overdue(plans, now, self.cfg.recovery.recovery_timeout_sec)
+            if late:
+                done.append(self._escalate(job, rec.restart_count, book,
+                                           f"plan {late[0].plan_id} not done within "
+                                           f"{self.cfg.recovery.recovery_timeout_sec}s"))
+                continue
+            if dead and topology is not None:
+                done.extend(self._plan(job, view, plans, book, dead, unhealthy, dead_at,
+                                       topology, now))
+        done.extend(self._start(book, views, now))
+        return done
+
+    # -- following reported phases ------------------------------------------------
+
+    def _follow(self, book: PlanBook) -> list[str]:
+        out = []
+        for pid, (plan, kv) in sorted(book.plans.items()):
+            new = planner.follow_events(plan, book.events.get(pid, {}))
+            if new == plan:
+                continue
+            if self.leadership.commit([Guard(kv.key, kv.mod_revision)],
+                                      [Put(kv.key, new.to_json())]):
+                book.plans[pid] = (new, kv)  # revision is stale now: no second write this pass
+                log.info("plan %s: %s -> %s", pid, plan.state, new.state)
+                out.append(f"plan {pid} {new.state}")
+        return out
+
+    # -- new plans -------------------------------------------------------------------
+
+    def _plan(self, job: str, view: JobView, plans: list[Plan], book: PlanBook,
+              dead: set[str], unhealthy: set[str], dead_at: dict[str, float],
+              topology: Topology, now: float) -> list[str]:
+        assert view.record is not None
+        run = view.record.restart_count
+        planned = {p.rank for p in plans if p.active}
+        planned |= {p.rank for p in plans
+                    if p.epoch > view.epochs.get(p.rank, 0)}  # created, not yet started
+        hit = sorted({e.node for e, _ in view.entries.values()
+                      if e.node in dead and e.rank not in planned})
+        if not hit:
+            return []
+        try:
+            info = self._job_info(job)
+        except SlurmCommandError as exc:
+            return [f"job {job}: cannot read it from Slurm to plan ({exc})"]
+        sites = [RankSite(e.rank, e.node, e.epoch, e.spares)
+                 for e, _ in view.entries.values() if e.rank not in planned]
+        holders: dict[int, tuple[str, ...]] = {}
+        sizes: dict[int, int] = {}
+        for rank, recs in view.ckpts.items():
+            good = [r for r in recs if r.state != "bad"]
+            if good:
+                newest = max(good, key=lambda r: r.generation)
+                holders[rank] = tuple(h for h in newest.holders if h not in newest.bad)
+                sizes[rank] = newest.total_size
+        racks = {name: set(nodes) for name, nodes in topology.racks().items()}
+        out = []
+        taken = planner.taken_spares(plans, job, run)
+        for node in hit:
+            result = planner.plan_dead_node(
+                job, node, sites, batch_host=info.batch_host, dead=dead, unhealthy=unhealthy,
+                taken=taken, racks=racks,
+                prefer_original_rack=self.cfg.recovery.prefer_original_rack,
+                holders=holders, sizes=sizes, now=now, run=run, detected_at=dead_at.get(node))
+            if isinstance(result, Escalation):
+                out.append(self._escalate(job, run, book, result.reason))
+                return out
+            for plan in result:
+                key = self.keys.plan(plan.plan_id)
+                if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
+                    log.warning("plan %s: rank %d of job %s from dead %s to %s, epoch %d",
+                                plan.plan_id, plan.rank, job, node, plan.target, plan.epoch)
+                    out.append(f"plan {plan.plan_id} queued")
+                    book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
+                taken.add(plan.target)
+        return out
+
+    # -- starting queued plans -----------------------------------------------------
+
+    def _start(self, book: PlanBook, views: dict[str, JobView], now: float) -> list[str]:
+        every = [p for p, _ in book.plans.values()]
+        out = []
+        for plan in planner.to_start(every, self.cfg.recovery.max_concurrent_recoveries):
+            view = views.get(plan.job)
+            if view is None or view.record is None or \
+                    view.record.restart_count != plan.run or plan.rank not in view.entries:
+                continue  # the job was requeued or ended: the overdue pass or purge settles it
+            plan_kv = book.plans[plan.plan_id][1]
+            if plan_kv.mod_revision == 0:
+                continue  # created this pass: its revision is unknown until the next read
+            entry, entry_kv = view.entries[plan.rank]
+            if entry.epoch >= plan.epoch:
+                continue  # started already (a plan write lost after the entry moved)
+            moved = RankEntry(plan.rank, plan.target, plan.epoch, "relaunched",
+                              tuple(s for s in entry.spares if s != plan.target))
+            ops = [Put(entry_kv.key, moved.to_json()),
+                   Put(plan_kv.key, planner.advance(plan, "running", now).to_json())]
+            guards = [Guard(plan_kv.key, plan_kv.mod_revision),
+                      Guard(entry_kv.key, entry_kv.mod_revision)]
+            group = view.groups.get(plan.rank)
+            if group is not None:
+                g, gkv = group
+                ops.append(Put(gkv.key, group_to_json(dataclasses.replace(g,
+                                                                          primary=plan.target))))
+                guards.append(Guard(gkv.key, gkv.mod_revision))
+            if self.leadership.commit(guards, ops):
+                log.warning("plan %s started: rank %d of job %s -> %s epoch %d", plan.plan_id,
+                            plan.rank, plan.job, plan.target, plan.epoch)
+                out.append(f"plan {plan.plan_id} running")
+        return out
+
+    # -- escalation -------------------------------------------------------------------
+
+    def _escalate(self, job: str, run: int, book: PlanBook, reason: str) -> str:
+        """Mark the run's active plans escalated, record the escalation, requeue the job."""
+        now = self._clock()
+        key = self.keys.job_escalation(job)
+        kv = self.store.get(key)
+        if kv is None or _run_of(kv) != run:
+            guard = Guard(key, kv.mod_revision if kv is not None else 0)
+            if not self.leadership.commit([guard], [Put(key, escalation_record(run, reason, now,
+                                                                                 None))]):
+                return f"job {job}: escalation raced; retry next cycle"
+            log.error("job %s run %d escalates to a whole-job requeue: %s", job, run, reason)
+        for plan, pkv in [book.plans[p] for p in sorted(book.plans)]:
+            if plan.job == job and plan.run == run and plan.active:
+                self.leadership.commit([Guard(pkv.key, pkv.mod_revision)], [Put(
+                    pkv.key, planner.advance(plan, "escalated", now, reason).to_json())])
+        return self._requeue_job(job, run) or f"job {job}: escalated ({reason})"
+
+    def _escalations(self, job: str, run: int) -> list[str]:
+        """An escalation of this run recorded but not yet requeued: ask Slurm (again)."""
+        kv = self.store.get(self.keys.job_escalation(job))
+        if kv is None or _run_of(kv) != run or _requeued(kv):
+            return []
+        return [self._requeue_job(job, run)]
+
+    def _requeue_job(self, job: str, run: int) -> str:
+        key = self.keys.job_escalation(job)
+        try:
+            self._requeue(job)
+        except SlurmCommandError as exc:
+            log.error("job %s: requeue failed: %s", job, exc)
+            return f"job {job}: requeue failed ({exc})"
+        kv = self.store.get(key)
+        if kv is not None and _run_of(kv) == run:
+            d = json.loads(kv.value)
+            self.leadership.commit([Guard(key, kv.mod_revision)], [Put(
+                key, escalation_record(run, d.get("reason", ""), d.get("at", 0.0),
+                                       self._clock()))])
+        log.error("job %s run %d requeued: its ranks restore their newest checkpoints", job, run)
+        return f"job {job}: requeued"
+
+
+def _run_of(kv: KeyValue) -> int | None:
+    try:
+        run = json.loads(kv.value).get("run")
+    except (ValueError, AttributeError):
+        return None
+    return run if isinstance(run, int) else None
+
+
+def _requeued(kv: KeyValue) -> bool:
+    try:
+        return json.loads(kv.value).get("requeued_at") is not None
+    except (ValueError, AttributeError):
+        return False
+
+
+def plans_in_order(plans: Iterable[Plan]) -> list[Plan]:
+    """Plans by job (numerically), then creation time."""
+    return sorted(plans, key=lambda p: (int(p.job), p.created_at, p.plan_id))

@@ -1,0 +1,112 @@
+"""What ``raps-run`` decides, without doing it: which srun options it takes from the user,
+which ranks to (re)start where, and when the job has finished or failed. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+# raps-run places every rank itself (one step per rank, one task, one node): these srun
+# options would contradict it. Everything else (--cpus-per-task, --mem, --gres, ...)
+# passes through to each rank's step.
+OWN_OPTIONS = {
+    "-N": "--nodes", "--nodes": "--nodes", "-n": "--ntasks", "--ntasks": "--ntasks",
+    "-w": "--nodelist", "--nodelist": "--nodelist", "-x": "--exclude",
+    "--exclude": "--exclude", "--ntasks-per-node": "--ntasks-per-node",
+    "-r": "--relative", "--relative": "--relative", "--jobid": "--jobid",
+    "-K": "--kill-on-bad-exit", "--kill-on-bad-exit": "--kill-on-bad-exit",
+    "--exact": "--exact", "--no-kill": "--no-kill", "-k": "--no-kill",
+    "--multi-prog": "--multi-prog", "-J": "--job-name", "--job-name": "--job-name",
+}
+
+# A rank that was fenced (its epoch superseded) exits with this code (EX_TEMPFAIL).
+FENCED_EXIT = 75
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``[SRUN OPTIONS] -- PROGRAM ARGS`` -> (options, program); ValueError naming the
+    problem: no ``--``, no program, or an option raps-run sets itself."""
+    args = list(argv)
+    if "--" not in args:
+        raise ValueError("usage: raps-run [SRUN OPTIONS] -- PROGRAM [ARGS]: '--' is missing")
+    cut = args.index("--")
+    options, program = args[:cut], args[cut + 1:]
+    if not program:
+        raise ValueError("usage: raps-run [SRUN OPTIONS] -- PROGRAM [ARGS]: no program "
+                         "after '--'")
+    for opt in options:
+        name = opt.split("=", 1)[0]
+        if not name.startswith("--") and len(name) > 2 and name.startswith("-"):
+            name = name[:2]  # -N4, -wn1: a short option with its value attached
+        if name in OWN_OPTIONS:
+            raise ValueError(f"srun option {opt!r}: raps-run sets {OWN_OPTIONS[name]} itself "
+                             "(one step per rank on the node the coordinator chose); pass "
+                             "options such as --cpus-per-task, --mem, --gres")
+        if not opt.startswith("-") and options.index(opt) == 0:
+            raise ValueError(f"{opt!r}: srun options come before '--' and start with '-'")
+    return options, program
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One start of one rank: where, with which epoch, and how it ended (None: running)."""
+
+    rank: int
+    node: str
+    epoch: int
+    exit_code: int | None = None
+    exited_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """Start ``rank`` on ``node`` with ``epoch`` (what a recovery plan says)."""
+
+    rank: int
+    node: str
+    epoch: int
+    plan_id: str
+
+
+STARTED = ("running", "restored", "done")
+
+
+def relaunches(current: Mapping[int, Incarnation], plans: Iterable[Mapping[str, object]],
+               run: int) -> list[Relaunch]:
+    """Ranks whose newest started plan of this run gives an epoch above the one running."""
+    best: dict[int, Relaunch] = {}
+    for p in plans:
+        if p.get("run") != run or p.get("state") not in STARTED:
+            continue
+        rank, epoch = int(p["rank"]), int(p["epoch"])  # type: ignore[call-overload]
+        now = current.get(rank)
+        if now is None or epoch <= now.epoch:
+            continue
+        if rank not in best or epoch > best[rank].epoch:
+            best[rank] = Relaunch(rank, str(p["target"]), epoch, str(p["plan_id"]))
+    return [best[r] for r in sorted(best)]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """``done``: every rank finished 0; ``failed``: a rank failed and no recovery came
+    within the grace period (``rank``, ``exit_code``); otherwise keep going."""
+
+    done: bool = False
+    failed: bool = False
+    rank: int | None = None
+    exit_code: int = 0
+
+
+def outcome(current: Mapping[int, Incarnation], now: float, grace: float) -> Outcome:
+    """The job's state from each rank's newest incarnation."""
+    if current and all(i.exit_code == 0 for i in current.values()):
+        return Outcome(done=True)
+    for rank in sorted(current):
+        inc = current[rank]
+        if inc.exit_code in (None, 0) or inc.exited_at is None:
+            continue
+        if now - inc.exited_at >= grace:
+            return Outcome(failed=True, rank=rank, exit_code=inc.exit_code or 1)
+    return Outcome()

@@ -1,0 +1,57 @@
+"""raps-run's decisions: which srun options pass, what to relaunch, when the job is over."""
+
+from __future__ import annotations
+
+import pytest
+
+from raps_slurm.core.launch import Incarnation, Relaunch, outcome, relaunches, split_command
+from raps_slurm.slurm.commands import srun_rank
+
+
+def test_split_command_passes_user_options_and_refuses_placement_ones() -> None:
+    assert split_command(["--mem=1G", "-c", "2", "--", "python", "app.py", "--", "x"]) == (
+        ["--mem=1G", "-c", "2"], ["python", "app.py", "--", "x"])
+    for bad, name in ((["-N2"], "--nodes"), (["-n", "4"], "--ntasks"), (["-wn1"], "--nodelist"),
+                      (["--nodelist=n[1-2]"], "--nodelist"), (["--exact"], "--exact"),
+                      (["--jobid=3"], "--jobid")):
+        with pytest.raises(ValueError, match=f"raps-run sets {name} itself"):
+            split_command([*bad, "--", "true"])
+    with pytest.raises(ValueError, match="'--' is missing"):
+        split_command(["python", "app.py"])
+    with pytest.raises(ValueError, match="no program"):
+        split_command(["--mem=1G", "--"])
+
+
+def test_srun_argv_is_one_task_on_one_named_node() -> None:
+    argv = srun_rank("n4", "raps-7-r3e2", ["--mem=1G"], ["python", "app.py"])
+    assert argv[:8] == ["srun", "-N1", "-n1", "-w", "n4", "--exact", "--no-kill",
+                        "--kill-on-bad-exit=0"]
+    assert argv[-3:] == ["--mem=1G", "python", "app.py"]
+
+
+CURRENT = {0: Incarnation(0, "n1", 1), 1: Incarnation(1, "n3", 1), 2: Incarnation(2, "n5", 3)}
+
+
+def plan(rank: int, epoch: int, state: str, run: int = 0, target: str = "n6") -> dict[str, object]:
+    return {"plan_id": f"7-{rank}-{epoch}", "run": run, "rank": rank, "target": target,
+            "epoch": epoch, "state": state}
+
+
+def test_relaunch_only_started_plans_of_this_run_with_a_newer_epoch() -> None:
+    plans = [plan(1, 2, "running"), plan(0, 2, "queued"), plan(2, 3, "done"),
+             plan(0, 2, "running", run=1), plan(1, 3, "escalated")]
+    assert relaunches(CURRENT, plans, 0) == [Relaunch(1, "n6", 2, "7-1-2")]
+    # after the relaunch the same plan asks for nothing more
+    moved = {**CURRENT, 1: Incarnation(1, "n6", 2)}
+    assert relaunches(moved, plans, 0) == []
+
+
+def test_outcome_done_failed_or_waiting() -> None:
+    done = {r: Incarnation(r, "n1", 1, 0, 5.0) for r in range(3)}
+    assert outcome(done, 10.0, 6.0).done
+    failed = {**done, 1: Incarnation(1, "n3", 1, 9, 5.0)}
+    assert not outcome(failed, 10.0, 6.0).failed  # within the grace period: a plan may come
+    o = outcome(failed, 11.5, 6.0)
+    assert o.failed and o.rank == 1 and o.exit_code == 9
+    running = {**done, 2: Incarnation(2, "n5", 1)}
+    assert outcome(running, 100.0, 6.0) == outcome({}, 0.0, 1.0)
