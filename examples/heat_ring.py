@@ -42,6 +42,9 @@ def main() -> int:
         x = np.linspace(0, 1, a.cells) + ctx.rank
         state = {"u": np.sin(np.pi * x) ** 2, "step": np.array([0], dtype=np.int64)}
     u, step = state["u"], int(state["step"][0])
+    if step:
+        print(f"rank {ctx.rank} epoch {ctx.epoch} resumed at step {step}", file=sys.stderr,
+              flush=True)
     while step < a.steps:
         if a.die_at is not None and step == a.die_at and ctx.epoch == 1 \
                 and ctx.rank == ctx.size - 1:

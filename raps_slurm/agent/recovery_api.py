@@ -51,11 +51,12 @@ def record_event(store: StateStore, keys: Keys, node: str, pid: str, phase: str,
     fail the rank's restore or launch (the leader then times the plan out).
     """
     try:
-        if store.get(keys.plan(pid)) is None:
-            return False
+        kv = store.get(keys.plan(pid))
+        if kv is None or not Plan.from_json(kv.key, kv.value).active:
+            return False  # no plan (a requeued run restores on its own), or one given up
         event = PlanEvent(pid, phase, time.time() if at is None else at, node, detail)
         wrote = store.create(keys.plan_event(pid, phase), event.to_json())
-    except StoreError as exc:
+    except (StoreError, RecordError) as exc:
         log.warning("plan %s: phase %s not recorded: %s", pid, phase, exc)
         return False
     if wrote:

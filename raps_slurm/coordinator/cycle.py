@@ -54,6 +54,7 @@ class JobView:
     groups: dict[int, tuple[BackupGroup, KeyValue]] = field(default_factory=dict)
     entries: dict[int, tuple[RankEntry, KeyValue]] = field(default_factory=dict)
     ckpts: dict[int, list[CkptRecord]] = field(default_factory=dict)
+    escalation: KeyValue | None = None
 
 
 @dataclass
@@ -143,6 +144,8 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
                 view.epochs[entry.rank] = entry.epoch
                 view.entries[entry.rank] = (entry, kv)
                 view.ranks += 1
+            elif parts[2:] == ("escalation",):
+                view.escalation = kv
             elif parts[2] == "ckpt" and len(parts) == 5:
                 rec = CkptRecord.from_json(kv.key, kv.value)
                 view.ckpts.setdefault(rec.rank, []).append(rec)

@@ -142,7 +142,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
         dead_nodes=DeadNodes(store, keys, every=max(0.5, cfg.detection.lease_duration_sec / 2)))
     coordinator.recovery = Recovery(cfg, store, keys, leadership,
                                     job_info=lambda job: slurm.job(int(job)),
-                                    requeue=lambda job: slurm.requeue(int(job)))
+                                    requeue=lambda job: slurm.requeue(int(job)),
+                                    start_now=lambda job: slurm.start_now(int(job)))
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     notify = sdnotify.SystemdNotifier()

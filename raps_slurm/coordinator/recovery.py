@@ -79,9 +79,11 @@ class Recovery:
 
     def __init__(self, cfg: Config, store: StateStore, keys: Keys, leadership: Leadership, *,
                  job_info: Callable[[str], JobInfo], requeue: Callable[[str], None],
+                 start_now: Callable[[str], None] = lambda job: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         self._job_info, self._requeue, self._clock = job_info, requeue, clock
+        self._start_now = start_now
         self._reported: set[str] = set()
 
     def step(self, jobs: dict[str, JobView], dead: set[str], unhealthy: set[str],
@@ -97,14 +99,17 @@ class Recovery:
         views = jobs
         done.extend(self._follow(book))
         for job, view in sorted(views.items(), key=lambda kv: int(kv[0])):
+            if view.escalation is not None:
+                done.extend(self._release(job, view.escalation))
             rec, m = view.record, view.rank_map
             if rec is None or m is None or rec.state != "running" or m.error or \
                     m.restart_count != rec.restart_count:
                 continue
-            done.extend(self._escalations(job, rec.restart_count))
-            plans = book.of_job(job, rec.restart_count)
-            if any(p.state == "escalated" for p in plans):
+            if view.escalation is not None and _run_of(view.escalation) == rec.restart_count:
+                # this run is being requeued: nothing to plan, only Slurm to ask (again)
+                done.extend(self._escalations(job, rec.restart_count))
                 continue
+            plans = book.of_job(job, rec.restart_count)
             late = planner.overdue(plans, now, self.cfg.recovery.recovery_timeout_sec)
             if late:
                 done.append(self._escalate(job, rec.restart_count, book,
@@ -242,6 +247,24 @@ class Recovery:
             return []
         return [self._requeue_job(job, run)]
 
+    def _release(self, job: str, kv: KeyValue) -> list[str]:
+        """A job requeued by an escalation waits out Slurm's requeue delay (BeginTime):
+        start it as soon as Slurm shows it pending again."""
+        if not _release_due(kv):
+            return []
+        try:
+            if self._job_info(job).state != "PENDING":
+                return []  # still completing; next cycle
+            self._start_now(job)
+        except SlurmCommandError as exc:
+            return [f"job {job}: cannot start the requeued job yet ({exc})"]
+        d = json.loads(kv.value)
+        d["released_at"] = self._clock()
+        self.leadership.commit([Guard(kv.key, kv.mod_revision)],
+                               [Put(kv.key, json.dumps(d).encode())])
+        log.warning("job %s: requeued run starts now", job)
+        return [f"job {job}: requeued run released"]
+
     def _requeue_job(self, job: str, run: int) -> str:
         key = self.keys.job_escalation(job)
         try:
@@ -257,6 +280,14 @@ class Recovery:
                                        self._clock()))])
         log.error("job %s run %d requeued: its ranks restore their newest checkpoints", job, run)
         return f"job {job}: requeued"
+
+
+def _release_due(kv: KeyValue) -> bool:
+    try:
+        d = json.loads(kv.value)
+        return d.get("requeued_at") is not None and d.get("released_at") is None
+    except (ValueError, AttributeError):
+        return False
 
 
 def _run_of(kv: KeyValue) -> int | None:

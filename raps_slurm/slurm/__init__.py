@@ -59,6 +59,10 @@ class SlurmClient:
         """Requeue a whole batch job."""
         self.runner.run(commands.requeue(job_id))
 
+    def start_now(self, job_id: int) -> None:
+        """Let a pending (requeued) job start at once."""
+        self.runner.run(commands.start_now(job_id))
+
     def cancel(self, job_id: int, signal: str | None = None) -> None:
         """Cancel a job or signal it."""
         self.runner.run(commands.cancel(job_id, signal))

@@ -75,6 +75,11 @@ def requeue(job_id: int) -> list[str]:
     return ["scontrol", "requeue", str(int(job_id))]
 
 
+def start_now(job_id: int) -> list[str]:
+    """Let a pending job start at once (a requeued job otherwise waits out its BeginTime)."""
+    return ["scontrol", "update", f"JobId={int(job_id)}", "StartTime=now"]
+
+
 def cancel(job_id: int, signal: str | None = None) -> list[str]:
     """Cancel a job, or send it a signal when ``signal`` is given."""
     argv = ["scancel"]

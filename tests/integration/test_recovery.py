@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -13,13 +14,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.core.planner import Plan
 from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import Keys, StateStore
-from raps_slurm.testing.cluster import LocalCluster, wait_until
+from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -87,6 +90,60 @@ def job_state(cluster: LocalCluster, job: str) -> str:
     return cluster.slurm().job(int(job)).state
 
 
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+
+
+def finish(cluster: LocalCluster, job: str, out: Path, clean: str, timeout: float = 150) -> str:
+    """Wait for the job to end; assert it completed with the failure-free result."""
+    wait_until(f"job {job} completed", lambda: job_state(cluster, job), lambda s: s in FINAL,
+               timeout)
+    text = out.read_text()
+    assert job_state(cluster, job) == "COMPLETED", text[-4000:]
+    assert clean in text.splitlines(), text[-4000:]
+    return text
+
+
+@contextmanager
+def leading_with(cluster: LocalCluster, rapsctl: Any, name: str, tmp: Path,
+                 **recovery: object) -> Iterator[CoordinatorProcess]:
+    """A leading coordinator whose config differs in some ``recovery`` keys."""
+    cfg = yaml.safe_load(cluster.config_path.read_text())
+    cfg.setdefault("recovery", {}).update(recovery)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    c = cluster.coordinator(name, config=path).start()
+    try:
+        wait_until(f"coordinator {name!r} to lead", lambda: rapsctl("ping", check=False).stdout,
+                   lambda o: f"leader {name} " in o, timeout=20)
+        yield c
+    finally:
+        c.stop()
+
+
+@contextmanager
+def crashed(cluster: LocalCluster, *nodes: str) -> Iterator[None]:
+    """Nodes crashed at once; restarted and returned to service when the block ends."""
+    for n in nodes:
+        cluster.crash(n)
+    try:
+        yield
+    finally:
+        run = CommandRunner(timeout=60, env=cluster.env)
+        for n in nodes:
+            cluster.restart(n)
+            run.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
+
+
+def mapped(rapsctl: Any, job: str, run: int = 0) -> dict[str, Any]:
+    return wait_until(f"job {job} run {run} mapped", lambda: rapsctl.job(int(job)),
+                      lambda d: d is not None and d["state"] == "mapped"
+                      and d["restart_count"] == run, 60)
+
+
+def rank_nodes(data: dict[str, Any]) -> dict[int, str]:
+    return {r["rank"]: r["node"] for r in data["ranks"]}
+
+
 def test_node_crash_relaunches_only_its_rank_and_the_result_is_unchanged(
         cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
         leading: Callable[[str], Any], tmp_path: Path) -> None:
@@ -132,3 +189,176 @@ def test_node_crash_relaunches_only_its_rank_and_the_result_is_unchanged(
             cluster.restart(node)
             CommandRunner(timeout=60, env=cluster.env).run(
                 ["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
+def test_two_nodes_of_a_rack_recover_one_after_the_other(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        tmp_path: Path) -> None:
+    clean = reference(tmp_path, 4)
+    with leading_with(cluster, rapsctl, "one-at-a-time", tmp_path, max_concurrent_recoveries=1), \
+            raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
+        data = mapped(rapsctl, job)
+        ranks = rank_nodes(data)
+        batch_host = wait_until("the batch host",
+                                lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
+        topo = cluster.slurm().topology()
+        rack = next(r for r, members in topo.racks().items()
+                    if set(members) <= set(ranks.values()) and batch_host not in members)
+        victims = sorted(r for r, n in ranks.items() if topo.rack_of(n) == rack)
+        assert len(victims) == 2
+        for r in victims:
+            wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r), bool, 60)
+        with crashed(cluster, *topo.racks()[rack]):
+            finish(cluster, job, out, clean)
+        got = sorted(plans(store, job), key=lambda p: p.started_at or 0.0)
+        assert [p.rank for p in sorted(got, key=lambda p: p.rank)] == victims
+        assert [p.state for p in got] == ["done", "done"]
+        assert {p.target for p in got} == set(data["spares"])
+        first, second = got
+        # the bound: the second started only once the first had restored (not finished)
+        assert first.restored_at is not None and second.started_at is not None
+        assert second.started_at >= first.restored_at, (first, second)
+
+
+def test_primary_and_mirror_lost_restores_from_the_remaining_holder(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any], tmp_path: Path) -> None:
+    clean = reference(tmp_path, 3)
+    with leading("holders"), raps_job(cluster, "--raps-spares=2", "--raps-replicas=2",
+                                      "-N5") as (job, out):
+        data = mapped(rapsctl, job)
+        ranks = rank_nodes(data)
+        batch_host = wait_until("the batch host",
+                                lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
+        victim = max(r for r, n in ranks.items() if n != batch_host)
+        rec = wait_until(f"rank {victim} committed on three holders",
+                         lambda: [r for r in records(store, job, victim)
+                                  if r.state == "committed" and len(r.holders) >= 3],
+                         bool, 60)[-1]
+        primary = ranks[victim]
+        mirror = next(h for h in rec.holders if h not in (primary, batch_host))
+        remaining = set(rec.holders) - {primary, mirror}
+        with crashed(cluster, primary, mirror):
+            finish(cluster, job, out, clean)
+        mine = [p for p in plans(store, job) if p.rank == victim]
+        assert [p.state for p in mine] == ["done"]
+        s, k = store
+        raw = s.get(k.plan_event(mine[0].plan_id, "restored"))
+        assert raw is not None
+        restored = json.loads(raw.value)["detail"]
+        assert set(restored["sources"]) <= remaining, (restored, remaining)
+        assert restored["generation"] is not None
+
+
+def test_no_spare_left_requeues_the_job_which_resumes_from_checkpoints(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any], tmp_path: Path) -> None:
+    clean = reference(tmp_path, 4)
+    with leading("requeue"), raps_job(cluster, "--raps-spares=0", "-N4",
+                                      "--open-mode=append") as (job, out):
+        data = mapped(rapsctl, job)
+        ranks = rank_nodes(data)
+        batch_host = wait_until("the batch host",
+                                lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
+        victim = max(r for r, n in ranks.items() if n != batch_host)
+        for r in ranks:
+            wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r), bool, 60)
+        with crashed(cluster, ranks[victim]):
+            mapped(rapsctl, job, run=1)
+            text = finish(cluster, job, out, clean, timeout=180)
+        s, k = store
+        esc = json.loads(s.get(k.job_escalation(job)).value)  # type: ignore[union-attr]
+        assert esc["run"] == 0 and "no usable spare" in esc["reason"]
+        assert esc["requeued_at"] is not None and esc["released_at"] is not None
+        # every rank of the second run resumed from a checkpoint, none from scratch
+        resumed = [x for x in text.splitlines() if " resumed at step " in x]
+        assert sorted(int(x.split()[1]) for x in resumed) == sorted(ranks), text[-4000:]
+        assert all(int(x.rsplit(" ", 1)[1]) > 0 for x in resumed)
+
+
+def rank_pids(job: str, rank: int, epoch: int) -> list[int]:
+    """Processes of one incarnation of a rank, found by the environment raps-run gave it."""
+    want = {f"RAPS_JOB={job}".encode(), f"RAPS_RANK={rank}".encode(),
+            f"RAPS_EPOCH={epoch}".encode()}
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = set((d / "environ").read_bytes().split(b"\0"))
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if want <= env and b"heat_ring.py" in cmd and not cmd.startswith(b"srun"):
+            found.append(int(d.name))
+    return found
+
+
+def test_frozen_node_thawed_after_the_relaunch_cannot_run_its_rank_twice(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any], tmp_path: Path) -> None:
+    clean = reference(tmp_path, 4)
+    with leading("freeze"), raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
+        data = mapped(rapsctl, job)
+        ranks = rank_nodes(data)
+        batch_host = wait_until("the batch host",
+                                lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
+        victim = max(r for r, n in ranks.items() if n != batch_host)
+        node = ranks[victim]
+        wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
+        old = wait_until(f"rank {victim} epoch 1 running", lambda: rank_pids(job, victim, 1),
+                         bool, 20)
+        cluster.freeze(node)
+        try:
+            wait_until(f"rank {victim} restored elsewhere",
+                       lambda: [p.state for p in plans(store, job)],
+                       lambda st: st and st[0] in ("restored", "done"), 60)
+        finally:
+            cluster.thaw(node)
+            # the DEAD verdict drained it; back to service for the tests after this one
+            CommandRunner(timeout=60, env=cluster.env).run(
+                ["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        # thawed, the old copy finds its epoch superseded and is gone; it never ran beside
+        # the new one past that point, and the job's result is the failure-free one
+        wait_until(f"old rank {victim} (pids {old}) gone", lambda: rank_pids(job, victim, 1),
+                   lambda p: not p, 30)
+        finish(cluster, job, out, clean)
+        [plan] = plans(store, job)
+        assert (plan.rank, plan.source, plan.epoch, plan.state) == (victim, node, 2, "done")
+        assert entries(store, job)[victim].epoch == 2
+
+
+def test_coordinator_killed_mid_plan_the_next_leader_finishes_it(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        tmp_path: Path) -> None:
+    clean = reference(tmp_path, 4)
+    first = cluster.coordinator("mid-a").start()
+    second: CoordinatorProcess | None = None
+    try:
+        wait_until("mid-a to lead", lambda: rapsctl("ping", check=False).stdout,
+                   lambda o: "leader mid-a " in o, timeout=20)
+        second = cluster.coordinator("mid-b").start()
+        with raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
+            data = mapped(rapsctl, job)
+            ranks = rank_nodes(data)
+            batch_host = wait_until("the batch host",
+                                    lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
+            victim = max(r for r, n in ranks.items() if n != batch_host)
+            wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool,
+                       60)
+            with crashed(cluster, ranks[victim]):
+                seen = wait_until("a plan", lambda: plans(store, job), bool, 30, interval=0.02)
+                first.signal(signal.SIGKILL)
+                assert seen[0].state in ("queued", "running"), seen  # killed mid-plan
+                wait_until("mid-b to lead", lambda: rapsctl("ping", check=False).stdout,
+                           lambda o: "leader mid-b " in o, timeout=20)
+                text = finish(cluster, job, out, clean)
+            [plan] = plans(store, job)
+            assert (plan.rank, plan.epoch, plan.state) == (victim, 2, "done")
+            assert entries(store, job)[victim].epoch == 2  # started once, not twice
+            assert text.count(f"rank {victim} epoch 2 started on ") == 1
+            assert f"plan {plan.plan_id}" in second.log()
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
