@@ -144,17 +144,27 @@ def rank_nodes(data: dict[str, Any]) -> dict[int, str]:
     return {r["rank"]: r["node"] for r in data["ranks"]}
 
 
+def batch_host(cluster: LocalCluster, job: str) -> str:
+    return wait_until("the batch host", lambda: cluster.slurm().job(int(job)).batch_host,
+                      bool, 20)
+
+
+def layout(cluster: LocalCluster, rapsctl: Any, job: str
+           ) -> tuple[dict[str, Any], dict[int, str], int]:
+    """The mapped job, its rank -> node, and the last rank not on the batch script's node
+    (the one to fail: losing the batch host escalates, which another test covers)."""
+    data = mapped(rapsctl, job)
+    ranks = rank_nodes(data)
+    host = batch_host(cluster, job)
+    return data, ranks, max(r for r, n in ranks.items() if n != host)
+
+
 def test_node_crash_relaunches_only_its_rank_and_the_result_is_unchanged(
         cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     clean = reference(tmp_path, 4)
     with leading("recovery"), raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-        data = wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),
-                          lambda d: d is not None and d["state"] == "mapped", 30)
-        batch_host = wait_until("the batch host", lambda: cluster.slurm().job(int(job)).batch_host,
-                                bool, 20)
-        ranks = {r["rank"]: r["node"] for r in data["ranks"]}
-        victim = max(r for r, n in ranks.items() if n != batch_host)
+        data, ranks, victim = layout(cluster, rapsctl, job)
         node = ranks[victim]
         wait_until(f"rank {victim} committed two generations",
                    lambda: committed(store, job, victim), lambda g: len(g) >= 2, 60)
@@ -199,11 +209,10 @@ def test_two_nodes_of_a_rack_recover_one_after_the_other(
             raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
         data = mapped(rapsctl, job)
         ranks = rank_nodes(data)
-        batch_host = wait_until("the batch host",
-                                lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
+        host = batch_host(cluster, job)
         topo = cluster.slurm().topology()
         rack = next(r for r, members in topo.racks().items()
-                    if set(members) <= set(ranks.values()) and batch_host not in members)
+                    if set(members) <= set(ranks.values()) and host not in members)
         victims = sorted(r for r, n in ranks.items() if topo.rack_of(n) == rack)
         assert len(victims) == 2
         for r in victims:
@@ -226,17 +235,13 @@ def test_primary_and_mirror_lost_restores_from_the_remaining_holder(
     clean = reference(tmp_path, 3)
     with leading("holders"), raps_job(cluster, "--raps-spares=2", "--raps-replicas=2",
                                       "-N5") as (job, out):
-        data = mapped(rapsctl, job)
-        ranks = rank_nodes(data)
-        batch_host = wait_until("the batch host",
-                                lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
-        victim = max(r for r, n in ranks.items() if n != batch_host)
+        _, ranks, victim = layout(cluster, rapsctl, job)
         rec = wait_until(f"rank {victim} committed on three holders",
                          lambda: [r for r in records(store, job, victim)
                                   if r.state == "committed" and len(r.holders) >= 3],
                          bool, 60)[-1]
         primary = ranks[victim]
-        mirror = next(h for h in rec.holders if h not in (primary, batch_host))
+        mirror = next(h for h in rec.holders if h not in (primary, batch_host(cluster, job)))
         remaining = set(rec.holders) - {primary, mirror}
         with crashed(cluster, primary, mirror):
             finish(cluster, job, out, clean)
@@ -256,11 +261,7 @@ def test_no_spare_left_requeues_the_job_which_resumes_from_checkpoints(
     clean = reference(tmp_path, 4)
     with leading("requeue"), raps_job(cluster, "--raps-spares=0", "-N4",
                                       "--open-mode=append") as (job, out):
-        data = mapped(rapsctl, job)
-        ranks = rank_nodes(data)
-        batch_host = wait_until("the batch host",
-                                lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
-        victim = max(r for r, n in ranks.items() if n != batch_host)
+        _, ranks, victim = layout(cluster, rapsctl, job)
         for r in ranks:
             wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r), bool, 60)
         with crashed(cluster, ranks[victim]):
@@ -299,11 +300,7 @@ def test_frozen_node_thawed_after_the_relaunch_cannot_run_its_rank_twice(
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     clean = reference(tmp_path, 4)
     with leading("freeze"), raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-        data = mapped(rapsctl, job)
-        ranks = rank_nodes(data)
-        batch_host = wait_until("the batch host",
-                                lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
-        victim = max(r for r, n in ranks.items() if n != batch_host)
+        _, ranks, victim = layout(cluster, rapsctl, job)
         node = ranks[victim]
         wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
         old = wait_until(f"rank {victim} epoch 1 running", lambda: rank_pids(job, victim, 1),
@@ -339,11 +336,7 @@ def test_coordinator_killed_mid_plan_the_next_leader_finishes_it(
                    lambda o: "leader mid-a " in o, timeout=20)
         second = cluster.coordinator("mid-b").start()
         with raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-            data = mapped(rapsctl, job)
-            ranks = rank_nodes(data)
-            batch_host = wait_until("the batch host",
-                                    lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
-            victim = max(r for r, n in ranks.items() if n != batch_host)
+            _, ranks, victim = layout(cluster, rapsctl, job)
             wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool,
                        60)
             with crashed(cluster, ranks[victim]):
