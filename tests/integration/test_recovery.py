@@ -309,7 +309,7 @@ def test_frozen_node_thawed_after_the_relaunch_cannot_run_its_rank_twice(
         try:
             wait_until(f"rank {victim} restored elsewhere",
                        lambda: [p.state for p in plans(store, job)],
-                       lambda st: st and st[0] in ("restored", "done"), 60)
+                       lambda st: bool(st) and st[0] in ("restored", "done"), 60)
         finally:
             cluster.thaw(node)
             # the DEAD verdict drained it; back to service for the tests after this one
