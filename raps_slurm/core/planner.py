@@ -275,7 +275,9 @@ def timeline(plan: Plan, events: Mapping[str, PlanEvent]) -> list[tuple[str, flo
             continue
         what = f"on {e.node}"
         d = e.detail
-        if phase == "restored":
+        if phase == "launched":
+            what = f"step on {d.get('node', plan.target)} (raps-run on {e.node})"
+        elif phase == "restored":
             src = ",".join(d.get("sources") or []) or "local copy"
             what += (f": generation {d.get('generation')}, {d.get('bytes_pulled', 0)} bytes "
                      f"pulled from {src}")
