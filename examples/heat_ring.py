@@ -34,6 +34,11 @@ def main() -> int:
                    help="sleep this long each step (stands for real work: a run long enough "
                         "to crash a node in the middle of it)")
     p.add_argument("--local", type=int, default=None, help="run N ranks here (no launcher)")
+    p.add_argument("--ballast-mb", type=int, default=0,
+                   help="extra state of this many MiB (random, unchanged) in one rank's "
+                        "checkpoints: what `rapsctl bench recovery --state` restores")
+    p.add_argument("--ballast-rank", type=int, default=-1,
+                   help="the rank that carries the ballast (default: the last)")
     a = p.parse_args()
     ctx = runtime.init(local=a.local)
     left, right = (ctx.rank - 1) % ctx.size, (ctx.rank + 1) % ctx.size
@@ -41,6 +46,9 @@ def main() -> int:
     if state is None:
         x = np.linspace(0, 1, a.cells) + ctx.rank
         state = {"u": np.sin(np.pi * x) ** 2, "step": np.array([0], dtype=np.int64)}
+        if a.ballast_mb and ctx.rank == a.ballast_rank % ctx.size:
+            rng = np.random.default_rng(ctx.rank)
+            state["ballast"] = np.frombuffer(rng.bytes(a.ballast_mb << 20), dtype=np.uint8)
     u, step = state["u"], int(state["step"][0])
     if step:
         print(f"rank {ctx.rank} epoch {ctx.epoch} resumed at step {step}", file=sys.stderr,
@@ -63,7 +71,8 @@ def main() -> int:
             time.sleep(a.step_sec)
         ctx.heartbeat(step=step)
         if step % a.every == 0:
-            ctx.checkpoint({"u": u, "step": np.array([step], dtype=np.int64)})
+            state = {**state, "u": u, "step": np.array([step], dtype=np.int64)}
+            ctx.checkpoint(state)
     digest = hashlib.sha256(u.tobytes()).hexdigest()[:16]
     if ctx.rank == 0:
         digests = [digest] + [ctx.recv(r).decode() for r in range(1, ctx.size)]

@@ -25,6 +25,7 @@ import logging
 import os
 import stat
 import threading
+import time
 import typing
 
 from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Refused, is_int
@@ -157,6 +158,7 @@ class CheckpointOps:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         epoch = self._rank_of(peer, job, rank)
+        asked = time.time()
         try:
             result = self.service.restore(job, rank)
         except RestoreError as exc:
@@ -177,7 +179,8 @@ class CheckpointOps:
             self.recovery_event(job, rank, epoch, "restored", {
                 "generation": result.generation, "bytes": r.manifest.total_size,
                 "bytes_pulled": result.pulled_bytes, "chunks_pulled": result.pulled_chunks,
-                "sources": list(result.sources),
+                "sources": list(result.sources), "asked_at": asked, "pull_s": result.pull_s,
+                "local_s": result.local_s,
                 "fallbacks": [fb.to_dict() for fb in result.fallbacks]})
         return {"ok": True, "generation": result.generation,
                 "fallbacks": [fb.to_dict() for fb in result.fallbacks],

@@ -91,6 +91,8 @@ class RestoreResult:
     pulled_chunks: int
     pulled_bytes: int = 0  # as stored (compressed), what crossed the network
     sources: tuple[str, ...] = ()  # holders chunks were pulled from
+    pull_s: float = 0.0  # pulling missing chunks (network, verification, storing)
+    local_s: float = 0.0  # decoding and verifying the state into memory
 
 
 def peers_from_store(store: StateStore, keys: Keys) -> Callable[[], dict[str, tuple[str, int]]]:
@@ -131,42 +133,62 @@ class CheckpointService:
         self.limiter = TokenBucket(c.replication_mbps * 1e6)
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+        # Two lanes: a rank's log flushes (many, small, every few ms) must not hold up the
+        # copies of its checkpoints, nor the other way round.
         self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
+        self._log_queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
+        self._pending: set[tuple[str, int, int]] = set()  # generations queued for copying
         self.logs = LogStore(chunks.root)
-        self._worker: threading.Thread | None = None
+        self._workers: list[threading.Thread] = []
         self.pushed_bytes = 0
 
     # --- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the background replication worker."""
-        if self._worker is None:
-            self._worker = threading.Thread(target=self._work, name="raps-replicate",
-                                            daemon=True)
-            self._worker.start()
+        """Start the background workers (checkpoint copies, log copies)."""
+        if not self._workers:
+            self._workers = [
+                threading.Thread(target=self._work, args=(q,), name=name, daemon=True)
+                for q, name in ((self._queue, "raps-replicate"), (self._log_queue, "raps-logcopy"))]
+            for t in self._workers:
+                t.start()
 
     def stop(self) -> None:
-        """Stop the worker (queued replications are left to the next repair pass)."""
-        if self._worker is not None:
+        """Stop the workers (queued replications are left to the next repair pass)."""
+        if self._workers:
             self._queue.put(None)
-            self._worker.join(timeout=10)
-            self._worker = None
+            self._log_queue.put(None)
+            for t in self._workers:
+                t.join(timeout=10)
+            self._workers = []
 
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
+    @staticmethod
+    def _work(q: queue.Queue[Callable[[], object] | None]) -> None:
+        while (item := q.get()) is not None:
             try:
                 item()
             except (RapsError, OSError) as exc:
                 log.warning("background copy failed: %s", exc)
             finally:
-                self._queue.task_done()
+                q.task_done()
 
     def _later(self, job: str, rank: int, gen: int) -> None:
-        self._queue.put(lambda: self.replicate(job, rank, gen))
+        key = (job, rank, gen)
+        with self._lock:
+            if key in self._pending:
+                return  # already queued (a repair pass found it short again)
+            self._pending.add(key)
+
+        def copy() -> None:
+            with self._lock:
+                self._pending.discard(key)
+            self.replicate(job, rank, gen)
+        self._queue.put(copy)
 
     def wait_idle(self) -> None:
-        """Block until queued replications are done (tests, shutdown)."""
+        """Block until queued replications and log copies are done (tests, shutdown)."""
         self._queue.join()
+        self._log_queue.join()
 
     # --- saves ---------------------------------------------------------------------------
 
@@ -365,7 +387,7 @@ class CheckpointService:
         """Store a rank's log segment here and copy it to the rank's log backup (in the
         background); its number."""
         n = self.logs.append(job, rank, data)
-        self._queue.put(lambda: self._push_log(job, rank, n, data))
+        self._log_queue.put(lambda: self._push_log(job, rank, n, data))
         return n
 
     def _push_log(self, job: str, rank: int, n: int, data: bytes) -> None:
@@ -415,7 +437,7 @@ class CheckpointService:
             def remote() -> None:
                 with TransferClient(self._key, self.node, target, limiter=self.limiter) as c:
                     c.call({"op": "log_trim", "job": job, "rank": rank, "floors": body})
-            self._queue.put(remote)
+            self._log_queue.put(remote)
         return n
 
     def _cold_copy(self, m: Manifest) -> None:
@@ -469,6 +491,7 @@ class CheckpointService:
             if m is None:
                 return None, Fallback(rec.generation, why)
             pulled = 0
+            pull_s = local_s = 0.0
             traffic: dict[str, int] = {}  # holder -> bytes pulled from it
             bad_holders: dict[str, str] = {}
             tried_local = False
@@ -477,16 +500,20 @@ class CheckpointService:
                 if not self.cfg.recovery.use_delta_transfer and attempt == 0:
                     # measured comparison: pull every chunk, held here or not
                     missing = sorted(m.digests())
+                t0 = time.perf_counter()
                 if missing:
                     pulled += self._pull(job, m, missing, sources, peers, bad_holders, traffic)
+                t1 = time.perf_counter()
                 restored, bad = self.local.restore_manifest(m)
+                pull_s, local_s = pull_s + t1 - t0, local_s + time.perf_counter() - t1
                 if restored is not None:
                     if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
                         self.chunks.put_manifest(m)
                     self._note(job, rank, rec, bad_holders, holder=self.node)
                     return RestoreResult(restored, rec.generation, [], pulled,
                                          sum(traffic.values()),
-                                         tuple(h for h in sources if traffic.get(h))), None
+                                         tuple(h for h in sources if traffic.get(h)),
+                                         round(pull_s, 3), round(local_s, 3)), None
                 # A chunk stored here is bad: drop it and pull a good copy.
                 if not tried_local and self.node in rec.holders:
                     for b in bad:

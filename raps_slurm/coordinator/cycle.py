@@ -70,7 +70,9 @@ def _members(g: BackupGroup) -> list[str]:
 
 
 class DeadNodes:
-    """Nodes that are dead now: a DEAD verdict in etcd and no live registration.
+    """Nodes that are dead now: a DEAD verdict in etcd and no registration made after it
+    (a crashed node's registration lingers until its lease runs out, ``lease_duration_sec``;
+    one created after the verdict means the node came back).
 
     Read from etcd (one prefix read, at most every ``every`` seconds) rather than from
     this process's detector, so that a leader elected after the death knows it too.
@@ -87,23 +89,29 @@ class DeadNodes:
         self.unhealthy: set[str] = set()
         self.dead_at: dict[str, float] = {}
 
+    def refresh(self) -> None:
+        """Read etcd again at the next call (a verdict was just given)."""
+        self._at = -1e18
+
     def __call__(self) -> set[str]:
         now = self._mono()
         if now - self._at >= self.every:
             self._at = now
             prefix = self.keys.nodes_prefix()
-            registered, verdict, unhealthy = set(), set(), set()
+            registered: dict[str, int] = {}  # node -> create revision of its registration
+            verdict: dict[str, int] = {}  # node -> revision of its DEAD verdict
+            unhealthy: set[str] = set()
             dead_at: dict[str, float] = {}
             for kv in self.store.get_prefix(prefix):
                 rest = kv.key[len(prefix):]
                 if "/" not in rest:
-                    registered.add(rest)
+                    registered[rest] = kv.create_revision
                     continue
                 node, _, leaf = rest.partition("/")
                 try:
                     value = json.loads(kv.value)
                     if leaf == "verdict" and value.get("kind") == "DEAD":
-                        verdict.add(node)
+                        verdict[node] = kv.mod_revision
                         dead_at[node] = float(value.get("at") or 0.0)
                     else:
                         sick = (value.get("kind") == "SUSPECT" if leaf == "verdict"
@@ -112,7 +120,7 @@ class DeadNodes:
                             unhealthy.add(node)
                 except (ValueError, AttributeError, TypeError):
                     continue
-            self._dead = verdict - registered
+            self._dead = {n for n, rev in verdict.items() if registered.get(n, 0) < rev}
             self.unhealthy = unhealthy
             self.dead_at = {n: t for n, t in dead_at.items() if n in self._dead}
         return set(self._dead)

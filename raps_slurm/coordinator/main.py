@@ -135,11 +135,14 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     detection = Detection(cfg, store, keys, leadership, server, node_info=slurm.node,
                           drain=lambda node, reason: slurm.drain([node], reason),
                           metrics=metrics)
+    # Re-read at least every heartbeat period (a verdict a previous leader gave), and at
+    # once when this leader's detector gives one.
+    dead_nodes = DeadNodes(store, keys, every=max(0.5, cfg.detection.kernel_heartbeat_interval_sec))
     coordinator = Coordinator(
         cfg, store, keys, leadership, topology=slurm.topology,
         job_states=lambda: {str(j.job_id): j.state for j in slurm.jobs()},
         metrics=metrics, name=name, background=True,
-        dead_nodes=DeadNodes(store, keys, every=max(0.5, cfg.detection.lease_duration_sec / 2)))
+        dead_nodes=dead_nodes)
     coordinator.recovery = Recovery(cfg, store, keys, leadership,
                                     job_info=lambda job: slurm.job(int(job)),
                                     requeue=lambda job: slurm.requeue(int(job)),
@@ -168,7 +171,10 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                 if once:
                     click.echo(status)
                     break
-            detection.tick()
+            if any(line.startswith("DEAD ") for line in detection.tick()):
+                dead_nodes.refresh()  # plan for the dead node's ranks now, not next read
+                changed = True
+                continue
             changed = wakeup.wait(max(0.0, min(detection.next_wakeup(time.time()),
                                                next_cycle - time.monotonic())))
     finally:

@@ -473,3 +473,23 @@ def test_dead_backup_is_replaced_by_a_live_pool_node(cluster: Cluster) -> None:
             assert g == before[rank]
     # Nothing more to do while the node stays dead.
     assert "off dead nodes" not in c1.run_cycle()
+
+
+def test_dead_nodes_ignore_a_registration_older_than_the_verdict() -> None:
+    from raps_slurm.coordinator.cycle import DeadNodes
+
+    store, keys = MemoryStore(), Keys()
+    dead = DeadNodes(store, keys, every=0.0)
+    store.put(keys.node("n1"), b"{}")
+    store.put(keys.node("n2"), b"{}")
+    assert dead() == set()
+    # n1 crashed: its registration lingers until its lease runs out, the verdict is newer
+    store.put(keys.node_verdict("n1"), json.dumps({"kind": "DEAD", "at": 5.0}).encode())
+    store.put(keys.node_verdict("n2"), json.dumps({"kind": "SUSPECT", "at": 5.0}).encode())
+    assert dead() == {"n1"} and dead.dead_at == {"n1": 5.0} and dead.unhealthy == {"n2"}
+    # n1 came back: a registration created after the verdict
+    store.delete(keys.node("n1"))
+    store.put(keys.node("n1"), b"{}")
+    assert dead() == set()
+    store.put(keys.node_verdict("n1"), b"not json")  # malformed: ignored, not fatal
+    assert dead() == set()
