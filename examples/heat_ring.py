@@ -70,7 +70,7 @@ def main() -> int:
         if a.step_sec:
             time.sleep(a.step_sec)
         ctx.heartbeat(step=step)
-        if step % a.every == 0:
+        if step % a.every == 0 or ctx.checkpoint_due():  # due: interval passed, or SIGUSR1
             state = {**state, "u": u, "step": np.array([step], dtype=np.int64)}
             ctx.checkpoint(state)
     digest = hashlib.sha256(u.tobytes()).hexdigest()[:16]

@@ -56,13 +56,15 @@ def _job_dir_name(job: str) -> str:
 
 
 def write_atomic(directory: Path, tmp_dir: Path, name: str, data: Iterable[bytes | memoryview],
-                 *, sync_dir: bool = True) -> None:
-    """Write ``data`` to ``directory/name`` through a fsync'ed temp file and a rename."""
+                 *, sync_dir: bool = True, durable: bool = True) -> None:
+    """Write ``data`` to ``directory/name`` through a fsync'ed temp file and a rename
+    (``durable=False``: no fsync at all; the caller syncs later, see ``sync_pending``)."""
     tmp = tmp_dir / f".{name}.{os.getpid()}.{threading.get_ident()}.{next(_counter)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         _write_all(fd, data)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -70,7 +72,7 @@ def write_atomic(directory: Path, tmp_dir: Path, name: str, data: Iterable[bytes
         raise
     os.close(fd)
     os.rename(tmp, directory / name)
-    if sync_dir:
+    if sync_dir and durable:
         fsync_dir(directory)
 
 
@@ -116,6 +118,7 @@ class ChunkStore:
         self._index: dict[str, dict[str, Location]] = {}  # job -> digest -> location
         self._pinned_chunks: Counter[tuple[str, str]] = Counter()   # (job, digest)
         self._pinned_gens: Counter[tuple[str, int, int]] = Counter()  # (job, rank, gen)
+        self._unsynced: set[Path] = set()  # packs written without fsync (sync_pending)
 
     # --- paths -------------------------------------------------------------------------
 
@@ -191,10 +194,14 @@ class ChunkStore:
                         out.append(d)
             return out
 
-    def put_many(self, job: str, chunks: Iterable[tuple[str, int, bytes | memoryview]]
-                 ) -> tuple[int, int]:
+    def put_many(self, job: str, chunks: Iterable[tuple[str, int, bytes | memoryview]],
+                 *, durable: bool = True) -> tuple[int, int]:
         """Store chunks (digest, raw size, stored bytes) not yet here in one new durable
-        pack; (chunks written, bytes written). Callers pin the digests first."""
+        pack; (chunks written, bytes written). Callers pin the digests first.
+
+        ``durable=False`` (a restore, where the rank waits): written without fsync and
+        listed for :meth:`sync_pending`; a pack lost to a crash before that is only a
+        copy gone (every chunk is verified when read, and other holders have it)."""
         with self._lock:
             idx = self._idx(job)
             todo: dict[str, tuple[int, bytes | memoryview]] = {}
@@ -215,16 +222,37 @@ class ChunkStore:
             offset += HEADER.size
             locs[digest] = Location(name, offset, len(stored), raw_size)
             offset += len(stored)
+        packs = self._ensure(self._packs(job))
         try:
-            write_atomic(self._ensure(self._packs(job)),
-                         self._ensure(self.job_dir(job) / "tmp"), name, parts)
+            write_atomic(packs, self._ensure(self.job_dir(job) / "tmp"), name, parts,
+                         durable=durable)
         except OSError as exc:
             raise StoreIOError(f"cannot write {len(todo)} chunk(s) of job {job}: {exc}") from exc
         with self._lock:
             idx = self._idx(job)
             for digest, loc in locs.items():
                 idx.setdefault(digest, loc)
+            if not durable:
+                self._unsynced.add(packs / name)
         return len(locs), offset
+
+    def sync_pending(self) -> int:
+        """fsync the packs written with ``durable=False`` and their directories; how many."""
+        with self._lock:
+            todo, self._unsynced = self._unsynced, set()
+        for path in sorted(todo):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # collected meanwhile
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for directory in sorted({p.parent for p in todo}):
+            with contextlib.suppress(FileNotFoundError):
+                fsync_dir(directory)
+        return len(todo)
 
     def adopt(self, job: str, fd: int, entries: list[PackEntry]) -> tuple[int, int] | None:
         """Store the pack in ``fd`` as it is (``sendfile``: a kernel copy, no pass through

@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from raps_slurm.config import Config
 from raps_slurm.core import checkpoints as decide
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import RankEntry, RankMap, group_from_json
+from raps_slurm.core.membership import dead_nodes
 from raps_slurm.errors import RapsError, RecordError, StoreError
 from raps_slurm.model import BackupGroup
 from raps_slurm.store import Keys, StateStore
@@ -95,22 +96,72 @@ class RestoreResult:
     local_s: float = 0.0  # decoding and verifying the state into memory
 
 
+def prefetch(batches: Iterator[list[Any]], depth: int = 2) -> Iterator[list[Any]]:
+    """The batches of ``batches``, read ahead by a thread (up to ``depth`` waiting)."""
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for b in batches:
+                if not put(("batch", b)):
+                    return  # the consumer gave up
+            put(("end", None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(("error", exc))
+
+    t = threading.Thread(target=produce, name="raps-prefetch", daemon=True)
+    t.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join(timeout=60)
+
+
 def peers_from_store(store: StateStore, keys: Keys) -> Callable[[], dict[str, tuple[str, int]]]:
-    """A function returning the transfer address of every registered (live) node."""
+    """A function returning the transfer address of every registered (live) node.
+
+    A node with a DEAD verdict newer than its registration is left out: a frozen or
+    crashed node's registration lingers until its lease runs out, and a restore must not
+    wait on its silent socket meanwhile."""
 
     def read() -> dict[str, tuple[str, int]]:
-        out = {}
+        out: dict[str, tuple[str, int]] = {}
+        created: dict[str, int] = {}
+        dead: dict[str, int] = {}
         for kv in store.get_prefix(keys.nodes_prefix()):
             rest = kv.key[len(keys.nodes_prefix()):]
-            if "/" in rest:
-                continue
             try:
                 value = json.loads(kv.value)
+                if rest.endswith("/verdict"):
+                    if value.get("kind") == "DEAD":
+                        dead[rest[:-len("/verdict")]] = kv.mod_revision
+                    continue
+                if "/" in rest:
+                    continue
                 host, port = str(value["transfer"]).rsplit(":", 1)
                 out[rest] = (host, int(port))
-            except (ValueError, KeyError, TypeError):
+                created[rest] = kv.create_revision
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue  # an agent without a transfer server (or a malformed key)
-        return out
+        gone = dead_nodes(created, dead)
+        return {n: a for n, a in out.items() if n not in gone}
 
     return read
 
@@ -569,23 +620,29 @@ class CheckpointService:
             try:
                 with TransferClient(self._key, self.node, peers[src],
                                     limiter=self.limiter) as client:
-                    good = []
-                    for digest, raw, stored in client.fetch(job, sorted(want), sizes):
-                        if digest not in want:
-                            continue
-                        reason = verify_chunk(m.digest_algo, digest, raw, stored, dec)
-                        if reason is not None or raw != sizes.get(digest):
-                            bad_holders.setdefault(digest, src)
-                            log.warning("chunk %s of job %s from %s is bad: %s", digest[:16],
-                                        job, src, reason or "wrong size")
-                            continue
-                        good.append((digest, raw, bytes(stored)))
-                    written, _ = self.chunks.put_many(job, good)
-                    pulled += written
-                    traffic[src] = traffic.get(src, 0) + sum(len(g[2]) for g in good)
-                    want -= {g[0] for g in good}
+                    # The next batch is on its way while this one is checked and stored.
+                    for batch in prefetch(client.fetch_batches(job, sorted(want), sizes)):
+                        good = []
+                        for digest, raw, stored in batch:
+                            if digest not in want:
+                                continue
+                            reason = verify_chunk(m.digest_algo, digest, raw, stored, dec)
+                            if reason is not None or raw != sizes.get(digest):
+                                bad_holders.setdefault(digest, src)
+                                log.warning("chunk %s of job %s from %s is bad: %s",
+                                            digest[:16], job, src, reason or "wrong size")
+                                continue
+                            good.append((digest, raw, stored))
+                        # Not fsync'ed here: the rank waits for this restore; the
+                        # replication lane syncs the packs right after.
+                        written, _ = self.chunks.put_many(job, good, durable=False)
+                        pulled += written
+                        traffic[src] = traffic.get(src, 0) + sum(len(g[2]) for g in good)
+                        want -= {g[0] for g in good}
             except TransferError as exc:
                 log.warning("pull from %s failed: %s", src, exc)
+        if pulled:
+            self._queue.put(self.chunks.sync_pending)
         return pulled
 
     def _note(self, job: str, rank: int, rec: CkptRecord, bad_holders: dict[str, str],

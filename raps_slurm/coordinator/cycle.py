@@ -7,6 +7,7 @@ only reads etcd and Slurm and writes what was decided.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -31,6 +32,7 @@ from raps_slurm.core.jobs import (
     group_to_json,
     purge_due,
 )
+from raps_slurm.core.membership import dead_nodes
 from raps_slurm.core.placement import replace_dead_backups
 from raps_slurm.errors import NotLeader, PlacementError, RecordError, SlurmCommandError, StoreError
 from raps_slurm.model import BackupGroup, Topology
@@ -55,6 +57,7 @@ class JobView:
     entries: dict[int, tuple[RankEntry, KeyValue]] = field(default_factory=dict)
     ckpts: dict[int, list[CkptRecord]] = field(default_factory=dict)
     escalation: KeyValue | None = None
+    hung: dict[int, float] = field(default_factory=dict)  # rank -> time of its HUNG verdict
 
 
 @dataclass
@@ -88,6 +91,7 @@ class DeadNodes:
         self._dead: set[str] = set()
         self.unhealthy: set[str] = set()
         self.dead_at: dict[str, float] = {}
+        self.registered: set[str] | None = None  # None until read: no agent known yet
 
     def refresh(self) -> None:
         """Read etcd again at the next call (a verdict was just given)."""
@@ -120,7 +124,8 @@ class DeadNodes:
                             unhealthy.add(node)
                 except (ValueError, AttributeError, TypeError):
                     continue
-            self._dead = {n for n, rev in verdict.items() if registered.get(n, 0) < rev}
+            self._dead = dead_nodes(registered, verdict)
+            self.registered = set(registered) - self._dead
             self.unhealthy = unhealthy
             self.dead_at = {n: t for n, t in dead_at.items() if n in self._dead}
         return set(self._dead)
@@ -154,6 +159,11 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
                 view.ranks += 1
             elif parts[2:] == ("escalation",):
                 view.escalation = kv
+            elif parts[2] == "verdicts" and len(parts) == 4 and parts[3].isdigit():
+                with contextlib.suppress(ValueError, AttributeError, TypeError):
+                    v = json.loads(kv.value)
+                    if v.get("kind") == "HUNG":
+                        view.hung[int(parts[3])] = float(v["at"])
             elif parts[2] == "ckpt" and len(parts) == 5:
                 rec = CkptRecord.from_json(kv.key, kv.value)
                 view.ckpts.setdefault(rec.rank, []).append(rec)
@@ -247,7 +257,8 @@ class Coordinator:
             done.extend(self.recovery.step(records, dead,
                                            set(getattr(self._dead_nodes, "unhealthy", ())),
                                            dict(getattr(self._dead_nodes, "dead_at", {})),
-                                           self._topology))
+                                           self._topology,
+                                           getattr(self._dead_nodes, "registered", None)))
         done.extend(self._purge(snap))
         return f"leader: {len(records)} jobs" + "".join(f"; {d}" for d in done if d)
 

@@ -87,14 +87,21 @@ class Recovery:
         self._reported: set[str] = set()
 
     def step(self, jobs: dict[str, JobView], dead: set[str], unhealthy: set[str],
-             dead_at: dict[str, float], topology: Topology | None) -> list[str]:
-        """One pass over every running job; returns what it did (for the cycle status)."""
+             dead_at: dict[str, float], topology: Topology | None,
+             registered: set[str] | None = None) -> list[str]:
+        """One pass over every running job; returns what it did (for the cycle status).
+
+        ``registered``: nodes whose agent holds a live registration (None: not known);
+        a spare without one cannot run a rank and is no target."""
         book = read_plans(self.store, self.keys)
+        if registered is not None and topology is not None:
+            everyone = {n for nodes in topology.racks().values() for n in nodes}
+            unhealthy = unhealthy | (everyone - registered - dead)
+        done: list[str] = self._lost_targets(book, dead, unhealthy, topology)
         for line in book.bad:
             if line not in self._reported:
                 log.error("skipping malformed value: %s", line)
                 self._reported.add(line)
-        done: list[str] = []
         now = self._clock()
         views = jobs
         done.extend(self._follow(book))
@@ -119,6 +126,9 @@ class Recovery:
             if dead and topology is not None:
                 done.extend(self._plan(job, view, plans, book, dead, unhealthy, dead_at,
                                        topology, now))
+            if view.hung:
+                done.extend(self._plan_hung(job, view, book.of_job(job, rec.restart_count),
+                                            book, dead, now))
         done.extend(self._start(book, views, now))
         return done
 
@@ -136,6 +146,51 @@ class Recovery:
                 log.info("plan %s: %s -> %s", pid, plan.state, new.state)
                 out.append(f"plan {pid} {new.state}")
         return out
+
+    # -- targets that died ----------------------------------------------------------------
+
+    def _lost_targets(self, book: PlanBook, dead: set[str], unhealthy: set[str],
+                      topology: Topology | None) -> list[str]:
+        """A started plan whose target died has failed (the rank gets a new plan with the
+        next epoch); a queued one is given another target."""
+        out = []
+        now = self._clock()
+        for pid, (plan, kv) in sorted(book.plans.items()):
+            if not plan.active or plan.target not in dead or plan.target == plan.source:
+                continue
+            if plan.state == "queued" and topology is not None:
+                racks = {name: set(nodes) for name, nodes in topology.racks().items()}
+                site = RankSite(plan.rank, plan.source, plan.epoch - 1,
+                                self._spares_of(plan))
+                taken = planner.taken_spares([p for p, _ in book.plans.values()
+                                              if p.plan_id != pid], plan.job, plan.run)
+                target = planner.choose_target(
+                    site, dead=dead, unhealthy=unhealthy, taken=taken, racks=racks,
+                    prefer_original_rack=self.cfg.recovery.prefer_original_rack, holders=())
+                if target is not None:
+                    new = dataclasses.replace(plan, target=target,
+                                              note=f"target {plan.target} died; now {target}")
+                    if self.leadership.commit([Guard(kv.key, kv.mod_revision)],
+                                              [Put(kv.key, new.to_json())]):
+                        book.plans[pid] = (new, kv)
+                        out.append(f"plan {pid} retargeted to {target}")
+                    continue
+            new = planner.advance(plan, "failed", now, f"target {plan.target} died")
+            if self.leadership.commit([Guard(kv.key, kv.mod_revision)],
+                                      [Put(kv.key, new.to_json())]):
+                book.plans[pid] = (new, kv)
+                log.warning("plan %s failed: its target %s died", pid, plan.target)
+                out.append(f"plan {pid} failed")
+        return out
+
+    def _spares_of(self, plan: Plan) -> tuple[str, ...]:
+        kv = self.store.get(self.keys.job_rank(plan.job, plan.rank))
+        if kv is None:
+            return ()
+        try:
+            return RankEntry.from_json(kv.key, kv.value).spares
+        except RecordError:
+            return ()
 
     # -- new plans -------------------------------------------------------------------
 
@@ -185,6 +240,33 @@ class Recovery:
                     out.append(f"plan {plan.plan_id} queued")
                     book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
                 taken.add(plan.target)
+        return out
+
+    def _plan_hung(self, job: str, view: JobView, plans: list[Plan], book: PlanBook,
+                   dead: set[str], now: float) -> list[str]:
+        """A rank HUNG on a live node: relaunched there from its checkpoint (raps-run kills
+        the old step's srun; the old copy, fenced by the new epoch, is killed by its agent).
+        Only a verdict newer than the rank's last plan counts: the old one stays in etcd."""
+        assert view.record is not None
+        out = []
+        for rank, at in sorted(view.hung.items()):
+            if rank not in view.entries:
+                continue
+            entry = view.entries[rank][0]
+            mine = [p for p in plans if p.rank == rank]
+            if entry.node in dead or any(p.active or p.epoch > entry.epoch for p in mine) or \
+                    at <= max((p.created_at for p in mine), default=0.0):
+                continue
+            size = max((r.total_size for r in view.ckpts.get(rank, [])), default=0)
+            plan = planner.plan_hung_rank(job, RankSite(rank, entry.node, entry.epoch,
+                                                        entry.spares),
+                                          size, now, view.record.restart_count, detected_at=at)
+            key = self.keys.plan(plan.plan_id)
+            if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
+                log.warning("plan %s: hung rank %d of job %s relaunched on %s, epoch %d",
+                            plan.plan_id, rank, job, entry.node, plan.epoch)
+                book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
+                out.append(f"plan {plan.plan_id} queued")
         return out
 
     # -- starting queued plans -----------------------------------------------------

@@ -63,8 +63,10 @@ probe unanswered after ``probe_timeout`` with ``probe_result(alive=False)``.
 Ranks
 -----
 A rank is HUNG when its node is ALIVE, it sent no app heartbeat for ``app_miss_threshold
-x app_interval`` (any step counts: progress is judged elsewhere) and its last heartbeat
-did not say it is blocked on a peer (a rank waiting for a peer is the peer's problem).
+x app_interval`` (any step counts: progress is judged elsewhere), or for three times that
+when its last heartbeat said it is blocked on a peer (a rank waiting for a peer is the
+peer's problem, but a waiting process keeps heartbeating from its own thread: one silent
+that long is stopped or stuck itself).
 A rank on a SUSPECT or DEAD node is never HUNG: its heartbeats travel through that
 node's agent. After a DEAD node comes back, its ranks' silence counts from its return
 (their old silence says nothing about them). One HUNG verdict per silence.
@@ -96,6 +98,7 @@ _EPS = 1e-6  # a caller ticking every probe_interval must not miss a slot by a r
 _INF = math.inf
 
 VerdictKind = Literal["DEAD", "HUNG", "ALIVE"]
+BLOCKED_FACTOR = 3  # a rank blocked on a peer may be silent this many app windows
 RankKey = tuple[str, int]
 
 
@@ -329,9 +332,8 @@ class Detector:
             r.node, r.step, r.blocked_on, r.last_at = node, step, blocked_on, now
             r.gen = next(self._seq)
             r.hung = False
-        if blocked_on is None:  # a blocked rank gets no deadline until it heartbeats again
-            heapq.heappush(self._rank_timers,
-                           (now + self.settings.app_window, next(self._seq), key, r.gen))
+        window = self.settings.app_window * (1 if blocked_on is None else BLOCKED_FACTOR)
+        heapq.heappush(self._rank_timers, (now + window, next(self._seq), key, r.gen))
 
     def rank_gone(self, job: str, rank: int) -> None:
         """Stop watching a rank (finished, or relaunched under a new epoch elsewhere)."""
@@ -483,13 +485,13 @@ class Detector:
 
     def _check_ranks(self, now: float) -> None:
         """HUNG verdicts for ranks whose deadline passed."""
-        window = self.settings.app_window
         timers = self._rank_timers
         while timers and timers[0][0] <= now:
             _, _, key, gen = heapq.heappop(timers)
             r = self._ranks.get(key)
-            if r is None or r.gen != gen or r.hung:  # blocked ranks have no deadline
+            if r is None or r.gen != gen or r.hung:
                 continue
+            window = self.settings.app_window * (1 if r.blocked_on is None else BLOCKED_FACTOR)
             n = self._nodes.get(r.node)
             start = r.last_at if n is None else max(r.last_at, n.recovered_at)
             if start + window > now:

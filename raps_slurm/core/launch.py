@@ -22,6 +22,8 @@ OWN_OPTIONS = {
 
 # A rank that was fenced (its epoch superseded) exits with this code (EX_TEMPFAIL).
 FENCED_EXIT = 75
+# A rank exits with this code after the checkpoint a SIGUSR1 asked for (preemption).
+PREEMPTED_EXIT = 85
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:

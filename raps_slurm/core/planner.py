@@ -17,7 +17,10 @@ Rules:
   restore first; a plan counts as running until its rank is launched **and restored**,
   not until its replay ends (a restored rank may wait in replay for a neighbour whose
   plan is still queued; holding the queue meanwhile would deadlock them);
-- a plan not done within ``recovery_timeout_sec`` escalates.
+- a plan not done within ``recovery_timeout_sec`` escalates;
+- a started plan whose target dies before it is done has ``failed``: the rank, now on a
+  dead node with the plan's epoch, gets a new plan with the next epoch; a queued plan
+  whose target died is given another target instead (``retarget``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 from raps_slurm.core.records import Reader, dump
 from raps_slurm.errors import RecordError
 
-STATES = ("queued", "running", "restored", "done", "escalated")
+STATES = ("queued", "running", "restored", "done", "escalated", "failed")
 ACTIVE = ("queued", "running", "restored")
 
 
@@ -193,7 +196,7 @@ def advance(plan: Plan, state: str, now: float, note: str = "") -> Plan:
         stamps["started_at"] = now
     elif state == "restored":
         stamps["restored_at"] = now
-    elif state in ("done", "escalated"):
+    elif state in ("done", "escalated", "failed"):
         stamps["finished_at"] = now
     return replace(plan, state=state, note=note or plan.note, **stamps)
 
@@ -284,6 +287,6 @@ def timeline(plan: Plan, events: Mapping[str, PlanEvent]) -> list[tuple[str, flo
         elif phase == "running":
             what += f": replay done, {d.get('replayed', 0)} messages re-sent"
         rows.append((phase, e.at, what))
-    if plan.state in ("done", "escalated") and plan.finished_at is not None:
+    if plan.state in ("done", "escalated", "failed") and plan.finished_at is not None:
         rows.append((plan.state, plan.finished_at, plan.note))
     return rows

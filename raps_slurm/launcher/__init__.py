@@ -34,6 +34,7 @@ from typing import Any
 from raps_slurm.config import Config, load_config, node_dir
 from raps_slurm.core.launch import (
     FENCED_EXIT,
+    PREEMPTED_EXIT,
     Incarnation,
     outcome,
     relaunches,
@@ -45,8 +46,6 @@ from raps_slurm.runtime.checkpoint import CheckpointClient
 from raps_slurm.slurm import SlurmClient, commands
 from raps_slurm.slurm.runner import CommandRunner
 
-# The runtime exits with this code after the checkpoint a SIGUSR1 asked for.
-PREEMPTED_EXIT = 85
 POLL_SEC = 0.25
 
 
@@ -68,6 +67,7 @@ class Launcher:
         self.current: dict[int, Incarnation] = {}
         self.procs: dict[tuple[int, int], subprocess.Popen[bytes]] = {}
         self.preempted = False
+        self.preempt_exit_at: float | None = None  # when the first rank stopped after USR1
         # A rank that failed on a node the detector still calls alive gets this long for
         # a verdict and a plan before raps-run gives up on the job.
         self.grace = 3 * cfg.detection.lease_duration_sec + 2 * cfg.coordinator.cycle_interval_sec
@@ -117,6 +117,9 @@ class Launcher:
             self.current[rank] = Incarnation(rank, inc.node, epoch, code, time.monotonic())
             if code == 0:
                 say(f"rank {rank} epoch {epoch} finished")
+            elif code == PREEMPTED_EXIT and self.preempted:
+                say(f"rank {rank} epoch {epoch} checkpointed after SIGUSR1 and stopped")
+                self.preempt_exit_at = self.preempt_exit_at or time.monotonic()
             elif code == FENCED_EXIT:
                 say(f"rank {rank} epoch {epoch} was fenced (a newer epoch took over)")
             else:
@@ -194,10 +197,16 @@ class Launcher:
                     say("the coordinator escalated this job to a requeue; waiting for Slurm")
             except AgentError as exc:
                 say(f"agent: {exc}")  # keep the ranks running; ask again next round
-            if self.preempted and not self.procs:
-                codes = {i.exit_code for i in self.current.values()}
-                if codes <= {0, PREEMPTED_EXIT}:
+            if self.preempted:
+                # A rank waiting for a peer that already stopped cannot reach its own
+                # checkpoint: after the grace period it is stopped, and on the next run it
+                # restores its previous checkpoint and replays from its peers' logs.
+                first = self.preempt_exit_at
+                if not self.procs or (first is not None
+                                      and time.monotonic() - first >= self.grace):
+                    self.stop_all()
                     return self._requeue()
+                continue
             o = outcome(self.current, time.monotonic(), self.grace)
             if o.done:
                 say(f"all {self.size} ranks finished")

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -115,7 +117,11 @@ def init(local: int | None = None, env: Mapping[str, str] | None = None) -> Cont
     s = settings_from(env)
     hb = float(env.get("RAPS_APP_HEARTBEAT_SEC") or 10.0)
     port = AgentPort(path, job, rank, epoch, heartbeat_sec=hb)
-    return Context(port, rank, size, epoch, s, job=job)
+    ctx = Context(port, rank, size, epoch, s, job=job)
+    if threading.current_thread() is threading.main_thread():
+        # raps-run passes SIGUSR1 on (sbatch --signal=B:USR1@T): save, exit, be requeued
+        signal.signal(signal.SIGUSR1, ctx.preempt)
+    return ctx
 
 
 _children: list[int] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from raps_slurm.core.launch import PREEMPTED_EXIT
 from raps_slurm.runtime.msglog import (
     Entry,
     Inbox,
@@ -111,6 +113,7 @@ class Context:
         self._sent_frames = 0
         self.generation: int | None = None
         self._replay: tuple[dict[int, int], int] | None = None  # (sent before loss, count)
+        self.preempted = False
         self.listener = Listener(self.s.host, self._on_frame, self._on_close)
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)
@@ -188,6 +191,7 @@ class Context:
         self._start()
         wait = self.s.recv_timeout if timeout is None else timeout
         deadline = self._clock() + wait
+        waiting = False
         with self._arrived:
             while True:
                 if self._error is not None:
@@ -195,7 +199,13 @@ class Context:
                 msg = self.inbox.pop(src)
                 if msg is not None:
                     self._blocked.pop(src, None)
+                    if waiting:
+                        self.port.blocked(None)
                     return msg
+                if not waiting:
+                    # A rank waiting for a peer is not hung: the detector blames the peer.
+                    self.port.blocked(src)
+                    waiting = True
                 self._blocked.setdefault(src, self._clock())
                 left = deadline - self._clock()
                 if left <= 0:
@@ -220,8 +230,13 @@ class Context:
                 self.port.recovery_event("running", {"replayed": replayed, "step": step})
 
     def checkpoint_due(self) -> bool:
-        """True once ``checkpoint.interval_sec`` passed since the last checkpoint."""
-        return self._clock() - self._last_ckpt >= self.s.checkpoint_interval
+        """True once ``checkpoint.interval_sec`` passed since the last checkpoint, and at
+        once after a SIGUSR1 (the job is about to be preempted or hit its time limit)."""
+        return self.preempted or self._clock() - self._last_ckpt >= self.s.checkpoint_interval
+
+    def preempt(self, signum: int = 0, frame: object = None) -> None:
+        """SIGUSR1 handler: checkpoint at the next ``checkpoint_due()`` and then exit."""
+        self.preempted = True
 
     def checkpoint(self, state: Any) -> int:
         """Flush the log, save ``state`` with the delivered and sent vectors and the large
@@ -264,6 +279,15 @@ class Context:
                 self._control(src, SENT_FLOOR, oldest_sent.get(src, 0))
         with contextlib.suppress(Exception):
             self.port.log_trim(dict(self.log.floors))
+        if self.preempted:
+            log.warning("rank %d: checkpointed generation %d after SIGUSR1; exiting %d so "
+                        "the job can be requeued", self.rank, gen, PREEMPTED_EXIT)
+            with contextlib.suppress(Exception):
+                self._flush()
+            with contextlib.suppress(Exception):
+                self.port.close()
+            # Not SystemExit: threads serving peers must not hold the process at exit.
+            os._exit(PREEMPTED_EXIT)
         return gen
 
     def finalize(self, timeout: float | None = None) -> None:

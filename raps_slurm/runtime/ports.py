@@ -38,6 +38,7 @@ class Port(Protocol):
     def save(self, items: dict[str, Any], extra: dict[str, Any]) -> int: ...
     def restore(self) -> tuple[dict[str, Any], int, dict[str, Any]] | None: ...
     def heartbeat(self, step: int, items: int) -> None: ...
+    def blocked(self, peer: int | None) -> None: ...
     def escalate(self, reason: str) -> None: ...
     def report(self, stats: dict[str, Any]) -> None: ...
     def recovery_event(self, phase: str, detail: dict[str, Any]) -> None: ...
@@ -141,6 +142,9 @@ class LocalPort:
     def heartbeat(self, step: int, items: int) -> None:
         return None
 
+    def blocked(self, peer: int | None) -> None:
+        return None
+
     def report(self, stats: dict[str, Any]) -> None:
         write_atomic(self.root / "peers", self.root / "tmp", f"{self.rank}.stats",
                      [json.dumps(stats).encode()], sync_dir=False)
@@ -229,6 +233,9 @@ class AgentPort:
 
     def heartbeat(self, step: int, items: int) -> None:
         self.agent.progress(step, items)
+
+    def blocked(self, peer: int | None) -> None:
+        self.agent.blocked(peer)
 
     def report(self, stats: dict[str, Any]) -> None:
         self._call({"op": "msg_stats", "job": self.job, "rank": self.rank,

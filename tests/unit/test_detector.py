@@ -432,15 +432,19 @@ def test_hung_after_the_app_window_once_per_silence() -> None:
     assert kinds(lead.run(200.0)) == [("HUNG", "n1", 150.0)]
 
 
-def test_a_rank_blocked_on_a_peer_is_never_hung() -> None:
+def test_a_rank_blocked_on_a_peer_gets_three_windows_of_silence() -> None:
     lead = Leader()
-    steady(lead, "n1", 200.0)
+    steady(lead, "n1", 400.0)
     lead.app(0.0, "7", 3, "n1", blocked_on=2)
     lead.app(0.0, "7", 2, "n1")
     lead.run(120.0)
     assert [(v.kind, v.rank) for v in lead.verdicts] == [("HUNG", 2)]
-    lead.app(120.0, "7", 3, "n1")           # no longer blocked: its silence counts again
+    lead.app(120.0, "7", 3, "n1")           # no longer blocked: one window again
     assert [(v.kind, v.rank, v.at) for v in lead.run(200.0)] == [("HUNG", 3, 170.0)]
+    # a blocked rank whose process stopped (no heartbeat from its thread either)
+    lead.app(200.0, "7", 4, "n1", blocked_on=2)
+    assert lead.run(349.0) == []
+    assert [(v.kind, v.rank, v.at) for v in lead.run(400.0)] == [("HUNG", 4, 350.0)]
 
 
 def test_a_rank_on_a_suspect_node_is_not_hung_until_the_node_is_back() -> None:

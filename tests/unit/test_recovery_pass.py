@@ -1,0 +1,198 @@
+"""The leader's recovery pass on the in-memory store: plans for a dead node's ranks,
+started within the bound, followed through reported phases, escalations requeued and
+released once, hung ranks relaunched in place, a second leader finishing the first's plan."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from raps_slurm.config import parse_config
+from raps_slurm.coordinator.cycle import Coordinator
+from raps_slurm.coordinator.election import Leadership
+from raps_slurm.coordinator.recovery import Recovery, read_plans
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry
+from raps_slurm.core.planner import PlanEvent
+from raps_slurm.model import JobInfo, Switch, Topology
+from raps_slurm.store import Keys, MemoryStore
+from raps_slurm.testing import FakeClock
+
+NODES = ("n1", "n2", "n3", "n4", "n5", "n6")
+RACKS = {"r1": ["n1", "n2"], "r2": ["n3", "n4"], "r3": ["n5", "n6"]}
+TOPOLOGY = Topology({**{r: Switch(r, 0, frozenset(n)) for r, n in RACKS.items()},
+                     "root": Switch("root", 1, frozenset(NODES), tuple(RACKS))})
+
+
+@dataclass
+class World:
+    clock: FakeClock
+    store: MemoryStore
+    keys: Keys
+    dead: set[str] = field(default_factory=set)
+    requeued: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    state: str = "RUNNING"
+    batch_host: str = "n1"
+
+    def coordinator(self, name: str, max_concurrent: int = 4) -> Coordinator:
+        cfg = parse_config({"coordinator": {"leader_lease_sec": 10, "metrics_address": ""},
+                            "recovery": {"max_concurrent_recoveries": max_concurrent,
+                                         "recovery_timeout_sec": 60}})
+        lead = Leadership(self.store, self.keys.leader(), 10, {"name": name}, clock=self.clock)
+        c = Coordinator(cfg, self.store, self.keys, lead, topology=lambda: TOPOLOGY,
+                        job_states=lambda: {"7": self.state}, name=name, clock=self.clock,
+                        monotonic=self.clock, dead_nodes=lambda: set(self.dead))
+        c.recovery = Recovery(cfg, self.store, self.keys, lead, job_info=self.info,
+                              requeue=self.requeued.append, start_now=self.released.append,
+                              clock=self.clock)
+        return c
+
+    def info(self, job: str) -> JobInfo:
+        return JobInfo(int(job), "j", 0, self.state, NODES, batch_host=self.batch_host)
+
+    def plans(self) -> dict[str, str]:
+        return {pid: p.state for pid, (p, _) in read_plans(self.store, self.keys).plans.items()}
+
+    def entry(self, rank: int) -> RankEntry:
+        kv = self.store.get(self.keys.job_rank("7", rank))
+        assert kv is not None
+        return RankEntry.from_json(kv.key, kv.value)
+
+    def report(self, pid: str, phase: str, node: str) -> None:
+        self.store.put(self.keys.plan_event(pid, phase),
+                       PlanEvent(pid, phase, self.clock(), node, {}).to_json())
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    w = World(clock, store, Keys())
+    store.put(w.keys.job("7"), JobRecord("7", 0, 1000, NODES, JobSpec(spares=2),
+                                         registered_at=clock()).to_json())
+    yield w
+    store.close()
+
+
+def step(c: Coordinator, world: World, n: int = 1) -> None:
+    for _ in range(n):
+        c.run_cycle()
+        world.clock.advance(0.2)
+
+
+def test_dead_node_plan_started_followed_and_done(world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)  # maps the job: ranks on n1 n3 n5 n6, spares n2 n4
+    assert world.entry(3).node == "n6"
+    world.dead = {"n6"}
+    step(c, world)
+    assert world.plans() == {"7-3-2": "queued"}
+    step(c, world)
+    assert world.plans() == {"7-3-2": "running"}
+    moved = world.entry(3)
+    assert (moved.node, moved.epoch) == ("n2", 2) or (moved.node, moved.epoch) == ("n4", 2)
+    step(c, world, 3)
+    assert world.plans() == {"7-3-2": "running"}  # started once, nothing more to do
+    world.report("7-3-2", "restored", moved.node)
+    step(c, world)
+    assert world.plans() == {"7-3-2": "restored"}
+    world.report("7-3-2", "running", moved.node)
+    step(c, world)
+    assert world.plans() == {"7-3-2": "done"}
+    assert world.entry(3).epoch == 2 and world.requeued == []
+
+
+def test_bound_holds_the_second_plan_until_the_first_restored(world: World) -> None:
+    c = world.coordinator("c1", max_concurrent=1)
+    step(c, world)
+    world.dead = {"n5", "n6"}
+    step(c, world, 3)
+    states = world.plans()
+    assert sorted(states.values()) == ["queued", "running"], states
+    first = next(p for p, s in states.items() if s == "running")
+    world.report(first, "restored", "n2")
+    step(c, world, 2)
+    assert sorted(world.plans().values()) == ["restored", "running"]
+
+
+def test_a_second_leader_finishes_the_first_ones_plan(world: World) -> None:
+    first = world.coordinator("c1")
+    step(first, world)
+    world.dead = {"n6"}
+    step(first, world)  # queued, then the leader is gone
+    assert world.plans() == {"7-3-2": "queued"}
+    second = world.coordinator("c2")
+    world.clock.advance(11)  # the first leader's lease runs out
+    step(second, world, 3)
+    assert world.plans() == {"7-3-2": "running"} and world.entry(3).epoch == 2
+
+
+def test_no_spare_escalates_once_and_releases_the_requeued_job(world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    world.dead = {"n6", "n2", "n4"}  # the rank's node and both spares
+    step(c, world, 4)
+    assert world.requeued == ["7"]  # once, not every cycle
+    esc = json.loads(world.store.get(world.keys.job_escalation("7")).value)  # type: ignore[union-attr]
+    assert esc["run"] == 0 and "no usable spare" in esc["reason"]
+    world.state = "PENDING"
+    step(c, world, 3)
+    assert world.released == ["7"] and world.requeued == ["7"]
+
+
+def test_dead_batch_host_escalates(world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    world.dead = {"n1"}
+    step(c, world, 2)
+    assert world.requeued == ["7"]
+
+
+def test_hung_rank_relaunched_in_place_once_per_verdict(world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    verdict = {"kind": "HUNG", "node": "n3", "job": "7", "rank": 1, "at": world.clock()}
+    world.store.put(world.keys.job_rank_verdict("7", 1), json.dumps(verdict).encode())
+    step(c, world, 3)
+    assert world.plans() == {"7-1-2": "running"}
+    assert (world.entry(1).node, world.entry(1).epoch) == ("n3", 2)
+    world.report("7-1-2", "running", "n3")
+    step(c, world, 3)
+    assert world.plans() == {"7-1-2": "done"}  # the old verdict makes no second plan
+
+
+def test_a_target_that_dies_is_replaced(world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    world.dead = {"n6"}
+    step(c, world)
+    [(plan, _)] = read_plans(world.store, world.keys).plans.values()
+    first = plan.target
+    world.dead = {"n6", first}  # the chosen spare dies before the plan started
+    step(c, world)
+    [(plan, _)] = read_plans(world.store, world.keys).plans.values()
+    other = ({"n2", "n4"} - {first}).pop()
+    assert plan.target == other and plan.state in ("queued", "running")
+    step(c, world, 2)
+    assert world.entry(3).node == other and world.entry(3).epoch == 2
+    # now the second spare dies while the rank restores there: that plan failed, and with
+    # no spare left the job is requeued
+    world.dead = {"n6", first, other}
+    step(c, world, 3)
+    assert world.plans() == {"7-3-2": "failed"} and world.requeued == ["7"]
+
+
+def test_a_started_plan_whose_target_died_gets_a_successor(world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    world.dead = {"n5"}
+    step(c, world, 3)
+    assert world.plans() == {"7-2-2": "running"}
+    target = world.entry(2).node
+    world.dead = {"n5", target}
+    step(c, world, 4)
+    assert world.plans() == {"7-2-2": "failed", "7-2-3": "running"}
+    assert world.entry(2).epoch == 3 and world.entry(2).node not in world.dead
