@@ -142,10 +142,14 @@ class LocalCheckpoints:
                 return None, []
             return self.restore_manifest(m)
 
-    def restore_manifest(self, m: Manifest) -> tuple[Restored | None, list[BadChunk]]:
-        """Decode and verify ``m`` from this store into a memory file."""
+    def restore_manifest(self, m: Manifest,
+                         memory: tuple[int, mmap.mmap | None] | None = None
+                         ) -> tuple[Restored | None, list[BadChunk]]:
+        """Decode and verify ``m`` from this store into a memory file (``memory``: one
+        allocated beforehand, e.g. while the missing chunks were pulled; it is closed on
+        failure like one allocated here)."""
         t = time.perf_counter()
-        fd, buf = memory_file(m.total_size)
+        fd, buf = memory if memory is not None else memory_file(m.total_size)
         alloc = time.perf_counter() - t
         try:
             view = memoryview(buf) if buf is not None else memoryview(bytearray())

@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from raps_slurm.checkpoint.local import LocalCheckpoints, Restored, SaveError, S
 from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest, manifest_digest
 from raps_slurm.checkpoint.pack import MAGIC, iter_records
+from raps_slurm.checkpoint.reader import memory_file
 from raps_slurm.checkpoint.transfer import (
     TokenBucket,
     TransferClient,
@@ -552,10 +554,23 @@ class CheckpointService:
                     # measured comparison: pull every chunk, held here or not
                     missing = sorted(m.digests())
                 t0 = time.perf_counter()
+                memory = None
                 if missing:
-                    pulled += self._pull(job, m, missing, sources, peers, bad_holders, traffic)
+                    # The memory file's pages are allocated while the chunks travel.
+                    with ThreadPoolExecutor(1, thread_name_prefix="raps-alloc") as pool:
+                        pending = pool.submit(memory_file, m.total_size)
+                        try:
+                            pulled += self._pull(job, m, missing, sources, peers, bad_holders,
+                                                 traffic)
+                        except BaseException:
+                            fd, buf = pending.result()
+                            if buf is not None:
+                                buf.close()
+                            os.close(fd)
+                            raise
+                        memory = pending.result()
                 t1 = time.perf_counter()
-                restored, bad = self.local.restore_manifest(m)
+                restored, bad = self.local.restore_manifest(m, memory)
                 pull_s, local_s = pull_s + t1 - t0, local_s + time.perf_counter() - t1
                 if restored is not None:
                     if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
