@@ -57,8 +57,9 @@ class CheckpointConfig:
                          1, 19)
     shuffle: bool = _f(True, "byte-shuffle numeric arrays before zstd (as HDF5/Blosc do)")
     use_delta_transfer: bool = _f(True, "replicas receive only the chunks they lack")
-    replication_mbps: float = _f(1000.0, "cap on an agent's outgoing chunk transfer, MB/s",
-                                 0.1, 1_000_000)
+    replication_mbps: float = _f(1000.0,
+                                 "cap on an agent's outgoing checkpoint copies, MB/s "
+                                 "(restores are not capped)", 0.1, 1_000_000)
 
 
 @dataclass(frozen=True)

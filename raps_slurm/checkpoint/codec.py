@@ -152,6 +152,16 @@ class Decoder:
 
     def __init__(self) -> None:
         self._z = zstandard.ZstdDecompressor()
+        self._scratch = bytearray()
+
+    def decode_scratch(self, stored: bytes | memoryview, size: int) -> memoryview:
+        """Decode into this decoder's reusable buffer (valid until its next call): for
+        checking a chunk without allocating its size each time."""
+        if len(self._scratch) < size:
+            self._scratch = bytearray(size)
+        out = memoryview(self._scratch)[:size]
+        self.decode_into(stored, out)
+        return out
 
     def decode_into(self, stored: bytes | memoryview, out: memoryview) -> None:
         """Decode ``stored`` into ``out`` (exactly the raw size); ChunkError if it does not fit."""

@@ -191,6 +191,10 @@ class CheckpointService:
         self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
         self._log_queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
         self._pending: set[tuple[str, int, int]] = set()  # generations queued for copying
+        # the log lane's own caches (used by its one thread only)
+        self._log_clients: dict[str, TransferClient] = {}
+        self._log_groups: dict[tuple[str, int], tuple[float, BackupGroup | None]] = {}
+        self._log_peers: tuple[float, dict[str, tuple[str, int]]] = (-1e18, {})
         self.logs = LogStore(chunks.root)
         self._workers: list[threading.Thread] = []
         self.pushed_bytes = 0
@@ -214,6 +218,9 @@ class CheckpointService:
             for t in self._workers:
                 t.join(timeout=10)
             self._workers = []
+        for client in self._log_clients.values():
+            client.close()
+        self._log_clients.clear()
 
     @staticmethod
     def _work(q: queue.Queue[Callable[[], object] | None]) -> None:
@@ -444,13 +451,35 @@ class CheckpointService:
         return n
 
     def _push_log(self, job: str, rank: int, n: int, data: bytes) -> None:
-        group = self.group(job, rank)
-        targets = decide.replica_targets(group, self.node, 1)
-        peers = self._peers()
-        for t in targets:
-            if t in peers:
-                with TransferClient(self._key, self.node, peers[t], limiter=self.limiter) as c:
-                    c.call({"op": "log_put", "job": job, "rank": rank, "seg": n}, data)
+        # Ranks flush every few milliseconds: the log lane keeps one connection per
+        # partner and reads the group and the peers at most once a second, instead of an
+        # etcd read, a TCP connect and a handshake per segment.
+        now = time.monotonic()
+        cached = self._log_groups.get((job, rank))
+        if cached is None or now - cached[0] > 1.0:
+            cached = self._log_groups[(job, rank)] = (now, self.group(job, rank))
+        if now - self._log_peers[0] > 1.0:
+            self._log_peers = (now, self._peers())
+        peers = self._log_peers[1]
+        for t in decide.replica_targets(cached[1], self.node, 1):
+            if t not in peers:
+                continue
+            for attempt in (1, 2):
+                client = self._log_clients.get(t)
+                try:
+                    if client is None or client.address != peers[t]:
+                        if client is not None:
+                            client.close()
+                        client = self._log_clients[t] = TransferClient(
+                            self._key, self.node, peers[t], limiter=self.limiter)
+                    client.call({"op": "log_put", "job": job, "rank": rank, "seg": n}, data)
+                    break
+                except TransferError:
+                    self._log_clients.pop(t, None)
+                    if client is not None:
+                        client.close()
+                    if attempt == 2:
+                        raise
 
     def read_log(self, job: str, rank: int) -> bytes:
         """A rank's log segments: this node's, else pulled from its group (a rank restored
@@ -576,6 +605,8 @@ class CheckpointService:
                     if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
                         self.chunks.put_manifest(m)
                     self._note(job, rank, rec, bad_holders, holder=self.node)
+                    if pulled:
+                        self._queue.put(self.chunks.sync_pending)  # after the decode
                     return RestoreResult(restored, rec.generation, [], pulled,
                                          sum(traffic.values()),
                                          tuple(h for h in sources if traffic.get(h)),
@@ -625,39 +656,60 @@ class CheckpointService:
     def _pull(self, job: str, m: Manifest, missing: list[str], sources: list[str],
               peers: dict[str, tuple[str, int]], bad_holders: dict[str, str],
               traffic: dict[str, int]) -> int:
+        """Pull ``missing`` chunks into the store; how many were written. With two or
+        more holders the first pass splits the work between the first two (two agents
+        serve at once); whatever is still missing is then asked of each holder in turn."""
         sizes = dict(m.chunks)
         want = set(missing)
         pulled = 0
-        dec = Decoder()
-        for src in sources:
-            if not want:
-                break
+        lock = threading.Lock()
+
+        def from_source(src: str, part: set[str]) -> None:
+            nonlocal pulled
+            dec = Decoder()
             try:
                 with TransferClient(self._key, self.node, peers[src],
                                     limiter=self.limiter) as client:
                     # The next batch is on its way while this one is checked and stored.
-                    for batch in prefetch(client.fetch_batches(job, sorted(want), sizes)):
+                    for batch in prefetch(client.fetch_batches(job, sorted(part), sizes,
+                                                               urgent=True)):
                         good = []
                         for digest, raw, stored in batch:
-                            if digest not in want:
+                            if digest not in part:
                                 continue
                             reason = verify_chunk(m.digest_algo, digest, raw, stored, dec)
                             if reason is not None or raw != sizes.get(digest):
-                                bad_holders.setdefault(digest, src)
+                                with lock:
+                                    bad_holders.setdefault(digest, src)
                                 log.warning("chunk %s of job %s from %s is bad: %s",
                                             digest[:16], job, src, reason or "wrong size")
                                 continue
                             good.append((digest, raw, stored))
                         # Not fsync'ed here: the rank waits for this restore; the
-                        # replication lane syncs the packs right after.
+                        # replication lane syncs the packs once it is over.
                         written, _ = self.chunks.put_many(job, good, durable=False)
-                        pulled += written
-                        traffic[src] = traffic.get(src, 0) + sum(len(g[2]) for g in good)
-                        want -= {g[0] for g in good}
+                        with lock:
+                            pulled += written
+                            traffic[src] = traffic.get(src, 0) + sum(len(g[2]) for g in good)
+                            want.difference_update(g[0] for g in good)
             except TransferError as exc:
                 log.warning("pull from %s failed: %s", src, exc)
-        if pulled:
-            self._queue.put(self.chunks.sync_pending)
+
+        if len(sources) >= 2 and len(want) >= 2:
+            ordered = sorted(want)
+            halves = [set(ordered[0::2]), set(ordered[1::2])]
+            threads = [threading.Thread(target=from_source, args=(src, part),
+                                        name=f"raps-pull-{src}")
+                       for src, part in zip(sources[:2], halves, strict=True)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        for src in sources:
+            with lock:
+                rest = {d for d in want if bad_holders.get(d) != src}
+            if rest:
+                from_source(src, rest)
         return pulled
 
     def _note(self, job: str, rank: int, rec: CkptRecord, bad_holders: dict[str, str],

@@ -219,7 +219,7 @@ def verify_chunk(algo: str, digest: str, raw: int, stored: bytes | memoryview,
                  decoder: Decoder) -> str | None:
     """None if ``stored`` decodes to ``raw`` bytes named ``digest``; else the reason."""
     try:
-        data = decoder.decode(stored, raw)
+        data = decoder.decode_scratch(stored, raw)
     except ChunkError as exc:
         return str(exc)
     if hasher(algo)(data).hex() != digest:
@@ -363,7 +363,9 @@ class TransferServer:
                 reply, out = handler(header, body, pins)
             except RapsError as exc:
                 reply, out = {"ok": False, "error": str(exc)}, b""
-            self._limiter.take(len(out))
+            if not header.get("urgent"):
+                # restores are not throttled: every rank of the job waits for them
+                self._limiter.take(len(out))
             chan.send(reply, out)
 
     def _op_has(self, h: dict[str, Any], body: memoryview, pins: _Pins
@@ -492,6 +494,7 @@ class TransferClient:
     def __init__(self, key: bytes, node: str, address: tuple[str, int], *,
                  limiter: TokenBucket | None = None, timeout: float = TIMEOUT) -> None:
         self.peer = ""
+        self.address = address
         self._limiter = limiter or TokenBucket(0)
         try:
             sock = socket.create_connection(address, timeout=timeout)
@@ -565,19 +568,39 @@ class TransferClient:
         for batch in self.fetch_batches(job, digests, sizes):
             yield from batch
 
-    def fetch_batches(self, job: str, digests: Sequence[str], sizes: dict[str, int]
+    def fetch_batches(self, job: str, digests: Sequence[str], sizes: dict[str, int],
+                      depth: int = 2, urgent: bool = False
                       ) -> Iterator[list[tuple[str, int, memoryview]]]:
-        """Like :meth:`fetch`, one list per frame."""
-        batch: list[str] = []
+        """Like :meth:`fetch`, one list per frame. ``depth`` requests are in flight, so the
+        peer prepares the next batch while this side receives the last one; ``urgent``
+        (a restore) asks the peer not to apply its ``replication_mbps`` cap."""
+        batches: list[list[str]] = [[]]
         size = 0
         for d in digests:
-            batch.append(d)
+            batches[-1].append(d)
             size += sizes.get(d, MAX_CHUNK) + STORED_SLACK
             if size >= BATCH_BYTES:
-                yield list(self._get(job, batch))
-                batch, size = [], 0
-        if batch:
-            yield list(self._get(job, batch))
+                batches.append([])
+                size = 0
+        todo = [b for b in batches if b]
+        sent = 0
+        try:
+            while sent < min(depth, len(todo)):
+                self._chan.send({"op": "get", "job": job, "digests": todo[sent],
+                                 "urgent": urgent})
+                sent += 1
+            for _ in range(len(todo)):
+                reply, body = self._chan.recv()
+                if sent < len(todo):
+                    self._chan.send({"op": "get", "job": job, "digests": todo[sent],
+                                     "urgent": urgent})
+                    sent += 1
+                if reply.get("ok") is not True:
+                    raise TransferError(f"{self.peer} refused get: "
+                                        f"{reply.get('error', 'no reason given')}")
+                yield list(decode_records(body))
+        except OSError as exc:
+            raise TransferError(f"{self.peer}: {exc}") from exc
 
     def _get(self, job: str, digests: list[str]) -> Iterator[tuple[str, int, memoryview]]:
         _, body = self.call({"op": "get", "job": job, "digests": digests})

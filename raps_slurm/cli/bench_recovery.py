@@ -74,8 +74,22 @@ class JobBench:
 
     def committed(self, rank: int) -> int:
         """Generations of ``rank`` copied to its whole group."""
-        return sum(1 for kv in self.store.get_prefix(self.keys.ckpt_prefix(self.job, rank))
-                   if json.loads(kv.value).get("state") == "committed")
+        return len(self.committed_gens(rank))
+
+    def committed_gens(self, rank: int) -> list[int]:
+        return sorted(int(d["generation"]) for d in (
+            json.loads(kv.value)
+            for kv in self.store.get_prefix(self.keys.ckpt_prefix(self.job, rank)))
+            if d.get("state") == "committed")
+
+    def after_next_commit(self, rank: int) -> None:
+        """Return as soon as a generation newer than the newest committed one is committed
+        on the rank's whole group (the crash then comes right after a checkpoint)."""
+        wait_until(f"rank {rank}'s state committed on its group", lambda: self.committed(rank),
+                   lambda n: n >= 2, 600, interval=0.05)
+        newest = self.committed_gens(rank)[-1]
+        wait_until(f"rank {rank}'s next committed generation", lambda: self.committed_gens(rank),
+                   lambda g: bool(g) and g[-1] > newest, 120, interval=0.01)
 
     def victim(self) -> tuple[int, str]:
         """The last rank, which must not share the batch script's node."""
@@ -123,8 +137,7 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int) -> dict[str,
     bench = JobBench(cluster, store, keys, "recovery", ["--raps-spares=2", "-N6"], heat)
     try:
         rank, node = bench.victim()
-        wait_until(f"rank {rank}'s state committed on its group", lambda: bench.committed(rank),
-                   lambda n: n >= 2, 600, interval=0.05)
+        bench.after_next_commit(rank)
         crashed = time.time()
         cluster.crash(node)
         try:
