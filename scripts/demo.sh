@@ -39,6 +39,7 @@ step "nodes and racks as raps-slurm sees them (rapsctl show nodes)"
 rapsctl show nodes
 
 step "the failure-free reference: the same program, 4 ranks, no failure"
+rm -rf "$RAPS_CLUSTER_DIR/reference" # a directory left by an earlier demo would resume it
 reference=$("$PY" -m raps_slurm.runtime.local -n 4 --dir "$RAPS_CLUSTER_DIR/reference" -- \
   "$PY" "${HEAT[@]:0:5}" | grep '^final ')
 echo "$reference"
