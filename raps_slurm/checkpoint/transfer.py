@@ -126,6 +126,8 @@ class _Channel:
 
 
 def _split(payload: bytes | bytearray) -> tuple[dict[str, Any], memoryview]:
+    if len(payload) < _LEN.size:
+        raise TransferError(f"frame of {len(payload)} bytes has no header length")
     (hlen,) = _LEN.unpack_from(payload)
     if hlen > len(payload) - _LEN.size:
         raise TransferError("frame header longer than the frame")
