@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -64,6 +64,20 @@ def survives(fn: Callable[[], Any], *errors: type[BaseException]) -> None:
         fn()
 
 
+@contextlib.contextmanager
+def fed(raw: bytes) -> Iterator[socket.socket]:
+    """A connected socket that reads ``raw`` and then the end of the stream."""
+    a, b = socket.socketpair()
+    try:
+        a.sendall(raw)
+        a.shutdown(socket.SHUT_WR)
+        b.settimeout(5)
+        yield b
+    finally:
+        a.close()
+        b.close()
+
+
 # -- agent-to-agent transfer frames ----------------------------------------------------
 
 RECORDS = encode_records([("ab" * 32, 5, b"\x00hello"), ("cd" * 32, 3, b"\x00abc")])
@@ -84,20 +98,13 @@ def test_frame_split(payload: bytes) -> None:
 @fuzz
 @given(raw=st.binary(max_size=512))
 def test_authenticated_channel_refuses_unsigned_bytes(raw: bytes) -> None:
-    a, b = socket.socketpair()
-    try:
-        a.sendall(raw)
-        a.shutdown(socket.SHUT_WR)
-        b.settimeout(5)
-        chan = _Channel(b, secrets.token_bytes(32), client=True)
+    with fed(raw) as sock:
+        chan = _Channel(sock, secrets.token_bytes(32), client=True)
         try:
             chan.recv()
             raise AssertionError("random bytes passed frame authentication")
         except TransferError:
             pass
-    finally:
-        a.close()
-        b.close()
 
 
 # -- rank-to-rank message frames --------------------------------------------------------
@@ -108,19 +115,11 @@ FRAME = b"".join(bytes(p) for p in encode(DATA, 1, 2, 3, 1, b"payload"))
 @fuzz
 @given(raw=mutations(FRAME))
 def test_rank_frames(raw: bytes) -> None:
-    a, b = socket.socketpair()
-    try:
-        a.sendall(raw)
-        a.shutdown(socket.SHUT_WR)
-        b.settimeout(5)
-
+    with fed(raw) as sock:
         def read_all() -> None:
-            while read_frame(b) is not None:
+            while read_frame(sock) is not None:
                 pass
         survives(read_all, FrameError)
-    finally:
-        a.close()
-        b.close()
 
 
 # -- message-log records, packs, manifests ----------------------------------------------
