@@ -31,6 +31,7 @@ import socketserver
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -297,6 +298,8 @@ class TransferServer:
         self._limiter = limiter or TokenBucket(0)
         self._server: _Server | None = None
         self.errors = 0
+        self.rejected: Counter[str] = Counter()  # kind -> connections refused (see serve)
+        self._lock = threading.Lock()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -323,9 +326,13 @@ class TransferServer:
             server.server_close()
 
     def serve(self, sock: socket.socket) -> None:
-        """Serve one connection until it closes; never raises."""
+        """Serve one connection until it closes; never raises. A connection that ends
+        badly is counted in ``rejected`` by kind: ``handshake`` (malformed hello),
+        ``authentication`` (wrong proof, or a frame whose MAC fails), ``frame`` (a
+        malformed or refused request), ``io`` (reset, timeout)."""
         sock.settimeout(TIMEOUT)
         peer = "?"
+        stage = "handshake"
         try:
             hello = _plain_recv(sock)
             peer, nc = _name(hello), _nonce(hello)
@@ -335,14 +342,22 @@ class TransferServer:
             answer = _plain_recv(sock)
             if not hmac.compare_digest(str(answer.get("proof", "")),
                                        _proof(self._key, b"c", nc, ns, peer, self.node)):
+                stage = "authentication"
                 raise TransferError(f"{peer} failed authentication")
             chan = _Channel(sock, hmac.new(self._key, b"k" + nc + ns, hashlib.sha256).digest(),
                             client=False)
+            stage = "frame"
             with contextlib.ExitStack() as stack:
                 self._loop(chan, _Pins(self.store, stack))
         except (TransferError, OSError, ValueError, RecordError) as exc:
             self.errors += 1
-            if not isinstance(exc, TransferError) or "closed by the peer" not in str(exc):
+            closed = isinstance(exc, TransferError) and "closed by the peer" in str(exc)
+            if not (closed and stage == "frame"):  # a clean end after requests is no error
+                kind = ("io" if isinstance(exc, OSError) else
+                        "authentication" if "authentication failed" in str(exc) else stage)
+                with self._lock:
+                    self.rejected[kind] += 1
+            if not closed:
                 log.warning("chunk transfer with %s ended: %s", peer, exc)
         finally:
             with contextlib.suppress(OSError):
