@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=lib/setup.sh
 source scripts/lib/setup.sh
 
-ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make procps \
+ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make procps openssl \
   python3 python3-venv
 ensure_venv dev
 "$PY" -c "import raps_slurm, etcd3gw, ClusterShell, zstandard, pyfastcdc.cy, blake3, numpy, rich, hypothesis, pytest_timeout, prometheus_client" \

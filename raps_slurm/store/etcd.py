@@ -146,6 +146,10 @@ class EtcdStore(StateStore):
         self._timeout = timeout
         self._user, self._password = user, password
         self._session = requests.Session()
+        # The configured CA and nothing else: with trust_env, REQUESTS_CA_BUNDLE or
+        # CURL_CA_BUNDLE in a daemon's environment would replace ``ca_cert``, and an
+        # HTTP(S)_PROXY would route etcd traffic through a proxy.
+        self._session.trust_env = False
         if ca_cert is not None:
             self._session.verify = ca_cert
         if cert_file is not None and key_file is not None:
@@ -245,6 +249,7 @@ class EtcdStore(StateStore):
             if self._user is not None and self._token is None:
                 self._authenticate(client, None)
             session = requests.Session()
+            session.trust_env = False  # as for the main session
             session.verify, session.cert = self._session.verify, self._session.cert
             session.headers.update(self._session.headers)
             try:

@@ -14,11 +14,13 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -49,14 +51,57 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """A throw-away CA and the server and client certificates it signed (PEM paths)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_tls(directory: Path, client_cn: str = "raps") -> TlsFiles:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, with openssl."""
+    directory.mkdir(parents=True, exist_ok=True)
+    d = directory
+
+    def run(*args: str) -> None:
+        proc = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False,
+                              cwd=d)
+        if proc.returncode != 0:
+            raise ClusterError(f"openssl {args[0]} failed: {proc.stderr.strip()[-500:]}")
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+        "/CN=raps-test-ca", "-keyout", "ca.key", "-out", "ca.pem")
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                                  "extendedKeyUsage=serverAuth,clientAuth\n")
+    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    for name, cn in (("server", "127.0.0.1"), ("client", client_cn)):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}", "-keyout",
+            f"{name}.key", "-out", f"{name}.csr")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem")
+    for key in d.glob("*.key"):
+        key.chmod(0o600)
+    return TlsFiles(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem",
+                    d / "client.key")
+
+
 class EtcdServer:
-    """One etcd member on loopback; use as a context manager or call start()/stop()."""
+    """One etcd member on loopback; use as a context manager or call start()/stop().
+
+    With ``tls`` it serves https and demands a client certificate signed by the CA."""
 
     def __init__(self, binary: str | None = None, *, startup_timeout: float = 20.0,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), tls: TlsFiles | None = None) -> None:
         self._binary = find_etcd(binary)
         self._startup_timeout = startup_timeout
-        self._extra_args = extra_args
+        self.tls = tls
+        self._extra_args = extra_args + (() if tls is None else (
+            "--cert-file", str(tls.server_cert), "--key-file", str(tls.server_key),
+            "--client-cert-auth", "--trusted-ca-file", str(tls.ca)))
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmp: Path | None = None
         self.client_port = 0
@@ -67,7 +112,11 @@ class EtcdServer:
         """Client URL, e.g. ``http://127.0.0.1:40123``."""
         if self._proc is None:
             raise ClusterError("etcd is not running")
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self._scheme}://127.0.0.1:{self.client_port}"
+
+    @property
+    def _scheme(self) -> str:
+        return "http" if self.tls is None else "https"
 
     @property
     def pid(self) -> int | None:
@@ -98,7 +147,7 @@ class EtcdServer:
         self.client_port, self.peer_port = free_port(), free_port()
         while self.peer_port == self.client_port:
             self.peer_port = free_port()
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"{self._scheme}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         argv = [self._binary, "--name", "default", "--data-dir", str(self._tmp / "data"),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
@@ -114,15 +163,20 @@ class EtcdServer:
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise ClusterError(f"etcd exited with {self._proc.returncode}:\n{self._log_tail()}")
-            if self._healthy(client):
+            if self._healthy(client, self.tls):
                 return
             time.sleep(0.05)
         raise ClusterError(f"etcd not healthy within {self._startup_timeout}s:\n{self._log_tail()}")
 
     @staticmethod
-    def _healthy(client_url: str) -> bool:
+    def _healthy(client_url: str, tls: TlsFiles | None = None) -> bool:
+        context = None
+        if tls is not None:
+            context = ssl.create_default_context(cafile=str(tls.ca))
+            context.load_cert_chain(str(tls.client_cert), str(tls.client_key))
         try:
-            with urllib.request.urlopen(client_url + "/health", timeout=1.0) as resp:
+            with urllib.request.urlopen(client_url + "/health", timeout=1.0,
+                                        context=context) as resp:
                 return b'"true"' in resp.read()
         except (OSError, urllib.error.URLError):
             return False
