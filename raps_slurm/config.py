@@ -95,6 +95,8 @@ class DetectionConfig:
                                  0, 600)
     cluster_key_file: str = _f("/etc/raps/raps.key",
                                "HMAC key signing heartbeats (mode 0600, same on every node)")
+    accepted_key_file: str = _f("", "during a key rollover, a second key whose signatures "
+                                "are accepted, never used to sign ('' = none)")
     max_clock_skew_sec: float = _f(5.0, "heartbeats timestamped further from the receiver's "
                                    "clock are dropped", 0.1, 3600)
     smart_temperature_c: float = _f(70.0, "NVMe temperature that marks a node DEGRADED", 20, 150)

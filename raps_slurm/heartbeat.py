@@ -256,8 +256,17 @@ def encode(msg: Message, key: bytes) -> bytes:
     return sign(body, key)
 
 
-def decode(data: bytes, key: bytes) -> Message:
-    """Verify and parse one datagram; BadDatagram(reason) for anything that must be dropped."""
+def _signed(key: bytes, data: bytes, body_end: int) -> bool:
+    mac = _mac_base(key).copy()
+    mac.update(data[:body_end])
+    return hmac.compare_digest(mac.digest(), data[body_end:])
+
+
+def decode(data: bytes, key: bytes, also: bytes | None = None) -> Message:
+    """Verify and parse one datagram; BadDatagram(reason) for anything that must be dropped.
+
+    ``also``: a second key whose signatures are accepted too (a key rollover,
+    ``detection.accepted_key_file``)."""
     size = len(data)
     if size > MAX_DATAGRAM or size < _MIN_DATAGRAM:
         raise BadDatagram("size", f"{size} bytes outside {_MIN_DATAGRAM}..{MAX_DATAGRAM}")
@@ -266,9 +275,7 @@ def decode(data: bytes, key: bytes) -> Message:
             raise BadDatagram("magic")
         raise BadDatagram("version", f"version {data[3]}, we speak {VERSION}")
     body_end = size - TAG_BYTES
-    mac = _mac_base(key).copy()
-    mac.update(data[:body_end])
-    if not hmac.compare_digest(mac.digest(), data[body_end:]):
+    if not any(_signed(k, data, body_end) for k in (key, also) if k is not None):
         raise BadDatagram("signature")
 
     # Authenticated from here on; still parsed strictly, since a bug or a version skew in a
@@ -379,6 +386,12 @@ def new_incarnation() -> int:
     with _incarnation_lock:
         _last_incarnation = max(time.time_ns(), _last_incarnation + 1)
         return _last_incarnation
+
+
+def accepted_key(path: str) -> bytes | None:
+    """The rollover's second key (``detection.accepted_key_file``), None when not set;
+    checked like the cluster key."""
+    return load_key(path) if path else None
 
 
 def load_key(path: str) -> bytes:

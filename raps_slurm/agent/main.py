@@ -37,7 +37,7 @@ from raps_slurm.checkpoint.transfer import TransferServer
 from raps_slurm.config import load_config, node_dir
 from raps_slurm.core.jobs import JobRecord
 from raps_slurm.errors import RapsError, StoreError
-from raps_slurm.heartbeat import load_key
+from raps_slurm.heartbeat import accepted_key, load_key
 from raps_slurm.store import Keys, StateStore, open_store
 
 log = logging.getLogger("raps.agent")
@@ -66,6 +66,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     try:
         cfg = load_config(config_path)
         key = load_key(cfg.detection.cluster_key_file)
+        also = accepted_key(cfg.detection.accepted_key_file)
         store, keys = open_store(cfg.store)
     except RapsError as exc:
         raise click.ClickException(str(exc)) from None
@@ -74,7 +75,8 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    agent = NodeAgent(cfg, store, keys, node, key, loss=heartbeat_loss, jitter=heartbeat_jitter)
+    agent = NodeAgent(cfg, store, keys, node, key, loss=heartbeat_loss, jitter=heartbeat_jitter,
+                      accepted_key=also)
     root = Path(node_dir(cfg.checkpoint.local_dir, node))
     chunks = ChunkStore(root)
     checkpoints = CheckpointService(cfg, store, keys, node, key, chunks)
@@ -98,7 +100,8 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
         transfer = TransferServer(chunks, key, node, (host, port),
                                   digest_algo=cfg.checkpoint.digest,
                                   limiter=checkpoints.limiter,
-                                  max_generations=cfg.checkpoint.max_generations)
+                                  max_generations=cfg.checkpoint.max_generations,
+                                  accepted_key=also)
         transfer.start()
         api.start()
     except (RapsError, OSError, ValueError) as exc:

@@ -52,8 +52,10 @@ class NodeAgent:
     """One node's agent: call ``start()``, then ``step()`` from the main loop, ``stop()``."""
 
     def __init__(self, cfg: Config, store: StateStore, keys: Keys, node: str, key: bytes, *,
-                 loss: float = 0.0, jitter: float = 0.0) -> None:
+                 loss: float = 0.0, jitter: float = 0.0,
+                 accepted_key: bytes | None = None) -> None:
         self.cfg, self.store, self.keys, self.node, self._key = cfg, store, keys, node, key
+        self._also = accepted_key  # a rollover's other key: accepted, never used to sign
         d = cfg.detection
         self.interval = d.kernel_heartbeat_interval_sec
         self.miss_window = d.kernel_heartbeat_interval_sec * d.miss_threshold
@@ -260,7 +262,7 @@ class NodeAgent:
                     return
                 continue
             try:
-                msg = decode(data, self._key)
+                msg = decode(data, self._key, self._also)
             except BadDatagram as exc:
                 self.counters["bad_datagrams"] += 1
                 log.debug("dropped datagram from %s: %s", address, exc)

@@ -288,11 +288,12 @@ class TransferServer:
 
     def __init__(self, store: ChunkStore, key: bytes, node: str, address: tuple[str, int],
                  *, digest_algo: str = "blake3", limiter: TokenBucket | None = None,
-                 max_generations: int = 5) -> None:
+                 max_generations: int = 5, accepted_key: bytes | None = None) -> None:
         self.store, self.node = store, node
         self.logs = LogStore(store.root)
         self.max_generations = max_generations
         self._key = key
+        self._also = accepted_key  # a rollover's other key: peers holding it are served
         self._address = address
         self._algo = digest_algo
         self._limiter = limiter or TokenBucket(0)
@@ -337,14 +338,20 @@ class TransferServer:
             hello = _plain_recv(sock)
             peer, nc = _name(hello), _nonce(hello)
             ns = os.urandom(16)
+            keys = [k for k in (self._key, self._also) if k is not None]
+            # one proof per key this server holds: a peer holding either can check one
             _plain_send(sock, {"node": self.node, "nonce": ns.hex(),
-                               "proof": _proof(self._key, b"s", nc, ns, peer, self.node)})
+                               "proof": _proof(self._key, b"s", nc, ns, peer, self.node),
+                               "proofs": [_proof(k, b"s", nc, ns, peer, self.node)
+                                          for k in keys]})
             answer = _plain_recv(sock)
-            if not hmac.compare_digest(str(answer.get("proof", "")),
-                                       _proof(self._key, b"c", nc, ns, peer, self.node)):
+            given = str(answer.get("proof", ""))
+            used = next((k for k in keys if hmac.compare_digest(
+                given, _proof(k, b"c", nc, ns, peer, self.node))), None)
+            if used is None:
                 stage = "authentication"
                 raise TransferError(f"{peer} failed authentication")
-            chan = _Channel(sock, hmac.new(self._key, b"k" + nc + ns, hashlib.sha256).digest(),
+            chan = _Channel(sock, hmac.new(used, b"k" + nc + ns, hashlib.sha256).digest(),
                             client=False)
             stage = "frame"
             with contextlib.ExitStack() as stack:
@@ -523,8 +530,10 @@ class TransferClient:
             _plain_send(sock, {"node": node, "nonce": nc.hex()})
             hello = _plain_recv(sock)
             self.peer, ns = _name(hello), _nonce(hello)
-            if not hmac.compare_digest(str(hello.get("proof", "")),
-                                       _proof(key, b"s", nc, ns, node, self.peer)):
+            want = _proof(key, b"s", nc, ns, node, self.peer)
+            offered = hello.get("proofs")
+            offered = offered if isinstance(offered, list) else [hello.get("proof", "")]
+            if not any(hmac.compare_digest(str(p), want) for p in offered[:2]):
                 raise TransferError(f"{address[0]}:{address[1]} failed authentication")
             _plain_send(sock, {"proof": _proof(key, b"c", nc, ns, node, self.peer)})
             self._chan = _Channel(sock, hmac.new(key, b"k" + nc + ns, hashlib.sha256).digest(),

@@ -73,8 +73,10 @@ class HeartbeatServer:
     def __init__(self, address: tuple[str, int], key: bytes, max_skew: float,
                  leader_revision: Callable[[], int],
                  clock: Callable[[], float] = time.time,
-                 on_result: Callable[[str], None] | None = None) -> None:
+                 on_result: Callable[[str], None] | None = None,
+                 accepted_key: bytes | None = None) -> None:
         self.address, self._key, self._clock = address, key, clock
+        self._also = accepted_key  # a rollover's other key: accepted, never used to sign
         self._leader_revision = leader_revision
         self._guard = ReplayGuard(max_skew)
         self._app_guard = ReplayGuard(max_skew)  # app reports count on their own
@@ -140,7 +142,7 @@ class HeartbeatServer:
     def handle(self, data: bytes, addr: tuple[str, int]) -> None:
         """One datagram (in the server thread): verify, check replay/skew, ack, queue."""
         try:
-            msg = decode(data, self._key)
+            msg = decode(data, self._key, self._also)
         except BadDatagram as exc:
             self._reject(exc.reason)
             return

@@ -27,7 +27,7 @@ from raps_slurm.coordinator.heartbeats import HeartbeatServer
 from raps_slurm.coordinator.metrics import Metrics
 from raps_slurm.coordinator.recovery import Recovery
 from raps_slurm.errors import RapsError, StoreError
-from raps_slurm.heartbeat import load_key
+from raps_slurm.heartbeat import accepted_key, load_key
 from raps_slurm.slurm import SlurmClient
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import StateStore, Watch, open_store
@@ -113,6 +113,7 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     try:
         metrics = Metrics(address or None)
         key = load_key(cfg.detection.cluster_key_file)
+        also = accepted_key(cfg.detection.accepted_key_file)
         store, keys = open_store(cfg.store)
     except RapsError as exc:
         raise click.ClickException(str(exc)) from None
@@ -121,7 +122,7 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     server = HeartbeatServer(listen, key, cfg.detection.max_clock_skew_sec,
                              lambda: leadership_box[0].revision
                              if leadership_box and leadership_box[0].is_leader() else 0,
-                             on_result=metrics.count_heartbeat)
+                             on_result=metrics.count_heartbeat, accepted_key=also)
     try:
         server.start()
     except OSError as exc:

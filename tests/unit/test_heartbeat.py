@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import socket
 import stat
 import struct
 import time
@@ -516,3 +517,31 @@ def test_app_report_count_must_match_the_entries() -> None:
     for count in (0, 2, 200):
         data[count_at] = count
         assert reason_of(hbm.sign(bytes(data[:-32]), KEY)) == "length"
+
+
+def test_key_rollover_accepts_a_second_key_and_signs_with_the_first() -> None:
+    from raps_slurm.coordinator.heartbeats import HeartbeatServer
+
+    old, new, other = b"o" * 32, b"n" * 32, b"x" * 32
+    hb = Heartbeat("n1", 1, 1, time.time())
+    assert decode(encode(hb, old), new, also=old) == hb
+    assert decode(encode(hb, new), new, also=old) == hb
+    with pytest.raises(BadDatagram, match="signature"):
+        decode(encode(hb, other), new, also=old)
+    with pytest.raises(BadDatagram, match="signature"):
+        decode(encode(hb, old), new)  # no rollover configured: the old key is refused
+    server = HeartbeatServer(("127.0.0.1", 0), new, max_skew=5.0, leader_revision=lambda: 3,
+                             accepted_key=old)
+    server.start()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(2.0)
+    try:
+        sock.sendto(encode(Heartbeat("n1", 1, 2, time.time()), old), server.address)
+        ack = sock.recvfrom(512)[0]
+        assert isinstance(decode(ack, new), Ack)  # acks are signed with the signing key
+        with pytest.raises(BadDatagram, match="signature"):
+            decode(ack, old)
+    finally:
+        sock.close()
+        server.stop()

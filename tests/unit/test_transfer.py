@@ -142,3 +142,27 @@ def test_token_bucket_paces_bytes() -> None:
     bucket.take(50)   # 0.05 s of budget: waits 0 now, next send at 0.05
     bucket.take(50)   # waits until 0.05 (clock frozen: sleeps 0.05)
     assert time.monotonic() - t >= 0.04
+
+
+def test_key_rollover_both_keys_are_accepted_while_it_lasts(tmp_path: Path) -> None:
+    old, new = secrets.token_bytes(32), secrets.token_bytes(32)
+    store = ChunkStore(tmp_path / "rollover")
+    # step 2 of a rollover: this server signs with the new key and still accepts the old
+    server = TransferServer(store, new, "srv", ("127.0.0.1", 0), accepted_key=old)
+    server.start()
+    try:
+        for key in (old, new):  # a peer not yet switched, and one already switched
+            with TransferClient(key, "peer", server.address) as c:
+                assert c.call({"op": "has", "job": "9", "digests": []})[0]["missing"] == []
+        with pytest.raises(TransferError, match="failed authentication"):
+            TransferClient(secrets.token_bytes(32), "intruder", server.address)
+    finally:
+        server.stop()
+    # without the accepted key the old one is refused
+    server = TransferServer(store, new, "srv", ("127.0.0.1", 0))
+    server.start()
+    try:
+        with pytest.raises(TransferError, match="failed authentication"):
+            TransferClient(old, "peer", server.address)
+    finally:
+        server.stop()
