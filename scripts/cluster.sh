@@ -5,6 +5,7 @@
 #
 #   scripts/cluster.sh up|down|status|env
 #   scripts/cluster.sh crash NODE | freeze NODE | thaw NODE | restart NODE | cgroup NODE
+#   scripts/cluster.sh slurmd-kill NODE | slurmd-start NODE   (only the node's slurmd)
 #   scripts/cluster.sh etcd-stop | etcd-start      (keeps etcd's data)
 #   scripts/cluster.sh coordinator-start | coordinator-stop   (one raps-coordinator)
 #   scripts/cluster.sh agent-start NODE | agent-stop NODE      (the node's raps-agent)
@@ -185,7 +186,21 @@ start_slurmd() {
     "$SLURM_SBIN/slurmd" -N "$n" -f "$RUN/etc/slurm.conf" </dev/null >>"$RUN/log/slurmd-$n.out" 2>&1
   fi
   wait_for "slurmd $n pid file" 20 test -s "$RUN/pids/slurmd-$n.pid"
-  start_agent "$n"
+  [ "${2:-}" = "--no-agent" ] || start_agent "$n"
+}
+
+# Only the node's slurmd dies (its agent and the node stay up): steps cannot start there.
+cmd_slurmd_kill() {
+  local pidf="$RUN/pids/slurmd-$1.pid"
+  [ -s "$pidf" ] || die "no slurmd pid file for $1"
+  kill -9 "$(cat "$pidf")" && rm -f "$pidf"
+  log "killed the slurmd of $1 (its agent keeps running)"
+}
+
+cmd_slurmd_start() {
+  export SLURM_CONF="$RUN/etc/slurm.conf"
+  node_cgroup "$1" >/dev/null
+  start_slurmd "$1" --no-agent
 }
 
 # The node's raps-agent, in the node's cgroup: a node crash takes it down too.
@@ -384,11 +399,14 @@ case "${1:-}" in
   crash | freeze | thaw | restart)
     [ $# -eq 2 ] || die "usage: scripts/cluster.sh $1 NODE"
     "cmd_$1" "$2" ;;
+  slurmd-kill | slurmd-start)
+    [ $# -eq 2 ] || die "usage: scripts/cluster.sh $1 NODE"
+    "cmd_${1//-/_}" "$2" ;;
   agent-start) [ $# -eq 2 ] || die "usage: scripts/cluster.sh agent-start NODE"; node_cgroup "$2" >/dev/null; start_agent "$2" ;;
   agent-stop) [ $# -eq 2 ] || die "usage: scripts/cluster.sh agent-stop NODE"; node_cgroup "$2" >/dev/null; stop_pidfiles "$RUN/pids/agent-$2.pid" ;;
   etcd-stop) cmd_etcd_stop ;;
   etcd-start) cmd_etcd_start ;;
   coordinator-start) cmd_coordinator_start ;;
   coordinator-stop) cmd_coordinator_stop ;;
-  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|cgroup NODE|etcd-stop|etcd-start|coordinator-start|coordinator-stop|agent-start NODE|agent-stop NODE" >&2; exit 2 ;;
+  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|slurmd-kill NODE|slurmd-start NODE|cgroup NODE|etcd-stop|etcd-start|coordinator-start|coordinator-stop|agent-start NODE|agent-stop NODE" >&2; exit 2 ;;
 esac

@@ -8,9 +8,10 @@ the ranks report about a recovery.
 ``job_plans {job}``  only the job's owner: the job's recovery plans (``plan_id``, ``run``,
     ``rank``, ``target``, ``epoch``, ``state``) and ``escalated`` (the run the leader
     requeues, or null).
-``recovery_event {job, rank, epoch, phase, detail}``  ``launched``: the job's owner, for
-    a plan that exists; ``running``: only the registered rank with that epoch (its first
-    progress report after its replay ended). First report wins; ``restored`` is written by
+``recovery_event {job, rank, epoch, phase, detail}``  ``launched`` and ``launch_failed``
+    (the step ended before the rank restored): the job's owner, for a plan that exists;
+    ``running``: only the registered rank with that epoch (its first progress report
+    after its replay ended). First report wins; ``restored`` is written by
     the agent itself when it restores a relaunched rank.
 """
 
@@ -38,7 +39,8 @@ from raps_slurm.store import Keys, StateStore
 
 log = logging.getLogger("raps.agent")
 
-_PHASE: Check = (lambda v: v in ("launched", "running"), "'launched' or 'running'")
+_PHASE: Check = (lambda v: v in ("launched", "launch_failed", "running"),
+                 "'launched', 'launch_failed' or 'running'")
 _DETAIL: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 4096,
                   "an object of at most 4 KiB")
 
@@ -144,7 +146,7 @@ class RecoveryOps:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         epoch, phase = typing.cast(int, f["epoch"]), typing.cast(str, f["phase"])
-        if phase == "launched":
+        if phase in ("launched", "launch_failed"):
             require_owner(self._owner_of, peer, job)
         else:
             registered = registered_epoch(self.ranks, peer, job, rank)

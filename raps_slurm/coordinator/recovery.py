@@ -33,6 +33,7 @@ from raps_slurm.model import JobInfo, Topology
 from raps_slurm.store import Guard, Keys, KeyValue, Put, StateStore
 
 log = logging.getLogger("raps.coordinator")
+LAUNCH_NOTE = "the rank's step on"  # how follow_events notes a launch that failed
 
 
 @dataclass
@@ -129,6 +130,10 @@ class Recovery:
             if view.hung:
                 done.extend(self._plan_hung(job, view, book.of_job(job, rec.restart_count),
                                             book, dead, now))
+            if topology is not None:
+                done.extend(self._replan_failed_launches(
+                    job, view, book.of_job(job, rec.restart_count), book, dead, unhealthy,
+                    topology, now))
         done.extend(self._start(book, views, now))
         return done
 
@@ -265,6 +270,51 @@ class Recovery:
             if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
                 log.warning("plan %s: hung rank %d of job %s relaunched on %s, epoch %d",
                             plan.plan_id, rank, job, entry.node, plan.epoch)
+                book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
+                out.append(f"plan {plan.plan_id} queued")
+        return out
+
+    def _replan_failed_launches(self, job: str, view: JobView, plans: list[Plan],
+                                book: PlanBook, dead: set[str], unhealthy: set[str],
+                                topology: Topology, now: float) -> list[str]:
+        """A rank whose step could not start on its target (the plan ``failed`` on raps-run's
+        report) gets a successor plan to another spare; after ``MAX_LAUNCH_FAILURES`` of
+        them, or with no spare left, the job escalates."""
+        assert view.record is not None
+        out: list[str] = []
+        racks = {name: set(nodes) for name, nodes in topology.racks().items()}
+        for rank, (entry, _) in sorted(view.entries.items()):
+            mine = sorted((p for p in plans if p.rank == rank), key=lambda p: p.epoch)
+            if not mine:
+                continue
+            last = mine[-1]
+            if last.state != "failed" or not last.note.startswith(LAUNCH_NOTE) or \
+                    entry.epoch != last.epoch or entry.node != last.target or \
+                    entry.node in dead:
+                continue
+            failures = [p for p in mine if p.state == "failed" and p.note.startswith(LAUNCH_NOTE)]
+            if len(failures) >= planner.MAX_LAUNCH_FAILURES:
+                out.append(self._escalate(job, view.record.restart_count, book,
+                                          f"rank {rank} failed to start {len(failures)} times"))
+                return out
+            taken = planner.taken_spares(plans, job, view.record.restart_count) | \
+                {p.target for p in failures}
+            site = RankSite(rank, entry.node, entry.epoch, entry.spares)
+            target = planner.choose_target(
+                site, dead=dead, unhealthy=unhealthy, taken=taken, racks=racks,
+                prefer_original_rack=self.cfg.recovery.prefer_original_rack, holders=())
+            if target is None:
+                out.append(self._escalate(job, view.record.restart_count, book,
+                                          f"no usable spare left for rank {rank}"))
+                return out
+            plan = Plan(planner.plan_id(job, rank, entry.epoch + 1), job, rank, entry.node,
+                        target, entry.epoch + 1, f"its step could not start on {entry.node}",
+                        last.restore_bytes, created_at=now, run=view.record.restart_count,
+                        detected_at=last.finished_at)
+            key = self.keys.plan(plan.plan_id)
+            if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
+                log.warning("plan %s: rank %d of job %s could not start on %s; now %s",
+                            plan.plan_id, rank, job, entry.node, target)
                 book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
                 out.append(f"plan {plan.plan_id} queued")
         return out

@@ -201,8 +201,12 @@ def advance(plan: Plan, state: str, now: float, note: str = "") -> Plan:
     return replace(plan, state=state, note=note or plan.note, **stamps)
 
 
-# What the launcher and the agents report about a running plan, in order.
+# What the launcher and the agents report about a running plan, in order; and what
+# raps-run reports when the rank's step ended before the rank restored (srun could not
+# start it there: slurmd down, node refusing steps).
 PHASES = ("launched", "restored", "running")
+LAUNCH_FAILED = "launch_failed"
+MAX_LAUNCH_FAILURES = 2  # per rank and job run; then the job escalates
 
 
 @dataclass(frozen=True)
@@ -230,8 +234,8 @@ class PlanEvent:
     def from_json(cls, key: str, raw: bytes) -> PlanEvent:
         """Decode; RecordError naming the key and the field if malformed."""
         r = Reader(key, raw)
-        return cls(r.text("plan_id"), r.choice("phase", PHASES), r.num("at"), r.text("node"),
-                   r.obj("detail"))
+        return cls(r.text("plan_id"), r.choice("phase", (*PHASES, LAUNCH_FAILED)), r.num("at"),
+                   r.text("node"), r.obj("detail"))
 
 
 def plan_id(job: str, rank: int, epoch: int) -> str:
@@ -249,6 +253,11 @@ def follow_events(plan: Plan, events: Mapping[str, PlanEvent]) -> Plan:
         return plan
     restored = events.get("restored")
     running = events.get("running")
+    failed = events.get(LAUNCH_FAILED)
+    if failed is not None and plan.state == "running" and restored is None and running is None:
+        code = failed.detail.get("exit_code")
+        return advance(plan, "failed", failed.at,
+                       f"the rank's step on {plan.target} ended with {code} before it restored")
     if restored is not None or running is not None:
         at = restored.at if restored is not None else running.at  # type: ignore[union-attr]
         plan = advance(plan, "restored", at)
@@ -287,6 +296,10 @@ def timeline(plan: Plan, events: Mapping[str, PlanEvent]) -> list[tuple[str, flo
         elif phase == "running":
             what += f": replay done, {d.get('replayed', 0)} messages re-sent"
         rows.append((phase, e.at, what))
+    lf = events.get(LAUNCH_FAILED)
+    if lf is not None:
+        rows.append((LAUNCH_FAILED, lf.at, f"step ended with {lf.detail.get('exit_code')} "
+                                           f"(raps-run on {lf.node})"))
     if plan.state in ("done", "escalated", "failed") and plan.finished_at is not None:
         rows.append((plan.state, plan.finished_at, plan.note))
     return rows

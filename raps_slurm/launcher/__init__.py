@@ -68,6 +68,8 @@ class Launcher:
         self.procs: dict[tuple[int, int], subprocess.Popen[bytes]] = {}
         self.preempted = False
         self.preempt_exit_at: float | None = None  # when the first rank stopped after USR1
+        self.from_plan: dict[tuple[int, int], str] = {}  # (rank, epoch) -> plan that started it
+        self.plan_state: dict[str, str] = {}  # as the agent last reported
         # A rank that failed on a node the detector still calls alive gets this long for
         # a verdict and a plan before raps-run gives up on the job.
         self.grace = 3 * cfg.detection.lease_duration_sec + 2 * cfg.coordinator.cycle_interval_sec
@@ -125,12 +127,20 @@ class Launcher:
             else:
                 say(f"rank {rank} epoch {epoch} on {inc.node} exited with {code}; waiting "
                     f"up to {self.grace:g}s for a recovery plan")
+                pid = self.from_plan.get((rank, epoch))
+                if pid is not None and self.plan_state.get(pid) == "running":
+                    # started by a plan but never restored: the launch itself failed
+                    with contextlib.suppress(AgentError):
+                        self._ask("recovery_event", rank=rank, epoch=epoch,
+                                  phase="launch_failed",
+                                  detail={"node": inc.node, "exit_code": code})
 
     def follow_plans(self) -> bool:
         """Start what new plans say; False when the job was escalated to a requeue."""
         reply = self._ask("job_plans")
         if reply.get("escalated") == self.run:
             return False
+        self.plan_state = {str(p["plan_id"]): str(p["state"]) for p in reply.get("plans") or []}
         todo = relaunches(self.current, reply.get("plans") or [], self.run)
         if not todo:
             return True
@@ -150,6 +160,7 @@ class Launcher:
                 proc.kill()  # the local srun of a rank on a dead or hung node
             say(f"plan {r.plan_id}: rank {r.rank} moves from {old.node} to {r.node}")
             self.start(r.rank, r.node, r.epoch)
+            self.from_plan[(r.rank, r.epoch)] = r.plan_id
             with contextlib.suppress(AgentError):
                 self._ask("recovery_event", rank=r.rank, epoch=r.epoch, phase="launched",
                           detail={"node": r.node})

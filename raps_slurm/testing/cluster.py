@@ -94,6 +94,14 @@ class LocalCluster:
         """Start a crashed node's slurmd again."""
         self._run("restart", node)
 
+    def slurmd_kill(self, node: str) -> None:
+        """Kill only the node's slurmd (its agent stays): job steps cannot start there."""
+        self._run("slurmd-kill", node)
+
+    def slurmd_start(self, node: str) -> None:
+        """Start the node's slurmd again after ``slurmd_kill``."""
+        self._run("slurmd-start", node)
+
     def agent_start(self, node: str, *args: str) -> None:
         """Start a node's raps-agent (in the node's cgroup), with extra ``raps-agent`` args."""
         self._run("agent-start", node, extra_env={"RAPS_AGENT_ARGS": " ".join(args)})

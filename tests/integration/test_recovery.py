@@ -127,7 +127,9 @@ def back_in_service(cluster: LocalCluster, store: tuple[StateStore, Keys], *node
     run = CommandRunner(timeout=60, env=cluster.env)
     s, k = store
     for n in nodes:
-        run.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
+        state = cluster.slurm().node(n).state_text
+        if any(x in state for x in ("DOWN", "DRAIN", "FAIL")):  # RESUME refuses other states
+            run.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
         wait_until(f"{n}'s agent registered", lambda n=n: s.get(k.node(n)), bool, 30)
         wait_until(f"{n} idle or allocated in Slurm", lambda n=n: cluster.slurm().node(n).state_text,
                    lambda st: not any(x in st for x in ("DOWN", "DRAIN", "NOT_RESPONDING")), 60)
@@ -417,3 +419,39 @@ def test_hung_rank_is_relaunched_on_its_own_node(
         assert "hung" in plan.reason
         wait_until(f"old rank {victim} gone", lambda: rank_pids(job, victim, 1),
                    lambda p: not p, 30)
+
+
+def test_a_spare_that_cannot_start_the_rank_is_passed_over(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any], tmp_path: Path) -> None:
+    from raps_slurm.config import load_file
+    from raps_slurm.core.planner import RankSite, choose_target
+
+    clean = reference(tmp_path, 4)
+    with leading("launch"), raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
+        data, ranks, victim = layout(cluster, rapsctl, job)
+        node = ranks[victim]
+        newest = wait_until(f"rank {victim} committed", lambda: [
+            r for r in records(store, job, victim) if r.state == "committed"], bool, 60)[-1]
+        # the spare the leader will pick first (its own rules), made unable to start steps
+        entry = entries(store, job)[victim]
+        racks = {r: set(n) for r, n in cluster.slurm().topology().racks().items()}
+        first = choose_target(RankSite(victim, node, entry.epoch, entry.spares), dead={node},
+                              unhealthy=set(), taken=set(), racks=racks,
+                              prefer_original_rack=load_file(
+                                  cluster.config_path).recovery.prefer_original_rack,
+                              holders=set(newest.holders) - set(newest.bad))
+        assert first in data["spares"]
+        cluster.slurmd_kill(first)
+        try:
+            with crashed(cluster, store, node):
+                text = finish(cluster, job, out, clean)
+        finally:
+            cluster.slurmd_start(first)
+            back_in_service(cluster, store, first)
+        got = sorted(plans(store, job), key=lambda p: p.epoch)
+        assert [(p.target, p.state) for p in got] == [
+            (first, "failed"), (({*data["spares"]} - {first}).pop(), "done")], got
+        assert "before it restored" in got[0].note
+        assert entries(store, job)[victim].epoch == 3
+        assert text.count(f"rank {victim} epoch 3 started on ") == 1

@@ -133,3 +133,15 @@ def test_plan_follows_reported_phases_and_keeps_its_fields() -> None:
     assert taken_spares([done], "7", 2) == set()
     with pytest.raises(RecordError, match="phase"):
         PlanEvent.from_json("k", running.to_json().replace(b'"running"', b'"flying"'))
+
+
+def test_a_failed_launch_fails_the_plan_only_before_the_restore() -> None:
+    from raps_slurm.core.planner import PlanEvent, follow_events
+
+    p = advance(Plan("7-2-2", "7", 2, "n3", "n4", 2, "node n3 is dead", 10, created_at=1.0),
+                "running", 2.0)
+    failed = PlanEvent("7-2-2", "launch_failed", 3.0, "n1", {"exit_code": 1})
+    got = follow_events(p, {"launch_failed": failed})
+    assert got.state == "failed" and "ended with 1 before it restored" in got.note
+    restored = PlanEvent("7-2-2", "restored", 2.5, "n4", {})
+    assert follow_events(p, {"launch_failed": failed, "restored": restored}).state == "restored"

@@ -185,14 +185,36 @@ def test_a_target_that_dies_is_replaced(world: World) -> None:
     assert world.plans() == {"7-3-2": "failed"} and world.requeued == ["7"]
 
 
-def test_a_started_plan_whose_target_died_gets_a_successor(world: World) -> None:
+def started(world: World, dead: str, plan: str) -> Coordinator:
+    """A leader that mapped the job and started the plan for ``dead``'s rank."""
     c = world.coordinator("c1")
     step(c, world)
-    world.dead = {"n5"}
+    world.dead = {dead}
     step(c, world, 3)
-    assert world.plans() == {"7-2-2": "running"}
+    assert world.plans() == {plan: "running"}
+    return c
+
+
+def test_a_started_plan_whose_target_died_gets_a_successor(world: World) -> None:
+    c = started(world, "n5", "7-2-2")
     target = world.entry(2).node
     world.dead = {"n5", target}
     step(c, world, 4)
     assert world.plans() == {"7-2-2": "failed", "7-2-3": "running"}
     assert world.entry(2).epoch == 3 and world.entry(2).node not in world.dead
+
+
+def test_a_launch_that_fails_moves_on_to_another_spare_then_escalates(world: World) -> None:
+    c = started(world, "n6", "7-3-2")
+    first = world.entry(3).node
+    world.store.put(world.keys.plan_event("7-3-2", "launch_failed"), PlanEvent(
+        "7-3-2", "launch_failed", world.clock(), "n1", {"exit_code": 1}).to_json())
+    step(c, world, 4)
+    assert world.plans() == {"7-3-2": "failed", "7-3-3": "running"}
+    second = world.entry(3)
+    assert second.epoch == 3 and second.node not in (first, "n6")
+    world.store.put(world.keys.plan_event("7-3-3", "launch_failed"), PlanEvent(
+        "7-3-3", "launch_failed", world.clock(), "n1", {"exit_code": 1}).to_json())
+    step(c, world, 4)
+    assert world.plans() == {"7-3-2": "failed", "7-3-3": "failed"}
+    assert world.requeued == ["7"]
