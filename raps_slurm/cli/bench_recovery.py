@@ -30,7 +30,7 @@ from raps_slurm.cli.bench_ckpt import parse_size
 from raps_slurm.config import load_file
 from raps_slurm.core.planner import Plan, PlanEvent
 from raps_slurm.errors import SlurmCommandError
-from raps_slurm.slurm import CommandRunner
+from raps_slurm.slurm import CommandRunner, commands
 from raps_slurm.store import Keys, StateStore, open_store
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 
@@ -119,13 +119,13 @@ class JobBench:
 
     def cancel(self) -> None:
         with contextlib.suppress(SlurmCommandError):
-            self.run.run(["scancel", self.job])
+            self.run.run(commands.cancel(int(self.job)))
 
 
-def crash_and_restore(cluster: LocalCluster, node: str) -> None:
+def restart_node(cluster: LocalCluster, node: str) -> None:
+    """A crashed node's slurmd and agent back, the node resumed in Slurm."""
     cluster.restart(node)
-    CommandRunner(timeout=60, env=cluster.env).run(
-        ["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+    CommandRunner(timeout=60, env=cluster.env).run(commands.resume([node]))
 
 
 def measure_recovery(cluster: LocalCluster, state: int, steps: int) -> dict[str, Any]:
@@ -172,7 +172,7 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int) -> dict[str,
             }
         finally:
             bench.cancel()
-            crash_and_restore(cluster, node)
+            restart_node(cluster, node)
     finally:
         bench.cancel()
         store.close()
@@ -208,7 +208,7 @@ def measure_run(cluster: LocalCluster, name: str, sbatch: list[str], steps: int,
     finally:
         bench.cancel()
         if node:
-            crash_and_restore(cluster, node)
+            restart_node(cluster, node)
         store.close()
 
 
