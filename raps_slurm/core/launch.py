@@ -101,14 +101,20 @@ class Outcome:
     exit_code: int = 0
 
 
-def outcome(current: Mapping[int, Incarnation], now: float, grace: float) -> Outcome:
-    """The job's state from each rank's newest incarnation."""
+def outcome(current: Mapping[int, Incarnation], now: float, grace: float,
+            fenced_grace: float | None = None) -> Outcome:
+    """The job's state from each rank's newest incarnation.
+
+    A rank that stopped itself as fenced (exit 75) while no newer epoch took over lost
+    its agent's word under load, not its program: it is waited for ``fenced_grace`` (the
+    leader's HUNG verdict and plan come slower than a dead node's)."""
     if current and all(i.exit_code == 0 for i in current.values()):
         return Outcome(done=True)
     for rank in sorted(current):
         inc = current[rank]
         if inc.exit_code in (None, 0) or inc.exited_at is None:
             continue
-        if now - inc.exited_at >= grace:
+        wait = grace if inc.exit_code != FENCED_EXIT or fenced_grace is None else fenced_grace
+        if now - inc.exited_at >= wait:
             return Outcome(failed=True, rank=rank, exit_code=inc.exit_code or 1)
     return Outcome()

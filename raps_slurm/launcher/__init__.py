@@ -123,7 +123,8 @@ class Launcher:
                 say(f"rank {rank} epoch {epoch} checkpointed after SIGUSR1 and stopped")
                 self.preempt_exit_at = self.preempt_exit_at or time.monotonic()
             elif code == FENCED_EXIT:
-                say(f"rank {rank} epoch {epoch} was fenced (a newer epoch took over)")
+                say(f"rank {rank} epoch {epoch} stopped as fenced; waiting up to "
+                    f"{self.cfg.recovery.recovery_timeout_sec}s for a newer epoch")
             else:
                 say(f"rank {rank} epoch {epoch} on {inc.node} exited with {code}; waiting "
                     f"up to {self.grace:g}s for a recovery plan")
@@ -218,7 +219,8 @@ class Launcher:
                     self.stop_all()
                     return self._requeue()
                 continue
-            o = outcome(self.current, time.monotonic(), self.grace)
+            o = outcome(self.current, time.monotonic(), self.grace,
+                        float(self.cfg.recovery.recovery_timeout_sec))
             if o.done:
                 say(f"all {self.size} ranks finished")
                 return 0

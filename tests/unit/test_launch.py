@@ -55,3 +55,13 @@ def test_outcome_done_failed_or_waiting() -> None:
     assert o.failed and o.rank == 1 and o.exit_code == 9
     running = {**done, 2: Incarnation(2, "n5", 1)}
     assert outcome(running, 100.0, 6.0) == outcome({}, 0.0, 1.0)
+
+
+def test_a_rank_that_stopped_as_fenced_is_waited_for_longer() -> None:
+    from raps_slurm.core.launch import FENCED_EXIT
+
+    fenced = {0: Incarnation(0, "n1", 1, FENCED_EXIT, 5.0), 1: Incarnation(1, "n3", 1)}
+    assert not outcome(fenced, 20.0, 6.0, fenced_grace=60.0).failed
+    o = outcome(fenced, 65.0, 6.0, fenced_grace=60.0)
+    assert o.failed and o.exit_code == FENCED_EXIT
+    assert outcome(fenced, 20.0, 6.0).failed  # without a longer grace: the usual one
