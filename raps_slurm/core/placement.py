@@ -196,12 +196,18 @@ def compute_placement(topology: Topology, rank_nodes: Mapping[int, str],
         _add_mirrors(d, ranks, rank_nodes, backups, loads, replicas - 2)
     racks = sorted({d.rack[n] for n in pool})
     out: dict[int, RankPlacement] = {}
+    # A spare order depends on the primary's rack and power domain only (spares never
+    # run ranks, so no spare is the primary): one sort per class, not per rank.
+    orders: dict[tuple[_Class, bool], tuple[str, ...]] = {}
     for r in ranks:
         p, chosen = rank_nodes[r], backups[r]
         reason = _reason(d, p, chosen, replicas, racks, len(pool))
         group = BackupGroup(r, p, chosen[0] if chosen else None, tuple(chosen[1:]),
                             degraded=bool(reason), reason=reason)
-        out[r] = RankPlacement(group, _order_spares(d, p, spare_list, prefer_original_rack, sick))
+        ck = (d.cls(p), p in sick)
+        if ck not in orders:
+            orders[ck] = _order_spares(d, p, spare_list, prefer_original_rack, sick)
+        out[r] = RankPlacement(group, orders[ck])
     return out
 
 
@@ -313,8 +319,14 @@ def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
                     if (best_with(pc, c) if oc is None else _class_tier(pc, c, oc)) >= t]
         return allowed[(pc, oc, t)]
 
+    hops: dict[str, dict[str, int]] = {}  # rack -> rack -> switch hops (x is never p)
+
     def pick(p: str, other: str | None, t: int) -> str:
         best: tuple[int, int, str] | None = None
+        rp = d.rack[p]
+        row = hops.get(rp)
+        if row is None:
+            row = hops[rp] = {}
         for c in eligible(cls[p], cls[other] if other else None, t):
             for head in by_class[c]:  # loads.head inlined: this is the hot loop
                 if head[1] != p and head[1] != other:
@@ -322,8 +334,12 @@ def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
             else:
                 continue
             load_x, x = head
-            if best is None or (load_x <= best[0] and (load_x, d.dist(p, x), x) < best):
-                best = (load_x, d.dist(p, x), x)
+            if best is None or load_x <= best[0]:
+                h = row.get(c[0])
+                if h is None:
+                    h = row[c[0]] = d.dist(p, x)
+                if best is None or (load_x, h, x) < best:
+                    best = (load_x, h, x)
         assert best is not None  # the tier t was computed as reachable
         return best[2]
 
