@@ -15,6 +15,10 @@ class ConfigError(RapsError):
         super().__init__("\n".join(self.errors))
 
 
+class ScenarioError(ConfigError):
+    """A simulator scenario or job trace is invalid; one line per problem."""
+
+
 class SlurmCommandError(RapsError):
     """A Slurm command failed, timed out, was missing, or printed what we cannot parse."""
 

@@ -1,0 +1,455 @@
+"""``raps``: the job under raps-slurm, driven by the coordinator's own decision code.
+
+What comes from ``raps_slurm.core`` and is not copied here: backup groups and spare
+orders (:func:`~raps_slurm.core.placement.compute_placement`), backup replacement after
+a holder dies (:func:`~raps_slurm.core.placement.replace_dead_backups`), the DEAD verdict
+delay (:mod:`raps_slurm.sim.detect` runs the detector), the recovery plans, spare choice
+and escalations (:func:`~raps_slurm.core.planner.plan_dead_node`), the bounded recovery
+queue (:func:`~raps_slurm.core.planner.to_start`), plan states
+(:func:`~raps_slurm.core.planner.advance`) and the timeout rule
+(:func:`~raps_slurm.core.planner.overdue`). Plans live in a
+:class:`~raps_slurm.store.memory.MemoryStore` under the coordinator's keys, as in etcd.
+
+The cost model (each figure a scenario key, see docs/simulator.md):
+- the job computes in cycles of ``interval_s`` then a blocking incremental save of
+  ``incr_s_per_gb`` x node state; message logging slows computation by ``log_overhead``;
+  a checkpoint is usable by another node once its delta reached the holders;
+- a tightly coupled job: when a node running ranks crashes, every rank waits until the
+  lost ones are back (detection, plan, launch, restore, replay), then all go on;
+- a restore pulls the compressed state from a live holder over ``node_net_gbps`` (nothing
+  when the target holds a copy) and decodes it at ``restore_gbps``; replay re-executes the
+  lost computation ``replay_speedup`` times faster than it first ran;
+- an escalation requeues the job: queue wait, start-up, local restores, and every rank
+  back at the newest checkpoint its holders have; the new run gets fresh spares. Spares
+  are not replenished within a run (a failed node leaves the allocation).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import replace
+
+from raps_slurm.core import placement, planner
+from raps_slurm.core.planner import Escalation, Plan, RankSite
+from raps_slurm.model import BackupGroup
+from raps_slurm.sim.detect import detection_delays
+from raps_slurm.sim.results import StrategyResult
+from raps_slurm.sim.scenario import Scenario
+from raps_slurm.sim.trace import Layout, NodeStream, domain_events
+from raps_slurm.store.keys import Keys
+from raps_slurm.store.memory import MemoryStore
+
+GB = 1e9
+JOB = "1"
+
+
+class RapsSim:
+    """One seed of one job under raps-slurm (see the module docstring)."""
+
+    def __init__(self, s: Scenario, layout: Layout, seed: int, horizon: float,
+                 work_s: float | None = None) -> None:
+        self.s, self.layout, self.horizon, self.work_s = s, layout, horizon, work_s
+        self._seed = seed
+        r = s.raps
+        self.now = 0.0
+        self.store = MemoryStore(clock=lambda: self.now)
+        self.keys = Keys()
+        self._q: list[tuple[float, int, str, object]] = []
+        self._seq = 0
+        self.streams = {n: NodeStream(seed, n, s) for n in layout.nodes}
+        self.node_gen = dict.fromkeys(layout.nodes, 0)
+        self.down: set[str] = set()
+        self.known_dead: set[str] = set()
+        self.delays = detection_delays(r)
+        self.rng = random.Random(f"{seed}/detection")
+        self.racks = layout.topology.racks()
+        per_node = s.job.state_gb_per_node
+        self.rank_gb = per_node / s.job.ranks_per_node
+        self.tau = s.checkpoint.interval_s
+        self.c = r.incr_s_per_gb * per_node
+        delta_gb = per_node * s.job.change_rate * r.storage_ratio
+        self.lag = delta_gb * s.checkpoint.replicas / r.node_net_gbps
+        self.cycle = self.tau + self.c
+        self.log = r.log_overhead
+        # job state
+        self.run = 0
+        self.base = 0.0            # compute kept from earlier runs
+        self.u = 0.0               # run time of the current run (computing or saving)
+        self.running_since: float | None = None
+        self.requeuing = False
+        self.waiting_nodes = False
+        self.pool: set[str] = set()
+        self.sites: dict[int, RankSite] = {}
+        self.groups: dict[int, BackupGroup] = {}
+        self.ready: dict[tuple[int, str], float] = {}   # (rank, holder) -> copy usable from
+        self.on_node: dict[str, set[int]] = {}
+        self.epochs: dict[int, int] = {}                # rank -> newest epoch (across runs)
+        self.run_plans: dict[str, Plan] = {}            # this run's plans, as in the store
+        self.working: list[str] = []
+        self.spare_list: list[str] = []
+        self.batch_host = ""
+        self._runs_ckpts = 0
+        self.faults: dict[str, float] = {}              # crashed node -> crash time
+        self.lost_at_fault: dict[int, float] = {}       # rank -> compute to replay
+        self.finish_token = 0
+        self.finished_at: float | None = None
+        # results
+        self.lost = self.ckpts_done = 0.0
+        self.failures = self.job_failures = self.escalations = self.events = 0
+        self.recoveries: list[float] = []
+        self.stops: list[float] = []
+        self.network_bytes = 0.0
+        self.escalation_kinds: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ events
+    def _at(self, t: float, kind: str, payload: object = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._q, (t, self._seq, kind, payload))
+
+    def simulate(self) -> StrategyResult:
+        """Run to the horizon (or until the work is done) and return the result."""
+        for n, st in self.streams.items():
+            self._at(st.uptime(), "fail", (n, 0))
+        end = self.horizon if self.work_s is None else math.inf
+        cap = self.horizon if self.work_s is None else 50 * self.work_s + 1e7
+        for ev in domain_events(self.s, self.layout, self._seed, cap):
+            self._at(ev.at, "domain", ev.victims)
+        self._new_run(list(self.layout.working), list(self.layout.spares))
+        while self._q and self.finished_at is None:
+            t, _, kind, payload = heapq.heappop(self._q)
+            if t > end:
+                break
+            self.now = t
+            self.events += 1
+            getattr(self, "_on_" + kind)(payload)
+        return self._result(end)
+
+    # ------------------------------------------------------------------ progress
+    def _compute(self, u: float) -> float:
+        k = math.floor(u / self.cycle)
+        return k * self.tau + min(u - k * self.cycle, self.tau)
+
+    def _usable(self, u: float) -> float:
+        """Compute at the newest checkpoint the holders have at run time ``u``."""
+        k = math.floor(max(0.0, u - self.lag) / self.cycle)
+        return k * self.tau
+
+    def _stop(self) -> None:
+        if self.running_since is not None:
+            self.u += self.now - self.running_since
+            self.running_since = None
+            self.finish_token += 1
+
+    def _go(self) -> None:
+        if self.running_since is not None or self.requeuing or self.faults:
+            return
+        self.running_since = self.now
+        if self.work_s is not None:
+            need = self.work_s / (1.0 - self.log) - self.base
+            k = math.ceil(need / self.tau) - 1
+            u_end = k * self.cycle + (need - k * self.tau)
+            self.finish_token += 1
+            self._at(self.now + max(0.0, u_end - self.u), "finish", self.finish_token)
+
+    def _on_finish(self, token: object) -> None:
+        if token == self.finish_token and self.running_since is not None:
+            self._stop()
+            self.finished_at = self.now
+
+    # ------------------------------------------------------------------ runs
+    def _new_run(self, working: list[str], spares: list[str]) -> None:
+        rpn = self.s.job.ranks_per_node
+        rank_nodes = {w * rpn + k: node for w, node in enumerate(working) for k in range(rpn)}
+        places = placement.compute_placement(
+            self.layout.topology, rank_nodes, spares, replicas=self.s.checkpoint.replicas,
+            prefer_original_rack=self.s.raps.prefer_original_rack)
+        for r in places:
+            self.epochs[r] = self.epochs.get(r, 0) + 1  # a new run registers a new epoch
+        self.sites = {r: RankSite(r, p.group.primary, self.epochs[r], p.spares)
+                      for r, p in places.items()}
+        self.run_plans = {}
+        self.working, self.spare_list = list(working), list(spares)
+        self.groups = {r: p.group for r, p in places.items()}
+        self.ready = {}
+        self.on_node = {}
+        for r, site in self.sites.items():
+            self.on_node.setdefault(site.node, set()).add(r)
+        self.pool = set(working) | set(spares)
+        self.batch_host = working[0]
+        self.u = 0.0
+        self.requeuing = False
+        self._go()
+
+    def _allocate(self) -> tuple[list[str], list[str]] | None:
+        """Nodes for a requeued job: its live nodes first, then the lowest-numbered live ones."""
+        need_w, need_s = len(self.layout.working), len(self.layout.spares)
+        live_old = [n for n in self.working if n not in self.down]
+        others = [n for n in self.layout.nodes if n not in self.down and n not in live_old]
+        if len(live_old) + len(others) < need_w + need_s:
+            return None
+        working = (live_old + others)[:need_w]
+        taken = set(working)
+        spares = [n for n in (*self.spare_list, *self.layout.nodes)
+                  if n not in self.down and n not in taken][:need_s]
+        return working, list(dict.fromkeys(spares))[:need_s]
+
+    def _escalate(self, reason: str, wait_until: float = 0.0) -> None:
+        if self.requeuing:
+            return
+        self._stop()
+        self.escalations += 1
+        kind = ("no spare" if "no usable spare" in reason else
+                "batch host" if "batch script" in reason else
+                "timeout" if "not done within" in reason else
+                "no copy" if "no live copy" in reason else "other")
+        self.escalation_kinds[kind] = self.escalation_kinds.get(kind, 0) + 1
+        for p in self._plans():
+            if p.active:
+                self._put(planner.advance(p, "escalated", self.now, reason))
+        self._runs_ckpts += math.floor(self.u / self.cycle)
+        usable = self._usable(self.u)
+        self.lost += self._compute(self.u) - usable
+        self.base += usable
+        self.requeuing = True
+        r = self.s.raps
+        ready = max(self.now, wait_until) + r.requeue_wait_s + r.reinit_s + \
+            self.rank_gb * self.s.job.ranks_per_node / r.restore_gbps
+        self._at(ready, "resume", self.run)
+
+    def _on_resume(self, run: object) -> None:
+        if not self.requeuing:
+            return
+        alloc = self._allocate()
+        if alloc is None:
+            self.waiting_nodes = True  # a repair will retry
+            return
+        self.waiting_nodes = False
+        for node, t in self.faults.items():
+            self.recoveries.append(self.now - t)
+            self.stops.append(self.now - t)
+        self.faults.clear()
+        self.lost_at_fault.clear()
+        self.run += 1
+        self._new_run(*alloc)
+
+    # ------------------------------------------------------------------ failures
+    def _on_fail(self, payload: object) -> None:
+        node, gen = payload  # type: ignore[misc]
+        if gen != self.node_gen[node] or node in self.down:
+            return
+        self._crash(node)
+
+    def _on_domain(self, victims: object) -> None:
+        for node in victims:  # type: ignore[attr-defined]
+            if node not in self.down:
+                self.node_gen[node] += 1  # its pending independent failure is void now
+                self._crash(node)
+
+    def _crash(self, node: str) -> None:
+        self.down.add(node)
+        self._at(self.now + self.streams[node].repair(), "repair", node)
+        if node not in self.pool or self.requeuing:
+            return
+        self.failures += 1
+        if self.on_node.get(node):
+            if not self.faults:
+                self.job_failures += 1
+            self._stop()
+            self.faults[node] = self.now
+            lost = self._compute(self.u) - self._usable(self.u)
+            for r in self.on_node[node]:
+                self.lost_at_fault[r] = lost
+        self._at(self.now + self.rng.choice(self.delays), "verdict", node)
+
+    def _on_repair(self, node: object) -> None:
+        assert isinstance(node, str)
+        self.down.discard(node)
+        self.known_dead.discard(node)
+        self.node_gen[node] += 1
+        self._at(self.now + self.streams[node].uptime(), "fail", (node, self.node_gen[node]))
+        if self.waiting_nodes:
+            self._on_resume(self.run)
+
+    def _on_verdict(self, node: object) -> None:
+        assert isinstance(node, str)
+        if node not in self.down or self.requeuing:
+            return
+        self.known_dead.add(node)
+        self._replace_backups(node)
+        for p in self._plans():
+            if p.active and p.target == node and p.state == "queued":
+                self._retarget(p)
+            elif p.active and p.target == node:
+                self._put(planner.advance(p, "failed", self.now, f"target {node} is dead"))
+        ranks = self.on_node.get(node, set())
+        if not ranks or self.requeuing:
+            self._start_plans()
+            return
+        sites = [self.sites[r] for r in sorted(ranks)]
+        holders = {r: self._holders(r) for r in ranks}
+        sizes = {r: int(self.rank_gb * GB) for r in ranks}
+        out = planner.plan_dead_node(
+            JOB, node, sites, batch_host=self.batch_host, dead=self.known_dead, unhealthy=(),
+            taken=planner.taken_spares(self._plans(), JOB, self.run), racks=self.racks,
+            prefer_original_rack=self.s.raps.prefer_original_rack, holders=holders,
+            sizes=sizes, now=self.now + self.s.raps.plan_s, run=self.run, detected_at=self.now)
+        if isinstance(out, Escalation):
+            self._escalate(out.reason)
+            return
+        for plan in out:
+            if not self.store.create(self.keys.plan(plan.plan_id), plan.to_json()):
+                raise RuntimeError(f"plan {plan.plan_id} exists already")  # epochs only grow
+            self.run_plans[plan.plan_id] = plan
+            self._at(plan.created_at + self.s.raps.recovery_timeout_s + 1e-6, "overdue",
+                     plan.plan_id)
+        self._start_plans()
+
+    def _retarget(self, p: Plan) -> None:
+        site = self.sites[p.rank]
+        target = planner.choose_target(
+            site, dead=self.known_dead, unhealthy=(),
+            taken=planner.taken_spares(self._plans(), JOB, self.run) - {p.target},
+            racks=self.racks, prefer_original_rack=self.s.raps.prefer_original_rack,
+            holders=self._holders(p.rank))
+        if target is None:
+            self._escalate(f"no usable spare for rank {p.rank} of job {JOB}")
+            return
+        self._put(replace(p, target=target))
+
+    def _replace_backups(self, node: str) -> None:
+        loads: dict[str, int] = {}
+        for g in self.groups.values():
+            for b in (g.log_backup, *g.ckpt_mirrors):
+                if b:
+                    loads[b] = loads.get(b, 0) + 1
+        copy_s = self.rank_gb * self.s.raps.storage_ratio / self.s.raps.node_net_gbps
+        for r, g in self.groups.items():
+            new = placement.replace_dead_backups(self.layout.topology, g, self.known_dead,
+                                                 self.pool, loads)
+            if new is None:
+                continue
+            for b in (new.log_backup, *new.ckpt_mirrors):
+                if b and b not in (g.log_backup, *g.ckpt_mirrors):
+                    loads[b] = loads.get(b, 0) + 1
+                    self.ready[(r, b)] = self.now + copy_s
+                    self.network_bytes += copy_s * self.s.raps.node_net_gbps * GB
+            self.groups[r] = new
+
+    def _holders(self, rank: int) -> list[str]:
+        g = self.groups[rank]
+        return [b for b in (g.log_backup, *g.ckpt_mirrors)
+                if b and b not in self.down and self.ready.get((rank, b), 0.0) <= self.now]
+
+    # ------------------------------------------------------------------ plans
+    def _plans(self) -> list[Plan]:
+        # The coordinator lists plans/<job>- each pass; over a simulated year a job has
+        # thousands, so the current run's are mirrored here and written through.
+        return list(self.run_plans.values())
+
+    def _put(self, plan: Plan) -> None:
+        self.store.put(self.keys.plan(plan.plan_id), plan.to_json())
+        self.run_plans[plan.plan_id] = plan
+
+    def _start_plans(self) -> None:
+        if self.requeuing:
+            return
+        for p in planner.to_start(self._plans(), self.s.raps.max_concurrent_recoveries):
+            holders = self._holders(p.rank)
+            r = self.s.raps
+            if p.target in holders:
+                pull = 0.0
+            elif holders:
+                pull = self.rank_gb * r.storage_ratio / r.node_net_gbps
+                self.network_bytes += self.rank_gb * r.storage_ratio * GB
+            else:
+                g = self.groups[p.rank]
+                copies = [m for m in (g.primary, g.log_backup, *g.ckpt_mirrors) if m]
+                self._escalate(f"no live copy of rank {p.rank}'s checkpoint",
+                               wait_until=self._first_repair(copies))
+                return
+            start = max(self.now, p.created_at)
+            self._put(planner.advance(p, "running", start))
+            old = self.sites[p.rank]
+            self.on_node.get(old.node, set()).discard(p.rank)
+            self.sites[p.rank] = replace(old, node=p.target, epoch=p.epoch)
+            self.epochs[p.rank] = p.epoch
+            self.on_node.setdefault(p.target, set()).add(p.rank)
+            self.groups[p.rank] = replace(self.groups[p.rank], primary=p.target)
+            restored = start + r.launch_s + pull + self.rank_gb / r.restore_gbps
+            self._at(restored, "restored", p.plan_id)
+
+    def _first_repair(self, nodes: list[str]) -> float:
+        times = [t for t, _, kind, n in self._q if kind == "repair" and n in nodes]
+        return min(times) if times else self.now
+
+    def _plan(self, plan_id: object) -> Plan | None:
+        kv = self.store.get(self.keys.plan(str(plan_id)))
+        return None if kv is None else Plan.from_json(kv.key, kv.value)
+
+    def _on_restored(self, plan_id: object) -> None:
+        p = self._plan(plan_id)
+        if p is None or p.state != "running" or self.requeuing:
+            return
+        self._put(planner.advance(p, "restored", self.now))
+        replay = self.lost_at_fault.get(p.rank, 0.0) / self.s.raps.replay_speedup
+        self._at(self.now + replay, "done", p.plan_id)
+        self._start_plans()
+
+    def _on_done(self, plan_id: object) -> None:
+        p = self._plan(plan_id)
+        if p is None or p.state != "restored" or self.requeuing:
+            return
+        self._put(planner.advance(p, "done", self.now))
+        self.lost += self.lost_at_fault.pop(p.rank, 0.0) * self._share()
+        open_ranks = {q.rank for q in self._plans() if q.active and q.run == self.run}
+        for node, t in list(self.faults.items()):
+            if not any(r in open_ranks for r in self._fault_ranks(node)):
+                self.recoveries.append(self.now - t)
+                self.stops.append(self.now - t)
+                del self.faults[node]
+        self._go()
+
+    def _fault_ranks(self, node: str) -> set[int]:
+        return {q.rank for q in self._plans() if q.source == node and q.run == self.run}
+
+    def _share(self) -> float:
+        """One rank's share of the job (lost work is counted in job seconds)."""
+        return 1.0 / (len(self.layout.working) * self.s.job.ranks_per_node)
+
+    def _on_overdue(self, plan_id: object) -> None:
+        p = self._plan(plan_id)
+        if p is not None and planner.overdue([p], self.now, self.s.raps.recovery_timeout_s):
+            self._escalate(f"plan {p.plan_id} not done within "
+                           f"{self.s.raps.recovery_timeout_s:g} s")
+
+    # ------------------------------------------------------------------ result
+    def _result(self, end: float) -> StrategyResult:
+        if self.finished_at is None:
+            self.now = min(end, self.horizon) if self.work_s is None else self.now
+            self._stop()
+            wall = self.horizon if self.work_s is None else self.now
+        else:
+            wall = self.finished_at
+        compute = self.base + (self._compute(self.u) if not self.requeuing else 0.0)
+        s, r = self.s, self.s.raps
+        nodes = len(self.layout.working)
+        ckpts = self._ckpt_count()
+        per = s.job.state_gb_per_node
+        gens = 1 + (s.checkpoint.generations - 1) * s.job.change_rate
+        storage = per * r.storage_ratio * gens * (1 + s.checkpoint.replicas) * nodes
+        delta = per * s.job.change_rate * r.storage_ratio * GB
+        return StrategyResult(
+            strategy="raps", wall_s=wall, useful_s=compute * (1.0 - self.log), nodes=nodes,
+            allocated_nodes=nodes + len(self.layout.spares), lost_work_s=self.lost,
+            checkpoint_s=ckpts * self.c, checkpoints=ckpts, failures=self.failures,
+            job_failures=self.job_failures, escalations=self.escalations,
+            interrupted_restarts=0, recoveries=self.recoveries, stops=self.stops,
+            storage_gb=storage, pfs_tb=0.0,
+            network_tb=(ckpts * nodes * delta * s.checkpoint.replicas + self.network_bytes)
+            / 1e12, events=self.events, logging_s=compute * self.log,
+            escalation_kinds=dict(self.escalation_kinds))
+
+    def _ckpt_count(self) -> int:
+        return self._runs_ckpts + (0 if self.requeuing else math.floor(self.u / self.cycle))

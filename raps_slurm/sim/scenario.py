@@ -1,0 +1,358 @@
+"""Simulator scenarios: one typed, frozen description loaded from YAML and checked strictly.
+
+A scenario file only needs the keys it changes; every key, its default, range and
+meaning is below (``rapsctl simulate keys`` prints them). Sizes are GB (10^9 bytes),
+bandwidths GB/s, times in the unit their name ends with.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import typing
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raps_slurm.config import _build, _f
+from raps_slurm.errors import ScenarioError
+
+STRATEGIES = ("raps", "global", "scr")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """How long and how often to simulate."""
+
+    horizon_days: float = _f(365.0, "simulated time per seed (single-job scenarios)",
+                             0.001, 1_000_000)
+    seeds: int = _f(5, "independent failure traces; results are means over them", 1, 10_000)
+    seed: int = _f(1, "first seed (seed, seed+1, ...)", 0, 2**31 - 1)
+    strategies: tuple[str, ...] = _f(list(STRATEGIES), "strategies to compare: raps, global, scr")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Where the job runs."""
+
+    racks: int = _f(8, "racks (leaf switches); nodes are spread over them in order", 1, 100_000)
+    power_domains: int = _f(0, "power domains, each a run of whole racks (0 = none known)",
+                            0, 100_000)
+    idle_nodes: int = _f(16, "nodes outside the job a requeued job may be given instead of "
+                             "dead ones", 0, 10_000_000)
+
+
+@dataclass(frozen=True)
+class FailureSpec:
+    """How nodes fail and come back."""
+
+    mtbf_h: float = _f(43_800.0, "mean time between failures of one node, hours", 0.001, 1e9)
+    distribution: str = _f("exponential", "time to failure of a node",
+                           choices=("exponential", "weibull"))
+    weibull_shape: float = _f(0.7, "Weibull shape k (<1: infant mortality); the mean stays "
+                                   "mtbf_h", 0.05, 20)
+    correlated_share: float = _f(0.0, "share of node failures caused by whole-domain events",
+                                 0.0, 1.0)
+    correlated_scope: str = _f("rack", "domain a correlated event hits",
+                               choices=("rack", "power"))
+    correlated_nodes: int = _f(0, "nodes lost per correlated event (0 = the whole domain)",
+                               0, 1_000_000)
+    repair_h: float = _f(24.0, "mean time to repair a failed node (exponential), hours",
+                         0.0, 1e6)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The application: its size and state (ignored per job when a trace is given)."""
+
+    nodes: int = _f(128, "working nodes of the job", 1, 10_000_000)
+    ranks_per_node: int = _f(1, "ranks per working node", 1, 1024)
+    state_gb_per_node: float = _f(15.0, "checkpointed state per node, GB", 0.0, 1e6)
+    change_rate: float = _f(0.13, "share of the state changed between two checkpoints",
+                            0.0, 1.0)
+    trace: str = _f("", "sacct --parsable2 file (JobID|NNodes|Start|End|State); "
+                        "relative to the scenario file; '' = one job for the horizon")
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Checkpoint parameters shared by the strategies."""
+
+    interval_s: float = _f(600.0, "compute time between two checkpoints, seconds", 1, 1e8)
+    replicas: int = _f(2, "raps: copies besides the primary (checkpoint.replica_count)", 0, 8)
+    generations: int = _f(2, "generations kept (storage estimate)", 1, 1000)
+
+
+@dataclass(frozen=True)
+class RapsSpec:
+    """raps-slurm: per-node incremental checkpoints, message logs, relaunch on spares."""
+
+    spares: int = _f(4, "spare nodes allocated with the job (sbatch --raps-spares)", 0, 1_000_000)
+    incr_s_per_gb: float = _f(0.66, "blocking time of an incremental save per GB of state",
+                              0.0, 1e6)
+    restore_gbps: float = _f(0.72, "decode and verify speed of a restore, GB/s per node",
+                             0.001, 1e6)
+    node_net_gbps: float = _f(3.0, "per-node network for copies and restores, GB/s",
+                              0.001, 1e6)
+    storage_ratio: float = _f(0.65, "stored bytes per state byte (zstd with byte shuffle)",
+                              0.01, 10)
+    log_overhead: float = _f(0.03, "share of compute time lost to message logging", 0.0, 0.99)
+    replay_speedup: float = _f(4.0, "re-execution speed during replay vs normal (logged "
+                                    "messages need no waiting)", 0.1, 1000)
+    max_concurrent_recoveries: int = _f(4, "recovery.max_concurrent_recoveries", 1, 10_000)
+    recovery_timeout_s: float = _f(300.0, "recovery.recovery_timeout_sec", 1, 1e7)
+    prefer_original_rack: bool = _f(False, "recovery.prefer_original_rack")
+    plan_s: float = _f(0.05, "from the DEAD verdict to the plan started", 0.0, 3600)
+    launch_s: float = _f(0.5, "srun step start and rank start on the target", 0.0, 3600)
+    heartbeat_interval_s: float = _f(1.0, "detection.kernel_heartbeat_interval_sec",
+                                     0.001, 3600)
+    miss_threshold: int = _f(3, "detection.miss_threshold", 1, 100)
+    fence_margin_s: float = _f(0.5, "detection.fence_margin_sec", 0.0, 3600)
+    network_delay_s: float = _f(0.05, "one-way delay of a heartbeat", 0.0, 60)
+    requeue_wait_s: float = _f(1200.0, "after an escalation: queue wait of the requeued job",
+                               0.0, 1e8)
+    reinit_s: float = _f(300.0, "after an escalation: application start-up", 0.0, 1e8)
+
+
+@dataclass(frozen=True)
+class GlobalSpec:
+    """Coordinated checkpoints to a parallel file system, whole-job restart."""
+
+    pfs_write_gbps: float = _f(10.0, "aggregate PFS write bandwidth, GB/s", 0.001, 1e9)
+    pfs_read_gbps: float = _f(10.0, "aggregate PFS read bandwidth, GB/s", 0.001, 1e9)
+    queue_wait_s: float = _f(1200.0, "queue wait of the requeued job", 0.0, 1e8)
+    reinit_s: float = _f(300.0, "application start-up before it reads its checkpoint",
+                         0.0, 1e8)
+    checkpoint_s: float = _f(-1.0, "checkpoint time; -1 = state / pfs_write_gbps", -1, 1e8)
+    restart_s: float = _f(-1.0, "whole restart time; -1 = queue wait + re-init + read",
+                          -1, 1e8)
+
+
+@dataclass(frozen=True)
+class ScrSpec:
+    """SCR-like: node-local checkpoint plus a partner copy, whole-step relaunch."""
+
+    local_gbps: float = _f(2.0, "node-local write speed, GB/s", 0.001, 1e6)
+    partner_gbps: float = _f(3.0, "copy to the partner node, GB/s", 0.001, 1e6)
+    relaunch_s: float = _f(120.0, "fixed delay to relaunch the step on spares", 0.0, 1e8)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole scenario; ``source`` is the file it came from ('' for built ones)."""
+
+    name: str = _f("scenario", "name shown in reports")
+    run: RunSpec = field(default_factory=RunSpec)
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    failures: FailureSpec = field(default_factory=FailureSpec)
+    job: JobSpec = field(default_factory=JobSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    raps: RapsSpec = field(default_factory=RapsSpec)
+    global_: GlobalSpec = field(default_factory=GlobalSpec,
+                                metadata={"key": "global"})
+    scr: ScrSpec = field(default_factory=ScrSpec)
+    source: str = field(default="", metadata={"internal": True})
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One job of an sacct trace: its nodes and failure-free run time."""
+
+    job_id: str
+    nodes: int
+    work_s: float
+
+
+def _rename(data: Any) -> Any:
+    """YAML ``global`` is the Python field ``global_`` (a keyword)."""
+    if isinstance(data, dict) and "global" in data:
+        data = dict(data)
+        data["global_"] = data.pop("global")
+    return data
+
+
+def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
+    """Build a Scenario from parsed YAML; ScenarioError with one line per problem."""
+    errors: list[str] = []
+    if isinstance(data, dict) and "source" in data:
+        errors.append("source: unknown key (allowed: " + ", ".join(_public_keys()) + ")")
+        data = {k: v for k, v in data.items() if k != "source"}
+    scn = _build(Scenario, _rename(data), "", errors)
+    errors = [e.replace("global_", "global").replace(", source)", ")") for e in errors]
+    if not errors:
+        _check(scn, errors)
+    if errors:
+        raise ScenarioError([f"{source}: {e}" for e in errors])
+    return dataclasses.replace(typing.cast(Scenario, scn), source=source)
+
+
+def _public_keys() -> list[str]:
+    return [f.metadata.get("key", f.name) for f in dataclasses.fields(Scenario)
+            if not f.metadata.get("internal")]
+
+
+def _check(s: Scenario, errors: list[str]) -> None:
+    for name in s.run.strategies:
+        if name not in STRATEGIES:
+            errors.append(f"run.strategies: {name!r} is not a strategy, expected some of "
+                          f"{', '.join(STRATEGIES)}")
+    if not s.run.strategies:
+        errors.append("run.strategies: expected at least one of " + ", ".join(STRATEGIES))
+    if s.cluster.power_domains > s.cluster.racks:
+        errors.append(f"cluster.power_domains: {s.cluster.power_domains} exceeds cluster.racks "
+                      f"= {s.cluster.racks} (a power domain holds whole racks)")
+    if s.failures.correlated_scope == "power" and s.failures.correlated_share > 0 \
+            and s.cluster.power_domains == 0:
+        errors.append("failures.correlated_scope: 'power' needs cluster.power_domains > 0")
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Load and check one scenario file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ScenarioError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ScenarioError([f"{p}:{where} invalid YAML: {problem}"]) from None
+    return parse_scenario(data, str(p))
+
+
+def override(s: Scenario, key: str, value: Any) -> Scenario:
+    """The scenario with one dotted key (``checkpoint.interval_s``) set, checked again."""
+    data = to_dict(s)
+    parts = key.split(".")
+    node: Any = data
+    for part in parts[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            raise ScenarioError([f"{key}: unknown key (sections: {', '.join(_public_keys())})"])
+        node = node[part]
+    if not isinstance(node, dict) or parts[-1] not in node:
+        allowed = ", ".join(node) if isinstance(node, dict) else ""
+        raise ScenarioError([f"{key}: unknown key (allowed: {allowed})"])
+    node[parts[-1]] = value
+    return dataclasses.replace(parse_scenario(data, s.source or "scenario"), source=s.source)
+
+
+def to_dict(s: Any) -> dict[str, Any]:
+    """The scenario as plain YAML/JSON data (``global`` spelled as in the file)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(s):
+        if f.metadata.get("internal"):
+            continue
+        v = getattr(s, f.name)
+        key = f.metadata.get("key", f.name)
+        if dataclasses.is_dataclass(v):
+            out[key] = to_dict(v)
+        elif isinstance(v, tuple):
+            out[key] = list(v)
+        else:
+            out[key] = v
+    return out
+
+
+def describe() -> list[tuple[str, Any, str]]:
+    """Every scenario key with its default and description."""
+    rows: list[tuple[str, Any, str]] = []
+    hints = typing.get_type_hints(Scenario)
+    for sec in dataclasses.fields(Scenario):
+        if sec.metadata.get("internal"):
+            continue
+        key = sec.metadata.get("key", sec.name)
+        cls = hints[sec.name]
+        if not dataclasses.is_dataclass(cls):
+            rows.append((key, sec.default, sec.metadata["doc"]))
+            continue
+        for f in dataclasses.fields(cls):
+            default = getattr(cls(), f.name)
+            rows.append((f"{key}.{f.name}", list(default) if isinstance(default, tuple)
+                         else default, f.metadata["doc"]))
+    return rows
+
+
+# ---------------------------------------------------------------------- job traces
+
+_SACCT_FIELDS = ("JobID", "NNodes", "Start", "End", "State")
+
+
+def _time(value: str) -> datetime | None:
+    if value in ("", "Unknown", "None"):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def parse_trace(text: str, source: str = "trace") -> list[TraceJob]:
+    """Jobs from ``sacct --parsable2 -X -o JobID,NNodes,Start,End,State`` output.
+
+    Job steps (``123.batch``), jobs that never started or have not ended, and jobs that
+    ran for no time are skipped; a malformed line is an error naming the line.
+    """
+    rows = list(csv.reader(io.StringIO(text), delimiter="|"))
+    if not rows:
+        raise ScenarioError([f"{source}: empty trace, expected a header "
+                             f"{'|'.join(_SACCT_FIELDS)}"])
+    header = [h.strip() for h in rows[0]]
+    missing = [f for f in _SACCT_FIELDS if f not in header]
+    if missing:
+        raise ScenarioError([f"{source}: line 1: header lacks {', '.join(missing)} "
+                             f"(expected sacct --parsable2 -o {','.join(_SACCT_FIELDS)})"])
+    idx = {f: header.index(f) for f in _SACCT_FIELDS}
+    jobs: list[TraceJob] = []
+    errors: list[str] = []
+    for n, row in enumerate(rows[1:], start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) < len(header):
+            errors.append(f"{source}: line {n}: expected {len(header)} fields, got {len(row)}")
+            continue
+        job_id = row[idx["JobID"]].strip()
+        if "." in job_id:
+            continue
+        nn = row[idx["NNodes"]].strip()
+        if not nn.isdigit() or int(nn) < 1:
+            errors.append(f"{source}: line {n}: NNodes: expected a positive integer, got {nn!r}")
+            continue
+        start, end = _time(row[idx["Start"]].strip()), _time(row[idx["End"]].strip())
+        if start is None or end is None:
+            if row[idx["Start"]].strip() not in ("", "Unknown", "None") and start is None:
+                errors.append(f"{source}: line {n}: Start: expected YYYY-MM-DDTHH:MM:SS, got "
+                              f"{row[idx['Start']].strip()!r}")
+            elif row[idx["End"]].strip() not in ("", "Unknown", "None") and end is None:
+                errors.append(f"{source}: line {n}: End: expected YYYY-MM-DDTHH:MM:SS, got "
+                              f"{row[idx['End']].strip()!r}")
+            continue
+        work = (end - start).total_seconds()
+        if work <= 0:
+            continue
+        jobs.append(TraceJob(job_id, int(nn), work))
+    if errors:
+        raise ScenarioError(errors[:20])
+    if not jobs:
+        raise ScenarioError([f"{source}: no job with a start, an end and NNodes >= 1"])
+    return jobs
+
+
+def load_trace(scenario: Scenario) -> list[TraceJob] | None:
+    """The scenario's job trace, None when it simulates one job for the horizon."""
+    if not scenario.job.trace:
+        return None
+    path = Path(scenario.job.trace)
+    if not path.is_absolute() and scenario.source:
+        path = Path(scenario.source).parent / path
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError([f"job.trace: cannot read {path}: {exc.strerror or exc}"]) from None
+    return parse_trace(text, str(path))
