@@ -33,7 +33,7 @@ from raps_slurm.core.jobs import (
     purge_due,
 )
 from raps_slurm.core.membership import dead_nodes
-from raps_slurm.core.placement import replace_dead_backups
+from raps_slurm.core.placement import BackupLoads, replace_dead_backups
 from raps_slurm.errors import NotLeader, PlacementError, RecordError, SlurmCommandError, StoreError
 from raps_slurm.model import BackupGroup, Topology
 from raps_slurm.store import MAX_TXN_OPS, Delete, Guard, Keys, KeyValue, Put, StateStore, TxnOp
@@ -282,23 +282,18 @@ class Coordinator:
                     if b:
                         loads[b] = loads.get(b, 0) + 1
             pool = [*m.nodes, *m.spares]
+            index = BackupLoads.of(topology, pool, loads)  # updated by each replacement
             ops: list[TxnOp] = []
             guards: list[Guard] = []
             for rank, (g, kv) in sorted(view.groups.items()):
                 try:
-                    new = replace_dead_backups(topology, g, dead, pool, loads)
+                    new = replace_dead_backups(topology, g, dead, pool, index)
                 except PlacementError as exc:
                     log.warning("job %s rank %d: cannot replace dead backups: %s", job_id,
                                 rank, exc)
                     continue
                 if new is None:
                     continue
-                for b in (g.log_backup, *g.ckpt_mirrors):
-                    if b in dead:
-                        loads[b] -= 1
-                for b in (new.log_backup, *new.ckpt_mirrors):
-                    if b and b not in (g.log_backup, *g.ckpt_mirrors):
-                        loads[b] = loads.get(b, 0) + 1
                 guards.append(Guard(kv.key, kv.mod_revision))
                 ops.append(Put(kv.key, group_to_json(new)))
                 log.warning("job %s rank %d: backup group %s -> %s (dead: %s)", job_id, rank,

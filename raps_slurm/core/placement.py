@@ -126,6 +126,21 @@ class _Domains:
         return self._dist[key]
 
 
+_CACHE: dict[int, tuple[Topology, _Domains]] = {}
+
+
+def _domains(topology: Topology) -> _Domains:
+    """The lookups of a topology, kept for the next call (a Topology is immutable)."""
+    hit = _CACHE.get(id(topology))
+    if hit is not None and hit[0] is topology:
+        return hit[1]
+    if len(_CACHE) >= 8:
+        _CACHE.clear()
+    d = _Domains(topology)
+    _CACHE[id(topology)] = (topology, d)
+    return d
+
+
 def _class_tier(cp: _Class, cx: _Class, cy: _Class) -> int:
     """Tier of a group whose primary, log backup and mirror have these classes."""
     if len({cp[0], cx[0], cy[0]}) == 3:
@@ -190,7 +205,7 @@ def compute_placement(topology: Topology, rank_nodes: Mapping[int, str],
     ranks, working, spare_list = _validate(d, rank_nodes, spares)
     sick = frozenset(unhealthy)
     pool = sorted({*working, *spare_list})
-    loads = _Loads(d, pool)
+    loads = BackupLoads(d, pool)
     backups = _assign_backups(d, ranks, pool, rank_nodes, loads, min(replicas, 2))
     if replicas > 2:
         _add_mirrors(d, ranks, rank_nodes, backups, loads, replicas - 2)
@@ -234,20 +249,39 @@ def _validate(d: _Domains, rank_nodes: Mapping[int, str],
     return sorted(rank_nodes), sorted(working), spare_list
 
 
-class _Loads:
+class BackupLoads:
     """Backup roles per pool node; each class keeps its nodes sorted by (load, name).
 
     Tiers and disjointness depend on (rack, power) classes only, and all nodes of a class
     are equally far from any primary (see dist), so a class's least-loaded node outside
-    the group is its only contender: a pick costs O(classes), not O(nodes).
+    the group is its only contender: a pick costs O(classes), not O(nodes). Build one with
+    :meth:`of` to hand to :func:`replace_dead_backups` for many groups of one job.
     """
 
-    def __init__(self, d: _Domains, pool: list[str]) -> None:
-        self.cls = {n: d.cls(n) for n in pool}
-        self.load = dict.fromkeys(pool, 0)
+    def __init__(self, d: _Domains, pool: Iterable[str],
+                 initial: Mapping[str, int] | None = None) -> None:
+        nodes = sorted(set(pool))
+        self.domains = d
+        self.cls = {n: d.cls(n) for n in nodes}
+        self.load = {n: (initial.get(n, 0) if initial else 0) for n in nodes}
         self.by_class: dict[_Class, list[tuple[int, str]]] = {}
-        for n in pool:
-            self.by_class.setdefault(self.cls[n], []).append((0, n))
+        self.count: dict[int, int] = {}  # nodes per load value, for the lightest load
+        for n in nodes:
+            self.by_class.setdefault(self.cls[n], []).append((self.load[n], n))
+            self.count[self.load[n]] = self.count.get(self.load[n], 0) + 1
+        for entries in self.by_class.values():
+            entries.sort()
+
+    @classmethod
+    def of(cls, topology: Topology, pool: Iterable[str],
+           loads: Mapping[str, int]) -> BackupLoads:
+        """The pool's nodes that sit in a rack of ``topology``, with their current loads."""
+        d = _domains(topology)
+        return cls(d, [n for n in pool if n in d.rack], loads)
+
+    def lightest(self) -> int:
+        """The smallest load of any pool node."""
+        return min(v for v, c in self.count.items() if c)
 
     def head(self, c: _Class, skip: Collection[str]) -> tuple[int, str] | None:
         """The (load, name)-first node of class ``c`` not in ``skip``."""
@@ -257,14 +291,17 @@ class _Loads:
         return None
 
     def bump(self, n: str, delta: int) -> None:
+        """Add ``delta`` roles to pool node ``n``."""
         nodes = self.by_class[self.cls[n]]
         nodes.remove((self.load[n], n))
+        self.count[self.load[n]] -= 1
         self.load[n] += delta
+        self.count[self.load[n]] = self.count.get(self.load[n], 0) + 1
         bisect.insort(nodes, (self.load[n], n))
 
 
 def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
-                    rank_nodes: Mapping[int, str], loads: _Loads,
+                    rank_nodes: Mapping[int, str], loads: BackupLoads,
                     roles: int) -> dict[int, list[str]]:
     """Log backup (``roles`` >= 1) and first mirror (``roles`` == 2) of every rank, balanced."""
     if roles == 0 or len(pool) <= roles:  # no choice: the other node, if any, is the log backup
@@ -357,6 +394,11 @@ def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
     while moved:  # ends: every move lowers sum(load**2) by at least 2
         moved = False
         for r in ranks:
+            # No node can be two lighter than a role holder within one of the lightest
+            # pool node: skip the pick (most ranks, after the first pass).
+            floor = loads.lightest() + 1
+            if all(load[x] <= floor for x in chosen[r]):
+                continue
             p, t = rank_nodes[r], best_tier(rank_nodes[r])
             for role in range(roles):
                 a = chosen[r][role]
@@ -370,7 +412,7 @@ def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
 
 
 def _add_mirrors(d: _Domains, ranks: list[int], rank_nodes: Mapping[int, str],
-                 backups: dict[int, list[str]], loads: _Loads, extra: int) -> None:
+                 backups: dict[int, list[str]], loads: BackupLoads, extra: int) -> None:
     """Append up to ``extra`` mirrors to every group in ``backups``, greedily in rank order."""
     classes = sorted(loads.by_class, key=str)
     for r in ranks:
@@ -445,7 +487,8 @@ def _reason(d: _Domains, p: str, backups: list[str], replicas: int, racks: list[
 
 
 def replace_dead_backups(topology: Topology, group: BackupGroup, dead: Collection[str],
-                         pool: Iterable[str], loads: Mapping[str, int]) -> BackupGroup | None:
+                         pool: Iterable[str], loads: Mapping[str, int] | BackupLoads
+                         ) -> BackupGroup | None:
     """The group with every dead backup (log backup or mirror) replaced, None if none died.
 
     Each replacement is a live pool node outside the group, chosen as a new mirror is:
@@ -454,32 +497,40 @@ def replace_dead_backups(topology: Topology, group: BackupGroup, dead: Collectio
     hops from the primary, then name. A role with no candidate is left empty and the
     group marked degraded. The primary is never replaced here: a dead primary means the
     rank is relaunched elsewhere, and the group follows the new primary then.
+
+    ``loads`` may be a :class:`BackupLoads` of the same pool (``pool`` is then ignored):
+    it is updated in place (new roles added, dead ones removed), so one index serves a
+    job's groups one after the other at O(classes) a replacement instead of O(pool).
     """
     if not any(b in dead for b in (group.log_backup, *group.ckpt_mirrors) if b):
         return None
-    d = _Domains(topology)
+    d = _domains(topology)
+    idx = loads if isinstance(loads, BackupLoads) else BackupLoads.of(topology, pool, loads)
     members = [m for m in (group.primary, group.log_backup, *group.ckpt_mirrors)
                if m and m not in dead]
-    load = dict(loads)
-    candidates = sorted({n for n in pool if n not in dead and n in d.rack})
+    dead_set = set(dead)
 
     def pick() -> str | None:
-        free = [n for n in candidates if n not in members]
-        if not free:
+        mcls = [d.cls(m) for m in members if m in d.rack]
+        skip = dead_set.union(members)
+        best: tuple[int, int, int, str] | None = None
+        for c in idx.by_class:
+            tier = 0 if all(d.disjoint(c, m) for m in mcls) else \
+                1 if all(c[0] != m[0] for m in mcls) else 2
+            if best is not None and tier > best[0]:
+                continue
+            head = idx.head(c, skip)
+            if head is None:
+                continue
+            hops = d.dist(group.primary, head[1]) if group.primary in d.rack else 0
+            key = (tier, head[0], hops, head[1])
+            if best is None or key < best:
+                best = key
+        if best is None:
             return None
-        classes = [d.cls(m) for m in members if m in d.rack]
-
-        def key(n: str) -> tuple[int, int, int, str]:
-            c = d.cls(n)
-            tier = 0 if all(d.disjoint(c, m) for m in classes) else \
-                1 if all(c[0] != m[0] for m in classes) else 2
-            hops = d.dist(group.primary, n) if group.primary in d.rack else 0
-            return tier, load.get(n, 0), hops, n
-
-        best = min(free, key=key)
-        members.append(best)
-        load[best] = load.get(best, 0) + 1
-        return best
+        members.append(best[3])
+        idx.bump(best[3], 1)
+        return best[3]
 
     log_backup = group.log_backup
     if log_backup is not None and log_backup in dead:
@@ -492,6 +543,9 @@ def replace_dead_backups(topology: Topology, group: BackupGroup, dead: Collectio
                 mirrors.append(new)
         else:
             mirrors.append(m)
+    for b in (group.log_backup, *group.ckpt_mirrors):
+        if b and b in dead_set and b in idx.load and idx.load[b] > 0:
+            idx.bump(b, -1)
     short = (log_backup is None) != (group.log_backup is None) or \
         len(mirrors) < len(group.ckpt_mirrors)
     return BackupGroup(group.rank, group.primary, log_backup, tuple(mirrors),

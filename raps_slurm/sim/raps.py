@@ -85,6 +85,9 @@ class RapsSim:
         self.groups: dict[int, BackupGroup] = {}
         self.ready: dict[tuple[int, str], float] = {}   # (rank, holder) -> copy usable from
         self.on_node: dict[str, set[int]] = {}
+        self.held: dict[str, set[int]] = {}             # backup node -> ranks it holds
+        self.pool_list: list[str] = []
+        self.loads: placement.BackupLoads | None = None
         self.epochs: dict[int, int] = {}                # rank -> newest epoch (across runs)
         self.run_plans: dict[str, Plan] = {}            # this run's plans, as in the store
         self.working: list[str] = []
@@ -174,6 +177,15 @@ class RapsSim:
         self.groups = {r: p.group for r, p in places.items()}
         self.ready = {}
         self.on_node = {}
+        self.held = {}
+        counts: dict[str, int] = {}
+        for r, g in self.groups.items():
+            for h in (g.log_backup, *g.ckpt_mirrors):
+                if h:
+                    self.held.setdefault(h, set()).add(r)
+                    counts[h] = counts.get(h, 0) + 1
+        self.pool_list = [*working, *spares]
+        self.loads = placement.BackupLoads.of(self.layout.topology, self.pool_list, counts)
         for r, site in self.sites.items():
             self.on_node.setdefault(site.node, set()).add(r)
         self.pool = set(working) | set(spares)
@@ -186,7 +198,8 @@ class RapsSim:
         """Nodes for a requeued job: its live nodes first, then the lowest-numbered live ones."""
         need_w, need_s = len(self.layout.working), len(self.layout.spares)
         live_old = [n for n in self.working if n not in self.down]
-        others = [n for n in self.layout.nodes if n not in self.down and n not in live_old]
+        keep = set(live_old)
+        others = [n for n in self.layout.nodes if n not in self.down and n not in keep]
         if len(live_old) + len(others) < need_w + need_s:
             return None
         working = (live_old + others)[:need_w]
@@ -226,7 +239,7 @@ class RapsSim:
             self.waiting_nodes = True  # a repair will retry
             return
         self.waiting_nodes = False
-        for node, t in self.faults.items():
+        for t in self.faults.values():
             self.recoveries.append(self.now - t)
             self.stops.append(self.now - t)
         self.faults.clear()
@@ -236,7 +249,9 @@ class RapsSim:
 
     # ------------------------------------------------------------------ failures
     def _on_fail(self, payload: object) -> None:
-        node, gen = payload  # type: ignore[misc]
+        assert isinstance(payload, tuple)
+        node: str = payload[0]
+        gen: int = payload[1]
         if gen != self.node_gen[node] or node in self.down:
             return
         self._crash(node)
@@ -319,20 +334,19 @@ class RapsSim:
         self._put(replace(p, target=target))
 
     def _replace_backups(self, node: str) -> None:
-        loads: dict[str, int] = {}
-        for g in self.groups.values():
-            for b in (g.log_backup, *g.ckpt_mirrors):
-                if b:
-                    loads[b] = loads.get(b, 0) + 1
+        """Groups that lost a backup on ``node`` get a new one, as the coordinator's cycle
+        does; the copy is usable once the primary sent it."""
         copy_s = self.rank_gb * self.s.raps.storage_ratio / self.s.raps.node_net_gbps
-        for r, g in self.groups.items():
+        for r in sorted(self.held.pop(node, ())):
+            g = self.groups[r]
+            assert self.loads is not None  # built with the run
             new = placement.replace_dead_backups(self.layout.topology, g, self.known_dead,
-                                                 self.pool, loads)
+                                                 self.pool_list, self.loads)
             if new is None:
                 continue
             for b in (new.log_backup, *new.ckpt_mirrors):
                 if b and b not in (g.log_backup, *g.ckpt_mirrors):
-                    loads[b] = loads.get(b, 0) + 1
+                    self.held.setdefault(b, set()).add(r)
                     self.ready[(r, b)] = self.now + copy_s
                     self.network_bytes += copy_s * self.s.raps.node_net_gbps * GB
             self.groups[r] = new

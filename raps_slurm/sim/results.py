@@ -96,7 +96,7 @@ def summarize(runs: Sequence[StrategyResult]) -> dict[str, Any]:
     wall = sum(r.wall_s for r in runs)
 
     def mean(name: str) -> float:
-        return sum(getattr(r, name) for r in runs) / n
+        return float(sum(getattr(r, name) for r in runs)) / n
 
     def r4(x: float | None) -> float | None:
         return None if x is None else round(x, 4)
@@ -134,8 +134,9 @@ def summarize(runs: Sequence[StrategyResult]) -> dict[str, Any]:
 
 CSV_COLUMNS = ("strategy", "useful_work_fraction", "useful_work_fraction_ci95",
                "node_efficiency", "lost_work_fraction", "checkpoint_overhead",
-               "logging_overhead", "stall_fraction", "recoveries", "recovery_mean_s", "recovery_p50_s",
-               "recovery_p90_s", "recovery_max_s", "stop_p50_s", "failures_per_seed",
+               "logging_overhead", "stall_fraction", "recoveries", "recovery_mean_s",
+               "recovery_p50_s", "recovery_p90_s", "recovery_max_s", "stop_p50_s",
+               "failures_per_seed",
                "job_failures_per_seed", "escalations_per_seed", "checkpoints_per_seed",
                "storage_gb", "pfs_tb_per_seed", "network_tb_per_seed", "events", "seeds")
 

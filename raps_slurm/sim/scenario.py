@@ -272,8 +272,9 @@ def describe() -> list[tuple[str, Any, str]]:
         if not dataclasses.is_dataclass(cls):
             rows.append((key, sec.default, sec.metadata["doc"]))
             continue
+        instance = typing.cast(Any, cls)()
         for f in dataclasses.fields(cls):
-            default = getattr(cls(), f.name)
+            default = getattr(instance, f.name)
             rows.append((f"{key}.{f.name}", list(default) if isinstance(default, tuple)
                          else default, f.metadata["doc"]))
     return rows
