@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from raps_slurm.cli import admin, bench, ckpt, config_cmd, inspect_cmd, ping, show
+from raps_slurm.cli import admin, bench, ckpt, config_cmd, inspect_cmd, ping, show, simulate
 from raps_slurm.cli import jobs as _jobs  # noqa: F401  (adds show job, show groups)
 from raps_slurm.cli import plans as _plans  # noqa: F401  (adds show plan, show recoveries)
 from raps_slurm.errors import ConfigError, RapsError
@@ -34,6 +34,7 @@ cli.add_command(admin.resume)
 cli.add_command(ckpt.verify)
 cli.add_command(ckpt.restore)
 cli.add_command(inspect_cmd.inspect)
+cli.add_command(simulate.simulate)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,6 +39,7 @@ from raps_slurm.cli.bench_ckpt import bench_checkpoint
 from raps_slurm.cli.bench_load import VerdictWatch, bench_heartbeats
 from raps_slurm.cli.bench_msg import bench_messaging
 from raps_slurm.cli.bench_recovery import bench_efficiency, bench_recovery
+from raps_slurm.cli.bench_sim import bench_simulate
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore, open_store
@@ -57,6 +58,7 @@ bench.add_command(bench_checkpoint)
 bench.add_command(bench_messaging)
 bench.add_command(bench_recovery)
 bench.add_command(bench_efficiency)
+bench.add_command(bench_simulate)
 
 
 def _profile(directory: Path, interval: float) -> Path:

@@ -58,8 +58,9 @@ def merge(results: Sequence[StrategyResult]) -> StrategyResult:
         useful_ns += r.useful_s * r.nodes
         wall_ns += r.wall_s * r.nodes
         alloc_ns += r.node_seconds or r.wall_s * r.allocated_nodes
-        for name in ("lost_work_s", "checkpoint_s", "storage_gb", "pfs_tb", "network_tb",
-                     "logging_s"):
+        for name in ("lost_work_s", "checkpoint_s", "logging_s"):  # node-weighted like wall
+            setattr(out, name, getattr(out, name) + getattr(r, name) * r.nodes)
+        for name in ("storage_gb", "pfs_tb", "network_tb"):
             setattr(out, name, getattr(out, name) + getattr(r, name))
         for name in ("checkpoints", "failures", "job_failures", "escalations",
                      "interrupted_restarts", "events"):

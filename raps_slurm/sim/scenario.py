@@ -183,6 +183,8 @@ def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
         data = {k: v for k, v in data.items() if k != "source"}
     scn = _build(Scenario, _rename(data), "", errors)
     errors = [e.replace("global_", "global").replace(", source)", ")") for e in errors]
+    errors = ["scenario:" + e[len("config:"):] if e.startswith("config:") else e
+              for e in errors]
     if not errors:
         _check(scn, errors)
     if errors:

@@ -1,0 +1,283 @@
+"""``rapsctl simulate``: the capacity planner (discrete-event simulator, ``raps_slurm.sim``).
+
+``run`` compares the strategies of one scenario; ``sweep`` varies scenario keys over a
+grid; ``recommend`` finds the checkpoint interval, spares and replicas that maximise
+raps-slurm's useful work for a failure rate and state size; ``plots`` writes the three
+standard figures; ``keys`` lists every scenario key. Pure computation: no cluster, no
+etcd.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from raps_slurm.errors import ScenarioError
+from raps_slurm.sim import plots
+from raps_slurm.sim.results import to_csv
+from raps_slurm.sim.runner import run_report
+from raps_slurm.sim.scenario import Scenario, describe, load_scenario, override, parse_scenario
+from raps_slurm.sim.sweep import daly_curve, parse_values, recommend, sweep
+
+_ROWS = (("useful_work_fraction", "useful work (share of wall time)"),
+         ("useful_work_fraction_ci95", "  95 % confidence half-width"),
+         ("node_efficiency", "useful node-hours / allocated (spares too)"),
+         ("checkpoint_overhead", "checkpoint writing"),
+         ("logging_overhead", "message logging"),
+         ("lost_work_fraction", "work lost and redone"),
+         ("stall_fraction", "waiting (detection, restarts, queue)"),
+         ("recovery_p50_s", "recovery p50 (s, fault to back where it was)"),
+         ("recovery_p90_s", "recovery p90 (s)"),
+         ("recovery_max_s", "recovery max (s)"),
+         ("failures_per_seed", "node failures seen per seed"),
+         ("job_failures_per_seed", "job stops per seed"),
+         ("escalations_per_seed", "raps whole-job requeues per seed"),
+         ("storage_gb", "checkpoint storage (GB)"),
+         ("pfs_tb_per_seed", "PFS traffic per seed (TB)"),
+         ("network_tb_per_seed", "node network traffic per seed (TB)"))
+
+
+def _scenario(path: str, sets: tuple[str, ...], seeds: int | None) -> Scenario:
+    s = load_scenario(path)
+    return _apply(s, sets, seeds)
+
+
+def _apply(s: Scenario, sets: tuple[str, ...], seeds: int | None) -> Scenario:
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ScenarioError([f"--set {item!r}: expected KEY=VALUE, e.g. "
+                                 f"checkpoint.interval_s=900"])
+        s = override(s, key.strip(), yaml.safe_load(value))
+    if seeds is not None:
+        s = override(s, "run.seeds", seeds)
+    return s
+
+
+@contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[Any]:
+    """A progress bar on stderr (none when stderr is not a terminal or ``quiet``)."""
+    console = Console(stderr=True)
+    if quiet or not console.is_terminal:
+        yield None
+        return
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    names = list(report["strategies"])
+    click.echo(f"scenario {report['scenario']}: {report['nodes']} nodes, {report['spares']} "
+               f"spares, interval {report['interval_s']:g} s, {report['replicas']} replicas, "
+               f"{report['seeds']} seed(s) x {report['horizon_days']:g} days")
+    width = max(len(t) for _, t in _ROWS) + 2
+    click.echo(" " * width + "".join(f"{n:>14}" for n in names))
+    for key, text in _ROWS:
+        vals = [report["strategies"][n].get(key) for n in names]
+        cells = "".join(f"{'-' if v is None else _fmt(v):>14}" for v in vals)
+        click.echo(f"{text:<{width}}{cells}")
+    m = report["models"]
+    click.echo(f"global by Daly's model at this interval: {m['daly_global_fraction_at_interval']}"
+               f"; Young {m['young_interval_s']:g} s, Daly {m['daly_interval_s']:g} s "
+               f"(checkpoint {m['global_checkpoint_s']:g} s, job MTBF {m['job_mtbf_s']:g} s)")
+    click.echo(f"simulated in {report['wall_s']} s")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+@click.group()
+def simulate() -> None:
+    """Capacity planner: simulate failures, checkpoints and recoveries (no cluster needed)."""
+
+
+_set = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                    help="Override a scenario key, e.g. --set raps.spares=8 (repeatable).")
+_seeds = click.option("--seeds", type=click.IntRange(1, 10_000), default=None,
+                      help="Override run.seeds.")
+
+
+@simulate.command("run")
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@_set
+@_seeds
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write one CSV row per strategy to this file.")
+@click.option("--plots", "plot_dir", type=click.Path(file_okay=False), default=None,
+              help="Write recovery-cdf.png into this directory.")
+def run_cmd(scenario: str, sets: tuple[str, ...], seeds: int | None, as_json: bool,
+            csv_path: str | None, plot_dir: str | None) -> None:
+    """Compare the strategies of SCENARIO (YAML) on the same failure traces."""
+    s = _scenario(scenario, sets, seeds)
+    with _progress("simulating", as_json) as update:
+        report, runs = run_report(s, update)
+    if csv_path:
+        rows = [{"strategy": n, **v} for n, v in report["strategies"].items()]
+        Path(csv_path).write_text(to_csv(rows))
+    if plot_dir:
+        out = plots.plot_recovery_cdf(
+            {n: [x for r in rs for x in r.recoveries] for n, rs in runs.items()},
+            Path(plot_dir) / "recovery-cdf.png", title=f"Recovery time, {s.name}")
+        report["plots"] = [str(out)]
+    if as_json:
+        click.echo(json.dumps(report))
+    else:
+        _print_table(report)
+
+
+def _vary(items: tuple[str, ...]) -> list[tuple[str, list[Any]]]:
+    out = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError([f"--vary {item!r}: expected KEY=V1,V2,... or "
+                                 f"KEY=LOW:HIGH:COUNT"])
+        out.append((key.strip(), parse_values(key.strip(), values)))
+    return out
+
+
+@simulate.command("sweep")
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.option("--vary", "vary", multiple=True, required=True, metavar="KEY=V1,V2,...",
+              help="A key and its values (or LOW:HIGH:COUNT, geometric); repeat for a grid.")
+@_set
+@_seeds
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the rows as CSV to this file.")
+@click.option("--plots", "plot_dir", type=click.Path(file_okay=False), default=None,
+              help="Write useful-vs-interval.png (when checkpoint.interval_s varies) and "
+                   "storage-vs-replicas.png (when checkpoint.replicas varies) here.")
+def sweep_cmd(scenario: str, vary: tuple[str, ...], sets: tuple[str, ...], seeds: int | None,
+              as_json: bool, csv_path: str | None, plot_dir: str | None) -> None:
+    """Simulate SCENARIO for every combination of the --vary values."""
+    s = _scenario(scenario, sets, seeds)
+    grid = _vary(vary)
+    with _progress("sweeping", False) as update:
+        rows = sweep(s, grid, update)
+    keys = [k for k, _ in grid]
+    if csv_path:
+        Path(csv_path).write_text(to_csv(rows, keys))
+    written = _sweep_plots(s, grid, rows, plot_dir) if plot_dir else []
+    if as_json:
+        click.echo(json.dumps({"scenario": s.name, "vary": dict(grid), "rows": rows,
+                               "plots": written}))
+        return
+    click.echo(to_csv(rows, keys), nl=False)
+
+
+def _sweep_plots(s: Scenario, grid: list[tuple[str, list[Any]]], rows: list[dict[str, Any]],
+                 plot_dir: str) -> list[str]:
+    keys = [k for k, _ in grid]
+    written = []
+    if "checkpoint.interval_s" in keys:
+        sel = [dict(r, interval_s=r["checkpoint.interval_s"]) for r in rows]
+        intervals = [float(v) for v in dict(grid)["checkpoint.interval_s"]]
+        curve = daly_curve(s, sorted(intervals)) if "global" in s.run.strategies else []
+        written.append(str(plots.plot_useful_vs_interval(
+            sel, Path(plot_dir) / "useful-vs-interval.png", daly=curve,
+            title=f"Useful work vs checkpoint interval, {s.name}")))
+    if "checkpoint.replicas" in keys:
+        sel = [dict(r, replicas=r["checkpoint.replicas"]) for r in rows
+               if r["strategy"] == "raps"]
+        if sel:
+            written.append(str(plots.plot_storage_vs_replicas(
+                sel, Path(plot_dir) / "storage-vs-replicas.png",
+                title=f"raps-slurm storage vs replicas, {s.name}")))
+    return written
+
+
+@simulate.command("plots")
+@click.argument("scenario", type=click.Path(dir_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@_set
+@_seeds
+@click.option("--intervals", default="120:7200:8", show_default=True, metavar="LIST",
+              help="Checkpoint intervals (s) for the interval plot: V1,V2,... or LOW:HIGH:COUNT.")
+def plots_cmd(scenario: str, out_dir: str, sets: tuple[str, ...], seeds: int | None,
+              intervals: str) -> None:
+    """Write useful-vs-interval.png, recovery-cdf.png and storage-vs-replicas.png."""
+    s = _scenario(scenario, sets, seeds)
+    grid_i = [("checkpoint.interval_s", parse_values("--intervals", intervals))]
+    grid_r = [("checkpoint.replicas", [0, 1, 2, 3, 4])]
+    with _progress("plotting", False) as update:
+        rows_i = sweep(s, grid_i, update)
+        rows_r = sweep(override(s, "run.strategies", ["raps"]), grid_r, update)
+        _, runs = run_report(s)
+    written = _sweep_plots(s, grid_i, rows_i, out_dir)
+    written += _sweep_plots(s, grid_r, rows_r, out_dir)
+    written.append(str(plots.plot_recovery_cdf(
+        {n: [x for r in rs for x in r.recoveries] for n, rs in runs.items()},
+        Path(out_dir) / "recovery-cdf.png", title=f"Recovery time, {s.name}")))
+    for w in written:
+        click.echo(w)
+
+
+@simulate.command("recommend")
+@click.option("--mtbf-h", type=click.FloatRange(0.001, 1e9), required=True,
+              help="Mean time between failures of one node, hours.")
+@click.option("--state-gb", type=click.FloatRange(0, 1e6), required=True,
+              help="Checkpointed state per node, GB.")
+@click.option("--nodes", type=click.IntRange(1, 10_000_000), required=True,
+              help="Working nodes of the job.")
+@click.option("--scenario", "scenario", type=click.Path(dir_okay=False), default=None,
+              help="Start from this scenario's other parameters (default: built-in).")
+@_set
+@_seeds
+@click.option("--days", type=click.FloatRange(0.01, 100_000), default=90.0, show_default=True,
+              help="Simulated days per seed and candidate.")
+@click.option("--json", "as_json", is_flag=True, help="Print the recommendation as JSON.")
+def recommend_cmd(mtbf_h: float, state_gb: float, nodes: int, scenario: str | None,
+                  sets: tuple[str, ...], seeds: int | None, days: float,
+                  as_json: bool) -> None:
+    """Checkpoint interval, spares and replicas that maximise raps-slurm's useful work."""
+    s = load_scenario(scenario) if scenario else parse_scenario({}, "built-in")
+    s = override(s, "failures.mtbf_h", mtbf_h)
+    s = override(s, "job.state_gb_per_node", state_gb)
+    s = override(s, "job.nodes", nodes)
+    s = override(s, "run.horizon_days", days)
+    if seeds is None and not scenario:
+        seeds = 3
+    s = _apply(s, sets, seeds)
+    with _progress("searching", as_json) as update:
+        rec = recommend(s, update)
+    if as_json:
+        click.echo(json.dumps(rec))
+        return
+    r, g = rec["raps"], rec["global"]
+    click.echo(f"{nodes} nodes, node MTBF {mtbf_h:g} h (job MTBF {rec['job_mtbf_s'] / 3600:.2f} h)"
+               f", {state_gb:g} GB per node:")
+    click.echo(f"  checkpoint.interval_s: {r['interval_s']}   (Young {r['young_interval_s']:g} s,"
+               f" Daly {r['daly_interval_s']:g} s for a {r['checkpoint_s']:g} s save)")
+    click.echo(f"  checkpoint.replica_count: {r['replicas']}")
+    click.echo(f"  spares (sbatch --raps-spares): {r['spares']}")
+    click.echo(f"  useful work: {r['useful_work_fraction'] * 100:.2f} %")
+    if g["daly_useful_work_fraction"] is not None:
+        click.echo(f"  global checkpoints instead: Daly interval {g['daly_interval_s']:g} s, "
+                   f"useful work {g['daly_useful_work_fraction'] * 100:.2f} % by Daly's model")
+
+
+@simulate.command("keys")
+def keys_cmd() -> None:
+    """Every scenario key with its default and meaning."""
+    for key, default, doc in describe():
+        click.echo(f"{key} = {json.dumps(default)}  # {doc}")
+
