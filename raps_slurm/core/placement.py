@@ -82,12 +82,12 @@ _Class = tuple[str, str | None]  # (rack, power domain); disjointness depends on
 
 def fault_domain(topology: Topology, node: str) -> str:
     """The rack (leaf switch) of ``node``; PlacementError if it is in no rack."""
-    return _Domains(topology).rack_of(node, "node")
+    return _domains(topology).rack_of(node, "node")
 
 
 def domain_disjoint(topology: Topology, a: str, b: str) -> bool:
     """True when ``a`` and ``b`` differ in rack and, where both are known, power domain."""
-    d = _Domains(topology)
+    d = _domains(topology)
     return d.disjoint(d.cls(a), d.cls(b))
 
 
@@ -162,7 +162,7 @@ def order_spares(topology: Topology, primary: str, spares: Iterable[str], *,
                  prefer_original_rack: bool = False,
                  unhealthy: Collection[str] = frozenset()) -> tuple[str, ...]:
     """All ``spares`` ordered for a relaunch of a rank that ran on ``primary``."""
-    d = _Domains(topology)
+    d = _domains(topology)
     d.rack_of(primary, "node")
     spares = list(spares)
     for s in spares:
@@ -201,7 +201,7 @@ def compute_placement(topology: Topology, rank_nodes: Mapping[int, str],
     if (isinstance(replicas, bool) or not isinstance(replicas, int)
             or not 0 <= replicas <= MAX_REPLICAS):
         raise PlacementError(f"replicas: expected an integer 0-{MAX_REPLICAS}, got {replicas!r}")
-    d = _Domains(topology)
+    d = _domains(topology)
     ranks, working, spare_list = _validate(d, rank_nodes, spares)
     sick = frozenset(unhealthy)
     pool = sorted({*working, *spare_list})
@@ -356,29 +356,34 @@ def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
                     if (best_with(pc, c) if oc is None else _class_tier(pc, c, oc)) >= t]
         return allowed[(pc, oc, t)]
 
-    hops: dict[str, dict[str, int]] = {}  # rack -> rack -> switch hops (x is never p)
+    # (eligible classes, primary's rack) -> [(that class's (load, name) list, hops)]: the
+    # hops from a primary depend on the two racks only (x is never p), so they are
+    # looked up once per rack pair, not per pick.
+    rows: dict[tuple[_Class, _Class | None, int, str], list[tuple[list[tuple[int, str]], int]]] \
+        = {}
 
     def pick(p: str, other: str | None, t: int) -> str:
-        best: tuple[int, int, str] | None = None
-        rp = d.rack[p]
-        row = hops.get(rp)
+        pc, oc = cls[p], (cls[other] if other else None)
+        key = (pc, oc, t, d.rack[p])
+        row = rows.get(key)
         if row is None:
-            row = hops[rp] = {}
-        for c in eligible(cls[p], cls[other] if other else None, t):
-            for head in by_class[c]:  # loads.head inlined: this is the hot loop
-                if head[1] != p and head[1] != other:
-                    break
-            else:
-                continue
-            load_x, x = head
-            if best is None or load_x <= best[0]:
-                h = row.get(c[0])
-                if h is None:
-                    h = row[c[0]] = d.dist(p, x)
-                if best is None or (load_x, h, x) < best:
-                    best = (load_x, h, x)
-        assert best is not None  # the tier t was computed as reachable
-        return best[2]
+            row = rows[key] = [(by_class[c], d.dist(p, by_class[c][0][1]) if
+                                by_class[c][0][1] != p else 1) for c in eligible(pc, oc, t)]
+        best_l, best_h, best_x = -1, 0, ""
+        for entries, h in row:
+            head = entries[0]  # loads.head inlined: this is the hot loop
+            if head[1] == p or head[1] == other:
+                for head in entries:
+                    if head[1] != p and head[1] != other:
+                        break
+                else:
+                    continue
+            load_x = head[0]
+            if best_l < 0 or load_x < best_l or (load_x == best_l and (
+                    h < best_h or (h == best_h and head[1] < best_x))):
+                best_l, best_h, best_x = load_x, h, head[1]
+        assert best_l >= 0  # the tier t was computed as reachable
+        return best_x
 
     chosen: dict[int, list[str]] = {}
     for r in ranks:

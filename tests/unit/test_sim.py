@@ -67,9 +67,9 @@ def test_scenario_files_load_and_every_key_is_described() -> None:
 def test_override_checks_the_new_value() -> None:
     s = parse_scenario({}, "test")
     assert override(s, "raps.spares", 9).raps.spares == 9
-    with pytest.raises(ScenarioError, match="raps.sparez: unknown key"):
+    with pytest.raises(ScenarioError, match=r"raps\.sparez: unknown key"):
         override(s, "raps.sparez", 1)
-    with pytest.raises(ScenarioError, match="checkpoint.replicas: 9 is out of range"):
+    with pytest.raises(ScenarioError, match=r"checkpoint\.replicas: 9 is out of range"):
         override(s, "checkpoint.replicas", 9)
 
 
