@@ -115,6 +115,21 @@ class RecoveryConfig:
 
 
 @dataclass(frozen=True)
+class SystemConfig:
+    """Failure history, fault-domain scores and the Slurm node weights drawn from them."""
+
+    history_window_h: float = _f(168.0, "keep DEAD/HUNG/DRAIN verdicts this long per node",
+                                 0.01, 24 * 365)
+    score_half_life_h: float = _f(24.0, "a failure's weight in a score halves this often",
+                                  0.001, 24 * 365)
+    weight_step: int = _f(100, "weight added per tenth of score lost (0 = never touch weights)",
+                          0, 100_000_000)
+    weight_levels: int = _f(10, "steps the score is cut into for weights", 1, 1000)
+    weight_reconcile_sec: float = _f(30.0, "compare Slurm's node weights with the scores "
+                                     "this often (reconfigure resets them)", 0.2, 86400)
+
+
+@dataclass(frozen=True)
 class StoreConfig:
     """etcd access (RAPS daemons and controller hooks only)."""
 
@@ -196,6 +211,7 @@ class Config:
     messagelog: MessageLogConfig = field(default_factory=MessageLogConfig)
     detection: DetectionConfig = field(default_factory=DetectionConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -12,6 +12,7 @@ import click
 from raps_slurm.cli import admin, bench, ckpt, config_cmd, inspect_cmd, ping, show, simulate
 from raps_slurm.cli import jobs as _jobs  # noqa: F401  (adds show job, show groups)
 from raps_slurm.cli import plans as _plans  # noqa: F401  (adds show plan, show recoveries)
+from raps_slurm.cli import racks as _racks  # noqa: F401  (adds show racks)
 from raps_slurm.errors import ConfigError, RapsError
 
 

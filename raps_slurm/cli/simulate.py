@@ -21,7 +21,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from raps_slurm.errors import ScenarioError
-from raps_slurm.sim import plots
 from raps_slurm.sim.results import to_csv
 from raps_slurm.sim.runner import run_report
 from raps_slurm.sim.scenario import Scenario, describe, load_scenario, override, parse_scenario
@@ -133,6 +132,8 @@ def run_cmd(scenario: str, sets: tuple[str, ...], seeds: int | None, as_json: bo
         rows = [{"strategy": n, **v} for n, v in report["strategies"].items()]
         Path(csv_path).write_text(to_csv(rows))
     if plot_dir:
+        from raps_slurm.sim import plots  # matplotlib only when plotting: it is slow to load
+
         out = plots.plot_recovery_cdf(
             {n: [x for r in rs for x in r.recoveries] for n, rs in runs.items()},
             Path(plot_dir) / "recovery-cdf.png", title=f"Recovery time, {s.name}")
@@ -186,6 +187,8 @@ def sweep_cmd(scenario: str, vary: tuple[str, ...], sets: tuple[str, ...], seeds
 
 def _sweep_plots(s: Scenario, grid: list[tuple[str, list[Any]]], rows: list[dict[str, Any]],
                  plot_dir: str) -> list[str]:
+    from raps_slurm.sim import plots  # matplotlib only when plotting: it is slow to load
+
     keys = [k for k, _ in grid]
     written = []
     if "checkpoint.interval_s" in keys:
@@ -222,6 +225,8 @@ def plots_cmd(scenario: str, out_dir: str, sets: tuple[str, ...], seeds: int | N
         rows_i = sweep(s, grid_i, update)
         rows_r = sweep(override(s, "run.strategies", ["raps"]), grid_r, update)
         _, runs = run_report(s)
+    from raps_slurm.sim import plots  # matplotlib only when plotting: it is slow to load
+
     written = _sweep_plots(s, grid_i, rows_i, out_dir)
     written += _sweep_plots(s, grid_r, rows_r, out_dir)
     written.append(str(plots.plot_recovery_cdf(

@@ -208,6 +208,11 @@ class Coordinator:
         self._dead_nodes = dead_nodes or (lambda: set())
         self.recovery = recovery  # coordinator.recovery.Recovery (it imports this module)
 
+    @property
+    def topology(self) -> Topology | None:
+        """The switch tree as last read from Slurm (None before the first read)."""
+        return self._topology
+
     def run_cycle(self) -> str:
         """One cycle; returns what it did as one line."""
         self.metrics.cycles.inc()

@@ -27,6 +27,7 @@ from raps_slurm.coordinator.heartbeats import HeartbeatServer, ReceivedApp
 from raps_slurm.coordinator.metrics import Metrics
 from raps_slurm.core.detector import Detector, DetectorSettings, Verdict
 from raps_slurm.core.health import HealthLevel, HealthPolicy, HealthSettings
+from raps_slurm.core.history import FailureEvent
 from raps_slurm.errors import NotLeader, SlurmCommandError, StoreError
 from raps_slurm.model import NodeInfo
 from raps_slurm.store import Keys, Put, StateStore, Watch
@@ -183,8 +184,12 @@ class Detection:
         record = json.dumps({"level": verdict.level, "previous": verdict.previous,
                              "score": verdict.score, "reason": verdict.reason,
                              "at": verdict.at, "conditions": list(verdict.conditions)}).encode()
+        ops = [Put(self.keys.node_health_verdict(node), record)]
+        if verdict.level == HealthLevel.DRAIN:
+            event = FailureEvent("DRAIN", node, verdict.at, verdict.reason)
+            ops.append(Put(self.keys.history_event(node, event.event_id()), event.to_json()))
         try:
-            self.leadership.commit([], [Put(self.keys.node_health_verdict(node), record)])
+            self.leadership.commit([], ops)
         except (NotLeader, StoreError) as exc:
             log.warning("health verdict for %s not recorded: %s", node, exc)
         log.warning("health: %s %s -> %s (score %d): %s", node, verdict.previous,
@@ -199,8 +204,12 @@ class Detection:
                              "at": v.at, "evidence": dict(v.evidence)}, default=str).encode()
         key = (self.keys.node_verdict(v.node) if v.job is None or v.rank is None
                else self.keys.job_rank_verdict(v.job, v.rank))
+        ops = [Put(key, record)]
+        if v.kind in ("DEAD", "HUNG"):  # the failure history the weights come from
+            event = FailureEvent(v.kind, v.node, v.at, where)
+            ops.append(Put(self.keys.history_event(v.node, event.event_id()), event.to_json()))
         try:
-            self.leadership.commit([], [Put(key, record)])
+            self.leadership.commit([], ops)
         except (NotLeader, StoreError) as exc:
             log.warning("verdict %s not recorded: %s", line, exc)
         log.warning("verdict: %s %s", line, json.dumps(dict(v.evidence), default=str))

@@ -26,6 +26,7 @@ from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
 from raps_slurm.coordinator.metrics import Metrics
 from raps_slurm.coordinator.recovery import Recovery
+from raps_slurm.coordinator.weights import Weights
 from raps_slurm.errors import RapsError, StoreError
 from raps_slurm.heartbeat import accepted_key, load_key
 from raps_slurm.slurm import SlurmClient
@@ -148,6 +149,9 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                                     job_info=lambda job: slurm.job(int(job)),
                                     requeue=lambda job: slurm.requeue(int(job)),
                                     start_now=lambda job: slurm.start_now(int(job)))
+    weights = Weights(cfg, store, keys, leadership, nodes=slurm.nodes,
+                      topology=lambda: coordinator.topology,
+                      set_weight=lambda node, w: slurm.set_weight([node], w), background=True)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     notify = sdnotify.SystemdNotifier()
@@ -172,6 +176,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                 if once:
                     click.echo(status)
                     break
+            for line in weights.step():
+                log.info("system: %s", line)
             if any(line.startswith("DEAD ") for line in detection.tick()):
                 dead_nodes.refresh()  # plan for the dead node's ranks now, not next read
                 changed = True
@@ -180,6 +186,7 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                                                next_cycle - time.monotonic())))
     finally:
         wakeup.close()
+        weights.close()
         leadership.resign()
         server.stop()
         detection.close()

@@ -158,6 +158,23 @@ class Keys:
         """One checkpoint generation: manifest digest, size, holders, verified."""
         return self.ckpt_prefix(job_id, rank) + _number(gen, "generation")
 
+    def history_prefix(self) -> str:
+        """Prefix of every node's failure history."""
+        return f"{self._prefix}history/"
+
+    def history_event(self, node: str, event_id: str) -> str:
+        """One DEAD/HUNG/DRAIN verdict about ``node`` (``event_id`` sorts by time)."""
+        return (self.history_prefix() + _component(node, "node name") + "/"
+                + _component(event_id, "event id"))
+
+    def weights_prefix(self) -> str:
+        """Prefix of the Slurm node weights the leader set."""
+        return f"{self._prefix}weights/"
+
+    def weight(self, node: str) -> str:
+        """The weight the leader set on ``node`` and the one it found before."""
+        return self.weights_prefix() + _component(node, "node name")
+
     def audit_prefix(self) -> str:
         """Prefix of the admin audit records."""
         return f"{self._prefix}audit/"
