@@ -140,6 +140,14 @@ class StoreConfig:
     ca_cert: str = _f("", "CA bundle for TLS ('' = system default / plain http)")
     cert_file: str = _f("", "client certificate for TLS client auth ('' = none)")
     key_file: str = _f("", "client key for TLS client auth ('' = none)")
+    space_quota_bytes: int = _f(2 * 1024**3, "etcd's --quota-backend-bytes (show status "
+                                "and the leader's warning compare the database with it; "
+                                "0 = unknown)", 0, 64 * 1024**3)
+    compaction_retention_sec: float = _f(3600.0, "the leader compacts etcd history older "
+                                         "than this (0 = leave it to etcd's "
+                                         "--auto-compaction-*)", 0, 30 * 86400)
+    compaction_interval_sec: float = _f(300.0, "how often the leader looks at etcd's size "
+                                        "and compacts", 0.1, 86400)
     user: str = _f("", "etcd user for password auth ('' = none)")
     password_file: str = _f("", "file holding the etcd password (mode 0600)")
 

@@ -13,6 +13,7 @@ from raps_slurm.cli import admin, bench, ckpt, config_cmd, inspect_cmd, ping, sh
 from raps_slurm.cli import jobs as _jobs  # noqa: F401  (adds show job, show groups)
 from raps_slurm.cli import plans as _plans  # noqa: F401  (adds show plan, show recoveries)
 from raps_slurm.cli import racks as _racks  # noqa: F401  (adds show racks)
+from raps_slurm.cli import status as _status  # noqa: F401  (adds show status)
 from raps_slurm.errors import ConfigError, RapsError
 
 

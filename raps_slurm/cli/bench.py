@@ -35,6 +35,7 @@ from typing import Any
 import click
 import yaml
 
+from raps_slurm.cli.bench_churn import bench_churn
 from raps_slurm.cli.bench_ckpt import bench_checkpoint
 from raps_slurm.cli.bench_load import VerdictWatch, bench_heartbeats
 from raps_slurm.cli.bench_msg import bench_messaging
@@ -59,6 +60,7 @@ bench.add_command(bench_messaging)
 bench.add_command(bench_recovery)
 bench.add_command(bench_efficiency)
 bench.add_command(bench_simulate)
+bench.add_command(bench_churn)
 
 
 def _profile(directory: Path, interval: float) -> Path:

@@ -24,6 +24,7 @@ from raps_slurm.coordinator.cycle import Coordinator, DeadNodes
 from raps_slurm.coordinator.detection import Detection
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
+from raps_slurm.coordinator.hygiene import Hygiene
 from raps_slurm.coordinator.metrics import Metrics
 from raps_slurm.coordinator.recovery import Recovery
 from raps_slurm.coordinator.weights import Weights
@@ -152,6 +153,7 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     weights = Weights(cfg, store, keys, leadership, nodes=slurm.nodes,
                       topology=lambda: coordinator.topology,
                       set_weight=lambda node, w: slurm.set_weight([node], w), background=True)
+    hygiene = Hygiene(cfg, store, leadership, metrics)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     notify = sdnotify.SystemdNotifier()
@@ -176,7 +178,7 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                 if once:
                     click.echo(status)
                     break
-            for line in weights.step():
+            for line in (*weights.step(), *hygiene.step()):
                 log.info("system: %s", line)
             if any(line.startswith("DEAD ") for line in detection.tick()):
                 dead_nodes.refresh()  # plan for the dead node's ranks now, not next read

@@ -30,6 +30,10 @@ class Metrics:
             "raps_coordinator_detect_latency_seconds",
             "DEAD verdict time minus the node's last heartbeat received",
             buckets=(0.5, 1, 2, 3, 3.5, 4, 4.5, 5, 7.5, 10, 20, 60), registry=self.registry)
+        self.etcd_db = Gauge("raps_etcd_db_bytes", "etcd database size (dbSize) as the leader "
+                             "last read it", registry=self.registry)
+        self.etcd_db_in_use = Gauge("raps_etcd_db_in_use_bytes", "etcd database bytes in use",
+                                    registry=self.registry)
         self._heartbeat_children: dict[str, Counter] = {}
         if address:
             parsed = parse_address(address)

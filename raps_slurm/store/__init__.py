@@ -14,6 +14,7 @@ from raps_slurm.store.base import (
     Lease,
     Put,
     StateStore,
+    StoreStatus,
     TxnOp,
     Watch,
     WatchEvent,
@@ -23,7 +24,8 @@ from raps_slurm.store.keys import Keys
 from raps_slurm.store.memory import MemoryStore
 
 __all__ = ["MAX_TXN_OPS", "Delete", "EtcdStore", "Guard", "KeyValue", "Keys", "Lease",
-           "MemoryStore", "Put", "StateStore", "TxnOp", "Watch", "WatchEvent", "open_store"]
+           "MemoryStore", "Put", "StateStore", "StoreStatus", "TxnOp", "Watch", "WatchEvent",
+           "open_store"]
 
 
 def open_store(cfg: StoreConfig) -> tuple[StateStore, Keys]:

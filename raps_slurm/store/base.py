@@ -50,6 +50,17 @@ MAX_TXN_OPS = 128
 
 
 @dataclass(frozen=True)
+class StoreStatus:
+    """What the store says about itself (etcd: the answering member's status)."""
+
+    revision: int
+    db_size: int          # bytes the database file takes (etcd: dbSize; the quota counts it)
+    db_size_in_use: int   # bytes holding data still reachable (etcd: dbSizeInUse)
+    version: str
+    alarms: tuple[str, ...] = ()  # raised alarms, e.g. NOSPACE (writes refused)
+
+
+@dataclass(frozen=True)
 class KeyValue:
     """One key as read from the store; ``lease_id`` is None when no lease holds it."""
 
@@ -211,6 +222,16 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def current_revision(self) -> int:
         """The store's latest committed revision."""
+
+    @abc.abstractmethod
+    def status(self) -> StoreStatus:
+        """Revision, database size, version and raised alarms."""
+
+    @abc.abstractmethod
+    def compact(self, revision: int) -> None:
+        """Forget the history before ``revision`` (a watch from an older revision then
+        fails). At or below an earlier compaction: nothing to do; a revision not yet
+        written: StoreError."""
 
     @abc.abstractmethod
     def close(self) -> None:

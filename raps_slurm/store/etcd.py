@@ -43,6 +43,7 @@ from raps_slurm.store.base import (
     Lease,
     Put,
     StateStore,
+    StoreStatus,
     TxnOp,
     Watch,
     WatchEvent,
@@ -380,6 +381,27 @@ class EtcdStore(StateStore):
     def current_revision(self) -> int:
         # status needs no key permission, unlike a range read
         return _revision(self._call("/maintenance/status", {}))
+
+    def status(self) -> StoreStatus:
+        st = self._call("/maintenance/status", {})
+        try:
+            raised = self._call("/maintenance/alarm", {"action": "GET"}).get("alarms") or []
+        except StoreError:  # alarms need more rights than status; size still says a lot
+            raised = []
+        alarms = tuple(sorted({str(a.get("alarm", "?")) for a in raised if isinstance(a, dict)}))
+        size = int(st.get("dbSize", 0))
+        return StoreStatus(_revision(st), size, int(st.get("dbSizeInUse", size)),
+                           str(st.get("version", "")), alarms)
+
+    def compact(self, revision: int) -> None:
+        if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
+            raise ValueError(f"revision must be a positive integer, got {revision!r}")
+        try:
+            self._call("/kv/compaction", {"revision": revision})
+        except StoreError as exc:
+            if "has been compacted" in str(exc):
+                return  # compacted there or later already: what was asked holds
+            raise
 
     def close(self) -> None:
         self._closed = True

@@ -22,6 +22,7 @@ from raps_slurm.store.base import (
     Lease,
     Put,
     StateStore,
+    StoreStatus,
     TxnOp,
     Watch,
     WatchEvent,
@@ -286,15 +287,23 @@ class MemoryStore(StateStore):
             return self._revision
 
     def compact(self, revision: int) -> None:
-        """Forget the history before ``revision``, like ``etcdctl compact``.
-
-        Not part of StateStore: for tests of watch recovery after compaction.
-        """
         with self._cond:
             self._enter()
-            if not 1 <= revision <= self._revision:
-                raise ValueError(f"revision must be in 1..{self._revision}, got {revision}")
+            if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:
+                raise ValueError(f"revision must be a positive integer, got {revision!r}")
+            if revision > self._revision:
+                raise StoreError(f"memory: compaction at {revision}: required revision is a "
+                                 f"future revision (latest {self._revision})")
+            if revision <= self._floor:
+                return
             self._trim(bisect.bisect_left(self._history_revs, revision), revision)
+
+    def status(self) -> StoreStatus:
+        with self._cond:
+            self._enter()
+            live = sum(len(k) + len(e.value) for k, e in self._data.items())
+            history = sum(len(ev.key) + len(ev.value) for ev in self._history)
+            return StoreStatus(self._revision, live + history, live, "memory")
 
     def close(self) -> None:
         with self._cond:

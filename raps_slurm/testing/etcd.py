@@ -95,8 +95,10 @@ class EtcdServer:
     With ``tls`` it serves https and demands a client certificate signed by the CA."""
 
     def __init__(self, binary: str | None = None, *, startup_timeout: float = 20.0,
-                 extra_args: tuple[str, ...] = (), tls: TlsFiles | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), tls: TlsFiles | None = None,
+                 tmp_root: str | None = None) -> None:
         self._binary = find_etcd(binary)
+        self._tmp_root = tmp_root  # where its data dir goes (e.g. /dev/shm: no disk fsync)
         self._startup_timeout = startup_timeout
         self.tls = tls
         self._extra_args = extra_args + (() if tls is None else (
@@ -143,7 +145,7 @@ class EtcdServer:
         raise ClusterError("etcd did not start:\n" + "\n---\n".join(errors))
 
     def _start_once(self) -> None:
-        self._tmp = Path(tempfile.mkdtemp(prefix="raps-etcd-"))
+        self._tmp = Path(tempfile.mkdtemp(prefix="raps-etcd-", dir=self._tmp_root))
         self.client_port, self.peer_port = free_port(), free_port()
         while self.peer_port == self.client_port:
             self.peer_port = free_port()

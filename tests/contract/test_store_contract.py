@@ -380,11 +380,8 @@ def test_watch_from_compacted_revision_raises(backend: Backend) -> None:
     s, k = backend.store, backend.key("compact")
     first = s.put(k, b"1")
     last = s.put(k, b"2")
-    if isinstance(s, MemoryStore):
-        s.compact(last)
-    else:
-        assert backend.server is not None
-        backend.server.etcdctl("compact", str(last))
+    s.compact(last)
+    s.compact(first)  # below the last compaction: nothing to do, no error
     with pytest.raises(StoreError):
         w = s.watch_prefix(backend.key(""), start_revision=first)
         w.next(2.0)  # etcd reports compaction on the stream, after creation
@@ -392,6 +389,26 @@ def test_watch_from_compacted_revision_raises(backend: Backend) -> None:
     with s.watch_prefix(backend.prefix, start_revision=last) as w:
         ev = w.next(2.0)
         assert ev is not None and ev.mod_revision == last
+
+
+def test_compact_a_future_revision_is_refused(backend: Backend) -> None:
+    s = backend.store
+    now = s.put(backend.key("future"), b"x")
+    with pytest.raises(StoreError, match="future revision"):
+        s.compact(now + 1000)
+    with pytest.raises(ValueError):
+        s.compact(0)
+
+
+def test_status_reports_revision_and_size(backend: Backend) -> None:
+    s = backend.store
+    before = s.status()
+    for i in range(20):
+        s.put(backend.key(f"size/{i}"), b"v" * 4096)
+    after = s.status()
+    assert after.revision == s.current_revision() >= before.revision + 20
+    assert after.db_size >= after.db_size_in_use > 0
+    assert after.version and after.alarms == ()
 
 
 # -- etcd only: failures, failover, auth ----------------------------------------

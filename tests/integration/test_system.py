@@ -123,3 +123,15 @@ def applied(store: tuple[StateStore, Keys]) -> dict[str, int]:
     s, keys = store
     return {keys.split(kv.key)[1]: json.loads(kv.value)["applied"]
             for kv in s.get_prefix(keys.weights_prefix())}
+
+
+def test_show_status_reports_etcd_size_and_records(
+        cluster: LocalCluster, rapsctl: Rapsctl, weighing: CoordinatorProcess) -> None:
+    out = wait_until("every agent registered in show status",
+                     lambda: json.loads(rapsctl("show", "status", "--json").stdout),
+                     lambda o: o["nodes_registered"] == len(cluster.node_names), timeout=20)
+    assert out["leader"] == "weights" and out["alarms"] == []
+    assert out["db_size_bytes"] >= out["db_in_use_bytes"] > 0
+    assert 0 < out["quota_used"] < 0.8 and out["etcd_version"].startswith("3.")
+    text = rapsctl("show", "status").stdout
+    assert "MiB quota" in text and "coordinator leader: weights" in text
