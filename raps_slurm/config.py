@@ -127,6 +127,12 @@ class SystemConfig:
     weight_levels: int = _f(10, "steps the score is cut into for weights", 1, 1000)
     weight_reconcile_sec: float = _f(30.0, "compare Slurm's node weights with the scores "
                                      "this often (reconfigure resets them)", 0.2, 86400)
+    boost_extra_replicas: int = _f(1, "extra checkpoint mirrors for ranks in a rack scoring "
+                                   "below boost_below_score (0 = no boost)", 0, 4)
+    boost_below_score: float = _f(0.5, "a rack scoring below this boosts its ranks' copies",
+                                  0.0, 1.0)
+    boost_recover_score: float = _f(0.8, "the extra copies go when the rack scores this again",
+                                    0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -308,6 +314,10 @@ def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
 
 def _check_pairs(cfg: Config, errors: list[str]) -> None:
     """Cross-key rules that a single range cannot express."""
+    sy = cfg.system
+    if sy.boost_recover_score < sy.boost_below_score:
+        errors.append(f"system.boost_recover_score: {sy.boost_recover_score:g} must be at least "
+                      f"system.boost_below_score = {sy.boost_below_score:g}")
     d = cfg.detection
     window = d.miss_threshold * d.kernel_heartbeat_interval_sec
     if d.lease_duration_sec <= window:

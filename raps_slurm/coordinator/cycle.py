@@ -58,6 +58,7 @@ class JobView:
     ckpts: dict[int, list[CkptRecord]] = field(default_factory=dict)
     escalation: KeyValue | None = None
     hung: dict[int, float] = field(default_factory=dict)  # rank -> time of its HUNG verdict
+    hung_last: dict[int, float] = field(default_factory=dict)  # rank -> its last heartbeat then
 
 
 @dataclass
@@ -164,6 +165,9 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
                     v = json.loads(kv.value)
                     if v.get("kind") == "HUNG":
                         view.hung[int(parts[3])] = float(v["at"])
+                        last = (v.get("evidence") or {}).get("last_app_heartbeat_at")
+                        if isinstance(last, (int, float)):
+                            view.hung_last[int(parts[3])] = float(last)
             elif parts[2] == "ckpt" and len(parts) == 5:
                 rec = CkptRecord.from_json(kv.key, kv.value)
                 view.ckpts.setdefault(rec.rank, []).append(rec)

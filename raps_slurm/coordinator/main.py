@@ -152,7 +152,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                                     start_now=lambda job: slurm.start_now(int(job)))
     weights = Weights(cfg, store, keys, leadership, nodes=slurm.nodes,
                       topology=lambda: coordinator.topology,
-                      set_weight=lambda node, w: slurm.set_weight([node], w), background=True)
+                      set_weight=lambda node, w: slurm.set_weight([node], w), background=True,
+                      dead=dead_nodes)
     hygiene = Hygiene(cfg, store, leadership, metrics)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)

@@ -262,6 +262,14 @@ class Recovery:
             if entry.node in dead or any(p.active or p.epoch > entry.epoch for p in mine) or \
                     at <= max((p.created_at for p in mine), default=0.0):
                 continue
+            # A silence that began before this incarnation started (the run was requeued, or
+            # a plan relaunched the rank) says nothing about it: a rank whose step is slow
+            # to start is a launch matter (raps-run reports launch_failed), not a hang.
+            last = view.hung_last.get(rank)
+            began = max([view.record.registered_at,
+                         *(p.started_at or 0.0 for p in mine if p.epoch == entry.epoch)])
+            if last is not None and last < began:
+                continue
             size = max((r.total_size for r in view.ckpts.get(rank, [])), default=0)
             plan = planner.plan_hung_rank(job, RankSite(rank, entry.node, entry.epoch,
                                                         entry.spares),

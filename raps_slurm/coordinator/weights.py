@@ -15,18 +15,22 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from raps_slurm.config import Config
+from raps_slurm.coordinator.cycle import read_snapshot
 from raps_slurm.coordinator.election import Leadership
+from raps_slurm.core.boost import boost
 from raps_slurm.core.history import (
     FailureEvent,
     WeightRecord,
+    domain_health,
     expired,
     node_scores,
     reconcile,
 )
+from raps_slurm.core.jobs import group_to_json
 from raps_slurm.errors import NotLeader, RecordError, SlurmCommandError, StoreError
 from raps_slurm.model import NodeInfo, Topology
 from raps_slurm.store import Keys, StateStore
-from raps_slurm.store.base import Delete, Put
+from raps_slurm.store.base import Delete, Guard, Put, TxnOp
 
 log = logging.getLogger("raps.coordinator.weights")
 _OPS_PER_TXN = 64
@@ -73,10 +77,12 @@ class Weights:
                  set_weight: Callable[[str, int], None],
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic,
-                 background: bool = False) -> None:
+                 background: bool = False,
+                 dead: Callable[[], set[str]] = set) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         self._nodes, self._topology, self._set_weight = nodes, topology, set_weight
         self._clock, self._mono = clock, monotonic
+        self._dead = dead
         self._next = 0.0
         self._reported: set[str] = set()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights") \
@@ -112,6 +118,44 @@ class Weights:
         except StoreError as exc:
             return [f"weights: etcd error: {exc}"]
 
+    def _boost(self, events: list[FailureEvent], topo: Topology, now: float) -> list[str]:
+        """Extra checkpoint mirrors for the ranks of low-scoring racks (``core.boost``)."""
+        sy = self.cfg.system
+        racks = topo.racks()
+        rack_of = {n: r for r, nodes in sorted(racks.items()) for n in nodes}
+        scores = {d: h.score for d, h in domain_health(
+            events, racks, now, sy.history_window_h * 3600.0,
+            sy.score_half_life_h * 3600.0).items()}
+        dead = self._dead()
+        done = []
+        for job_id, view in sorted(read_snapshot(self.store, self.keys).jobs.items()):
+            m = view.rank_map
+            if view.record is None or view.record.state != "running" or m is None:
+                continue
+            groups = {r: g for r, (g, _) in view.groups.items()}
+            changes = boost(groups, m.replicas, rack_of, scores, [*m.nodes, *m.spares], dead,
+                            sy.boost_below_score, sy.boost_recover_score,
+                            sy.boost_extra_replicas)
+            items = sorted(changes.items())
+            for i in range(0, len(items), _OPS_PER_TXN // 2):
+                chunk = items[i:i + _OPS_PER_TXN // 2]
+                guards = [Guard(view.groups[r][1].key, view.groups[r][1].mod_revision)
+                          for r, _ in chunk]
+                ops: list[TxnOp] = [Put(view.groups[r][1].key, group_to_json(g))
+                                    for r, g in chunk]
+                if self.leadership.commit(guards, ops):
+                    for r, g in chunk:
+                        old = groups[r]
+                        what = ("extra mirror " + g.ckpt_mirrors[-1]
+                                if len(g.ckpt_mirrors) > len(old.ckpt_mirrors)
+                                else "extra mirror dropped")
+                        line = (f"job {job_id} rank {r}: {what} (rack "
+                                f"{rack_of.get(g.primary)} score "
+                                f"{scores.get(rack_of.get(g.primary, ''), 1.0):.2f})")
+                        log.warning("boost: %s", line)
+                        done.append(line)
+        return done
+
     def _pass(self) -> list[str]:
         sys_cfg = self.cfg.system
         now = self._clock()
@@ -131,10 +175,12 @@ class Weights:
         if old:
             done.append(f"history: {len(old)} event(s) older than "
                         f"{sys_cfg.history_window_h:g} h deleted")
-        if sys_cfg.weight_step == 0:
-            return done
         topo = self._topology()
         if topo is None:
+            return done
+        if sys_cfg.boost_extra_replicas:
+            done.extend(self._boost(events, topo, now))
+        if sys_cfg.weight_step == 0:
             return done
         try:
             infos = self._nodes()

@@ -109,14 +109,16 @@ def commit_state(copies_besides_primary: int, wanted: int) -> str:
 def replica_targets(group: BackupGroup | None, primary: str, wanted: int) -> list[str]:
     """Nodes that should hold copies besides ``primary``: the group's log backup, then its
     checkpoint mirrors (the group's own primary too when the rank now runs elsewhere),
-    at most ``wanted``."""
+    at most ``wanted``, or as many backups as the group lists when it lists more (a
+    replica boost added a mirror: ``core.boost``)."""
     if group is None or wanted <= 0:
         return []
     out: list[str] = []
     for node in (group.log_backup, *group.ckpt_mirrors, group.primary):
         if node and node != primary and node not in out:
             out.append(node)
-    return out[:wanted]
+    listed = sum(1 for b in (group.log_backup, *group.ckpt_mirrors) if b)
+    return out[:max(wanted, listed)]
 
 
 def needs_copy(record: CkptRecord, targets: Sequence[str], alive: _Coll[str]) -> list[str]:

@@ -118,6 +118,22 @@ class LocalCluster:
         """Start the cluster's etcd again on its data; wait until it answers."""
         self._run("etcd-start")
 
+    def submit_raps_run(self, program: list[str], sbatch: list[str],
+                        name: str = "heat") -> tuple[str, Path]:
+        """``sbatch --raps --no-kill`` a batch script that execs ``raps-run -- PROGRAM``
+        (this interpreter's); returns the job id and its output file."""
+        out = self.run_dir / "jobs"
+        out.mkdir(exist_ok=True)
+        out.chmod(0o777)  # the job may run as another user
+        script = out / f"{name}.sh"
+        script.write_text("#!/bin/bash\n"
+                          f"exec {Path(sys.executable).parent / 'raps-run'} -- "
+                          f"{' '.join(program)}\n")
+        job = CommandRunner(timeout=60, env=self.env).run(
+            ["sbatch", "--parsable", "-o", str(out / f"{name}-%j.out"), "--raps", "--no-kill",
+             *sbatch, str(script)]).strip().split(";")[0]
+        return job, out / f"{name}-{job}.out"
+
     @property
     def config_path(self) -> Path:
         """The RAPS config of this cluster (hooks, coordinators and rapsctl use it)."""

@@ -26,7 +26,6 @@ from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 HEAT = ["--steps", "240", "--every", "20", "--step-sec", "0.05"]
 
 
@@ -46,17 +45,10 @@ def reference(tmp: Path, ranks: int) -> str:
 def raps_job(cluster: LocalCluster, *sbatch: str) -> Iterator[tuple[str, Path]]:
     """A --raps job running heat_ring under raps-run; cancelled when the block ends."""
     run = CommandRunner(timeout=60, env=cluster.env)
-    out = cluster.run_dir / "jobs"
-    out.mkdir(exist_ok=True)
-    out.chmod(0o777)
-    script = out / "heat.sh"
-    script.write_text("#!/bin/bash\n"
-                      f"exec {BIN / 'raps-run'} -- {sys.executable} "
-                      f"{REPO / 'examples' / 'heat_ring.py'} {' '.join(HEAT)}\n")
-    job = run.run(["sbatch", "--parsable", "-o", str(out / "job-%j.out"), "--raps",
-                   "--no-kill", *sbatch, str(script)]).strip().split(";")[0]
+    job, out = cluster.submit_raps_run(
+        [sys.executable, str(REPO / "examples" / "heat_ring.py"), *HEAT], list(sbatch), "job")
     try:
-        yield job, out / f"job-{job}.out"
+        yield job, out
     finally:
         with contextlib.suppress(SlurmCommandError):
             run.run(["scancel", job])

@@ -4,16 +4,21 @@ than a reconcile pass, and an admin's weight is left alone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
+from raps_slurm.core.history import FailureEvent
+from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
@@ -22,6 +27,7 @@ if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
     from conftest import Rapsctl
 
 RECONCILE_SEC = 1.0
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -34,7 +40,8 @@ def weighing(cluster: LocalCluster, rapsctl: Rapsctl, store: tuple[StateStore, K
     s.delete_prefix(keys.weights_prefix())
     cfg = yaml.safe_load(cluster.config_path.read_text())
     cfg["system"] = {"weight_step": 100, "weight_levels": 10, "history_window_h": 1.0,
-                     "score_half_life_h": 1.0, "weight_reconcile_sec": RECONCILE_SEC}
+                     "score_half_life_h": 1.0, "weight_reconcile_sec": RECONCILE_SEC,
+                     "boost_extra_replicas": 1}
     path = tmp_path / "raps-weights.yaml"
     path.write_text(yaml.safe_dump(cfg))
     path.chmod(0o644)
@@ -135,3 +142,67 @@ def test_show_status_reports_etcd_size_and_records(
     assert 0 < out["quota_used"] < 0.8 and out["etcd_version"].startswith("3.")
     text = rapsctl("show", "status").stdout
     assert "MiB quota" in text and "coordinator leader: weights" in text
+
+
+HEAT = ["--steps", "2400", "--every", "20", "--step-sec", "0.05"]  # two minutes at most
+
+
+def test_a_failing_racks_ranks_get_a_third_copy_until_it_heals(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Rapsctl,
+        weighing: CoordinatorProcess) -> None:
+    s, keys = store
+    run = CommandRunner(timeout=60, env=cluster.env)
+    job, _ = cluster.submit_raps_run(
+        [sys.executable, str(REPO / "examples" / "heat_ring.py"), *HEAT],
+        ["-N6", "--raps-spares=2"], "boost")
+    injected: list[str] = []
+    try:
+        data = wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),
+                          lambda d: d is not None and d["state"] == "mapped", 60)
+        rank = data["ranks"][0]
+        racks = cluster.slurm().topology().racks()
+        rack_of = {n: r for r, nodes in racks.items() for n in nodes}
+        flaky = rack_of[rank["node"]]
+        wait_until(f"a committed checkpoint of rank {rank['rank']}",
+                   lambda: newest(store, job, rank["rank"]),
+                   lambda rec: rec is not None and rec["state"] == "committed", 60)
+        # Two failures injected into the rack's history: score 1/3, below 0.5.
+        for i, node in enumerate(sorted(racks[flaky])):
+            e = FailureEvent("DEAD", node, time.time() - i, "injected by the test")
+            key = keys.history_event(node, e.event_id())
+            s.put(key, e.to_json())
+            injected.append(key)
+        rows = wait_until("an extra mirror for the flaky rack's ranks",
+                          lambda: groups(rapsctl, job),
+                          lambda g: len(g[rank["rank"]]["ckpt_mirrors"]) == 2, 20)
+        g = rows[rank["rank"]]
+        extra = g["ckpt_mirrors"][-1]
+        assert rack_of[extra] != flaky and extra not in (g["primary"], g["log_backup"],
+                                                         g["ckpt_mirrors"][0]), g
+        for row in rows.values():  # ranks of healthy racks keep two copies
+            if rack_of[row["primary"]] != flaky:
+                assert len(row["ckpt_mirrors"]) == 1, rows
+        # The agents copy the newest generation to it.
+        wait_until(f"a generation held on {extra}", lambda: newest(store, job, rank["rank"]),
+                   lambda rec: rec is not None and extra in rec["holders"], 30)
+        # The rack heals (its failures leave the window): the copy goes.
+        for key in injected:
+            s.delete(key)
+        wait_until("the extra mirror dropped", lambda: groups(rapsctl, job),
+                   lambda g: len(g[rank["rank"]]["ckpt_mirrors"]) == 1, 20)
+        assert "extra mirror dropped" in weighing.log()
+    finally:
+        for key in injected:
+            s.delete(key)
+        with contextlib.suppress(SlurmCommandError):
+            run.run(["scancel", job])
+
+
+def groups(rapsctl: Rapsctl, job: str) -> dict[int, dict[str, Any]]:
+    return {r["rank"]: r for r in json.loads(rapsctl("show", "groups", job, "--json").stdout)}
+
+
+def newest(store: tuple[StateStore, Keys], job: str, rank: int) -> dict[str, Any] | None:
+    s, keys = store
+    recs = [json.loads(kv.value) for kv in s.get_prefix(keys.ckpt_prefix(job, rank))]
+    return max(recs, key=lambda r: r["generation"]) if recs else None

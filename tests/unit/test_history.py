@@ -193,3 +193,36 @@ def test_malformed_history_is_skipped_not_deleted(world: World) -> None:
     world.weights.step()
     assert world.slurm.weights["n1"] > 1
     assert world.store.get(bad_key) is not None
+
+
+def test_boost_pass_adds_and_drops_a_mirror(world: World) -> None:
+    from raps_slurm.core.jobs import JobRecord, JobSpec, RankMap, group_from_json, group_to_json
+    from raps_slurm.model import BackupGroup
+
+    nodes = ("n1", "n3", "n5")
+    world.store.put(world.keys.job("7"), JobRecord("7", 0, 0, (*nodes, "n2", "n4"),
+                                                   JobSpec(spares=2)).to_json())
+    world.store.put(world.keys.job_map("7"),
+                    RankMap("7", 0, nodes, ("n2", "n4"), 2).to_json())
+    # rank 0's group uses racks r1 and r2 only: r3 (n5), a rack it does not use, is preferred
+    groups = {0: BackupGroup(0, "n1", "n3", ("n4",)), 1: BackupGroup(1, "n3", "n5", ("n1",)),
+              2: BackupGroup(2, "n5", "n1", ("n3",))}
+    for r, g in groups.items():
+        world.store.put(world.keys.job_group("7", r), group_to_json(g))
+
+    def read(rank: int) -> BackupGroup:
+        kv = world.store.get(world.keys.job_group("7", rank))
+        assert kv is not None
+        return group_from_json(kv.key, kv.value, rank)
+
+    for node in ("n1", "n2"):  # two failures in rack r1: score 1/3
+        record_event(world.lead, world.keys, ev("DEAD", node, world.clock()))
+    lines = world.weights.step()
+    assert "job 7 rank 0: extra mirror n5 (rack r1 score 0.33)" in lines, lines
+    assert read(0).ckpt_mirrors == ("n4", "n5")
+    assert read(1) == groups[1] and read(2) == groups[2]
+    world.store.delete_prefix(world.keys.history_prefix())  # the failures leave the window
+    later(world, 6)
+    lines = world.weights.step()
+    assert any("job 7 rank 0: extra mirror dropped" in line for line in lines), lines
+    assert read(0) == groups[0]

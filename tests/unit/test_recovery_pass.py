@@ -164,6 +164,23 @@ def test_hung_rank_relaunched_in_place_once_per_verdict(world: World) -> None:
     assert world.plans() == {"7-1-2": "done"}  # the old verdict makes no second plan
 
 
+def test_a_silence_from_before_this_run_is_no_hang(world: World) -> None:
+    """The job was requeued: a HUNG verdict whose silence began in the earlier run (the new
+    step is slow to start) relaunches nothing; one whose silence began in this run does."""
+    c = world.coordinator("c1")
+    step(c, world)
+    kv = world.store.get(world.keys.job("7"))
+    assert kv is not None
+    registered = JobRecord.from_json(kv.key, kv.value).registered_at
+    for rank, last in ((1, registered - 5.0), (2, registered + 1.0)):
+        verdict = {"kind": "HUNG", "node": "n3", "job": "7", "rank": rank,
+                   "at": world.clock() + 10, "evidence": {"last_app_heartbeat_at": last}}
+        world.store.put(world.keys.job_rank_verdict("7", rank), json.dumps(verdict).encode())
+    world.clock.advance(10)
+    step(c, world, 3)
+    assert set(world.plans()) == {"7-2-2"}
+
+
 def test_a_target_that_dies_is_replaced(world: World) -> None:
     c = world.coordinator("c1")
     step(c, world)
