@@ -39,8 +39,8 @@ from raps_slurm.store import Keys, StateStore
 
 log = logging.getLogger("raps.agent")
 
-_PHASE: Check = (lambda v: v in ("launched", "launch_failed", "running"),
-                 "'launched', 'launch_failed' or 'running'")
+_PHASE: Check = (lambda v: v in ("launched", "launch_failed", "running", "checkpointed"),
+                 "'launched', 'launch_failed', 'running' or 'checkpointed'")
 _DETAIL: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 4096,
                   "an object of at most 4 KiB")
 
@@ -130,7 +130,8 @@ class RecoveryOps:
                 continue
             if p.job == job:
                 out.append({"plan_id": p.plan_id, "run": p.run, "rank": p.rank,
-                            "target": p.target, "epoch": p.epoch, "state": p.state})
+                            "target": p.target, "epoch": p.epoch, "state": p.state,
+                            "planned": p.planned})
         escalated = None
         ekv = self.store.get(self.keys.job_escalation(job))
         if ekv is not None:
@@ -146,7 +147,7 @@ class RecoveryOps:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         epoch, phase = typing.cast(int, f["epoch"]), typing.cast(str, f["phase"])
-        if phase in ("launched", "launch_failed"):
+        if phase in ("launched", "launch_failed", "checkpointed"):
             require_owner(self._owner_of, peer, job)
         else:
             registered = registered_epoch(self.ranks, peer, job, rank)

@@ -91,6 +91,7 @@ class DeadNodes:
         self._at = -1e18
         self._dead: set[str] = set()
         self.unhealthy: set[str] = set()
+        self.draining: dict[str, str] = {}  # node -> reason: health verdict at DRAIN, alive
         self.dead_at: dict[str, float] = {}
         self.registered: set[str] | None = None  # None until read: no agent known yet
 
@@ -106,6 +107,7 @@ class DeadNodes:
             registered: dict[str, int] = {}  # node -> create revision of its registration
             verdict: dict[str, int] = {}  # node -> revision of its DEAD verdict
             unhealthy: set[str] = set()
+            draining: dict[str, str] = {}
             dead_at: dict[str, float] = {}
             for kv in self.store.get_prefix(prefix):
                 rest = kv.key[len(prefix):]
@@ -123,11 +125,15 @@ class DeadNodes:
                                 else leaf == "health-verdict" and value.get("level") in _UNHEALTHY)
                         if sick:
                             unhealthy.add(node)
+                        if leaf == "health-verdict" and value.get("level") == "DRAIN":
+                            draining[node] = str(value.get("reason") or "health").removeprefix(
+                                "raps: ")
                 except (ValueError, AttributeError, TypeError):
                     continue
             self._dead = dead_nodes(registered, verdict)
             self.registered = set(registered) - self._dead
             self.unhealthy = unhealthy
+            self.draining = {n: r for n, r in draining.items() if n not in self._dead}
             self.dead_at = {n: t for n, t in dead_at.items() if n in self._dead}
         return set(self._dead)
 
@@ -267,7 +273,8 @@ class Coordinator:
                                            set(getattr(self._dead_nodes, "unhealthy", ())),
                                            dict(getattr(self._dead_nodes, "dead_at", {})),
                                            self._topology,
-                                           getattr(self._dead_nodes, "registered", None)))
+                                           getattr(self._dead_nodes, "registered", None),
+                                           dict(getattr(self._dead_nodes, "draining", {}))))
         done.extend(self._purge(snap))
         return f"leader: {len(records)} jobs" + "".join(f"; {d}" for d in done if d)
 

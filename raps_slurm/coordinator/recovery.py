@@ -89,7 +89,8 @@ class Recovery:
 
     def step(self, jobs: dict[str, JobView], dead: set[str], unhealthy: set[str],
              dead_at: dict[str, float], topology: Topology | None,
-             registered: set[str] | None = None) -> list[str]:
+             registered: set[str] | None = None,
+             draining: dict[str, str] | None = None) -> list[str]:
         """One pass over every running job; returns what it did (for the cycle status).
 
         ``registered``: nodes whose agent holds a live registration (None: not known);
@@ -127,6 +128,9 @@ class Recovery:
             if dead and topology is not None:
                 done.extend(self._plan(job, view, plans, book, dead, unhealthy, dead_at,
                                        topology, now))
+            if draining and topology is not None:
+                done.extend(self._plan_moves(job, view, book.of_job(job, rec.restart_count),
+                                             book, draining, dead, unhealthy, topology, now))
             if view.hung:
                 done.extend(self._plan_hung(job, view, book.of_job(job, rec.restart_count),
                                             book, dead, now))
@@ -247,6 +251,40 @@ class Recovery:
                 taken.add(plan.target)
         return out
 
+    def _plan_moves(self, job: str, view: JobView, plans: list[Plan], book: PlanBook,
+                    draining: dict[str, str], dead: set[str], unhealthy: set[str],
+                    topology: Topology, now: float) -> list[str]:
+        """Ranks on a live node drained for health: ``planned`` plans to spares (raps-run
+        has them checkpoint and stop first; ``_start`` waits for that)."""
+        assert view.record is not None
+        run = view.record.restart_count
+        busy = {p.rank for p in plans if p.active or p.epoch > view.epochs.get(p.rank, 0)}
+        sites = [RankSite(e.rank, e.node, e.epoch, e.spares)
+                 for e, _ in view.entries.values()
+                 if e.node in draining and e.node not in dead and e.rank not in busy]
+        if not sites:
+            return []
+        holders = {rank: tuple(max(recs, key=lambda r: r.generation).holders)
+                   for rank, recs in view.ckpts.items() if recs}
+        racks = {name: set(nodes) for name, nodes in topology.racks().items()}
+        taken = planner.taken_spares(plans, job, run)
+        out = []
+        for node in sorted({s.node for s in sites}):
+            for plan in planner.plan_migration(
+                    job, node, draining[node], sites, dead=dead, unhealthy=unhealthy,
+                    taken=taken, racks=racks,
+                    prefer_original_rack=self.cfg.recovery.prefer_original_rack,
+                    holders=holders, sizes={}, now=now, run=run):
+                key = self.keys.plan(plan.plan_id)
+                if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
+                    log.warning("plan %s: rank %d of job %s moves off %s (drained: %s) to %s",
+                                plan.plan_id, plan.rank, job, node, draining[node],
+                                plan.target)
+                    out.append(f"plan {plan.plan_id} queued (planned)")
+                    book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
+                taken.add(plan.target)
+        return out
+
     def _plan_hung(self, job: str, view: JobView, plans: list[Plan], book: PlanBook,
                    dead: set[str], now: float) -> list[str]:
         """A rank HUNG on a live node: relaunched there from its checkpoint (raps-run kills
@@ -330,7 +368,9 @@ class Recovery:
     # -- starting queued plans -----------------------------------------------------
 
     def _start(self, book: PlanBook, views: dict[str, JobView], now: float) -> list[str]:
-        every = [p for p, _ in book.plans.values()]
+        wait = min(self.cfg.checkpoint.interval_sec, self.cfg.recovery.recovery_timeout_sec / 2)
+        every = [p for p, _ in book.plans.values()
+                 if planner.migration_ready(p, book.events.get(p.plan_id, {}), now, wait)]
         out = []
         for plan in planner.to_start(every, self.cfg.recovery.max_concurrent_recoveries):
             view = views.get(plan.job)

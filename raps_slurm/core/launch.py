@@ -90,6 +90,23 @@ def relaunches(current: Mapping[int, Incarnation], plans: Iterable[Mapping[str, 
     return [best[r] for r in sorted(best)]
 
 
+def moves_to_prepare(current: Mapping[int, Incarnation], plans: Iterable[Mapping[str, object]],
+                     run: int, asked: Iterable[int]) -> list[tuple[int, int]]:
+    """(rank, plan epoch) of queued ``planned`` moves whose rank runs the epoch before, is
+    alive and was not asked yet: raps-run has it checkpoint and stop (SIGUSR1)."""
+    done = set(asked)
+    out = []
+    for p in plans:
+        if p.get("run") != run or p.get("state") != "queued" or not p.get("planned"):
+            continue
+        rank, epoch = int(p["rank"]), int(p["epoch"])  # type: ignore[call-overload]
+        now = current.get(rank)
+        if now is None or now.exit_code is not None or now.epoch != epoch - 1 or rank in done:
+            continue
+        out.append((rank, epoch))
+    return sorted(out)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """``done``: every rank finished 0; ``failed``: a rank failed and no recovery came

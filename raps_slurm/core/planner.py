@@ -66,6 +66,7 @@ class Plan:
     note: str = ""
     run: int = 0  # the job run (Slurm restart count) the plan belongs to
     detected_at: float | None = None  # when the fault verdict was given
+    planned: bool = False  # a move off a live node drained for health (not a failure)
 
     @property
     def active(self) -> bool:
@@ -80,7 +81,7 @@ class Plan:
                      "state": self.state, "created_at": self.created_at,
                      "started_at": self.started_at, "restored_at": self.restored_at,
                      "finished_at": self.finished_at, "note": self.note, "run": self.run,
-                     "detected_at": self.detected_at})
+                     "detected_at": self.detected_at, "planned": self.planned})
 
     @classmethod
     def from_json(cls, key: str, raw: bytes) -> Plan:
@@ -92,6 +93,11 @@ class Plan:
                    r.num("created_at"), r.opt_num("started_at"), r.opt_num("restored_at"),
                    r.opt_num("finished_at"), r.text("note", empty=True), r.integer("run"),
                    r.opt_num("detected_at"))
+        planned = r.data.get("planned", False)
+        if not isinstance(planned, bool):
+            raise RecordError(f"{key}: field 'planned': expected true or false, "
+                              f"got {planned!r:.40}")
+        plan = replace(plan, planned=planned)
         if not plan.job.isdigit():
             raise RecordError(f"{key}: field 'job': expected a job id, got {plan.job!r:.40}")
         return plan
@@ -161,6 +167,40 @@ def plan_dead_node(job: str, node: str, sites: Iterable[RankSite], *, batch_host
     return plans
 
 
+def plan_migration(job: str, node: str, why: str, sites: Iterable[RankSite], *,
+                   dead: Collection[str], unhealthy: Collection[str], taken: Collection[str],
+                   racks: Mapping[str, Collection[str]], prefer_original_rack: bool,
+                   holders: Mapping[int, Collection[str]], sizes: Mapping[int, int],
+                   now: float, run: int = 0) -> list[Plan]:
+    """``planned`` plans moving ``job``'s ranks off ``node``, alive but drained for health
+    (``why``), to spares chosen as for a dead node. Never an escalation: a rank with no
+    usable spare stays where it is (its node still works); the batch script stays too."""
+    plans: list[Plan] = []
+    claimed = set(taken)
+    for site in sorted(sites, key=lambda s: s.rank):
+        if site.node != node:
+            continue
+        target = choose_target(site, dead=dead, unhealthy=set(unhealthy) | {node},
+                               taken=claimed, racks=racks,
+                               prefer_original_rack=prefer_original_rack,
+                               holders=holders.get(site.rank, ()))
+        if target is None:
+            continue
+        claimed.add(target)
+        plans.append(Plan(plan_id(job, site.rank, site.epoch + 1), job, site.rank, node, target,
+                          site.epoch + 1, f"planned: {node} drained: {why}",
+                          sizes.get(site.rank, 0), created_at=now, run=run, planned=True))
+    return plans
+
+
+def migration_ready(plan: Plan, events: Mapping[str, PlanEvent], now: float,
+                    wait: float) -> bool:
+    """A planned plan starts once raps-run reported the rank ``checkpointed`` (it saved and
+    stopped), or ``wait`` seconds after it was made (the rank then restores its newest
+    earlier checkpoint and replays, as after a crash)."""
+    return not plan.planned or CHECKPOINTED in events or now - plan.created_at >= wait
+
+
 def plan_hung_rank(job: str, site: RankSite, size: int, now: float, run: int = 0,
                    detected_at: float | None = None) -> Plan:
     """A HUNG rank: relaunched on its own node from its checkpoint."""
@@ -206,6 +246,7 @@ def advance(plan: Plan, state: str, now: float, note: str = "") -> Plan:
 # start it there: slurmd down, node refusing steps).
 PHASES = ("launched", "restored", "running")
 LAUNCH_FAILED = "launch_failed"
+CHECKPOINTED = "checkpointed"  # a planned move's rank saved its state and stopped
 MAX_LAUNCH_FAILURES = 2  # per rank and job run; then the job escalates
 
 
@@ -234,7 +275,8 @@ class PlanEvent:
     def from_json(cls, key: str, raw: bytes) -> PlanEvent:
         """Decode; RecordError naming the key and the field if malformed."""
         r = Reader(key, raw)
-        return cls(r.text("plan_id"), r.choice("phase", (*PHASES, LAUNCH_FAILED)), r.num("at"),
+        return cls(r.text("plan_id"), r.choice("phase", (*PHASES, LAUNCH_FAILED, CHECKPOINTED)),
+                   r.num("at"),
                    r.text("node"), r.obj("detail"))
 
 
@@ -279,6 +321,10 @@ def timeline(plan: Plan, events: Mapping[str, PlanEvent]) -> list[tuple[str, flo
         rows.append(("fault verdict", plan.detected_at, plan.reason))
     rows.append(("plan", plan.created_at,
                  f"rank {plan.rank}: {plan.source} -> {plan.target}, epoch {plan.epoch}"))
+    ck = events.get(CHECKPOINTED)
+    if ck is not None:
+        rows.append((CHECKPOINTED, ck.at, f"generation {ck.detail.get('generation', '?')} saved "
+                                          f"on {plan.source} before the move"))
     if plan.started_at is not None:
         rows.append(("start", plan.started_at, "rank entry moved to the target"))
     for phase in PHASES:

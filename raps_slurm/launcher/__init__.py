@@ -36,6 +36,7 @@ from raps_slurm.core.launch import (
     FENCED_EXIT,
     PREEMPTED_EXIT,
     Incarnation,
+    moves_to_prepare,
     outcome,
     relaunches,
     split_command,
@@ -70,6 +71,7 @@ class Launcher:
         self.preempt_exit_at: float | None = None  # when the first rank stopped after USR1
         self.from_plan: dict[tuple[int, int], str] = {}  # (rank, epoch) -> plan that started it
         self.plan_state: dict[str, str] = {}  # as the agent last reported
+        self.moving: dict[int, int] = {}  # rank -> epoch of its planned move (asked to stop)
         # A rank that failed on a node the detector still calls alive gets this long for
         # a verdict and a plan before raps-run gives up on the job.
         self.grace = 3 * cfg.detection.lease_duration_sec + 2 * cfg.coordinator.cycle_interval_sec
@@ -119,6 +121,11 @@ class Launcher:
             self.current[rank] = Incarnation(rank, inc.node, epoch, code, time.monotonic())
             if code == 0:
                 say(f"rank {rank} epoch {epoch} finished")
+            elif code == PREEMPTED_EXIT and rank in self.moving and not self.preempted:
+                say(f"rank {rank} epoch {epoch} checkpointed and stopped for its move")
+                with contextlib.suppress(AgentError):
+                    self._ask("recovery_event", rank=rank, epoch=self.moving[rank],
+                              phase="checkpointed", detail={"node": inc.node})
             elif code == PREEMPTED_EXIT and self.preempted:
                 say(f"rank {rank} epoch {epoch} checkpointed after SIGUSR1 and stopped")
                 self.preempt_exit_at = self.preempt_exit_at or time.monotonic()
@@ -142,6 +149,17 @@ class Launcher:
         if reply.get("escalated") == self.run:
             return False
         self.plan_state = {str(p["plan_id"]): str(p["state"]) for p in reply.get("plans") or []}
+        for rank, epoch in moves_to_prepare(self.current, reply.get("plans") or [], self.run,
+                                            self.moving):
+            proc = self.procs.get((rank, epoch - 1))
+            if proc is not None and proc.poll() is None:
+                # The rank saves at its next checkpoint_due() and exits; then the leader
+                # starts the move and the rank restores that state on the spare.
+                say(f"rank {rank} moves off {self.current[rank].node} (drained for health): "
+                    "checkpoint now")
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGUSR1)
+                self.moving[rank] = epoch
         todo = relaunches(self.current, reply.get("plans") or [], self.run)
         if not todo:
             return True

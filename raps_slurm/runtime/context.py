@@ -281,7 +281,8 @@ class Context:
             self.port.log_trim(dict(self.log.floors))
         if self.preempted:
             log.warning("rank %d: checkpointed generation %d after SIGUSR1; exiting %d so "
-                        "the job can be requeued", self.rank, gen, PREEMPTED_EXIT)
+                        "the job can be requeued (or this rank moved)", self.rank, gen,
+                        PREEMPTED_EXIT)
             with contextlib.suppress(Exception):
                 self._flush()
             with contextlib.suppress(Exception):

@@ -65,3 +65,19 @@ def test_a_rank_that_stopped_as_fenced_is_waited_for_longer() -> None:
     o = outcome(fenced, 65.0, 6.0, fenced_grace=60.0)
     assert o.failed and o.exit_code == FENCED_EXIT
     assert outcome(fenced, 20.0, 6.0).failed  # without a longer grace: the usual one
+
+
+def test_planned_moves_ask_the_running_rank_once() -> None:
+    from raps_slurm.core.launch import Incarnation, moves_to_prepare
+
+    current = {0: Incarnation(0, "n1", 1), 1: Incarnation(1, "n3", 1),
+               2: Incarnation(2, "n5", 1, exit_code=85, exited_at=1.0)}
+    plans = [{"plan_id": "7-0-2", "run": 0, "rank": 0, "epoch": 2, "state": "queued",
+              "planned": True},
+             {"plan_id": "7-1-2", "run": 0, "rank": 1, "epoch": 2, "state": "queued"},
+             {"plan_id": "7-2-2", "run": 0, "rank": 2, "epoch": 2, "state": "queued",
+              "planned": True},
+             {"plan_id": "7-0-9", "run": 1, "rank": 0, "epoch": 9, "state": "queued",
+              "planned": True}]
+    assert moves_to_prepare(current, plans, 0, ()) == [(0, 2)]
+    assert moves_to_prepare(current, plans, 0, [0]) == []

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from raps_slurm.core.planner import (
     Escalation,
     Plan,
+    PlanEvent,
     RankSite,
     advance,
     choose_target,
@@ -145,3 +149,36 @@ def test_a_failed_launch_fails_the_plan_only_before_the_restore() -> None:
     assert got.state == "failed" and "ended with 1 before it restored" in got.note
     restored = PlanEvent("7-2-2", "restored", 2.5, "n4", {})
     assert follow_events(p, {"launch_failed": failed, "restored": restored}).state == "restored"
+
+
+def test_a_drained_nodes_ranks_get_planned_moves_and_no_escalation() -> None:
+    from raps_slurm.core.planner import migration_ready, plan_migration
+
+    sites = [RankSite(0, "n1", 1, ("n5", "n6")), RankSite(1, "n1", 1, ("n6", "n5")),
+             RankSite(2, "n3", 1, ("n5", "n6"))]
+    racks = {"r1": {"n1", "n2"}, "r2": {"n3", "n4"}, "r3": {"n5", "n6"}}
+    plans = plan_migration("7", "n1", "nvme0 temp 72C > 70C", sites, dead=(), unhealthy=(),
+                           taken=(), racks=racks, prefer_original_rack=False, holders={},
+                           sizes={}, now=10.0)
+    assert [(p.rank, p.target, p.epoch, p.planned) for p in plans] == [
+        (0, "n5", 2, True), (1, "n6", 2, True)]
+    assert plans[0].reason == "planned: n1 drained: nvme0 temp 72C > 70C"
+    assert Plan.from_json("k", plans[0].to_json()) == plans[0]
+    # no usable spare: nothing planned, and no escalation either (the node still works)
+    assert plan_migration("7", "n1", "hot", sites, dead={"n5", "n6"}, unhealthy=(), taken=(),
+                          racks=racks, prefer_original_rack=False, holders={}, sizes={},
+                          now=10.0) == []
+    ready = PlanEvent(plans[0].plan_id, "checkpointed", 11.0, "n2", {})
+    assert not migration_ready(plans[0], {}, 12.0, 5.0)
+    assert migration_ready(plans[0], {"checkpointed": ready}, 12.0, 5.0)
+    assert migration_ready(plans[0], {}, 15.0, 5.0)          # waited long enough
+    assert migration_ready(replace(plans[0], planned=False), {}, 10.0, 5.0)
+
+
+def test_planned_field_is_checked() -> None:
+    raw = json.loads(Plan("7-0-2", "7", 0, "n1", "n5", 2, "x", 0).to_json())
+    raw["planned"] = "yes"
+    with pytest.raises(RecordError, match="planned"):
+        Plan.from_json("k", json.dumps(raw).encode())
+    del raw["planned"]  # written before the field existed
+    assert Plan.from_json("k", json.dumps(raw).encode()).planned is False

@@ -86,7 +86,7 @@ def test_phase_reports(agent: Agent) -> None:
     assert kv is not None and json.loads(kv.value)["node"] == "n2"
     # the agent writes "restored" itself; a client may not
     bad = agent.ask(OWNER, **event, phase="restored")
-    assert bad["ok"] is False and "'launched', 'launch_failed' or 'running'" in str(bad["error"])
+    assert bad["ok"] is False and "'launched', 'launch_failed', 'running' or 'checkpointed'" in str(bad["error"])
     big = agent.ask(OWNER, **{**event, "detail": {"x": "y" * 5000}}, phase="running")
     assert big["ok"] is False and "4 KiB" in str(big["error"])
     # a plan given up takes no more reports
