@@ -91,7 +91,8 @@ class DeadNodes:
         self._at = -1e18
         self._dead: set[str] = set()
         self.unhealthy: set[str] = set()
-        self.draining: dict[str, str] = {}  # node -> reason: health verdict at DRAIN, alive
+        # node -> (reason, time) of a health verdict at DRAIN, the node alive
+        self.draining: dict[str, tuple[str, float]] = {}
         self.dead_at: dict[str, float] = {}
         self.registered: set[str] | None = None  # None until read: no agent known yet
 
@@ -107,7 +108,7 @@ class DeadNodes:
             registered: dict[str, int] = {}  # node -> create revision of its registration
             verdict: dict[str, int] = {}  # node -> revision of its DEAD verdict
             unhealthy: set[str] = set()
-            draining: dict[str, str] = {}
+            draining: dict[str, tuple[str, float]] = {}
             dead_at: dict[str, float] = {}
             for kv in self.store.get_prefix(prefix):
                 rest = kv.key[len(prefix):]
@@ -126,8 +127,9 @@ class DeadNodes:
                         if sick:
                             unhealthy.add(node)
                         if leaf == "health-verdict" and value.get("level") == "DRAIN":
-                            draining[node] = str(value.get("reason") or "health").removeprefix(
-                                "raps: ")
+                            draining[node] = (str(value.get("reason") or "health")
+                                              .removeprefix("raps: "),
+                                              float(value.get("at") or 0.0))
                 except (ValueError, AttributeError, TypeError):
                     continue
             self._dead = dead_nodes(registered, verdict)

@@ -90,7 +90,7 @@ class Recovery:
     def step(self, jobs: dict[str, JobView], dead: set[str], unhealthy: set[str],
              dead_at: dict[str, float], topology: Topology | None,
              registered: set[str] | None = None,
-             draining: dict[str, str] | None = None) -> list[str]:
+             draining: dict[str, tuple[str, float]] | None = None) -> list[str]:
         """One pass over every running job; returns what it did (for the cycle status).
 
         ``registered``: nodes whose agent holds a live registration (None: not known);
@@ -252,12 +252,15 @@ class Recovery:
         return out
 
     def _plan_moves(self, job: str, view: JobView, plans: list[Plan], book: PlanBook,
-                    draining: dict[str, str], dead: set[str], unhealthy: set[str],
-                    topology: Topology, now: float) -> list[str]:
-        """Ranks on a live node drained for health: ``planned`` plans to spares (raps-run
-        has them checkpoint and stop first; ``_start`` waits for that)."""
+                    draining: dict[str, tuple[str, float]], dead: set[str],
+                    unhealthy: set[str], topology: Topology, now: float) -> list[str]:
+        """Ranks on a live node drained for health while this run ran: ``planned`` plans to
+        spares (raps-run has them checkpoint and stop first; ``_start`` waits for that).
+        A verdict older than the run moves nothing: the job started there anyway (an admin
+        resumed the node), and the verdict stays in etcd until the node is healthy again."""
         assert view.record is not None
         run = view.record.restart_count
+        draining = {n: v for n, v in draining.items() if v[1] >= view.record.registered_at}
         busy = {p.rank for p in plans if p.active or p.epoch > view.epochs.get(p.rank, 0)}
         sites = [RankSite(e.rank, e.node, e.epoch, e.spares)
                  for e, _ in view.entries.values()
@@ -271,14 +274,14 @@ class Recovery:
         out = []
         for node in sorted({s.node for s in sites}):
             for plan in planner.plan_migration(
-                    job, node, draining[node], sites, dead=dead, unhealthy=unhealthy,
+                    job, node, draining[node][0], sites, dead=dead, unhealthy=unhealthy,
                     taken=taken, racks=racks,
                     prefer_original_rack=self.cfg.recovery.prefer_original_rack,
                     holders=holders, sizes={}, now=now, run=run):
                 key = self.keys.plan(plan.plan_id)
                 if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
                     log.warning("plan %s: rank %d of job %s moves off %s (drained: %s) to %s",
-                                plan.plan_id, plan.rank, job, node, draining[node],
+                                plan.plan_id, plan.rank, job, node, draining[node][0],
                                 plan.target)
                     out.append(f"plan {plan.plan_id} queued (planned)")
                     book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))

@@ -206,13 +206,7 @@ class EtcdServer:
     def stop(self) -> None:
         """Stop the etcd started here (SIGTERM, then SIGKILL) and remove its data."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        terminate(proc)
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -222,4 +216,99 @@ class EtcdServer:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def terminate(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, then SIGKILL after 10 s, and reap."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+class EtcdCluster:
+    """``size`` etcd members on loopback, one process each; a member can be stopped and
+    started again on its data (production runs three: one may be lost, two stop writes)."""
+
+    def __init__(self, size: int = 3, binary: str | None = None, *,
+                 startup_timeout: float = 30.0) -> None:
+        self._binary = find_etcd(binary)
+        self.size = size
+        self._timeout = startup_timeout
+        self._tmp = Path(tempfile.mkdtemp(prefix="raps-etcd3-"))
+        ports: set[int] = set()
+        while len(ports) < 2 * size:
+            ports.add(free_port())
+        p = sorted(ports)
+        self.client_ports, self.peer_ports = p[:size], p[size:]
+        self._procs: list[subprocess.Popen[bytes] | None] = [None] * size
+        self._started: list[bool] = [False] * size
+
+    @property
+    def urls(self) -> list[str]:
+        """Client URLs of every member, in member order."""
+        return [f"http://127.0.0.1:{port}" for port in self.client_ports]
+
+    def _argv(self, i: int) -> list[str]:
+        peers = ",".join(f"m{j}=http://127.0.0.1:{self.peer_ports[j]}" for j in range(self.size))
+        return [self._binary, "--name", f"m{i}", "--data-dir", str(self._tmp / f"m{i}"),
+                "--listen-client-urls", self.urls[i], "--advertise-client-urls", self.urls[i],
+                "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
+                "--initial-cluster", peers,
+                "--initial-cluster-state", "existing" if self._started[i] else "new",
+                "--initial-cluster-token", "raps-test"]
+
+    def _spawn(self, i: int) -> None:
+        log = open(self._tmp / f"m{i}.log", "ab")  # noqa: SIM115 - held by the process
+        self._procs[i] = subprocess.Popen(self._argv(i), stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        self._started[i] = True
+
+    def _wait_healthy(self, members: list[int]) -> None:
+        deadline = time.monotonic() + self._timeout
+        while time.monotonic() < deadline:
+            if all(EtcdServer._healthy(self.urls[i]) for i in members):
+                return
+            for i in members:
+                proc = self._procs[i]
+                if proc is not None and proc.poll() is not None:
+                    raise ClusterError(f"etcd member m{i} exited with {proc.returncode}")
+            time.sleep(0.1)
+        raise ClusterError(f"etcd members {members} not healthy within {self._timeout}s")
+
+    def start(self) -> EtcdCluster:
+        """Start every member and wait until the cluster serves (a leader is elected)."""
+        for i in range(self.size):
+            self._spawn(i)
+        self._wait_healthy(list(range(self.size)))
+        return self
+
+    def stop_member(self, i: int) -> None:
+        """Stop one member (SIGTERM), keeping its data."""
+        proc, self._procs[i] = self._procs[i], None
+        terminate(proc)
+
+    def start_member(self, i: int, wait: bool = True) -> None:
+        """Start a stopped member again on its data; with ``wait``, until it serves."""
+        if self._procs[i] is None:
+            self._spawn(i)
+        if wait:
+            self._wait_healthy([i])
+
+    def stop(self) -> None:
+        """Stop every member and remove the data."""
+        for i in range(self.size):
+            self.stop_member(i)
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> EtcdCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
         self.stop()
