@@ -34,6 +34,8 @@ from raps_slurm.core.jobs import (
 )
 from raps_slurm.core.membership import dead_nodes
 from raps_slurm.core.placement import BackupLoads, replace_dead_backups
+from raps_slurm.core.planner import Plan
+from raps_slurm.core.planner import summarize as planner_summarize
 from raps_slurm.errors import NotLeader, PlacementError, RecordError, SlurmCommandError, StoreError
 from raps_slurm.model import BackupGroup, Topology
 from raps_slurm.store import MAX_TXN_OPS, Delete, Guard, Keys, KeyValue, Put, StateStore, TxnOp
@@ -447,7 +449,8 @@ class Coordinator:
                 continue
             guard = Guard(view.record_kv.key, view.record_kv.mod_revision)
             tombstone = json.dumps({"job_id": job_id, "nodes": list(view.record.nodes),
-                                    "purged_at": now}).encode()
+                                    "purged_at": now,
+                                    "recoveries": self._plan_summary(job_id)}).encode()
             if self.leadership.commit([guard], [Delete(self.keys.job_prefix(job_id), prefix=True),
                                                 Delete(self.keys.job(job_id)),
                                                 Delete(self.keys.job_plans_prefix(job_id),
@@ -459,6 +462,17 @@ class Coordinator:
                 out.append(f"purged job {job_id}")
         out.extend(self._expire_tombstones(now))
         return out
+
+    def _plan_summary(self, job_id: str) -> dict[str, Any]:
+        """The job's plans summed up for its tombstone (malformed ones skipped)."""
+        plans = []
+        prefix = self.keys.plans_prefix()
+        for kv in self.store.get_prefix(self.keys.job_plans_prefix(job_id)):
+            if "/" in kv.key[len(prefix):]:
+                continue  # a phase report
+            with contextlib.suppress(RecordError):
+                plans.append(Plan.from_json(kv.key, kv.value))
+        return planner_summarize(plans)
 
     def _expire_tombstones(self, now: float) -> list[str]:
         """Tombstones live ``purge_record_sec``: long enough for a node that was down."""

@@ -280,6 +280,23 @@ class PlanEvent:
                    r.text("node"), r.obj("detail"))
 
 
+def summarize(plans: Iterable[Plan]) -> dict[str, Any]:
+    """What a purged job's tombstone keeps of its plans (they are deleted with the job):
+    how many by state and kind, and the seconds from fault verdict to done."""
+    every = list(plans)
+    states: dict[str, int] = {}
+    for p in every:
+        states[p.state] = states.get(p.state, 0) + 1
+    took = [p.finished_at - p.detected_at for p in every
+            if p.state == "done" and p.finished_at is not None and p.detected_at is not None]
+    return {"plans": len(every), "states": dict(sorted(states.items())),
+            "planned": sum(1 for p in every if p.planned),
+            "runs": len({p.run for p in every}),
+            "verdict_to_done_s": {"n": len(took),
+                                  "mean": round(sum(took) / len(took), 3) if took else None,
+                                  "max": round(max(took), 3) if took else None}}
+
+
 def plan_id(job: str, rank: int, epoch: int) -> str:
     """The id of the plan that gives ``rank`` of ``job`` the epoch ``epoch``."""
     return f"{job}-{rank}-{epoch}"

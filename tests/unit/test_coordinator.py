@@ -323,8 +323,19 @@ def test_purge_after_grace(cluster: Cluster) -> None:
     cluster.clock.advance(0.5)  # grace over since the epilog's ended_at, not yet since
     assert c1.run_cycle() == "leader: 1 jobs"  # the leader first saw COMPLETED (1 s later)
     cluster.clock.advance(1.0)
+    from raps_slurm.core.planner import Plan  # a recovery the job had: summed up, then gone
+
+    done = Plan("12-1-2", "12", 1, "n1", "n5", 2, "dead", 0, "done", created_at=10.0,
+                finished_at=14.5, detected_at=10.0)
+    cluster.store.put(cluster.keys.plan(done.plan_id), done.to_json())
     assert c1.run_cycle() == "leader: 1 jobs; purged job 12"
     assert cluster.job_keys("12") == []
+    assert cluster.store.get(cluster.keys.plan(done.plan_id)) is None
+    kv = cluster.store.get(cluster.keys.purged("12"))
+    assert kv is not None
+    summary = json.loads(kv.value)["recoveries"]
+    assert summary["plans"] == 1 and summary["states"] == {"done": 1}
+    assert summary["verdict_to_done_s"] == {"n": 1, "mean": 4.5, "max": 4.5}
     with pytest.raises(UnknownJob):
         job_view(cluster.store, cluster.keys, "12")
     assert c1.run_cycle() == "leader: 0 jobs"
