@@ -384,21 +384,27 @@ def parse_config(data: Any, source: str = "config") -> Config:
     return typing.cast(Config, cfg)
 
 
-def load_file(path: str | os.PathLike[str]) -> Config:
-    """Load and check one YAML file."""
+def read_yaml(path: str | os.PathLike[str],
+              error: type[ConfigError] = ConfigError) -> Any:
+    """One YAML file's data; ``error`` with one line naming the file (and line) if it cannot
+    be read or parsed."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+        raise error([f"{p}: cannot read: {exc.strerror or exc}"]) from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError([f"{p}:{where} invalid YAML: {problem}"]) from None
-    return parse_config(data, str(p))
+        raise error([f"{p}:{where} invalid YAML: {problem}"]) from None
+
+
+def load_file(path: str | os.PathLike[str]) -> Config:
+    """Load and check one YAML file."""
+    return parse_config(read_yaml(path), str(Path(path)))
 
 
 def find_config_path(explicit: str | None = None) -> Path | None:

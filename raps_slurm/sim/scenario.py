@@ -16,9 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from raps_slurm.config import _build, _f
+from raps_slurm.config import _build, _f, read_yaml
 from raps_slurm.errors import ScenarioError
 
 STRATEGIES = ("raps", "global", "scr")
@@ -214,19 +212,7 @@ def _check(s: Scenario, errors: list[str]) -> None:
 
 def load_scenario(path: str | Path) -> Scenario:
     """Load and check one scenario file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ScenarioError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ScenarioError([f"{p}:{where} invalid YAML: {problem}"]) from None
-    return parse_scenario(data, str(p))
+    return parse_scenario(read_yaml(path, ScenarioError), str(Path(path)))
 
 
 def override(s: Scenario, key: str, value: Any) -> Scenario:
