@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # A small real Slurm cluster on this machine for the tests and the demo:
-# munged (if not already running), one etcd, slurmctld and one slurmd per fake node,
+# munged (if not already running), etcd (one member, or three), slurmctld and one slurmd per
+# fake node,
 # each fake node in its own cgroup (v2) so it can be crashed or frozen whole.
 #
 #   scripts/cluster.sh up|down|status|env
 #   scripts/cluster.sh crash NODE | freeze NODE | thaw NODE | restart NODE | cgroup NODE
 #   scripts/cluster.sh slurmd-kill NODE | slurmd-start NODE   (only the node's slurmd)
-#   scripts/cluster.sh etcd-stop | etcd-start      (keeps etcd's data)
+#   scripts/cluster.sh etcd-stop [MEMBER] | etcd-start [MEMBER]   (keeps etcd's data;
+#                                   MEMBER 1..RAPS_CLUSTER_ETCD_MEMBERS, default all)
 #   scripts/cluster.sh coordinator-start | coordinator-stop   (one raps-coordinator)
 #   scripts/cluster.sh agent-start NODE | agent-stop NODE      (the node's raps-agent)
 #
 # Settings (environment): RAPS_CLUSTER_DIR (run dir, default /tmp/raps-cluster),
 # RAPS_CLUSTER_NODES (6), RAPS_CLUSTER_RACKS (3), RAPS_CLUSTER_PORT (base port, 17000:
-# slurmctld on base+817, slurmd on base+1.., etcd client/peer on base+379/base+380),
+# slurmctld on base+817, slurmd on base+1.., etcd member i (1..) client/peer on
+# base+377+2i/base+378+2i), RAPS_CLUSTER_ETCD_MEMBERS (1, or 3 for a quorum of two),
 # RAPS_PYTHON (interpreter the Slurm hooks run with; SlurmUser must be able to run it:
 # default /opt/raps/venv/bin/python, which scripts/test.sh creates, else python3).
 # The RAPS config of the cluster is $RUN/etc/raps.yaml: RAPS_CLUSTER_PROFILE (default
@@ -26,8 +29,15 @@ NODES=${RAPS_CLUSTER_NODES:-6}
 RACKS=${RAPS_CLUSTER_RACKS:-3}
 BASE=${RAPS_CLUSTER_PORT:-17000}
 CTLD_PORT=$((BASE + 817))
-ETCD_PORT=$((BASE + 379))
-ETCD_PEER=$((BASE + 380))
+ETCD_MEMBERS=${RAPS_CLUSTER_ETCD_MEMBERS:-1}
+[[ "$ETCD_MEMBERS" =~ ^(1|3)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_MEMBERS must be 1 or 3, got '$ETCD_MEMBERS'" >&2; exit 2; }
+etcd_client_port() { echo $((BASE + 377 + 2 * $1)); }
+etcd_peer_port() { echo $((BASE + 378 + 2 * $1)); }
+etcd_urls() {
+  local i urls=()
+  for ((i = 1; i <= ETCD_MEMBERS; i++)); do urls+=("http://127.0.0.1:$(etcd_client_port "$i")"); done
+  (IFS=,; echo "${urls[*]}")
+}
 CG_ROOT=${RAPS_CGROUP_ROOT:-/sys/fs/cgroup/unified}
 CG_DIR="$CG_ROOT/raps-cluster-$(echo "$RUN" | md5sum | cut -c1-8)"
 SLURM_SBIN=${RAPS_SLURM_SBIN:-/usr/sbin}
@@ -122,7 +132,7 @@ write_conf() {
   cat >"$RUN/env" <<EOF
 export SLURM_CONF=$RUN/etc/slurm.conf
 export RAPS_CLUSTER_DIR=$RUN
-export RAPS_ETCD_URL=http://127.0.0.1:$ETCD_PORT
+export RAPS_ETCD_URL=$(etcd_urls)
 export RAPS_CONFIG=$RUN/etc/raps.yaml
 EOF
 }
@@ -135,7 +145,7 @@ write_raps_conf() {
     sed -e "s#^  local_dir: .*#  local_dir: $RUN/ckpt/%n#" \
         -e "s#^  log_dir: .*#  log_dir: $RUN/log/raps#" "${RAPS_CLUSTER_PROFILE:-$REPO/configs/test.yaml}"
     echo "store:"
-    echo "  endpoints: ['http://127.0.0.1:$ETCD_PORT']"
+    echo "  endpoints: ['$(etcd_urls | sed "s/,/', '/g")']"
   } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" \
         -e "/^agent:/a\\  socket_path: $RUN/sock/%n/agent.sock" >"$RUN/etc/raps.yaml"
   [ -f "$RUN/etc/raps.key" ] || "$RAPS_PYTHON" -m raps_slurm.cli config create-key "$RUN/etc/raps.key" >/dev/null
@@ -159,18 +169,36 @@ start_munge() {
   cat /run/munge/munged.pid >"$RUN/pids/munged.started"
 }
 
+# start_etcd [keep] [MEMBER]: every member (or one), on fresh data unless "keep".
 start_etcd() {
   command -v etcd >/dev/null || die "etcd not found (apt-get install etcd-server)"
-  [ "${1:-}" = keep ] || rm -rf "$RUN/etcd/data"
-  nohup etcd --name raps --data-dir "$RUN/etcd/data" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER" \
-    --initial-cluster "raps=http://127.0.0.1:$ETCD_PEER" \
-    </dev/null >"$RUN/log/etcd.log" 2>&1 &
-  echo $! >"$RUN/pids/etcd.pid"
-  wait_for "etcd on port $ETCD_PORT" 30 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+  local keep=${1:-} only=${2:-} i peers=() members=()
+  for ((i = 1; i <= ETCD_MEMBERS; i++)); do peers+=("raps$i=http://127.0.0.1:$(etcd_peer_port "$i")"); done
+  if [ -n "$only" ]; then members=("$only"); else for ((i = 1; i <= ETCD_MEMBERS; i++)); do members+=("$i"); done; fi
+  for i in "${members[@]}"; do
+    local data="$RUN/etcd/data$i" client peer
+    client=$(etcd_client_port "$i"); peer=$(etcd_peer_port "$i")
+    [ "$keep" = keep ] || rm -rf "$data"
+    nohup etcd --name "raps$i" --data-dir "$data" \
+      --listen-client-urls "http://127.0.0.1:$client" \
+      --advertise-client-urls "http://127.0.0.1:$client" \
+      --listen-peer-urls "http://127.0.0.1:$peer" \
+      --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+      --initial-cluster "$(IFS=,; echo "${peers[*]}")" \
+      --initial-cluster-state new --initial-cluster-token "raps-$BASE" \
+      </dev/null >>"$RUN/log/etcd$i.log" 2>&1 &
+    echo $! >"$RUN/pids/etcd$i.pid"
+  done
+  # A member of three answers /health only once a quorum has formed: wait for every
+  # started one (one member back alone joins the quorum of the two still running).
+  for i in "${members[@]}"; do
+    wait_for "etcd member $i on port $(etcd_client_port "$i")" 30 curl -sf "http://127.0.0.1:$(etcd_client_port "$i")/health"
+  done
+}
+
+etcd_member_arg() {
+  [ -z "${1:-}" ] && return 0
+  [[ "$1" =~ ^[0-9]+$ ]] && (($1 >= 1 && $1 <= ETCD_MEMBERS)) || die "unknown etcd member '$1' (expected 1..$ETCD_MEMBERS)"
 }
 
 start_slurmd() {
@@ -274,7 +302,7 @@ cmd_down() {
     [ -f "$CG_DIR/$n/cgroup.kill" ] && echo 1 >"$CG_DIR/$n/cgroup.kill" 2>/dev/null || true
   done
   stop_pidfiles "$RUN/pids/coordinator.pid"
-  stop_pidfiles "$RUN/pids/slurmctld.pid" "$RUN/pids/etcd.pid"
+  stop_pidfiles "$RUN/pids/slurmctld.pid" "$RUN"/pids/etcd*.pid
   if [ -s "$RUN/pids/munged.started" ]; then
     mv "$RUN/pids/munged.started" "$RUN/pids/munged.pid"
     stop_pidfiles "$RUN/pids/munged.pid"
@@ -356,17 +384,29 @@ cmd_thaw() {
 }
 
 cmd_etcd_stop() {
-  [ -s "$RUN/pids/etcd.pid" ] || die "etcd of $RUN is not running"
-  stop_pidfiles "$RUN/pids/etcd.pid"
-  log "etcd stopped (data kept)"
+  etcd_member_arg "${1:-}"
+  local files=() i
+  if [ -n "${1:-}" ]; then files=("$RUN/pids/etcd$1.pid"); else
+    for ((i = 1; i <= ETCD_MEMBERS; i++)); do files+=("$RUN/pids/etcd$i.pid"); done
+  fi
+  local f any=""
+  for f in "${files[@]}"; do [ -s "$f" ] && any=1; done
+  [ -n "$any" ] || die "etcd${1:+ member $1} of $RUN is not running"
+  stop_pidfiles "${files[@]}"
+  log "etcd${1:+ member $1} stopped (data kept)"
 }
 
 cmd_etcd_start() {
-  if [ -s "$RUN/pids/etcd.pid" ] && kill -0 "$(cat "$RUN/pids/etcd.pid")" 2>/dev/null; then
-    die "etcd of $RUN already runs"
-  fi
-  start_etcd keep
-  log "etcd started"
+  etcd_member_arg "${1:-}"
+  local i
+  for ((i = 1; i <= ETCD_MEMBERS; i++)); do
+    [ -n "${1:-}" ] && [ "$i" != "$1" ] && continue
+    if [ -s "$RUN/pids/etcd$i.pid" ] && kill -0 "$(cat "$RUN/pids/etcd$i.pid")" 2>/dev/null; then
+      die "etcd member $i of $RUN already runs"
+    fi
+  done
+  start_etcd keep "${1:-}"
+  log "etcd${1:+ member $1} started"
 }
 
 cmd_coordinator_start() {
@@ -404,9 +444,10 @@ case "${1:-}" in
     "cmd_${1//-/_}" "$2" ;;
   agent-start) [ $# -eq 2 ] || die "usage: scripts/cluster.sh agent-start NODE"; node_cgroup "$2" >/dev/null; start_agent "$2" ;;
   agent-stop) [ $# -eq 2 ] || die "usage: scripts/cluster.sh agent-stop NODE"; node_cgroup "$2" >/dev/null; stop_pidfiles "$RUN/pids/agent-$2.pid" ;;
-  etcd-stop) cmd_etcd_stop ;;
-  etcd-start) cmd_etcd_start ;;
+  etcd-stop | etcd-start)
+    [ $# -le 2 ] || die "usage: scripts/cluster.sh $1 [MEMBER]"
+    "cmd_${1//-/_}" "${2:-}" ;;
   coordinator-start) cmd_coordinator_start ;;
   coordinator-stop) cmd_coordinator_stop ;;
-  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|slurmd-kill NODE|slurmd-start NODE|cgroup NODE|etcd-stop|etcd-start|coordinator-start|coordinator-stop|agent-start NODE|agent-stop NODE" >&2; exit 2 ;;
+  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|slurmd-kill NODE|slurmd-start NODE|cgroup NODE|etcd-stop [MEMBER]|etcd-start [MEMBER]|coordinator-start|coordinator-stop|agent-start NODE|agent-stop NODE" >&2; exit 2 ;;
 esac

@@ -35,7 +35,7 @@ from raps_slurm.checkpoint.manifest import MAX_MANIFEST
 from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
 from raps_slurm.checkpoint.service import CheckpointService, Fenced, RestoreError
 from raps_slurm.core.planner import plan_id
-from raps_slurm.errors import RapsError, RecordError
+from raps_slurm.errors import RapsError, RecordError, StoreUnavailable
 
 log = logging.getLogger("raps.agent")
 
@@ -136,6 +136,11 @@ class CheckpointOps:
                 record = self.service.commit(sid, raw)
             except Fenced as exc:
                 raise Refused("epoch", str(exc)) from None
+            except StoreUnavailable as exc:
+                # etcd away (no quorum): nothing was committed and nothing is lost; the
+                # rank goes on and commits at its next checkpoint.
+                raise Refused("unavailable", f"ckpt_commit: etcd unavailable, generation "
+                                             f"not committed: {exc}") from None
             except (RecordError, RapsError) as exc:
                 raise Refused("manifest", f"ckpt_commit: {exc}") from None
             return {"ok": True, "generation": record.generation, "state": record.state,

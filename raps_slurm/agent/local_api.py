@@ -42,7 +42,7 @@ from raps_slurm.agent.api_schema import (
     decode_request,
     parse_request,
 )
-from raps_slurm.errors import RapsError
+from raps_slurm.errors import RapsError, StoreUnavailable
 from raps_slurm.runtime.agent_client import MAX_REQUEST, encode_frame
 
 log = logging.getLogger("raps.agent")
@@ -532,6 +532,11 @@ class LocalApiServer:
                 log.warning("local API: denied %s from pid %d: %s", request.get("op"),
                             peer.pid, exc)
             return _error(exc), []
+        except StoreUnavailable as exc:
+            # etcd away or without quorum: the caller asks again later (raps-run does
+            # every poll; a rank keeps computing).
+            self._count("unavailable")
+            return {"ok": False, "error": f"etcd unavailable: {exc}", "kind": "unavailable"}, []
         except Exception:
             self._count("internal")
             log.exception("local API: request from pid %d uid %d failed", peer.pid, peer.uid)

@@ -11,7 +11,10 @@ no earlier than that same instant + ``fence_margin_sec``, so by then every rank 
 node has stopped by itself, whatever happened to the network or to this agent.
 An agent that loses the acknowledgements but still reaches etcd keeps its ranks
 (a coordinator pause or fail-over must not kill healthy ranks): epochs in etcd are
-what fences a superseded copy.
+what fences a superseded copy. So does one that can prove etcd has no quorum at all
+(a majority of its members refuse connections or answer without a leader): then no
+coordinator can lead, write an epoch or relaunch anything, and a leader that comes
+back with the quorum waits the miss window + margin before any DEAD verdict.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class NodeAgent:
         self._next_refresh = 0.0
         self._leader_read = 0.0
         self._etcd_ok_at = 0.0  # monotonic time etcd last answered
+        self._no_quorum_at = 0.0  # monotonic start of the last probe proving no quorum
+        self._no_quorum_said = False
         self._started = time.monotonic()
         self.counters = {"sent": 0, "dropped_by_knob": 0, "acks": 0, "probes": 0,
                          "bad_datagrams": 0}
@@ -80,7 +85,8 @@ class NodeAgent:
 
     def start(self) -> None:
         """Start the sender and receiver threads."""
-        loops = ((self._send_loop, "heartbeat-send"), (self._recv_loop, "heartbeat-recv"))
+        loops = ((self._send_loop, "heartbeat-send"), (self._recv_loop, "heartbeat-recv"),
+                 (self._quorum_loop, "quorum-watch"))
         for target, name in loops:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -138,8 +144,43 @@ class NodeAgent:
         while etcd answers.
         """
         now = time.monotonic()
-        by_etcd = self._etcd_ok_at + self.miss_window if self._etcd_ok_at else 0.0
+        last = max(self._etcd_ok_at, self._no_quorum_at)
+        by_etcd = last + self.miss_window if last else 0.0
         return max(self.valid_until(), by_etcd) - now
+
+    def quorum_lost(self) -> bool:
+        """True while the last probe (within the miss window) proved etcd has no quorum."""
+        return bool(self._no_quorum_at) and time.monotonic() - self._no_quorum_at < self.miss_window
+
+    def _quorum_loop(self) -> None:
+        # Keeps the etcd side of validity fresh while no acks arrive, in a thread of its
+        # own: the main loop may sit in a read for the whole store timeout (far beyond
+        # the miss window) when etcd lost its quorum, and again while it comes back.
+        # It acts only when neither acks nor the main loop's reads are fresh, so during
+        # a mere coordinator fail-over etcd sees no extra request.
+        while not self._stop.wait(self.interval):
+            now = time.monotonic()
+            with self.hb.lock:
+                acked = now - self.hb.last_ack_at <= self.interval
+            if acked or now - self._etcd_ok_at <= self.interval or not self._etcd_ok_at:
+                continue
+            if self.store.quorum_lost(timeout=self.interval):
+                if not self._no_quorum_said:
+                    log.warning("etcd has no quorum (a majority of its members is down or "
+                                "leaderless): no coordinator can relaunch anything; keeping "
+                                "the local ranks")
+                    self._no_quorum_said = True
+                self._no_quorum_at = now
+                continue
+            read_at = time.monotonic()  # the probe may have taken a while
+            try:
+                self.store.get(self.keys.leader())
+            except StoreError:
+                continue  # a partition: nothing proven, validity runs out
+            self._etcd_ok_at = read_at
+            if self._no_quorum_said:
+                self._no_quorum_said = False
+                log.info("etcd has a quorum again")
 
     def send(self, data: bytes, address: tuple[str, int]) -> None:
         """Send one datagram from the agent's socket (heartbeats, app reports)."""

@@ -61,6 +61,8 @@ class Detection:
         self._registry_at = -1e18
         self._slurm = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurm-side-effects")
         self.verdicts: list[Verdict] = []  # every verdict applied (metrics, tests)
+        self._outages = 0  # leadership.outages when the detector last (re)started
+        self._unrecorded = False  # a verdict failed to reach etcd
         self.metrics = metrics
 
     def close(self) -> None:
@@ -81,6 +83,15 @@ class Detection:
                 self._nodes_watch.cancel()
                 self._nodes_watch = None
             return []
+        if self.detector is not None and (self._outages != self.leadership.outages
+                                          or self._unrecorded):
+            # An agent that proved etcd had no quorum kept its ranks for a miss window
+            # past that proof; a verdict not written would never reach recovery. A fresh
+            # detector waits the miss window + margin again, then finds what is dead.
+            log.warning("detector restarted after an etcd outage: no DEAD verdict before "
+                        "%.1fs", self.settings.miss_window + self.settings.fence_margin)
+            self.detector = None
+        self._outages, self._unrecorded = self.leadership.outages, False
         if self.detector is None:
             self.detector = Detector(self.settings, now)
             self.health = HealthPolicy(HealthSettings.from_config(self.cfg.detection))
@@ -210,8 +221,11 @@ class Detection:
             ops.append(Put(self.keys.history_event(v.node, event.event_id()), event.to_json()))
         try:
             self.leadership.commit([], ops)
-        except (NotLeader, StoreError) as exc:
+        except NotLeader as exc:
             log.warning("verdict %s not recorded: %s", line, exc)
+        except StoreError as exc:
+            log.warning("verdict %s not recorded: %s", line, exc)
+            self._unrecorded = True
         log.warning("verdict: %s %s", line, json.dumps(dict(v.evidence), default=str))
         self.verdicts.append(v)
         if self.metrics is not None:

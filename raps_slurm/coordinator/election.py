@@ -39,6 +39,7 @@ class Leadership:
         self._next_refresh = 0.0
         self.leader_name = ""  # who leads, as last seen
         self.lost_reason = ""
+        self.outages = 0  # lease refreshes that found etcd unavailable while leading
 
     @property
     def revision(self) -> int:
@@ -71,6 +72,7 @@ class Leadership:
             self._lose("leader lease expired in etcd")
             return
         except StoreUnavailable as exc:
+            self.outages += 1
             log.warning("leader lease refresh failed: %s", exc)
             return  # retried next cycle; valid_until ends it if etcd stays away
         self._valid_until = now + self._ttl

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raps_slurm.core.launch import PREEMPTED_EXIT
+from raps_slurm.errors import RapsError
 from raps_slurm.runtime.msglog import (
     Entry,
     Inbox,
@@ -240,7 +241,8 @@ class Context:
 
     def checkpoint(self, state: Any) -> int:
         """Flush the log, save ``state`` with the delivered and sent vectors and the large
-        bodies not yet covered; returns the generation."""
+        bodies not yet covered; returns the generation (while etcd has no quorum, the
+        last committed one, or 0: the rank goes on and the next checkpoint commits)."""
         self._start()
         self._flush()
         with self._mu:
@@ -265,7 +267,16 @@ class Context:
                               "sent": {str(k): v for k, v in sent.items()},
                               "floors": {str(k): v for k, v in floors.items()},
                               "epoch": self.epoch}}
-        gen = self.port.save(items, extra)
+        try:
+            gen = self.port.save(items, extra)
+        except RapsError as exc:
+            if getattr(exc, "kind", None) != "unavailable":
+                raise
+            # etcd has no quorum: computing on beats stopping; the next checkpoint
+            # commits (its base is the last committed generation, nothing is skipped).
+            log.warning("rank %d: checkpoint not committed (%s); going on", self.rank, exc)
+            self._last_ckpt = self._clock()
+            return self.generation or 0
         self._last_ckpt = self._clock()
         with self._mu:
             self.generation = gen

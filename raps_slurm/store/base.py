@@ -228,6 +228,14 @@ class StateStore(abc.ABC):
         """Revision, database size, version and raised alarms."""
 
     @abc.abstractmethod
+    def quorum_lost(self, timeout: float = 1.0) -> bool:
+        """True only when no write can succeed anywhere: a majority of the members refuse
+        connections (not running) or answer without a leader. False while the store works
+        and whenever that cannot be proven (a member that times out may be running on the
+        other side of a partition). Each member gets ``timeout`` seconds to answer.
+        Never raises for an unreachable store."""
+
+    @abc.abstractmethod
     def compact(self, revision: int) -> None:
         """Forget the history before ``revision`` (a watch from an older revision then
         fails). At or below an earlier compaction: nothing to do; a revision not yet

@@ -111,6 +111,22 @@ def _never_sent(exc: BaseException) -> bool:
     return False
 
 
+def _refused(exc: BaseException) -> bool:
+    """True if the connection was refused (nothing listens: the member is not running)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError):
+            return True
+        todo += [e.__cause__, e.__context__, getattr(e, "reason", None),
+                 *(a for a in e.args if isinstance(a, BaseException))]
+    return False
+
+
 def _short(exc: BaseException) -> str:
     """One line for an error message, e.g. ``[Errno 111] Connection refused``."""
     cause = exc.__context__ if isinstance(exc, gw_exc.Etcd3Exception) else exc
@@ -392,6 +408,39 @@ class EtcdStore(StateStore):
         size = int(st.get("dbSize", 0))
         return StoreStatus(_revision(st), size, int(st.get("dbSizeInUse", size)),
                            str(st.get("version", "")), alarms)
+
+    def quorum_lost(self, timeout: float = 1.0) -> bool:
+        # Short timeouts: callers (an agent deciding whether to fence) need an answer
+        # within their own interval, and a member that is slow to answer proves nothing.
+        wait = min(self._timeout, timeout)
+        members: list[str] = []
+        for url in self._endpoints:
+            try:
+                listed = self._probe(url, "/cluster/member/list", wait)  # served locally
+            except (requests.RequestException, ValueError):
+                continue
+            members = [str(m["clientURLs"][0]) for m in listed.get("members", [])
+                       if isinstance(m, dict) and m.get("clientURLs")]
+            break
+        if not members:
+            return False
+        out = 0
+        for url in members:
+            try:
+                st = self._probe(url, "/maintenance/status", wait)
+            except (requests.RequestException, ValueError) as exc:
+                out += _refused(exc)  # not running there; a timeout proves nothing
+                continue
+            errors = " ".join(str(e) for e in st.get("errors") or [])
+            out += str(st.get("leader", "0")) in ("", "0") or "no leader" in errors
+        return out > len(members) / 2
+
+    def _probe(self, url: str, path: str, timeout: float) -> dict[str, Any]:
+        """One request to one member, no failover (a member's own view)."""
+        resp = self._session.post(url.rstrip("/") + "/v3" + path, json={}, timeout=timeout)
+        resp.raise_for_status()
+        result: dict[str, Any] = resp.json()
+        return result
 
     def compact(self, revision: int) -> None:
         if isinstance(revision, bool) or not isinstance(revision, int) or revision < 1:

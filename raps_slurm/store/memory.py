@@ -305,6 +305,9 @@ class MemoryStore(StateStore):
             history = sum(len(ev.key) + len(ev.value) for ev in self._history)
             return StoreStatus(self._revision, live + history, live, "memory")
 
+    def quorum_lost(self, timeout: float = 1.0) -> bool:
+        return False  # one process: it works or is closed, never a minority
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

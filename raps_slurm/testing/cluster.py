@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -24,7 +27,7 @@ class LocalCluster:
 
     def __init__(self, run_dir: Path, nodes: int = 6, racks: int = 3,
                  port_base: int = 17000, script: Path = SCRIPT,
-                 profile: Path | None = None) -> None:
+                 profile: Path | None = None, etcd_members: int = 1) -> None:
         if not script.exists():
             raise ClusterError(f"{script} not found: run from a raps-slurm checkout")
         self.run_dir = Path(run_dir)
@@ -33,10 +36,13 @@ class LocalCluster:
         self.port_base = port_base
         self.script = script
         self.profile = profile  # RAPS config profile (default configs/test.yaml)
+        if etcd_members not in (1, 3):
+            raise ClusterError(f"etcd_members must be 1 or 3, got {etcd_members}")
+        self.etcd_members = etcd_members
         self.env = {
             "SLURM_CONF": str(self.run_dir / "etc" / "slurm.conf"),
             "RAPS_CLUSTER_DIR": str(self.run_dir),
-            "RAPS_ETCD_URL": f"http://127.0.0.1:{port_base + 379}",
+            "RAPS_ETCD_URL": ",".join(self.etcd_urls),
             "RAPS_CONFIG": str(self.run_dir / "etc" / "raps.yaml"),
         }
 
@@ -46,15 +52,22 @@ class LocalCluster:
         return [f"n{i}" for i in range(1, self.nodes + 1)]
 
     @property
+    def etcd_urls(self) -> list[str]:
+        """Client URLs of the cluster's etcd members (member i on base+377+2i)."""
+        return [f"http://127.0.0.1:{self.port_base + 377 + 2 * i}"
+                for i in range(1, self.etcd_members + 1)]
+
+    @property
     def etcd_url(self) -> str:
-        """Client URL of the cluster's etcd."""
-        return self.env["RAPS_ETCD_URL"]
+        """Client URL of the cluster's first etcd member (every client's first choice)."""
+        return self.etcd_urls[0]
 
     def _run(self, *args: str, timeout: float = 180,
              extra_env: dict[str, str] | None = None) -> str:
         env = {**os.environ, **(extra_env or {}), "RAPS_CLUSTER_DIR": str(self.run_dir),
                "RAPS_CLUSTER_NODES": str(self.nodes), "RAPS_CLUSTER_RACKS": str(self.racks),
-               "RAPS_CLUSTER_PORT": str(self.port_base)}
+               "RAPS_CLUSTER_PORT": str(self.port_base),
+               "RAPS_CLUSTER_ETCD_MEMBERS": str(self.etcd_members)}
         if self.profile is not None:
             env["RAPS_CLUSTER_PROFILE"] = str(self.profile)
         try:
@@ -110,13 +123,13 @@ class LocalCluster:
         """Stop a node's raps-agent alone (SIGTERM)."""
         self._run("agent-stop", node)
 
-    def etcd_stop(self) -> None:
-        """Stop the cluster's etcd, keeping its data."""
-        self._run("etcd-stop")
+    def etcd_stop(self, member: int | None = None) -> None:
+        """Stop the cluster's etcd (every member, or member 1..N), keeping its data."""
+        self._run("etcd-stop", *([str(member)] if member is not None else []))
 
-    def etcd_start(self) -> None:
-        """Start the cluster's etcd again on its data; wait until it answers."""
-        self._run("etcd-start")
+    def etcd_start(self, member: int | None = None) -> None:
+        """Start the cluster's etcd (or one member) again on its data; wait until it answers."""
+        self._run("etcd-start", *([str(member)] if member is not None else []))
 
     def submit_raps_run(self, program: list[str], sbatch: list[str],
                         name: str = "heat") -> tuple[str, Path]:
@@ -202,6 +215,24 @@ class CoordinatorProcess:
     def log(self) -> str:
         """What it logged so far."""
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextmanager
+def cluster_for_tests(prefix: str, etcd_members: int = 1) -> Iterator[LocalCluster]:
+    """A cluster up in a fresh run dir for the test session (ports from
+    ``RAPS_CLUSTER_PORT``, default 17000); always down and removed afterwards."""
+    # Not pytest's tmp_path: its parents are mode 0700 and slurmctld runs as SlurmUser.
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
+    c = LocalCluster(run_dir, port_base=int(os.environ.get("RAPS_CLUSTER_PORT", "17000")),
+                     etcd_members=etcd_members)
+    try:
+        c.up()
+        yield c
+    finally:
+        try:
+            c.down()  # also after a failed up: stops what it did start
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def wait_until(what: str, probe: Callable[[], T], ok: Callable[[T], bool] = bool,

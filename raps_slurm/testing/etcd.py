@@ -301,9 +301,17 @@ class EtcdCluster:
         if wait:
             self._wait_healthy([i])
 
+    def pause_member(self, i: int, paused: bool = True) -> None:
+        """Freeze (SIGSTOP) or thaw (SIGCONT) one member: it accepts connections but
+        answers nothing, as a member behind a partition looks to a client."""
+        proc = self._procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
     def stop(self) -> None:
         """Stop every member and remove the data."""
         for i in range(self.size):
+            self.pause_member(i, False)
             self.stop_member(i)
         shutil.rmtree(self._tmp, ignore_errors=True)
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from raps_slurm.coordinator.election import Leadership
@@ -62,6 +63,35 @@ def test_one_member_lost_is_nothing_two_lost_stop_writes_clearly(etcd3: EtcdClus
     etcd3.start_member(1, wait=True)
     wait_until("writes again with two members", lambda: writes(store, "/raps/v1/t/3"),
                timeout=30)
+    store.close()
+
+
+def no_leader(url: str) -> bool:
+    st = requests.post(url + "/v3/maintenance/status", json={}, timeout=2).json()
+    return "etcdserver: no leader" in (st.get("errors") or [])
+
+
+def test_quorum_lost_only_when_a_majority_is_provably_out(etcd3: EtcdCluster) -> None:
+    """Stopped members refuse connections and the last one answers without a leader: no
+    quorum anywhere. Frozen members (what a partition looks like) prove nothing."""
+    store = EtcdStore(etcd3.urls, timeout=2.0)
+    assert not store.quorum_lost()
+    etcd3.pause_member(1)
+    etcd3.pause_member(2)
+    # Member 0 alone has no leader, but 1 and 2 may be serving together elsewhere.
+    wait_until("member 0 without a leader", lambda: no_leader(etcd3.urls[0]), timeout=10)
+    started = time.monotonic()
+    assert not store.quorum_lost()
+    assert time.monotonic() - started < 4  # bounded probes, not the store timeout per call
+    etcd3.pause_member(1, False)
+    etcd3.pause_member(2, False)
+    etcd3.stop_member(1)
+    wait_until("writes with two members", lambda: writes(store, "/raps/v1/q/1"), timeout=20)
+    assert not store.quorum_lost()  # two members still make a quorum
+    etcd3.stop_member(2)
+    wait_until("two members out: no quorum", store.quorum_lost, timeout=10)
+    etcd3.start_member(1, wait=True)
+    wait_until("quorum back", lambda: not store.quorum_lost(), timeout=10)
     store.close()
 
 

@@ -411,6 +411,10 @@ def test_status_reports_revision_and_size(backend: Backend) -> None:
     assert after.version and after.alarms == ()
 
 
+def test_a_working_store_has_not_lost_its_quorum(backend: Backend) -> None:
+    assert backend.store.quorum_lost() is False
+
+
 # -- etcd only: failures, failover, auth ----------------------------------------
 
 
@@ -424,6 +428,7 @@ def test_closed_port_raises_store_unavailable() -> None:
     for call in calls:
         with pytest.raises(StoreUnavailable, match=url):
             call()
+    assert store.quorum_lost() is False  # nothing answers: nothing proven
     store.close()
 
 

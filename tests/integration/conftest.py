@@ -4,39 +4,30 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from raps_slurm.config import load_file
 from raps_slurm.store import Keys, StateStore, open_store
-from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
+from raps_slurm.testing.cluster import (
+    CoordinatorProcess,
+    LocalCluster,
+    cluster_for_tests,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
-    """Bring the cluster up once; always bring it down, even when a test fails."""
-    # Not pytest's tmp_path: its parents are mode 0700 and slurmctld runs as SlurmUser.
-    run_dir = Path(tempfile.mkdtemp(prefix="raps-cluster-"))
-    # RAPS_CLUSTER_PORT moves the cluster's ports, e.g. beside a demo cluster on 17000.
-    c = LocalCluster(run_dir, port_base=int(os.environ.get("RAPS_CLUSTER_PORT", "17000")))
-    try:
-        c.up()
-    except Exception:
-        c.down()
-        raise
-    try:
+    """Bring the cluster up once; always bring it down, even when a test fails.
+    RAPS_CLUSTER_PORT moves its ports, e.g. beside a demo cluster on 17000."""
+    with cluster_for_tests("raps-cluster-") as c:
         yield c
-    finally:
-        c.down()
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

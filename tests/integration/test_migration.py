@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,29 +15,19 @@ from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
+from raps_slurm.testing.jobs import FINAL, HEAT_RING, heat_reference, job_plans
 from raps_slurm.testing.sysfs import make_tree
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = ["--steps", "600", "--every", "20"]
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 HOT = "n5"  # runs a rank, not the batch script, with the placement of a 6-node job
 
 
 def reference(tmp: Path) -> str:
-    proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", "4",
-                           "--dir", str(tmp / "ref"), "--", sys.executable,
-                           str(REPO / "examples" / "heat_ring.py"), *STEPS],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    [line] = [x for x in proc.stdout.splitlines() if x.startswith("final ")]
-    return line
+    return heat_reference(tmp, 4, STEPS)
 
 
 def plans(store: tuple[StateStore, Keys], job: str) -> list[Plan]:
-    s, k = store
-    prefix = k.plans_prefix()
-    return [Plan.from_json(kv.key, kv.value) for kv in s.get_prefix(k.job_plans_prefix(job))
-            if "/" not in kv.key[len(prefix):]]
+    return job_plans(*store, job)
 
 
 def test_a_heating_node_moves_its_rank_before_it_fails(
@@ -61,7 +50,7 @@ def test_a_heating_node_moves_its_rank_before_it_fails(
             wait_until(f"{HOT} in service", lambda: cluster.slurm().node(HOT).state_text,
                        lambda t: "DRAIN" not in t.upper() and "DOWN" not in t.upper(), 20)
             job, out = cluster.submit_raps_run(
-                [sys.executable, str(REPO / "examples" / "heat_ring.py"), *STEPS,
+                [sys.executable, str(HEAT_RING), *STEPS,
                  "--step-sec", "0.05"], ["-N6", "--raps-spares=2", "--open-mode=append"],
                 "migrate")
             data = wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),

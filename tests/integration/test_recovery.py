@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,21 +23,22 @@ from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
+from raps_slurm.testing.jobs import (
+    HEAT_RING,
+    finish,
+    heat_reference,
+    job_plans,
+    job_state,
+    rank_entries,
+)
+from raps_slurm.testing.jobs import committed as committed_generations
 
-REPO = Path(__file__).resolve().parents[2]
 HEAT = ["--steps", "240", "--every", "20", "--step-sec", "0.05"]
 
 
 def reference(tmp: Path, ranks: int) -> str:
     """The failure-free result, from the local launcher (the same program and arithmetic)."""
-    proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(ranks),
-                           "--dir", str(tmp / "ref"), "--", sys.executable,
-                           str(REPO / "examples" / "heat_ring.py"), "--steps", "240",
-                           "--every", "20"],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    [line] = [x for x in proc.stdout.splitlines() if x.startswith("final ")]
-    return line
+    return heat_reference(tmp, ranks, ["--steps", "240", "--every", "20"])
 
 
 @contextmanager
@@ -46,7 +46,7 @@ def raps_job(cluster: LocalCluster, *sbatch: str) -> Iterator[tuple[str, Path]]:
     """A --raps job running heat_ring under raps-run; cancelled when the block ends."""
     run = CommandRunner(timeout=60, env=cluster.env)
     job, out = cluster.submit_raps_run(
-        [sys.executable, str(REPO / "examples" / "heat_ring.py"), *HEAT], list(sbatch), "job")
+        [sys.executable, str(HEAT_RING), *HEAT], list(sbatch), "job")
     try:
         yield job, out
     finally:
@@ -55,9 +55,7 @@ def raps_job(cluster: LocalCluster, *sbatch: str) -> Iterator[tuple[str, Path]]:
 
 
 def entries(store: tuple[StateStore, Keys], job: str) -> dict[int, RankEntry]:
-    s, k = store
-    return {e.rank: e for e in (RankEntry.from_json(kv.key, kv.value)
-                                for kv in s.get_prefix(k.job_ranks_prefix(job)))}
+    return rank_entries(*store, job)
 
 
 def records(store: tuple[StateStore, Keys], job: str, rank: int) -> list[CkptRecord]:
@@ -69,31 +67,11 @@ def records(store: tuple[StateStore, Keys], job: str, rank: int) -> list[CkptRec
 
 def committed(store: tuple[StateStore, Keys], job: str, rank: int) -> list[int]:
     """Generations copied to the whole group (what a restore elsewhere needs)."""
-    return [r.generation for r in records(store, job, rank) if r.state == "committed"]
+    return committed_generations(*store, job, rank)
 
 
 def plans(store: tuple[StateStore, Keys], job: str) -> list[Plan]:
-    s, k = store
-    prefix = k.plans_prefix()
-    return [Plan.from_json(kv.key, kv.value) for kv in s.get_prefix(k.job_plans_prefix(job))
-            if "/" not in kv.key[len(prefix):]]
-
-
-def job_state(cluster: LocalCluster, job: str) -> str:
-    return cluster.slurm().job(int(job)).state
-
-
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
-
-
-def finish(cluster: LocalCluster, job: str, out: Path, clean: str, timeout: float = 150) -> str:
-    """Wait for the job to end; assert it completed with the failure-free result."""
-    wait_until(f"job {job} completed", lambda: job_state(cluster, job), lambda s: s in FINAL,
-               timeout)
-    text = out.read_text()
-    assert job_state(cluster, job) == "COMPLETED", text[-4000:]
-    assert clean in text.splitlines(), text[-4000:]
-    return text
+    return job_plans(*store, job)
 
 
 @contextmanager

@@ -19,10 +19,10 @@ from raps_slurm.config import Config, parse_config
 from raps_slurm.coordinator.cycle import Coordinator
 from raps_slurm.coordinator.election import Leadership, read_leader
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_from_json
-from raps_slurm.errors import NotLeader
+from raps_slurm.errors import NotLeader, StoreUnavailable
 from raps_slurm.model import BackupGroup, Switch, Topology
 from raps_slurm.registry import UnknownJob, job_view
-from raps_slurm.store import Guard, Keys, MemoryStore, Put
+from raps_slurm.store import Guard, Keys, Lease, MemoryStore, Put
 from raps_slurm.testing import FakeClock
 
 LEASE_SEC = 10.0  # coordinator.leader_lease_sec's default, a whole number of seconds
@@ -504,3 +504,28 @@ def test_dead_nodes_ignore_a_registration_older_than_the_verdict() -> None:
     assert dead() == set()
     store.put(keys.node_verdict("n1"), b"not json")  # malformed: ignored, not fatal
     assert dead() == set()
+
+
+class _FlakyStore(MemoryStore):
+    """A memory store whose lease refreshes fail while ``down`` (etcd without quorum)."""
+
+    down = False
+
+    def refresh_lease(self, lease: Lease) -> None:
+        if self.down:
+            raise StoreUnavailable("no etcd endpoint answered")
+        super().refresh_lease(lease)
+
+
+def test_a_failed_lease_refresh_counts_an_outage_and_keeps_leading() -> None:
+    clock = FakeClock()
+    store = _FlakyStore(clock=clock)
+    lead = Leadership(store, Keys().leader(), LEASE_SEC, {"name": "c1"}, clock=clock)
+    assert lead.step() and lead.outages == 0
+    store.down = True
+    clock.advance(LEASE_SEC / 2)
+    assert lead.step() and lead.outages == 1  # leads on by its own clock until the TTL
+    store.down = False
+    clock.advance(LEASE_SEC / 3)
+    assert lead.step() and lead.outages == 1
+    store.close()

@@ -1,0 +1,65 @@
+"""What the tests read about a ``heat_ring`` job on the local cluster: its failure-free
+result, its rank map, checkpoints and plans in etcd, its end in Slurm."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.core.jobs import RankEntry
+from raps_slurm.core.planner import Plan
+from raps_slurm.store import Keys, StateStore
+from raps_slurm.testing.cluster import LocalCluster, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+HEAT_RING = REPO / "examples" / "heat_ring.py"
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+
+
+def heat_reference(tmp: Path, ranks: int, args: Sequence[str]) -> str:
+    """The ``final ...`` line of a failure-free run (the local launcher, same arithmetic)."""
+    proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(ranks),
+                           "--dir", str(tmp / "ref"), "--", sys.executable, str(HEAT_RING),
+                           *args], capture_output=True, text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise AssertionError(f"reference run failed: {proc.stderr[-2000:]}")
+    [line] = [x for x in proc.stdout.splitlines() if x.startswith("final ")]
+    return line
+
+
+def rank_entries(store: StateStore, keys: Keys, job: str) -> dict[int, RankEntry]:
+    """The job's rank map in etcd: rank -> entry (node, epoch)."""
+    return {e.rank: e for e in (RankEntry.from_json(kv.key, kv.value)
+                                for kv in store.get_prefix(keys.job_ranks_prefix(job)))}
+
+
+def committed(store: StateStore, keys: Keys, job: str, rank: int) -> list[int]:
+    """Generations of a rank copied to its whole group."""
+    records = (CkptRecord.from_json(kv.key, kv.value)
+               for kv in store.get_prefix(keys.ckpt_prefix(job, rank)))
+    return sorted(r.generation for r in records if r.state == "committed")
+
+
+def job_plans(store: StateStore, keys: Keys, job: str) -> list[Plan]:
+    """The job's recovery plans (not their event sub-keys)."""
+    prefix = keys.plans_prefix()
+    return [Plan.from_json(kv.key, kv.value) for kv in store.get_prefix(keys.job_plans_prefix(job))
+            if "/" not in kv.key[len(prefix):]]
+
+
+def job_state(cluster: LocalCluster, job: str) -> str:
+    """The job's state in Slurm."""
+    return cluster.slurm().job(int(job)).state
+
+
+def finish(cluster: LocalCluster, job: str, out: Path, clean: str, timeout: float = 150) -> str:
+    """Wait for the job to end; assert it completed with the failure-free result."""
+    wait_until(f"job {job} to end", lambda: job_state(cluster, job), lambda s: s in FINAL,
+               timeout)
+    text = out.read_text()
+    assert job_state(cluster, job) == "COMPLETED", text[-4000:]
+    assert clean in text.splitlines(), text[-4000:]
+    return text
