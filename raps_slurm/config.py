@@ -390,9 +390,11 @@ def read_yaml(path: str | os.PathLike[str],
     be read or parsed."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise error([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise error([f"{p}: not UTF-8 text (byte {exc.start}): expected a YAML file"]) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

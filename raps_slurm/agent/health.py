@@ -2,13 +2,16 @@
 
 The sample goes to ``nodes/<node>/health`` under the node's membership lease, so it
 vanishes with the node. The device inventory and raw counters stay in the agent (they
-only serve the next delta); the leader's health policy judges what is written.
+only serve the next delta); the leader's health policy judges what is written. The
+sample also carries what the agent's doors refused since it started (``rejected``:
+door -> kind -> count), which the leader exports as metrics: one scrape for a cluster.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 from raps_slurm.agent.probes import ProbeSample, UdevWatcher, collect
@@ -30,8 +33,10 @@ class HealthReporter:
         self.udev = UdevWatcher(probe_root)
         self.udev.start()
 
-    def report(self, lease: Lease | None) -> ProbeSample:
-        """Take a sample and write it (when registered); returns the sample."""
+    def report(self, lease: Lease | None,
+               rejected: Mapping[str, Mapping[str, int]] | None = None) -> ProbeSample:
+        """Take a sample and write it (when registered), with the doors' rejection
+        counts; returns the sample."""
         sample = collect(self.probe_root, self.ckpt_dir if self.ckpt_dir.exists() else None,
                          self.previous, removed_events=self.udev.drain())
         self.previous = sample
@@ -40,6 +45,8 @@ class HealthReporter:
         if lease is None:
             return sample
         data = {k: v for k, v in sample.to_dict().items() if k not in _LOCAL_ONLY}
+        if rejected is not None:
+            data["rejected"] = {door: dict(kinds) for door, kinds in rejected.items()}
         try:
             self.store.put(self.keys.node_health(self.node), json.dumps(data).encode(), lease)
         except LeaseExpired:

@@ -492,6 +492,11 @@ class LocalApiServer:
         except OSError:
             pass  # best effort: the connection is being closed anyway
 
+    def error_counts(self) -> dict[str, int]:
+        """A copy of ``errors`` (kind -> requests), safe while requests are served."""
+        with self._lock:
+            return dict(self.errors)
+
     def _count(self, kind: str) -> None:
         with self._lock:
             self.errors[kind] += 1

@@ -145,7 +145,9 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                     log.warning("checkpoint repair pass failed: %s", exc)
             if time.monotonic() >= next_probe:
                 next_probe = time.monotonic() + cfg.detection.telemetry_interval_sec
-                probes.report(agent.lease)
+                probes.report(agent.lease, {
+                    "transfer": transfer.rejections(), "local_api": api.error_counts(),
+                    "heartbeat": {"bad_datagram": agent.counters["bad_datagrams"]}})
             stop.wait(0.1)
     finally:
         api.stop()

@@ -158,7 +158,9 @@ class NodeAgent:
         # the miss window) when etcd lost its quorum, and again while it comes back.
         # It acts only when neither acks nor the main loop's reads are fresh, so during
         # a mere coordinator fail-over etcd sees no extra request.
-        while not self._stop.wait(self.interval):
+        delay = self.interval
+        while not self._stop.wait(delay):
+            delay = self.interval
             now = time.monotonic()
             with self.hb.lock:
                 acked = now - self.hb.last_ack_at <= self.interval
@@ -171,6 +173,9 @@ class NodeAgent:
                                 "the local ranks")
                     self._no_quorum_said = True
                 self._no_quorum_at = now
+                # one proof per interval however long the probe took: the next one must
+                # land well within this one's miss window
+                delay = max(0.02, self.interval - (time.monotonic() - now))
                 continue
             read_at = time.monotonic()  # the probe may have taken a while
             try:

@@ -326,6 +326,11 @@ class TransferServer:
             server.shutdown()
             server.server_close()
 
+    def rejections(self) -> dict[str, int]:
+        """A copy of ``rejected`` (kind -> connections), safe while connections end."""
+        with self._lock:
+            return dict(self.rejected)
+
     def serve(self, sock: socket.socket) -> None:
         """Serve one connection until it closes; never raises. A connection that ends
         badly is counted in ``rejected`` by kind: ``handshake`` (malformed hello),

@@ -1,4 +1,4 @@
-"""``rapsctl drain|resume``: admin verbs on nodes, for root or SlurmUser only.
+"""``rapsctl drain|resume|cancel-plan``: admin verbs, for root or SlurmUser only.
 
 RAPS itself only ever changes drains whose reason starts with ``raps:`` and never
 resumes a node: a node RAPS drained comes back when an admin says so. Every admin
@@ -21,6 +21,7 @@ import click
 from raps_slurm import config as cfgmod
 from raps_slurm.cli.output import table
 from raps_slurm.cli.show import show
+from raps_slurm.core.planner import CANCELLED, Plan, PlanEvent
 from raps_slurm.errors import RapsError
 from raps_slurm.slurm import SlurmClient
 from raps_slurm.slurm.parsers import expand
@@ -45,13 +46,15 @@ def require_admin(verb: str, client: SlurmClient) -> str:
 
 
 def audit(ctx: click.Context, who: str, verb: str, nodes: tuple[str, ...],
-          reason: str = "") -> None:
+          reason: str = "", plan: str = "") -> None:
     """Record one admin action in etcd and syslog; a failure is one line on stderr."""
     now = time.time()
     record = {"who": who, "uid": os.geteuid(), "verb": verb, "nodes": list(nodes),
               "reason": reason, "at": now, "host": socket.gethostname()}
+    if plan:
+        record["plan"] = plan
     syslog.openlog("rapsctl", 0, syslog.LOG_AUTH)
-    syslog.syslog(syslog.LOG_NOTICE, f"{who} {verb} {','.join(nodes)}"
+    syslog.syslog(syslog.LOG_NOTICE, f"{who} {verb} {','.join(nodes) or plan}"
                   + (f": {reason}" if reason else ""))
     ident = f"{int(now * 1e9):020d}-{socket.gethostname()}-{os.getpid()}"
     try:
@@ -98,6 +101,40 @@ def resume(ctx: click.Context, nodes_expr: str) -> None:
     click.echo(f"resumed {','.join(nodes)}")
 
 
+@click.command("cancel-plan")
+@click.argument("plan_id", metavar="PLAN")
+@click.option("--reason", required=True, help="Why (kept in the audit record and the plan).")
+@click.pass_context
+def cancel_plan(ctx: click.Context, plan_id: str, reason: str) -> None:
+    """Give up a recovery plan that is queued or running: the leader escalates its job to
+    a whole-job requeue (the job resumes from its checkpoints), as for a plan not done in
+    recovery.recovery_timeout_sec."""
+    if not reason.strip():
+        raise click.BadParameter("must not be empty", param_hint="--reason")
+    who = require_admin("cancel-plan", SlurmClient())
+    store, keys = open_store(cfgmod.load_config(ctx.obj.get("config_path")).store)
+    with store:
+        try:
+            key = keys.plan(plan_id)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="PLAN") from None
+        kv = store.get(key)
+        if kv is None:
+            raise RapsError(f"cancel-plan: no plan {plan_id!r} (rapsctl show recoveries "
+                            "lists them)")
+        plan = Plan.from_json(kv.key, kv.value)
+        if not plan.active:
+            raise RapsError(f"cancel-plan: plan {plan_id} is {plan.state}, not queued or "
+                            "running: nothing to cancel")
+        event = PlanEvent(plan_id, CANCELLED, time.time(), socket.gethostname(),
+                          {"who": who, "uid": os.geteuid(), "reason": reason})
+        if not store.create(keys.plan_event(plan_id, CANCELLED), event.to_json()):
+            raise RapsError(f"cancel-plan: plan {plan_id} was already cancelled")
+    audit(ctx, who, "cancel-plan", (), reason, plan=plan_id)
+    click.echo(f"plan {plan_id} (job {plan.job}, rank {plan.rank}) cancelled: the leader "
+               "escalates the job to a requeue")
+
+
 @show.command("audit")
 @click.option("--last", default=50, show_default=True, type=click.IntRange(1, 100000),
               help="The newest N records.")
@@ -114,8 +151,8 @@ def show_audit(ctx: click.Context, last: int, as_json: bool) -> None:
                 rows.append({"at": time.strftime("%Y-%m-%dT%H:%M:%S",
                                                  time.localtime(float(d["at"]))),
                              "who": str(d["who"]), "uid": int(d["uid"]), "verb": str(d["verb"]),
-                             "nodes": ",".join(d["nodes"]), "reason": str(d.get("reason", "")),
-                             "host": str(d.get("host", ""))})
+                             "nodes": ",".join(d["nodes"]), "plan": str(d.get("plan", "")),
+                             "reason": str(d.get("reason", "")), "host": str(d.get("host", ""))})
             except (ValueError, KeyError, TypeError):
                 click.echo(f"rapsctl: skipping malformed {kv.key}", err=True)
-    table(rows, as_json, ["at", "who", "uid", "verb", "nodes", "reason", "host"])
+    table(rows, as_json, ["at", "who", "uid", "verb", "nodes", "plan", "reason", "host"])

@@ -36,7 +36,14 @@ from raps_slurm.core.membership import dead_nodes
 from raps_slurm.core.placement import BackupLoads, replace_dead_backups
 from raps_slurm.core.planner import Plan
 from raps_slurm.core.planner import summarize as planner_summarize
-from raps_slurm.errors import NotLeader, PlacementError, RecordError, SlurmCommandError, StoreError
+from raps_slurm.errors import (
+    NotLeader,
+    PlacementError,
+    RecordError,
+    SlurmCommandError,
+    StoreError,
+    StoreUnavailable,
+)
 from raps_slurm.model import BackupGroup, Topology
 from raps_slurm.store import MAX_TXN_OPS, Delete, Guard, Keys, KeyValue, Put, StateStore, TxnOp
 
@@ -246,6 +253,8 @@ class Coordinator:
             self.metrics.leader.set(0)
             return f"stepped down: {exc}"
         except StoreError as exc:
+            if isinstance(exc, StoreUnavailable):
+                self.leadership.note_outage()
             return f"leader: etcd error: {exc}"
 
     def _lead(self) -> str:

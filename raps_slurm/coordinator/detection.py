@@ -26,7 +26,12 @@ from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.heartbeats import HeartbeatServer, ReceivedApp
 from raps_slurm.coordinator.metrics import Metrics
 from raps_slurm.core.detector import Detector, DetectorSettings, Verdict
-from raps_slurm.core.health import HealthLevel, HealthPolicy, HealthSettings
+from raps_slurm.core.health import (
+    HealthLevel,
+    HealthPolicy,
+    HealthSettings,
+    door_rejections,
+)
 from raps_slurm.core.history import FailureEvent
 from raps_slurm.errors import NotLeader, SlurmCommandError, StoreError
 from raps_slurm.model import NodeInfo
@@ -189,6 +194,11 @@ class Detection:
         except ValueError as exc:
             log.warning("nodes/%s/health: malformed sample (%s)", node, exc)
             return
+        counts, problems = door_rejections(sample)
+        for problem in problems:
+            log.warning("nodes/%s/health: %s", node, problem)
+        if self.metrics is not None:
+            self.metrics.set_agent_rejections(node, counts)
         verdict = self.health.observe(node, sample, now)
         if verdict is None:
             return

@@ -72,7 +72,7 @@ class Leadership:
             self._lose("leader lease expired in etcd")
             return
         except StoreUnavailable as exc:
-            self.outages += 1
+            self.note_outage()
             log.warning("leader lease refresh failed: %s", exc)
             return  # retried next cycle; valid_until ends it if etcd stays away
         self._valid_until = now + self._ttl
@@ -103,6 +103,10 @@ class Leadership:
         if self._lease is not None:
             log.warning("lost leadership: %s", reason)
         self._lease, self._revision, self.lost_reason = None, 0, reason
+
+    def note_outage(self) -> None:
+        """etcd failed a call of this leader (the detector starts its hold again)."""
+        self.outages += 1
 
     def ensure(self) -> None:
         """Raise NotLeader unless the lease is still valid by the local clock."""

@@ -34,6 +34,10 @@ class Metrics:
                              "last read it", registry=self.registry)
         self.etcd_db_in_use = Gauge("raps_etcd_db_in_use_bytes", "etcd database bytes in use",
                                     registry=self.registry)
+        self.agent_rejected = Gauge(
+            "raps_agent_rejected", "what an agent's door (transfer, local_api, heartbeat) "
+            "refused since the agent started, by kind, from its last health sample",
+            ["node", "door", "kind"], registry=self.registry)
         self._heartbeat_children: dict[str, Counter] = {}
         if address:
             parsed = parse_address(address)
@@ -43,6 +47,11 @@ class Metrics:
                 start_http_server(parsed[1], parsed[0], registry=self.registry)
             except OSError as exc:
                 raise ConfigError([f"metrics address {address}: {exc.strerror or exc}"]) from None
+
+    def set_agent_rejections(self, node: str, counts: dict[tuple[str, str], int]) -> None:
+        """The counts of one node's last health sample (cumulative in the agent)."""
+        for (door, kind), count in counts.items():
+            self.agent_rejected.labels(node, door, kind).set(count)
 
     def count_heartbeat(self, result: str) -> None:
         """Count one datagram by result; the label child is cached (called per datagram)."""

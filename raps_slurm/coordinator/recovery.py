@@ -119,6 +119,15 @@ class Recovery:
                 done.extend(self._escalations(job, rec.restart_count))
                 continue
             plans = book.of_job(job, rec.restart_count)
+            stopped = planner.cancelled(plans, book.events)
+            if stopped:
+                plan, request = stopped[0]
+                who = str(request.detail.get("who", "?"))[:64]
+                why = str(request.detail.get("reason", ""))[:200]
+                done.append(self._escalate(job, rec.restart_count, book,
+                                           f"plan {plan.plan_id} cancelled by {who}"
+                                           + (f": {why}" if why else "")))
+                continue
             late = planner.overdue(plans, now, self.cfg.recovery.recovery_timeout_sec)
             if late:
                 done.append(self._escalate(job, rec.restart_count, book,

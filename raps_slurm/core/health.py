@@ -60,6 +60,7 @@ characters (Slurm's node reason field): the worst condition first, e.g.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -440,3 +441,35 @@ class HealthPolicy:
         if st.level == HealthLevel.DRAIN:
             return min(raw, 30)
         return max(31, min(raw, 80))
+
+
+_LABEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+MAX_REJECTION_LABELS = 64  # (door, kind) pairs kept per node: a metric label set stays small
+
+
+def door_rejections(sample: Mapping[str, Any]) -> tuple[dict[tuple[str, str], int], list[str]]:
+    """The sample's ``rejected`` counts (door -> kind -> count) as ``{(door, kind): count}``,
+    and one line per entry dropped (a bad label or count); no ``rejected``: nothing."""
+    raw = sample.get("rejected")
+    if raw is None:
+        return {}, []
+    if not isinstance(raw, Mapping):
+        return {}, [f"rejected: expected an object of doors, got {type(raw).__name__}"]
+    out: dict[tuple[str, str], int] = {}
+    problems: list[str] = []
+    for door, kinds in raw.items():
+        if not (isinstance(door, str) and _LABEL.fullmatch(door)) or not isinstance(
+                kinds, Mapping):
+            problems.append(f"rejected: door {str(door)[:40]!r} dropped (expected a name "
+                            "like transfer and an object of kind -> count)")
+            continue
+        for kind, count in kinds.items():
+            ok_kind = isinstance(kind, str) and _LABEL.fullmatch(kind)
+            ok_count = isinstance(count, int) and not isinstance(count, bool) and count >= 0
+            if not (ok_kind and ok_count) or len(out) >= MAX_REJECTION_LABELS:
+                problems.append(f"rejected.{door}: {str(kind)[:40]!r}={str(count)[:20]} dropped "
+                                f"(expected a lower-case name and a count >= 0, at most "
+                                f"{MAX_REJECTION_LABELS} in all)")
+                continue
+            out[(door, str(kind))] = int(count)
+    return out, problems

@@ -225,6 +225,17 @@ def overdue(plans: Iterable[Plan], now: float, timeout: float) -> list[Plan]:
     return [p for p in plans if p.state in ACTIVE and now - p.created_at > timeout]
 
 
+def cancelled(plans: Iterable[Plan], events: Mapping[str, Mapping[str, PlanEvent]]
+              ) -> list[tuple[Plan, PlanEvent]]:
+    """Active plans an admin cancelled, with the request (who, why in its detail)."""
+    out = []
+    for p in plans:
+        request = events.get(p.plan_id, {}).get(CANCELLED)
+        if p.active and request is not None:
+            out.append((p, request))
+    return out
+
+
 def advance(plan: Plan, state: str, now: float, note: str = "") -> Plan:
     """The plan in its next state with the time stamp of that step (idempotent: a plan
     already there, or further, is returned unchanged)."""
@@ -247,6 +258,7 @@ def advance(plan: Plan, state: str, now: float, note: str = "") -> Plan:
 PHASES = ("launched", "restored", "running")
 LAUNCH_FAILED = "launch_failed"
 CHECKPOINTED = "checkpointed"  # a planned move's rank saved its state and stopped
+CANCELLED = "cancelled"  # an admin's `rapsctl cancel-plan`: the job escalates to a requeue
 MAX_LAUNCH_FAILURES = 2  # per rank and job run; then the job escalates
 
 
@@ -275,7 +287,8 @@ class PlanEvent:
     def from_json(cls, key: str, raw: bytes) -> PlanEvent:
         """Decode; RecordError naming the key and the field if malformed."""
         r = Reader(key, raw)
-        return cls(r.text("plan_id"), r.choice("phase", (*PHASES, LAUNCH_FAILED, CHECKPOINTED)),
+        return cls(r.text("plan_id"),
+                   r.choice("phase", (*PHASES, LAUNCH_FAILED, CHECKPOINTED, CANCELLED)),
                    r.num("at"),
                    r.text("node"), r.obj("detail"))
 

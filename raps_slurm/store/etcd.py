@@ -28,6 +28,7 @@ import socket
 import threading
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -177,6 +178,9 @@ class EtcdStore(StateStore):
         self._auth_lock = threading.Lock()
         self._watches: weakref.WeakSet[_EtcdWatch] = weakref.WeakSet()
         self._closed = False
+        self._members: list[str] = []  # client URLs of every member (quorum_lost)
+        self._prober: ThreadPoolExecutor | None = None
+        self._probe_lock = threading.Lock()
 
     def _client(self, url: str) -> Etcd3Client:
         parts = urlsplit(url)
@@ -410,30 +414,38 @@ class EtcdStore(StateStore):
                            str(st.get("version", "")), alarms)
 
     def quorum_lost(self, timeout: float = 1.0) -> bool:
-        # Short timeouts: callers (an agent deciding whether to fence) need an answer
-        # within their own interval, and a member that is slow to answer proves nothing.
+        # Callers (an agent deciding whether to fence) need an answer within their own
+        # interval: members are asked at once, each bounded by ``timeout``, and the member
+        # list (served by any member, quorum or not) is kept once read.
         wait = min(self._timeout, timeout)
-        members: list[str] = []
-        for url in self._endpoints:
-            try:
-                listed = self._probe(url, "/cluster/member/list", wait)  # served locally
-            except (requests.RequestException, ValueError):
-                continue
-            members = [str(m["clientURLs"][0]) for m in listed.get("members", [])
-                       if isinstance(m, dict) and m.get("clientURLs")]
-            break
+        members = self._members
         if not members:
-            return False
-        out = 0
-        for url in members:
-            try:
-                st = self._probe(url, "/maintenance/status", wait)
-            except (requests.RequestException, ValueError) as exc:
-                out += _refused(exc)  # not running there; a timeout proves nothing
-                continue
-            errors = " ".join(str(e) for e in st.get("errors") or [])
-            out += str(st.get("leader", "0")) in ("", "0") or "no leader" in errors
+            for url in self._endpoints:
+                try:
+                    listed = self._probe(url, "/cluster/member/list", wait)
+                except (requests.RequestException, ValueError):
+                    continue
+                members = [str(m["clientURLs"][0]) for m in listed.get("members", [])
+                           if isinstance(m, dict) and m.get("clientURLs")]
+                break
+            if not members:
+                return False
+            self._members = members
+        with self._probe_lock:
+            if self._prober is None:
+                self._prober = ThreadPoolExecutor(max_workers=8, thread_name_prefix="etcd-probe")
+            prober = self._prober
+        out = sum(prober.map(lambda url: self._member_out(url, wait), members))
         return out > len(members) / 2
+
+    def _member_out(self, url: str, timeout: float) -> bool:
+        """True if the member is provably outside any quorum: not running, or no leader."""
+        try:
+            st = self._probe(url, "/maintenance/status", timeout)
+        except (requests.RequestException, ValueError) as exc:
+            return _refused(exc)  # not running there; a timeout proves nothing
+        errors = " ".join(str(e) for e in st.get("errors") or [])
+        return str(st.get("leader", "0")) in ("", "0") or "no leader" in errors
 
     def _probe(self, url: str, path: str, timeout: float) -> dict[str, Any]:
         """One request to one member, no failover (a member's own view)."""
@@ -454,6 +466,8 @@ class EtcdStore(StateStore):
 
     def close(self) -> None:
         self._closed = True
+        if self._prober is not None:
+            self._prober.shutdown(wait=False)
         for watch in list(self._watches):
             watch.cancel()
         self._session.close()

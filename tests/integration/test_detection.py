@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from raps_slurm.config import load_file
+from raps_slurm.core.planner import CANCELLED, Plan, PlanEvent
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
@@ -208,3 +209,38 @@ def test_admin_drain_and_resume_need_root_or_slurmuser(cluster: LocalCluster) ->
                                   "audit", "--last", "2", "--json").stdout)
     assert [(a["who"], a["verb"], a["nodes"], a["reason"]) for a in audit] == \
         [("root", "drain", node, "admin: swap fan"), ("slurm", "resume", node, "")]
+
+
+def test_cancel_plan_needs_root_or_slurmuser_and_is_audited(
+        cluster: LocalCluster, store: tuple[StateStore, Keys]) -> None:
+    s, keys = store
+    env = {**os.environ, **cluster.env}
+    plan = Plan("990001-2-2", "990001", 2, "n5", "n6", 2, "dead", 0, created_at=time.time())
+    s.put(keys.plan(plan.plan_id), plan.to_json())
+
+    def rapsctl_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+        prefix = ["runuser", "-u", user, "--"] if user else []
+        return subprocess.run([*prefix, sys.executable, "-m", "raps_slurm.cli", "--config",
+                               str(cluster.config_path), *args], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    try:
+        denied = rapsctl_as("nobody", "cancel-plan", plan.plan_id, "--reason", "mine now")
+        assert (denied.returncode, denied.stderr.strip()) == (
+            1, "rapsctl: permission denied: 'cancel-plan' needs root or SlurmUser (slurm)")
+        assert s.get(keys.plan_event(plan.plan_id, CANCELLED)) is None
+        missing = rapsctl_as(None, "cancel-plan", "990001-9-9", "--reason", "x")
+        assert missing.returncode == 1 and "no plan '990001-9-9'" in missing.stderr
+        done = rapsctl_as(None, "cancel-plan", plan.plan_id, "--reason", "spare is flaky")
+        assert done.returncode == 0, done.stderr
+        kv = s.get(keys.plan_event(plan.plan_id, CANCELLED))
+        assert kv is not None
+        event = PlanEvent.from_json(kv.key, kv.value)
+        assert (event.detail["who"], event.detail["reason"]) == ("root", "spare is flaky")
+        again = rapsctl_as(None, "cancel-plan", plan.plan_id, "--reason", "twice")
+        assert again.returncode == 1 and "already cancelled" in again.stderr
+        audit = json.loads(rapsctl_as(None, "show", "audit", "--last", "1", "--json").stdout)
+        assert [(a["who"], a["verb"], a["plan"], a["reason"]) for a in audit] == [
+            ("root", "cancel-plan", plan.plan_id, "spare is flaky")]
+    finally:
+        s.delete_prefix(keys.plan(plan.plan_id))

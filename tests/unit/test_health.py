@@ -17,6 +17,7 @@ from raps_slurm.core.health import (
     HealthPolicy,
     HealthSettings,
     HealthVerdict,
+    door_rejections,
 )
 from raps_slurm.testing.sysfs import make_tree
 
@@ -330,3 +331,30 @@ def test_probe_sample_feeds_the_policy(tmp_path: Path) -> None:
     status = policy.status("n3", 130.0)
     assert status is not None
     assert status.conditions == ("nvme0 temp 72C > 70C", "tcp retransmit 9.0% >= 5.0%")
+
+
+def test_door_rejections_are_read_and_bad_entries_named() -> None:
+    sample = {"rejected": {"transfer": {"handshake": 3, "io": 0},
+                           "local_api": {"json": 2, "Bad Kind": 1, "size": -1, "x": True},
+                           "BAD DOOR": {"a": 1}, "heartbeat": [1]}}
+    counts, problems = door_rejections(sample)
+    assert counts == {("transfer", "handshake"): 3, ("transfer", "io"): 0,
+                      ("local_api", "json"): 2}
+    assert len(problems) == 5, problems
+    assert any("'Bad Kind'" in p for p in problems)
+    assert any("'BAD DOOR'" in p for p in problems)
+    assert door_rejections({}) == ({}, [])
+    assert door_rejections({"rejected": 5})[1] == [
+        "rejected: expected an object of doors, got int"]
+
+
+def test_door_rejections_keep_a_bounded_label_set() -> None:
+    counts, problems = door_rejections(
+        {"rejected": {"flood": {f"k{i}": i for i in range(100)}}})
+    assert len(counts) == 64 and len(problems) == 36
+
+
+def test_a_sample_with_rejections_is_judged_as_without() -> None:
+    policy = HealthPolicy(HealthSettings())
+    sample = {"at": 1.0, "rejected": {"transfer": {"io": 1}}}
+    assert policy.observe("n1", sample, 1.0) is None

@@ -4,6 +4,7 @@ released once, hung ranks relaunched in place, a second leader finishing the fir
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from raps_slurm.coordinator.cycle import Coordinator
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.recovery import Recovery, read_plans
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry
-from raps_slurm.core.planner import PlanEvent
+from raps_slurm.core.planner import CANCELLED, Plan, PlanEvent, cancelled
 from raps_slurm.model import JobInfo, Switch, Topology
 from raps_slurm.store import Keys, MemoryStore
 from raps_slurm.testing import FakeClock
@@ -235,3 +236,28 @@ def test_a_launch_that_fails_moves_on_to_another_spare_then_escalates(world: Wor
     step(c, world, 4)
     assert world.plans() == {"7-3-2": "failed", "7-3-3": "failed"}
     assert world.requeued == ["7"]
+
+
+def test_a_cancelled_plan_escalates_its_job_once(world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    world.dead = {"n6"}
+    step(c, world, 2)
+    assert world.plans() == {"7-3-2": "running"}
+    world.store.put(world.keys.plan_event("7-3-2", CANCELLED), PlanEvent(
+        "7-3-2", CANCELLED, world.clock(), "login1",
+        {"who": "root", "uid": 0, "reason": "spare n2 is flaky"}).to_json())
+    step(c, world, 3)
+    assert world.plans() == {"7-3-2": "escalated"} and world.requeued == ["7"]
+    esc = json.loads(world.store.get(world.keys.job_escalation("7")).value)  # type: ignore[union-attr]
+    assert esc["reason"] == "plan 7-3-2 cancelled by root: spare n2 is flaky"
+
+
+def test_cancelled_lists_only_active_plans_with_a_request() -> None:
+    queued = Plan("7-3-2", "7", 3, "n6", "n2", 2, "dead", 0, created_at=1.0)
+    done = dataclasses.replace(Plan("7-1-2", "7", 1, "n3", "n4", 2, "dead", 0), state="done")
+    request = PlanEvent("7-3-2", CANCELLED, 2.0, "login1", {"who": "root"})
+    events = {"7-3-2": {CANCELLED: request},
+              "7-1-2": {CANCELLED: PlanEvent("7-1-2", CANCELLED, 2.0, "l", {})}}
+    assert cancelled([queued, done], events) == [(queued, request)]
+    assert cancelled([queued], {}) == []
