@@ -163,7 +163,8 @@ class CoordinatorConfig:
     """Coordinator leadership; the leader is found through etcd."""
 
     addresses: tuple[str, ...] = _f(["127.0.0.1:7470"],
-                                    "host:port of every coordinator (leader and standbys)")
+                                    "host:port of every coordinator's user door (TCP): "
+                                    "rapsctl of a non-root user asks them in order")
     leader_lease_sec: float = _f(10.0, "TTL of the coordinator leader key", 1, 600)
     cycle_interval_sec: float = _f(1.0, "longest wait between cycles (a job change wakes it)",
                                    0.05, 60)
@@ -177,6 +178,8 @@ class CoordinatorConfig:
     metrics_address: str = _f("127.0.0.1:9470", "Prometheus endpoint host:port ('' = off)")
     heartbeat_address: str = _f("0.0.0.0:7470", "UDP host:port the coordinator receives "
                                 "heartbeats on")
+    user_address: str = _f("0.0.0.0:7470", "TCP host:port of the user door: rapsctl of "
+                           "users (login nodes) with a MUNGE credential ('' = off)")
 
 
 @dataclass(frozen=True)
@@ -353,6 +356,9 @@ def _check_pairs(cfg: Config, errors: list[str]) -> None:
     metrics = cfg.coordinator.metrics_address
     if metrics and parse_address(metrics) is None:
         errors.append(f"coordinator.metrics_address: {metrics!r} is not host:port or ''")
+    door = cfg.coordinator.user_address
+    if door and parse_address(door, any_port=True) is None:
+        errors.append(f"coordinator.user_address: {door!r} is not host:port or ''")
     if parse_address(cfg.coordinator.heartbeat_address) is None:
         errors.append(f"coordinator.heartbeat_address: {cfg.coordinator.heartbeat_address!r} "
                       "is not host:port")

@@ -147,7 +147,8 @@ write_raps_conf() {
     echo "store:"
     echo "  endpoints: ['$(etcd_urls | sed "s/,/', '/g")']"
   } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" \
-        -e "/^agent:/a\\  socket_path: $RUN/sock/%n/agent.sock" >"$RUN/etc/raps.yaml"
+        -e "/^agent:/a\\  socket_path: $RUN/sock/%n/agent.sock" \
+        -e "/^coordinator:/a\\  addresses: ['127.0.0.1:$((BASE + 470))']" >"$RUN/etc/raps.yaml"
   [ -f "$RUN/etc/raps.key" ] || "$RAPS_PYTHON" -m raps_slurm.cli config create-key "$RUN/etc/raps.key" >/dev/null
   chmod 0644 "$RUN/etc/raps.yaml"
   if id slurm >/dev/null 2>&1 && ! runuser -u slurm -- "$RAPS_PYTHON" -c 'import raps_slurm.hooks.run' 2>/dev/null; then
@@ -414,7 +415,7 @@ cmd_coordinator_start() {
   if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then die "a coordinator already runs"; fi
   SLURM_CONF="$RUN/etc/slurm.conf" nohup "$RAPS_PYTHON" -m raps_slurm.coordinator \
     --config "$RUN/etc/raps.yaml" --name coordinator --metrics-address "127.0.0.1:$((BASE + 471))" \
-    --heartbeat-address "127.0.0.1:$((BASE + 470))" \
+    --heartbeat-address "127.0.0.1:$((BASE + 470))" --user-address "127.0.0.1:$((BASE + 470))" \
     </dev/null >>"$RUN/log/coordinator.log" 2>&1 &
   echo $! >"$pidf"
   log "raps-coordinator started (log $RUN/log/coordinator.log, metrics http://127.0.0.1:$((BASE + 471))/metrics)"

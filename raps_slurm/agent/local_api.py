@@ -42,6 +42,7 @@ from raps_slurm.agent.api_schema import (
     decode_request,
     parse_request,
 )
+from raps_slurm.core.jobs import authorize
 from raps_slurm.errors import RapsError, StoreUnavailable
 from raps_slurm.runtime.agent_client import MAX_REQUEST, encode_frame
 
@@ -182,11 +183,6 @@ def require_owner(owner_of: Callable[[str], int | None], peer: Peer, job: str) -
     if owner != peer.uid:
         raise Refused("permission", f"permission denied: job {job} belongs to uid "
                                     f"{owner}, you are uid {peer.uid}")
-
-
-def authorize(uid: int, owner: int | None) -> bool:
-    """May ``uid`` act for a job whose registered owner is ``owner`` (None: not registered)?"""
-    return uid == 0 or (owner is not None and owner == uid)
 
 
 def process_uid(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> int | None:

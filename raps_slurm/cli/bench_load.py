@@ -425,7 +425,7 @@ def bench_heartbeats(nodes: int, seconds: int, port: int, as_json: bool) -> None
                 with open(log_path, "wb") as out:
                     coordinator = subprocess.Popen(
                         [sys.executable, "-m", "raps_slurm.coordinator", "--config",
-                         str(cfg_path), "--name", "bench"],
+                         str(cfg_path), "--name", "bench", "--user-address", ""],
                         env={**os.environ, "SLURM_CONF": str(slurm_conf)},
                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 s, k, proc = store, keys, coordinator

@@ -17,6 +17,7 @@ import click
 from raps_slurm import config as cfgmod
 from raps_slurm.cli.output import records, table
 from raps_slurm.cli.show import groups_dry_run, show
+from raps_slurm.cli.userdoor import as_user, ask
 from raps_slurm.registry import job_ids, job_view
 from raps_slurm.store import Keys, StateStore, open_store
 
@@ -62,12 +63,18 @@ def _job_block(job: dict[str, Any]) -> list[list[tuple[str, Any]]]:
 @click.option("--json", "as_json", is_flag=True, help="JSON (the documented contract).")
 @click.pass_context
 def show_job(ctx: click.Context, job_id: str | None, oneliner: bool, as_json: bool) -> None:
-    """A RAPS job's registration, rank map and backup groups (all jobs without JOBID)."""
-    with _store(ctx) as (store, keys):
-        if job_id is not None:
-            jobs = [job_view(store, keys, job_id)]
-        else:
-            jobs = [job_view(store, keys, j) for j in job_ids(store, keys)]
+    """A RAPS job's registration, rank map and backup groups (all jobs without JOBID).
+    A user (not root) names a job of theirs; it is asked of the coordinators."""
+    if as_user():
+        if job_id is None:
+            raise click.UsageError("name a job: users see their own jobs (show job JOBID)")
+        jobs = [ask(cfgmod.load_config(ctx.obj.get("config_path")), "job", job_id)]
+    else:
+        with _store(ctx) as (store, keys):
+            if job_id is not None:
+                jobs = [job_view(store, keys, job_id)]
+            else:
+                jobs = [job_view(store, keys, j) for j in job_ids(store, keys)]
     if as_json:
         click.echo(json.dumps(jobs[0] if job_id is not None else jobs, indent=2))
         return

@@ -8,36 +8,20 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import click
 
+from raps_slurm import config as cfgmod
 from raps_slurm.cli.jobs import _store
 from raps_slurm.cli.output import table
 from raps_slurm.cli.show import show
+from raps_slurm.cli.userdoor import as_user, ask
 from raps_slurm.coordinator.recovery import plans_in_order, read_plans
-from raps_slurm.core.planner import Plan, PlanEvent, timeline
+from raps_slurm.core.planner import plan_dict
 
 
 def _clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1000) % 1000:03d}"
-
-
-def plan_dict(plan: Plan, events: dict[str, PlanEvent]) -> dict[str, Any]:
-    """The JSON shape of one plan with its timeline (times in seconds since the epoch)."""
-    rows = timeline(plan, events)
-    t0 = rows[0][1] if rows else plan.created_at
-    restored = events.get("restored")
-    running = events.get("running")
-    return {"plan_id": plan.plan_id, "job": plan.job, "run": plan.run, "rank": plan.rank,
-            "source": plan.source, "target": plan.target, "epoch": plan.epoch,
-            "reason": plan.reason, "state": plan.state, "note": plan.note,
-            "restore_bytes": plan.restore_bytes,
-            "bytes_pulled": restored.detail.get("bytes_pulled") if restored else None,
-            "replayed": running.detail.get("replayed") if running else None,
-            "total_s": (round(running.at - t0, 3) if running else None),
-            "timeline": [{"phase": p, "at": at, "after_s": round(at - t0, 3), "what": what}
-                         for p, at, what in rows]}
 
 
 @show.command("recoveries")
@@ -48,11 +32,17 @@ def show_recoveries(ctx: click.Context, job_id: str | None, as_json: bool) -> No
     """Recovery plans of job JOBID (of every job without it), oldest first."""
     if job_id is not None and not (job_id.isascii() and job_id.isdigit()):
         raise click.BadParameter(f"{job_id!r} is not a job id", param_hint="JOBID")
-    with _store(ctx) as (store, keys):
-        book = read_plans(store, keys)
-    plans = plans_in_order(p for p, _ in book.plans.values()
-                           if job_id is None or p.job == job_id)
-    rows = [plan_dict(p, book.events.get(p.plan_id, {})) for p in plans]
+    if as_user():
+        if job_id is None:
+            raise click.UsageError("name a job: users see their own jobs (show recoveries "
+                                   "JOBID)")
+        rows = ask(cfgmod.load_config(ctx.obj.get("config_path")), "recoveries", job_id)
+    else:
+        with _store(ctx) as (store, keys):
+            book = read_plans(store, keys)
+        plans = plans_in_order(p for p, _ in book.plans.values()
+                               if job_id is None or p.job == job_id)
+        rows = [plan_dict(p, book.events.get(p.plan_id, {})) for p in plans]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -19,6 +19,7 @@ from types import FrameType
 import click
 import sdnotify
 
+from raps_slurm import munge
 from raps_slurm.config import load_config, parse_address
 from raps_slurm.coordinator.cycle import Coordinator, DeadNodes
 from raps_slurm.coordinator.detection import Detection
@@ -27,6 +28,7 @@ from raps_slurm.coordinator.heartbeats import HeartbeatServer
 from raps_slurm.coordinator.hygiene import Hygiene
 from raps_slurm.coordinator.metrics import Metrics
 from raps_slurm.coordinator.recovery import Recovery
+from raps_slurm.coordinator.userdoor import UserDoor
 from raps_slurm.coordinator.weights import Weights
 from raps_slurm.errors import RapsError, StoreError
 from raps_slurm.heartbeat import accepted_key, load_key
@@ -95,9 +97,11 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
               help="Override coordinator.metrics_address ('' = no endpoint).")
 @click.option("--heartbeat-address", default=None, metavar="HOST:PORT",
               help="Override coordinator.heartbeat_address (UDP, heartbeats from agents).")
+@click.option("--user-address", default=None, metavar="HOST:PORT",
+              help="Override coordinator.user_address (TCP, rapsctl of users; '' = off).")
 @click.option("--once", is_flag=True, help="Run one cycle, print its status, exit.")
 def cli(config_path: str | None, name: str | None, metrics_address: str | None,
-        heartbeat_address: str | None, once: bool) -> None:
+        heartbeat_address: str | None, user_address: str | None, once: bool) -> None:
     """Run the raps-slurm coordinator (leader or standby)."""
     try:
         cfg = load_config(config_path)
@@ -130,6 +134,18 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     except OSError as exc:
         raise click.ClickException(f"heartbeat address {listen[0]}:{listen[1]}: "
                                    f"{exc.strerror or exc}") from None
+    door_at = cfg.coordinator.user_address if user_address is None else user_address
+    door: UserDoor | None = None
+    if door_at:
+        bind = parse_address(door_at, any_port=True)
+        if bind is None:
+            raise click.ClickException(f"--user-address {door_at!r} is not host:port or ''")
+        try:
+            door = UserDoor(store, keys, bind, munge.decode, on_result=metrics.count_user)
+        except OSError as exc:
+            server.stop()
+            raise click.ClickException(f"user address {door_at}: {exc.strerror or exc}") from None
+        door.start()
     advertised = listen[0] if listen[0] not in ("0.0.0.0", "") else socket.getfqdn()
     identity = {"name": name, "host": socket.gethostname(), "pid": os.getpid(),
                 "metrics": address or "", "heartbeat": f"{advertised}:{server.address[1]}"}
@@ -192,6 +208,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
         weights.close()
         leadership.resign()
         server.stop()
+        if door is not None:
+            door.stop()
         detection.close()
         store.close()
     log.info("coordinator %s stopped", name)

@@ -38,6 +38,9 @@ class Metrics:
             "raps_agent_rejected", "what an agent's door (transfer, local_api, heartbeat) "
             "refused since the agent started, by kind, from its last health sample",
             ["node", "door", "kind"], registry=self.registry)
+        self.user_requests = Counter("raps_coordinator_user_requests",
+                                     "requests at the user door by result (served or why "
+                                     "refused)", ["result"], registry=self.registry)
         self._heartbeat_children: dict[str, Counter] = {}
         if address:
             parsed = parse_address(address)
@@ -52,6 +55,10 @@ class Metrics:
         """The counts of one node's last health sample (cumulative in the agent)."""
         for (door, kind), count in counts.items():
             self.agent_rejected.labels(node, door, kind).set(count)
+
+    def count_user(self, result: str) -> None:
+        """Count one user door request by result."""
+        self.user_requests.labels(result).inc()
 
     def count_heartbeat(self, result: str) -> None:
         """Count one datagram by result; the label child is cached (called per datagram)."""

@@ -361,3 +361,10 @@ def _natural(name: str) -> tuple[str, int, str]:
     head = name.rstrip("0123456789")
     tail = name[len(head):]
     return head, int(tail) if tail else -1, name
+
+
+def authorize(uid: int, owner: int | None) -> bool:
+    """May ``uid`` act for a job whose registered owner is ``owner`` (None: not registered)?
+    Root may; otherwise only the owner (the agent's socket and the coordinator's user door
+    apply the same rule)."""
+    return uid == 0 or (owner is not None and owner == uid)

@@ -379,3 +379,20 @@ def timeline(plan: Plan, events: Mapping[str, PlanEvent]) -> list[tuple[str, flo
     if plan.state in ("done", "escalated", "failed") and plan.finished_at is not None:
         rows.append((plan.state, plan.finished_at, plan.note))
     return rows
+
+
+def plan_dict(plan: Plan, events: Mapping[str, PlanEvent]) -> dict[str, Any]:
+    """The JSON shape of one plan with its timeline (times in seconds since the epoch)."""
+    rows = timeline(plan, events)
+    t0 = rows[0][1] if rows else plan.created_at
+    restored = events.get("restored")
+    running = events.get("running")
+    return {"plan_id": plan.plan_id, "job": plan.job, "run": plan.run, "rank": plan.rank,
+            "source": plan.source, "target": plan.target, "epoch": plan.epoch,
+            "reason": plan.reason, "state": plan.state, "note": plan.note,
+            "restore_bytes": plan.restore_bytes,
+            "bytes_pulled": restored.detail.get("bytes_pulled") if restored else None,
+            "replayed": running.detail.get("replayed") if running else None,
+            "total_s": (round(running.at - t0, 3) if running else None),
+            "timeline": [{"phase": p, "at": at, "after_s": round(at - t0, 3), "what": what}
+                         for p, at, what in rows]}

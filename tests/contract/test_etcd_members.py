@@ -100,7 +100,7 @@ def coordinator(cfg: Path, name: str, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen([sys.executable, "-m", "raps_slurm.coordinator", "--config",
                                  str(cfg), "--name", name, "--heartbeat-address",
-                                 "127.0.0.1:0"], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 "127.0.0.1:0", "--user-address", ""], stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
 
 

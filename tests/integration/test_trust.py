@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap
 from raps_slurm.core.planner import Plan
 from raps_slurm.store import Keys, StateStore
-from raps_slurm.testing.cluster import LocalCluster
+from raps_slurm.testing.cluster import LocalCluster, wait_until
+from raps_slurm.testing.etcd import free_port
 
 ASK = r"""
 import json, os, sys
@@ -106,3 +108,51 @@ def test_a_user_is_served_only_their_own_job(cluster: LocalCluster,
     assert mine["ckpt_restore"]["ok"] is False
     assert mine["ckpt_restore"]["kind"] == "not_registered"
     assert mine["unregister"]["ok"], mine
+
+
+def test_a_user_without_an_agent_asks_the_coordinator_with_munge(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], users: tuple[int, int]) -> None:
+    """A login node: no agent, no etcd credentials; rapsctl reaches a coordinator's user
+    door with a MUNGE credential, which says who is asking."""
+    alice, bob = users
+    s, k = store
+    job = str(800000 + uuid.uuid4().int % 100000)
+    s.put(k.job(job), JobRecord(job, 0, alice, ("n1", "n2", "n3"), JobSpec(spares=1),
+                                user="raps-it-alice").to_json())
+    s.put(k.plan(f"{job}-1-2"), Plan(f"{job}-1-2", job, 1, "n2", "n3", 2, "node n2 is dead",
+                                     0).to_json())
+    port = free_port()
+    cfg = yaml.safe_load(cluster.config_path.read_text())
+    cfg.setdefault("coordinator", {})["addresses"] = [f"127.0.0.1:{free_port()}",
+                                                      f"127.0.0.1:{port}"]  # first: nobody
+    login = cluster.run_dir / "etc" / f"login-{job}.yaml"  # pytest's tmp dirs are 0700
+    login.write_text(yaml.safe_dump(cfg))
+    login.chmod(0o644)
+    door = cluster.coordinator("door").start(user_address=f"127.0.0.1:{port}")
+
+    def rapsctl(uid: int, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "raps_slurm.cli", "--config", str(login),
+                               *args], capture_output=True, text=True, timeout=60, user=uid,
+                              cwd="/", check=False, env={"PATH": "/usr/bin:/bin"})
+
+    try:
+        wait_until("the user door", lambda: "user door listening" in door.log(), timeout=20)
+        mine = rapsctl(alice, "show", "job", job, "--json")
+        assert mine.returncode == 0, mine.stderr
+        shown = json.loads(mine.stdout)
+        assert (shown["job_id"], shown["owner_uid"]) == (job, alice)
+        plans = rapsctl(alice, "show", "recoveries", job, "--json")
+        assert plans.returncode == 0, plans.stderr
+        assert [p["plan_id"] for p in json.loads(plans.stdout)] == [f"{job}-1-2"]
+        theirs = rapsctl(bob, "show", "job", job, "--json")
+        assert theirs.returncode == 1 and theirs.stdout == ""
+        assert theirs.stderr.strip() == (f"rapsctl: permission denied: job {job} belongs to "
+                                         f"uid {alice}, you are uid {bob}")
+        assert f"uid {bob} asked for job {job} of uid {alice}: refused" in door.log()
+        every = rapsctl(bob, "show", "job")
+        assert every.returncode == 2 and "name a job" in every.stderr
+    finally:
+        door.stop()
+        login.unlink()
+        s.delete_prefix(k.job(job))
+        s.delete(k.plan(f"{job}-1-2"))
