@@ -44,6 +44,7 @@ from raps_slurm.agent.api_schema import (
 )
 from raps_slurm.core.jobs import authorize
 from raps_slurm.errors import RapsError, StoreUnavailable
+from raps_slurm.logquota import LogQuota
 from raps_slurm.runtime.agent_client import MAX_REQUEST, encode_frame
 
 log = logging.getLogger("raps.agent")
@@ -288,6 +289,7 @@ class LocalApiServer:
         self.peer_uid_override: int | None = None  # tests only: act as this uid
         self.denied = 0
         self.errors: Counter[str] = Counter()  # kind -> count
+        self._quota = LogQuota(log)
         self._owner_of, self._valid_for = owner_of, valid_for
         self._extensions = dict(extensions or {})
         self._schemas = {**SCHEMAS, **{op: e.schema for op, e in self._extensions.items()}}
@@ -426,8 +428,9 @@ class LocalApiServer:
             except Refused as exc:
                 close_fds(fds)
                 self._count(exc.kind)
-                log.info("local API: closing connection from pid %d uid %d: %s",
-                         peer.pid, peer.uid, exc)
+                self._quota.log(exc.kind, logging.INFO,
+                                "local API: closing connection from pid %d uid %d: %s",
+                                peer.pid, peer.uid, exc)
                 self._try_send(conn, _error(exc))
                 return
             except OSError:

@@ -45,6 +45,7 @@ from raps_slurm.checkpoint.manifest import Manifest, is_hex_digest
 from raps_slurm.checkpoint.pack import HEADER, MAX_CHUNK, STORED_SLACK
 from raps_slurm.checkpoint.reader import read_into
 from raps_slurm.errors import RapsError, RecordError
+from raps_slurm.logquota import LogQuota
 
 log = logging.getLogger("raps.transfer")
 
@@ -300,6 +301,7 @@ class TransferServer:
         self._server: _Server | None = None
         self.errors = 0
         self.rejected: Counter[str] = Counter()  # kind -> connections refused (see serve)
+        self._quota = LogQuota(log)
         self._lock = threading.Lock()
 
     @property
@@ -370,7 +372,8 @@ class TransferServer:
                 with self._lock:
                     self.rejected[kind] += 1
             if not closed:
-                log.warning("chunk transfer with %s ended: %s", peer, exc)
+                self._quota.log(stage, logging.WARNING, "chunk transfer with %s ended: %s",
+                                peer, exc)
         finally:
             with contextlib.suppress(OSError):
                 sock.close()

@@ -1,4 +1,4 @@
-"""``rapsctl drain|resume|cancel-plan``: admin verbs, for root or SlurmUser only.
+"""``rapsctl drain|resume|update|cancel-plan``: admin verbs, for root or SlurmUser only.
 
 RAPS itself only ever changes drains whose reason starts with ``raps:`` and never
 resumes a node: a node RAPS drained comes back when an admin says so. Every admin
@@ -99,6 +99,51 @@ def resume(ctx: click.Context, nodes_expr: str) -> None:
     client.resume(nodes)
     audit(ctx, who, "resume", nodes)
     click.echo(f"resumed {','.join(nodes)}")
+
+
+MAX_PIN = 65533  # Slurm's own ceiling for a node Weight is higher; this one is plenty
+
+
+def _weight(text: str) -> int | None:
+    """``weight=N`` or ``weight=auto`` (None)."""
+    name, _, value = text.partition("=")
+    if name.lower() != "weight" or not value:
+        raise click.BadParameter(f"{text!r}: expected weight=N (1-{MAX_PIN}) or weight=auto",
+                                 param_hint="SETTING")
+    if value.lower() == "auto":
+        return None
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_PIN:
+        raise click.BadParameter(f"{text!r}: expected weight=N (1-{MAX_PIN}) or weight=auto",
+                                 param_hint="SETTING")
+    return int(value)
+
+
+@click.command("update")
+@click.argument("what", type=click.Choice(["node"]), metavar="node")
+@click.argument("nodes_expr", metavar="NODES")
+@click.argument("setting", metavar="weight=N|weight=auto")
+@click.pass_context
+def update(ctx: click.Context, what: str, nodes_expr: str, setting: str) -> None:
+    """Pin the Slurm Weight of NODES (the coordinator then leaves it alone, whatever their
+    failure history says), or give it back to the coordinator with weight=auto."""
+    weight = _weight(setting)
+    client = SlurmClient()
+    who = require_admin("update", client)
+    nodes = _nodes(nodes_expr)
+    store, keys = open_store(cfgmod.load_config(ctx.obj.get("config_path")).store)
+    with store:
+        if weight is None:
+            for n in nodes:
+                store.delete(keys.weight_pin(n))
+        else:
+            # recorded first: a leader's pass between the two steps must not undo it
+            for n in nodes:
+                store.put(keys.weight_pin(n), json.dumps(
+                    {"node": n, "weight": weight, "who": who, "at": time.time()}).encode())
+            client.set_weight(nodes, weight)
+    audit(ctx, who, "update", nodes, setting)
+    click.echo(f"{','.join(nodes)}: " + (f"weight {weight}, pinned" if weight is not None
+                                          else "weight managed by raps-slurm again"))
 
 
 @click.command("cancel-plan")

@@ -189,8 +189,10 @@ class Weights:
         current = {n.name: n.weight for n in infos}
         scores = node_scores(events, topo.racks(), now, window,
                              sys_cfg.score_half_life_h * 3600.0)
+        pinned = {kv.key.rsplit("/", 1)[-1]
+                  for kv in self.store.get_prefix(self.keys.weight_pins_prefix())}
         for a in reconcile(current, owned, scores, sys_cfg.weight_step, sys_cfg.weight_levels,
-                           now):
+                           now, pinned):
             if a.weight is not None:
                 self.leadership.ensure()  # no Slurm side effect from a deposed leader
                 try:

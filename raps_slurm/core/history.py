@@ -162,13 +162,19 @@ class WeightAction:
 
 def reconcile(current: Mapping[str, int], owned: Mapping[str, WeightRecord],
               scores: Mapping[str, float], step: int, levels: int,
-              now: float) -> list[WeightAction]:
+              now: float, pinned: Collection[str] = ()) -> list[WeightAction]:
     """What to change so every node Slurm shows (``current``) has the weight its score asks
-    for, touching only weights this leader set (see the module docstring)."""
+    for, touching only weights this leader set (see the module docstring). A node an admin
+    pinned is never touched; what the leader had recorded for it is dropped."""
     actions: list[WeightAction] = []
     for node in sorted(current):
         cur = current[node]
         rec = owned.get(node)
+        if node in pinned:
+            if rec is not None:
+                actions.append(WeightAction(node, None, None,
+                                            f"weight pinned by an admin ({cur}): left alone"))
+            continue
         if rec is not None and cur not in (rec.applied, rec.base):
             actions.append(WeightAction(node, None, None,
                                         f"weight {cur} set by someone else: left alone"))

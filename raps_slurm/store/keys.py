@@ -12,7 +12,9 @@ Layout under the prefix (default ``/raps/v1/``)::
     jobs/<jobid>/escalation
     plans/<id>                    plans/<id>/<phase>   (launched, restored, running)
     purged/<jobid>                a finished job's keys are gone; agents delete its local data
-    audit/<time>-<host>-<pid>     one admin action (rapsctl drain/resume): who, what, when
+    weights/<node>                a Slurm Weight the leader set (and the one it found before)
+    weight-pins/<node>            an admin's pinned Weight (rapsctl update node): left alone
+    audit/<time>-<host>-<pid>     one admin action (rapsctl drain/resume/...): who, what, when
 
 Numbers are written in decimal without padding, so a prefix listing is sorted
 as text (``10`` before ``9``): sort numerically after reading.
@@ -174,6 +176,14 @@ class Keys:
     def weight(self, node: str) -> str:
         """The weight the leader set on ``node`` and the one it found before."""
         return self.weights_prefix() + _component(node, "node name")
+
+    def weight_pins_prefix(self) -> str:
+        """Prefix of the weights an admin pinned (``rapsctl update node``)."""
+        return f"{self._prefix}weight-pins/"
+
+    def weight_pin(self, node: str) -> str:
+        """An admin's pinned weight of ``node``: the leader leaves that node's weight alone."""
+        return self.weight_pins_prefix() + _component(node, "node name")
 
     def audit_prefix(self) -> str:
         """Prefix of the admin audit records."""

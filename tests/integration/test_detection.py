@@ -244,3 +244,38 @@ def test_cancel_plan_needs_root_or_slurmuser_and_is_audited(
             ("root", "cancel-plan", plan.plan_id, "spare is flaky")]
     finally:
         s.delete_prefix(keys.plan(plan.plan_id))
+
+
+def test_update_node_weight_pins_it_for_root_only(
+        cluster: LocalCluster, store: tuple[StateStore, Keys]) -> None:
+    s, keys = store
+    node = "n4"
+    env = {**os.environ, **cluster.env}
+    before = cluster.slurm().node(node).weight
+
+    def rapsctl_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+        prefix = ["runuser", "-u", user, "--"] if user else []
+        return subprocess.run([*prefix, sys.executable, "-m", "raps_slurm.cli", "--config",
+                               str(cluster.config_path), *args], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    try:
+        denied = rapsctl_as("nobody", "update", "node", node, "weight=50")
+        assert (denied.returncode, denied.stderr.strip()) == (
+            1, "rapsctl: permission denied: 'update' needs root or SlurmUser (slurm)")
+        bad = rapsctl_as(None, "update", "node", node, "weight=lots")
+        assert bad.returncode == 2 and "expected weight=N (1-65533) or weight=auto" in bad.stderr
+        done = rapsctl_as(None, "update", "node", node, "weight=50")
+        assert done.returncode == 0, done.stderr
+        assert cluster.slurm().node(node).weight == 50
+        pin = s.get(keys.weight_pin(node))
+        assert pin is not None and json.loads(pin.value)["who"] == "root"
+        back = rapsctl_as(None, "update", "node", node, "weight=auto")
+        assert back.returncode == 0 and s.get(keys.weight_pin(node)) is None
+        audit = json.loads(rapsctl_as(None, "show", "audit", "--last", "2", "--json").stdout)
+        assert [(a["verb"], a["nodes"], a["reason"]) for a in audit] == [
+            ("update", node, "weight=50"), ("update", node, "weight=auto")]
+    finally:
+        s.delete(keys.weight_pin(node))
+        CommandRunner(timeout=30, env=cluster.env).run(
+            ["scontrol", "update", f"NodeName={node}", f"Weight={before}"])

@@ -38,9 +38,10 @@ from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_un
 from raps_slurm.testing.etcd import free_port
 
 DATAGRAMS = 10_000
-TRANSFER_CONNECTIONS = 500  # per kind: each is a TCP handshake and a server thread
-API_REQUESTS = 1_000  # per kind
-BATCH = 250
+TRANSFER_CONNECTIONS = 3_334  # per kind (10,002 in all): each a TCP connection and a server thread
+API_REQUESTS = 1_667  # per kind (10,002 in all)
+BATCH = 250  # datagrams: a burst larger than the socket buffer would be lost, not refused
+STREAM_BATCH = 2_000  # connections lose nothing; each wait costs a health sample's round trip
 NODE = "n1"
 
 
@@ -70,7 +71,7 @@ def verdicts(store: StateStore, keys: Keys) -> dict[str, int]:
 
 
 def flood(count: int, make: Callable[[int], tuple[Any, str]], send: Callable[[Any], None],
-          counts: Callable[[], Counter[str]]) -> Counter[str]:
+          counts: Callable[[], Counter[str]], batch: int = BATCH) -> Counter[str]:
     """Send ``count`` inputs made as (input, the kind it must be counted as) at send time,
     in batches; after each, wait until the daemon counted all of it (no loss hides a
     crash, no burst overflows a socket buffer). At the end the daemon's counts of those
@@ -82,8 +83,8 @@ def flood(count: int, make: Callable[[int], tuple[Any, str]], send: Callable[[An
         now = counts() - base
         return Counter({k: now[k] for k in now if k in want})
 
-    for start in range(0, count, BATCH):
-        for i in range(start, min(count, start + BATCH)):
+    for start in range(0, count, batch):
+        for i in range(start, min(count, start + batch)):
             data, kind = make(i)
             send(data)
             want[kind] += 1
@@ -200,7 +201,7 @@ def test_agent_doors_survive_a_flood(
                     (("unknown_op", b""), "frame")][i % 3]
 
         flood(3 * TRANSFER_CONNECTIONS, make_transfer, send_transfer,
-              lambda: agent_counts(port, "transfer"))
+              lambda: agent_counts(port, "transfer"), STREAM_BATCH)
 
         sock_path = str(cluster.run_dir / "sock" / NODE / "agent.sock")
         frame = struct.Struct(">I")
@@ -226,7 +227,8 @@ def test_agent_doors_survive_a_flood(
                     (request(json.dumps({"op": "register", "job": 1}).encode()), "schema"),
                     (frame.pack(100) + b"short", "truncated")][i % 6]
 
-        flood(6 * API_REQUESTS, make_api, send_api, lambda: agent_counts(port, "local_api"))
+        flood(6 * API_REQUESTS, make_api, send_api, lambda: agent_counts(port, "local_api"),
+              STREAM_BATCH)
 
         # Still serving: registered, a hello answered, no verdict changed.
         assert s.get(keys.node(NODE)) is not None

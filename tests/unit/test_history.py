@@ -101,6 +101,15 @@ def test_reconcile(current: dict[str, int], owned: dict[str, WeightRecord],
             for a in got] == expect
 
 
+def test_a_pinned_node_is_never_touched_and_its_record_dropped() -> None:
+    # n1 is in the failing rack: unpinned it would get 801, pinned it keeps the admin's 42
+    assert reconcile({"n1": 42}, {}, SCORES, 100, 10, now=5.0, pinned={"n1"}) == []
+    got = reconcile({"n1": 801}, {"n1": WeightRecord("n1", 1, 801, 0)}, SCORES, 100, 10,
+                    now=5.0, pinned={"n1"})
+    assert [(a.node, a.weight, a.record) for a in got] == [("n1", None, None)]
+    assert "pinned" in got[0].why
+
+
 @dataclass
 class Slurm:
     weights: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
