@@ -185,28 +185,30 @@ def test_hot_nvme_drains_the_node_once_with_its_reason(
             run.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
 
 
+def rapsctl_as(cluster: LocalCluster, user: str | None, *args: str
+               ) -> subprocess.CompletedProcess[str]:
+    """``rapsctl`` with the cluster's config, as ``user`` (runuser) or root (None)."""
+    prefix = ["runuser", "-u", user, "--"] if user else []
+    return subprocess.run([*prefix, sys.executable, "-m", "raps_slurm.cli", "--config",
+                           str(cluster.config_path), *args], env={**os.environ, **cluster.env},
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
 def test_admin_drain_and_resume_need_root_or_slurmuser(cluster: LocalCluster) -> None:
     node = "n2"
-    env = {**os.environ, **cluster.env}
 
-    def rapsctl_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-        prefix = ["runuser", "-u", user, "--"] if user else []
-        return subprocess.run([*prefix, sys.executable, "-m", "raps_slurm.cli", *args],
-                              env=env, capture_output=True, text=True, timeout=60, check=False)
-
-    denied = rapsctl_as("nobody", "drain", node, "--reason", "not mine")
+    denied = rapsctl_as(cluster, "nobody", "drain", node, "--reason", "not mine")
     assert denied.returncode == 1
     assert denied.stderr.strip() == ("rapsctl: permission denied: 'drain' needs root or "
                                      "SlurmUser (slurm)")
     assert "DRAIN" not in cluster.slurm().node(node).state_text.upper()
-    done = rapsctl_as(None, "drain", node, "--reason", "admin: swap fan")
+    done = rapsctl_as(cluster, None, "drain", node, "--reason", "admin: swap fan")
     assert done.returncode == 0, done.stderr
     info = cluster.slurm().node(node)
     assert "DRAIN" in info.state_text.upper() and info.reason == "admin: swap fan"
-    assert rapsctl_as("slurm", "resume", node).returncode == 0  # SlurmUser may too
+    assert rapsctl_as(cluster, "slurm", "resume", node).returncode == 0  # SlurmUser may too
     assert "DRAIN" not in cluster.slurm().node(node).state_text.upper()
-    audit = json.loads(rapsctl_as(None, "--config", str(cluster.config_path), "show",
-                                  "audit", "--last", "2", "--json").stdout)
+    audit = json.loads(rapsctl_as(cluster, None, "show", "audit", "--last", "2", "--json").stdout)
     assert [(a["who"], a["verb"], a["nodes"], a["reason"]) for a in audit] == \
         [("root", "drain", node, "admin: swap fan"), ("slurm", "resume", node, "")]
 
@@ -214,32 +216,25 @@ def test_admin_drain_and_resume_need_root_or_slurmuser(cluster: LocalCluster) ->
 def test_cancel_plan_needs_root_or_slurmuser_and_is_audited(
         cluster: LocalCluster, store: tuple[StateStore, Keys]) -> None:
     s, keys = store
-    env = {**os.environ, **cluster.env}
     plan = Plan("990001-2-2", "990001", 2, "n5", "n6", 2, "dead", 0, created_at=time.time())
     s.put(keys.plan(plan.plan_id), plan.to_json())
 
-    def rapsctl_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-        prefix = ["runuser", "-u", user, "--"] if user else []
-        return subprocess.run([*prefix, sys.executable, "-m", "raps_slurm.cli", "--config",
-                               str(cluster.config_path), *args], env=env,
-                              capture_output=True, text=True, timeout=60, check=False)
-
     try:
-        denied = rapsctl_as("nobody", "cancel-plan", plan.plan_id, "--reason", "mine now")
+        denied = rapsctl_as(cluster, "nobody", "cancel-plan", plan.plan_id, "--reason", "mine now")
         assert (denied.returncode, denied.stderr.strip()) == (
             1, "rapsctl: permission denied: 'cancel-plan' needs root or SlurmUser (slurm)")
         assert s.get(keys.plan_event(plan.plan_id, CANCELLED)) is None
-        missing = rapsctl_as(None, "cancel-plan", "990001-9-9", "--reason", "x")
+        missing = rapsctl_as(cluster, None, "cancel-plan", "990001-9-9", "--reason", "x")
         assert missing.returncode == 1 and "no plan '990001-9-9'" in missing.stderr
-        done = rapsctl_as(None, "cancel-plan", plan.plan_id, "--reason", "spare is flaky")
+        done = rapsctl_as(cluster, None, "cancel-plan", plan.plan_id, "--reason", "spare is flaky")
         assert done.returncode == 0, done.stderr
         kv = s.get(keys.plan_event(plan.plan_id, CANCELLED))
         assert kv is not None
         event = PlanEvent.from_json(kv.key, kv.value)
         assert (event.detail["who"], event.detail["reason"]) == ("root", "spare is flaky")
-        again = rapsctl_as(None, "cancel-plan", plan.plan_id, "--reason", "twice")
+        again = rapsctl_as(cluster, None, "cancel-plan", plan.plan_id, "--reason", "twice")
         assert again.returncode == 1 and "already cancelled" in again.stderr
-        audit = json.loads(rapsctl_as(None, "show", "audit", "--last", "1", "--json").stdout)
+        audit = json.loads(rapsctl_as(cluster, None, "show", "audit", "--last", "1", "--json").stdout)
         assert [(a["who"], a["verb"], a["plan"], a["reason"]) for a in audit] == [
             ("root", "cancel-plan", plan.plan_id, "spare is flaky")]
     finally:
@@ -250,29 +245,22 @@ def test_update_node_weight_pins_it_for_root_only(
         cluster: LocalCluster, store: tuple[StateStore, Keys]) -> None:
     s, keys = store
     node = "n4"
-    env = {**os.environ, **cluster.env}
     before = cluster.slurm().node(node).weight
 
-    def rapsctl_as(user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-        prefix = ["runuser", "-u", user, "--"] if user else []
-        return subprocess.run([*prefix, sys.executable, "-m", "raps_slurm.cli", "--config",
-                               str(cluster.config_path), *args], env=env,
-                              capture_output=True, text=True, timeout=60, check=False)
-
     try:
-        denied = rapsctl_as("nobody", "update", "node", node, "weight=50")
+        denied = rapsctl_as(cluster, "nobody", "update", "node", node, "weight=50")
         assert (denied.returncode, denied.stderr.strip()) == (
             1, "rapsctl: permission denied: 'update' needs root or SlurmUser (slurm)")
-        bad = rapsctl_as(None, "update", "node", node, "weight=lots")
+        bad = rapsctl_as(cluster, None, "update", "node", node, "weight=lots")
         assert bad.returncode == 2 and "expected weight=N (1-65533) or weight=auto" in bad.stderr
-        done = rapsctl_as(None, "update", "node", node, "weight=50")
+        done = rapsctl_as(cluster, None, "update", "node", node, "weight=50")
         assert done.returncode == 0, done.stderr
         assert cluster.slurm().node(node).weight == 50
         pin = s.get(keys.weight_pin(node))
         assert pin is not None and json.loads(pin.value)["who"] == "root"
-        back = rapsctl_as(None, "update", "node", node, "weight=auto")
+        back = rapsctl_as(cluster, None, "update", "node", node, "weight=auto")
         assert back.returncode == 0 and s.get(keys.weight_pin(node)) is None
-        audit = json.loads(rapsctl_as(None, "show", "audit", "--last", "2", "--json").stdout)
+        audit = json.loads(rapsctl_as(cluster, None, "show", "audit", "--last", "2", "--json").stdout)
         assert [(a["verb"], a["nodes"], a["reason"]) for a in audit] == [
             ("update", node, "weight=50"), ("update", node, "weight=auto")]
     finally:
