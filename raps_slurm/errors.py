@@ -71,3 +71,12 @@ class PlacementError(RapsError):
 
 class ClusterError(RapsError):
     """The local test cluster could not be started, stopped or faulted."""
+
+
+class Refused(RapsError):
+    """A request at one of the daemons' doors (agent socket, coordinator user door) is
+    answered with an error; ``kind`` names the category (counted, sent back)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind

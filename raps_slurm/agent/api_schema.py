@@ -10,19 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-from raps_slurm.errors import RapsError
+from raps_slurm.errors import Refused as Refused  # re-exported: every op module raises it
 from raps_slurm.runtime.agent_client import MAX_JOB_ID_LEN
 
 OPS = ("hello", "register", "heartbeat", "unregister")
 PID_LIMIT = 1 << 22  # Linux PID_MAX_LIMIT on 64-bit
-
-
-class Refused(RapsError):
-    """A request is answered with an error; ``kind`` names the category (counted, sent)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 def _show(value: object) -> str:

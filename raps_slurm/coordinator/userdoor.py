@@ -30,7 +30,7 @@ from typing import Any
 from raps_slurm.coordinator.recovery import plans_in_order, read_plans
 from raps_slurm.core.jobs import JobRecord, authorize
 from raps_slurm.core.planner import plan_dict
-from raps_slurm.errors import RapsError, RecordError, StoreError
+from raps_slurm.errors import RecordError, Refused, StoreError
 from raps_slurm.munge import Credential, MungeError
 from raps_slurm.registry import UnknownJob, job_view
 from raps_slurm.store import Keys, StateStore
@@ -41,14 +41,6 @@ MAX_REQUEST = 16384  # bytes: a MUNGE credential is about 200, the rest a few do
 TIMEOUT = 10.0  # seconds for a client to send its request
 OPS = ("job", "recoveries")
 _LEN = struct.Struct(">I")
-
-
-class Refused(RapsError):
-    """A request answered with an error of one ``kind`` (counted)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 def request_digest(op: str, job: str) -> bytes:
