@@ -212,6 +212,11 @@ def _check_time(what: str, value: float) -> None:
 
 def encode(msg: Message, key: bytes) -> bytes:
     """Serialize and sign ``msg``; BadDatagram ("name"/"field") if it cannot be sent as is."""
+    return sign(body(msg), key)
+
+
+def body(msg: Message) -> bytes:
+    """``msg`` serialized without its tag (``_udp.sign_send`` signs batches of them)."""
     raw = _check_name(msg.node)
     if isinstance(msg, Heartbeat):
         _check_u64("incarnation", msg.incarnation)
@@ -244,16 +249,14 @@ def encode(msg: Message, key: bytes) -> bytes:
                     and -1 <= blocked < 1 << 31):
                 raise BadDatagram("field", f"rank entry out of range: {r}")
             entries.append(_ENTRY.pack(r.job, r.rank, r.step, blocked))
-        body = b"".join((_HEADER.pack(MAGIC, VERSION, kind), fixed, bytes((len(raw),)), raw,
+        return b"".join((_HEADER.pack(MAGIC, VERSION, kind), fixed, bytes((len(raw),)), raw,
                          *entries))
-        return sign(body, key)
     else:
         _check_u64("nonce", msg.nonce)
         _check_time("sent_at", msg.sent_at)
         kind = KIND_PROBE
         fixed = _PROBE.pack(msg.nonce, msg.sent_at)
-    body = b"".join((_HEADER.pack(MAGIC, VERSION, kind), fixed, bytes((len(raw),)), raw))
-    return sign(body, key)
+    return b"".join((_HEADER.pack(MAGIC, VERSION, kind), fixed, bytes((len(raw),)), raw))
 
 
 def _signed(key: bytes, data: bytes, body_end: int) -> bool:
@@ -267,6 +270,27 @@ def decode(data: bytes, key: bytes, also: bytes | None = None) -> Message:
 
     ``also``: a second key whose signatures are accepted too (a key rollover,
     ``detection.accepted_key_file``)."""
+    _check_frame(data)
+    body_end = len(data) - TAG_BYTES
+    if not any(_signed(k, data, body_end) for k in (key, also) if k is not None):
+        raise BadDatagram("signature")
+    return _parse(data)
+
+
+# What _udp.recv_batch needs to check the tag exactly where decode would.
+FRAME = (_PREFIX, _MIN_DATAGRAM, MAX_DATAGRAM)
+
+
+def decode_checked(data: bytes, signed: int) -> Message:
+    """decode() of a datagram whose tag ``_udp.recv_batch`` checked (given FRAME):
+    ``signed`` is the index of the matching key, -1 for none, -2 if not checked."""
+    _check_frame(data)
+    if signed < 0:
+        raise BadDatagram("signature")
+    return _parse(data)
+
+
+def _check_frame(data: bytes) -> None:
     size = len(data)
     if size > MAX_DATAGRAM or size < _MIN_DATAGRAM:
         raise BadDatagram("size", f"{size} bytes outside {_MIN_DATAGRAM}..{MAX_DATAGRAM}")
@@ -274,9 +298,12 @@ def decode(data: bytes, key: bytes, also: bytes | None = None) -> Message:
         if not data.startswith(MAGIC):
             raise BadDatagram("magic")
         raise BadDatagram("version", f"version {data[3]}, we speak {VERSION}")
+
+
+def _parse(data: bytes) -> Message:
+    """The message in a datagram whose frame and tag were checked."""
+    size = len(data)
     body_end = size - TAG_BYTES
-    if not any(_signed(k, data, body_end) for k in (key, also) if k is not None):
-        raise BadDatagram("signature")
 
     # Authenticated from here on; still parsed strictly, since a bug or a version skew in a
     # sender holding the key must not crash the coordinator.

@@ -25,25 +25,28 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from raps_slurm._udp import recv_batch, sign_send
 from raps_slurm.errors import BadDatagram
 from raps_slurm.heartbeat import (
+    FRAME,
     Ack,
     AppReport,
     Heartbeat,
     Probe,
     RankProgress,
     ReplayGuard,
-    decode,
+    body,
+    decode_checked,
     encode,
 )
 
 log = logging.getLogger("raps.coordinator")
 
 
-@dataclass(frozen=True)
-class Received:
-    """One verified heartbeat, as the detector needs it."""
+class Received(NamedTuple):
+    """One verified heartbeat, as the detector needs it (a tuple: one per datagram)."""
 
     node: str
     sent_at: float
@@ -73,21 +76,21 @@ class HeartbeatServer:
     def __init__(self, address: tuple[str, int], key: bytes, max_skew: float,
                  leader_revision: Callable[[], int],
                  clock: Callable[[], float] = time.time,
-                 on_result: Callable[[str], None] | None = None,
+                 on_result: Callable[[str, int], None] | None = None,
                  accepted_key: bytes | None = None) -> None:
         self.address, self._key, self._clock = address, key, clock
         self._also = accepted_key  # a rollover's other key: accepted, never used to sign
         self._leader_revision = leader_revision
         self._guard = ReplayGuard(max_skew)
         self._app_guard = ReplayGuard(max_skew)  # app reports count on their own
-        self._queue: queue.SimpleQueue[Received | ReceivedApp] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[Received | ReceivedApp]] = queue.SimpleQueue()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.accepted = 0
         self.send_errors = 0  # acks and probes the kernel refused (send buffer full)
         self.rejected: Counter[str] = Counter()  # reason -> count
-        self._on_result = on_result or (lambda result: None)  # metrics, thread-safe
+        self._on_result = on_result or (lambda result, count: None)  # metrics, thread-safe
 
     def start(self) -> None:
         """Bind and serve in a thread; raises OSError if the address cannot be bound."""
@@ -98,10 +101,11 @@ class HeartbeatServer:
         self._thread.start()
 
     def _run(self, sock: socket.socket) -> None:
-        receive, handle = sock.recvfrom, self.handle  # bound once: this runs per datagram
+        fd, keys = sock.fileno(), (self._key,) if self._also is None else (self._key, self._also)
+        prefix, min_size, max_size = FRAME
         while True:
-            try:
-                data, addr = receive(2048)
+            try:  # up to 64 datagrams per call, the GIL released while it waits
+                batch = recv_batch(fd, keys, prefix, min_size, max_size, True)
             except OSError:
                 if self._stopping:
                     return
@@ -109,9 +113,9 @@ class HeartbeatServer:
             if self._stopping:
                 return
             try:
-                handle(data, addr)
+                self.handle_batch(batch)
             except Exception:  # a bug must not end the acks (as asyncio's loop would not)
-                log.exception("heartbeat from %s: unexpected error", addr)
+                log.exception("heartbeat batch of %d: unexpected error", len(batch))
 
     def stop(self) -> None:
         """Stop serving."""
@@ -139,51 +143,61 @@ class HeartbeatServer:
         except OSError:
             self.send_errors += 1
 
-    def handle(self, data: bytes, addr: tuple[str, int]) -> None:
-        """One datagram (in the server thread): verify, check replay/skew, ack, queue."""
-        try:
-            msg = decode(data, self._key, self._also)
-        except BadDatagram as exc:
-            self._reject(exc.reason)
-            return
+    def handle_batch(self, batch: list[tuple[bytes, tuple[str, int], int]]) -> None:
+        """Datagrams from ``recv_batch`` (in the server thread): verify, check replay and
+        skew, queue, then acknowledge them all with one ``sendmmsg``."""
         now = self._clock()
-        if isinstance(msg, AppReport):
-            problem = self._app_guard.check(
-                Heartbeat(msg.node, msg.incarnation, msg.counter, msg.sent_at), now)
-            if problem is not None:
-                self._reject(f"app-{problem}")
-                return
-            self.accepted += 1
-            self._on_result("accepted")
-            self._queue.put(ReceivedApp(msg.node, now, msg.ranks))
-            return
-        if not isinstance(msg, Heartbeat):
-            self._reject("kind")  # acks and probes are never sent to a coordinator
-            return
-        problem = self._guard.check(msg, now)
-        if problem is not None:
-            self._reject(problem)
-            return
-        self.accepted += 1
-        self._on_result("accepted")
         revision = self._leader_revision()
-        # Queued before the ack goes out: whoever has seen the ack finds the heartbeat.
-        self._queue.put(Received(msg.node, msg.sent_at, now, addr, revision > 0,
-                                 msg.probe_reply))
-        if revision > 0:
-            ack = Ack(msg.node, msg.incarnation, msg.counter, msg.sent_at, revision, now)
-            self._send(encode(ack, self._key), addr)
-
-    def _reject(self, reason: str) -> None:
-        self.rejected[reason] += 1
-        self._on_result(reason)
+        queued: list[Received | ReceivedApp] = []
+        acks: list[tuple[bytes, tuple[str, int]]] = []
+        rejected: list[str] = []
+        guard = self._guard
+        for data, addr, signed in batch:
+            try:
+                msg = decode_checked(data, signed)
+            except BadDatagram as exc:
+                rejected.append(exc.reason)
+                continue
+            if type(msg) is Heartbeat:
+                problem = guard.check(msg, now)
+                if problem is not None:
+                    rejected.append(problem)
+                    continue
+                queued.append(Received(msg.node, msg.sent_at, now, addr, revision > 0,
+                                       msg.probe_reply))
+                if revision > 0:
+                    acks.append((body(Ack(msg.node, msg.incarnation, msg.counter, msg.sent_at,
+                                          revision, now)), addr))
+            elif type(msg) is AppReport:
+                problem = self._app_guard.check(
+                    Heartbeat(msg.node, msg.incarnation, msg.counter, msg.sent_at), now)
+                if problem is not None:
+                    rejected.append(f"app-{problem}")
+                    continue
+                queued.append(ReceivedApp(msg.node, now, msg.ranks))
+            else:
+                rejected.append("kind")  # acks and probes are never sent to a coordinator
+        for reason in rejected:
+            self.rejected[reason] += 1
+            self._on_result(reason, 1)
+        if queued:
+            self.accepted += len(queued)
+            self._on_result("accepted", len(queued))
+            # Queued before the acks go out: whoever has seen an ack finds its heartbeat.
+            self._queue.put(queued)
+        if acks and self._sock is not None:
+            try:
+                self.send_errors += sign_send(self._sock.fileno(), self._key, acks)
+            except (OSError, ValueError) as exc:  # e.g. the socket closed under us
+                self.send_errors += len(acks)
+                log.warning("acks not sent: %s", exc)
 
     def drain(self) -> list[Received | ReceivedApp]:
         """Every heartbeat and app report verified since the last call."""
         out: list[Received | ReceivedApp] = []
         while True:
             try:
-                out.append(self._queue.get_nowait())
+                out += self._queue.get_nowait()
             except queue.Empty:
                 return out
 

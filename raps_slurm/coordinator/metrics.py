@@ -60,9 +60,9 @@ class Metrics:
         """Count one user door request by result."""
         self.user_requests.labels(result).inc()
 
-    def count_heartbeat(self, result: str) -> None:
-        """Count one datagram by result; the label child is cached (called per datagram)."""
+    def count_heartbeat(self, result: str, count: int = 1) -> None:
+        """Count datagrams by result; the label child is cached (called per batch)."""
         child = self._heartbeat_children.get(result)
         if child is None:
             child = self._heartbeat_children.setdefault(result, self.heartbeats.labels(result))
-        child.inc()
+        child.inc(count)

@@ -1,0 +1,9 @@
+"""Batched UDP receive/send with HMAC-SHA256 tags (the heartbeat path; raps_slurm/_udp.c)."""
+
+MAX_BATCH: int
+TAG_BYTES: int
+
+def recv_batch(fd: int, keys: tuple[bytes, ...], prefix: bytes, min_size: int, max_size: int,
+               wait: bool, /) -> list[tuple[bytes, tuple[str, int], int]]: ...
+def sign_send(fd: int, key: bytes, items: list[tuple[bytes, tuple[str, int]]], /) -> int: ...
+def tag(key: bytes, body: bytes, /) -> bytes: ...
