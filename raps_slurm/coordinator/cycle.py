@@ -32,7 +32,6 @@ from raps_slurm.core.jobs import (
     group_to_json,
     purge_due,
 )
-from raps_slurm.core.membership import dead_nodes
 from raps_slurm.core.placement import BackupLoads, replace_dead_backups
 from raps_slurm.core.planner import Plan
 from raps_slurm.core.planner import summarize as planner_summarize
@@ -49,7 +48,6 @@ from raps_slurm.store import MAX_TXN_OPS, Delete, Guard, Keys, KeyValue, Put, St
 
 log = logging.getLogger("raps.coordinator")
 
-_UNHEALTHY = ("DEGRADED", "DRAIN")  # health levels that rule a node out as a recovery target
 _RANKS_PER_TXN = (MAX_TXN_OPS - 2) // 2  # a rank entry and a group each, room for deletes
 
 
@@ -80,73 +78,6 @@ class Snapshot:
 
 def _members(g: BackupGroup) -> list[str]:
     return [m for m in (g.primary, g.log_backup, *g.ckpt_mirrors) if m]
-
-
-class DeadNodes:
-    """Nodes that are dead now: a DEAD verdict in etcd and no registration made after it
-    (a crashed node's registration lingers until its lease runs out, ``lease_duration_sec``;
-    one created after the verdict means the node came back).
-
-    Read from etcd (one prefix read, at most every ``every`` seconds) rather than from
-    this process's detector, so that a leader elected after the death knows it too.
-    The same read gives ``unhealthy`` (a SUSPECT verdict, or health DEGRADED or DRAIN:
-    no recovery target) and ``dead_at`` (when each DEAD verdict was given).
-    """
-
-    def __init__(self, store: StateStore, keys: Keys, every: float,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.store, self.keys, self.every = store, keys, every
-        self._mono = monotonic
-        self._at = -1e18
-        self._dead: set[str] = set()
-        self.unhealthy: set[str] = set()
-        # node -> (reason, time) of a health verdict at DRAIN, the node alive
-        self.draining: dict[str, tuple[str, float]] = {}
-        self.dead_at: dict[str, float] = {}
-        self.registered: set[str] | None = None  # None until read: no agent known yet
-
-    def refresh(self) -> None:
-        """Read etcd again at the next call (a verdict was just given)."""
-        self._at = -1e18
-
-    def __call__(self) -> set[str]:
-        now = self._mono()
-        if now - self._at >= self.every:
-            self._at = now
-            prefix = self.keys.nodes_prefix()
-            registered: dict[str, int] = {}  # node -> create revision of its registration
-            verdict: dict[str, int] = {}  # node -> revision of its DEAD verdict
-            unhealthy: set[str] = set()
-            draining: dict[str, tuple[str, float]] = {}
-            dead_at: dict[str, float] = {}
-            for kv in self.store.get_prefix(prefix):
-                rest = kv.key[len(prefix):]
-                if "/" not in rest:
-                    registered[rest] = kv.create_revision
-                    continue
-                node, _, leaf = rest.partition("/")
-                try:
-                    value = json.loads(kv.value)
-                    if leaf == "verdict" and value.get("kind") == "DEAD":
-                        verdict[node] = kv.mod_revision
-                        dead_at[node] = float(value.get("at") or 0.0)
-                    else:
-                        sick = (value.get("kind") == "SUSPECT" if leaf == "verdict"
-                                else leaf == "health-verdict" and value.get("level") in _UNHEALTHY)
-                        if sick:
-                            unhealthy.add(node)
-                        if leaf == "health-verdict" and value.get("level") == "DRAIN":
-                            draining[node] = (str(value.get("reason") or "health")
-                                              .removeprefix("raps: "),
-                                              float(value.get("at") or 0.0))
-                except (ValueError, AttributeError, TypeError):
-                    continue
-            self._dead = dead_nodes(registered, verdict)
-            self.registered = set(registered) - self._dead
-            self.unhealthy = unhealthy
-            self.draining = {n: r for n, r in draining.items() if n not in self._dead}
-            self.dead_at = {n: t for n, t in dead_at.items() if n in self._dead}
-        return set(self._dead)
 
 
 def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:

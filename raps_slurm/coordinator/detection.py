@@ -35,7 +35,8 @@ from raps_slurm.core.health import (
 from raps_slurm.core.history import FailureEvent
 from raps_slurm.errors import NotLeader, SlurmCommandError, StoreError
 from raps_slurm.model import NodeInfo
-from raps_slurm.store import Keys, Put, StateStore, Watch
+from raps_slurm.store import Keys, Put, StateStore
+from raps_slurm.store.follow import PrefixFollower
 
 log = logging.getLogger("raps.coordinator")
 
@@ -62,8 +63,7 @@ class Detection:
         self._registry_every = registry_every if registry_every is not None else min(
             2.0, cfg.detection.telemetry_interval_sec)
         self.health: HealthPolicy | None = None
-        self._nodes_watch: Watch | None = None
-        self._registry_at = -1e18
+        self._nodes: PrefixFollower | None = None
         self._slurm = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slurm-side-effects")
         self.verdicts: list[Verdict] = []  # every verdict applied (metrics, tests)
         self._outages = 0  # leadership.outages when the detector last (re)started
@@ -72,8 +72,8 @@ class Detection:
 
     def close(self) -> None:
         """Stop following nodes/ and wait for pending Slurm side effects."""
-        if self._nodes_watch is not None:
-            self._nodes_watch.cancel()
+        if self._nodes is not None:
+            self._nodes.cancel()
         self._slurm.shutdown(wait=True)
 
     def tick(self) -> list[str]:
@@ -84,9 +84,9 @@ class Detection:
             if self.detector is not None:
                 log.info("detector dropped: not the leader")
             self.detector = self.health = None
-            if self._nodes_watch is not None:
-                self._nodes_watch.cancel()
-                self._nodes_watch = None
+            if self._nodes is not None:
+                self._nodes.cancel()
+                self._nodes = None
             return []
         if self.detector is not None and (self._outages != self.leadership.outages
                                           or self._unrecorded):
@@ -100,7 +100,9 @@ class Detection:
         if self.detector is None:
             self.detector = Detector(self.settings, now)
             self.health = HealthPolicy(HealthSettings.from_config(self.cfg.detection))
-            self._registry_at = -1e18
+            if self._nodes is not None:  # a new detector knows no node: read them all
+                self._nodes.cancel()
+                self._nodes = None
             log.info("detector started: no DEAD verdict before %.1fs", self.settings.miss_window
                      + self.settings.fence_margin)
         det = self.detector
@@ -141,33 +143,15 @@ class Detection:
         return max(0.0, min(self.settings.interval / 4, soonest - now))
 
     def _watch_registered(self, det: Detector, now: float) -> None:
-        """Follow ``nodes/``: one full read, then a watch (a full read of 30,000 keys
-        takes 0.4 s, during which no tick runs; a watch costs per change only). The
-        watch is opened from the read's revision, so no change falls in between; on any
-        store error the next tick starts over with a full read."""
-        if self._nodes_watch is not None:
-            try:
-                while (event := self._nodes_watch.next(0)) is not None:
-                    if event.kind == "put":
-                        self._node_key(det, event.key, event.value, now)
-                return
-            except StoreError as exc:
-                log.warning("watch on nodes/ lost (%s): reading them again", exc)
-                self._nodes_watch.cancel()
-                self._nodes_watch = None
-        if now - self._registry_at < self._registry_every:
-            return  # a failed read is retried at this pace
-        self._registry_at = now
-        try:
-            revision = self.store.current_revision()
-            kvs = self.store.get_prefix(self.keys.nodes_prefix())
-            self._nodes_watch = self.store.watch_prefix(self.keys.nodes_prefix(),
-                                                        start_revision=revision + 1)
-        except StoreError as exc:
-            log.warning("cannot read nodes/: %s", exc)
-            return
-        for kv in kvs:
-            self._node_key(det, kv.key, kv.value, now)
+        """Follow ``nodes/`` (registrations and health samples): one full read, then a
+        watch; on a store error the next tick reads it all again."""
+        if self._nodes is None:
+            self._nodes = PrefixFollower(self.store, self.keys.nodes_prefix(),
+                                         self._registry_every)
+        changes = self._nodes.poll()
+        for event in changes.events if changes is not None else ():
+            if event.kind == "put":
+                self._node_key(det, event.key, event.value, now)
 
     def _node_key(self, det: Detector, key: str, value: bytes, now: float) -> None:
         """A registration (watch the node, learn its address) or a health sample."""

@@ -21,7 +21,8 @@ import sdnotify
 
 from raps_slurm import munge
 from raps_slurm.config import load_config, parse_address
-from raps_slurm.coordinator.cycle import Coordinator, DeadNodes
+from raps_slurm.coordinator.cycle import Coordinator
+from raps_slurm.coordinator.deadnodes import DeadNodes
 from raps_slurm.coordinator.detection import Detection
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
@@ -154,8 +155,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     detection = Detection(cfg, store, keys, leadership, server, node_info=slurm.node,
                           drain=lambda node, reason: slurm.drain([node], reason),
                           metrics=metrics)
-    # Re-read at least every heartbeat period (a verdict a previous leader gave), and at
-    # once when this leader's detector gives one.
+    # Follows nodes/ (verdicts a previous leader gave too); waits for the watch to bring a
+    # verdict this leader's detector just gave.
     dead_nodes = DeadNodes(store, keys, every=max(0.5, cfg.detection.kernel_heartbeat_interval_sec))
     coordinator = Coordinator(
         cfg, store, keys, leadership, topology=slurm.topology,
@@ -211,6 +212,7 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
         if door is not None:
             door.stop()
         detection.close()
+        dead_nodes.close()
         store.close()
     log.info("coordinator %s stopped", name)
 

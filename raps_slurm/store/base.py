@@ -81,12 +81,14 @@ class Lease:
 
 @dataclass(frozen=True)
 class WatchEvent:
-    """One change under a watched prefix; ``value`` is empty for a delete."""
+    """One change under a watched prefix; ``value`` is empty and ``create_revision`` 0 for
+    a delete."""
 
     kind: Literal["put", "delete"]
     key: str
     value: bytes
     mod_revision: int
+    create_revision: int = 0
 
 
 @dataclass(frozen=True)

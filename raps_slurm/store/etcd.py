@@ -566,7 +566,8 @@ class _EtcdWatch(Watch):
                 kind="delete" if deleted else "put",
                 key=base64.b64decode(kv["key"]).decode("utf-8", "replace"),
                 value=b"" if deleted else base64.b64decode(kv.get("value", "")),
-                mod_revision=int(kv.get("mod_revision", 0))))
+                mod_revision=int(kv.get("mod_revision", 0)),
+                create_revision=0 if deleted else int(kv.get("create_revision", 0))))
 
     def _close_stream(self) -> None:
         with self._lock:

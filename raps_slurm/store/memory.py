@@ -102,8 +102,9 @@ class MemoryStore(StateStore):
                 del self._data[k]
                 self._record("delete", k, b"")
 
-    def _record(self, kind: Literal["put", "delete"], key: str, value: bytes) -> None:
-        self._history.append(WatchEvent(kind, key, value, self._revision))
+    def _record(self, kind: Literal["put", "delete"], key: str, value: bytes,
+                created: int = 0) -> None:
+        self._history.append(WatchEvent(kind, key, value, self._revision, created))
         self._history_revs.append(self._revision)
         if len(self._history) > self._history_limit:
             # Trim in chunks so appends stay amortised O(1).
@@ -138,7 +139,7 @@ class MemoryStore(StateStore):
         self._data[key] = _Entry(value, created, self._revision, lease_id)
         if lease_id is not None:
             self._leases[lease_id].keys.add(key)
-        self._record("put", key, value)
+        self._record("put", key, value, created)
 
     def _remove(self, key: str) -> None:
         entry = self._data.pop(key)

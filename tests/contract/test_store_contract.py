@@ -316,18 +316,19 @@ def test_watch_from_revision_delivers_history_in_order(backend: Backend) -> None
     r4 = s.current_revision()
     with s.watch_prefix(backend.key("w", ""), start_revision=r1) as w:
         events = _drain(w.next, 4)
-        assert [(e.kind, e.key, e.value, e.mod_revision) for e in events] == [
-            ("put", a, b"1", r1), ("put", b, b"2", r2), ("put", a, b"3", r3),
-            ("delete", b, b"", r4)]
-        # history then live, same stream
+        assert [(e.kind, e.key, e.value, e.mod_revision, e.create_revision)
+                for e in events] == [
+            ("put", a, b"1", r1, r1), ("put", b, b"2", r2, r2), ("put", a, b"3", r3, r1),
+            ("delete", b, b"", r4, 0)]
+        # history then live, same stream: a key created again has a new create revision
         r5 = s.put(b, b"5")
-        assert _drain(w.next, 1) == [WatchEvent("put", b, b"5", r5)]
+        assert _drain(w.next, 1) == [WatchEvent("put", b, b"5", r5, r5)]
         assert w.next(0.2) is None
 
 
 def test_watch_sees_live_put_and_delete(backend: Backend) -> None:
     s, k = backend.store, backend.key("live", "x")
-    s.put(k, b"before the watch")
+    created = s.put(k, b"before the watch")
     w = s.watch_prefix(backend.key("live", ""))
     try:
         assert w.next(0.2) is None  # no history without start_revision
@@ -335,7 +336,8 @@ def test_watch_sees_live_put_and_delete(backend: Backend) -> None:
         rd = s.current_revision() + 1
         assert s.delete(k)
         events = _drain(w.next, 2)
-        assert events == [WatchEvent("put", k, b"now", rp), WatchEvent("delete", k, b"", rd)]
+        assert events == [WatchEvent("put", k, b"now", rp, created),
+                          WatchEvent("delete", k, b"", rd)]  # created before the watch
     finally:
         w.cancel()
     assert w.next(0.1) is None  # cancelled

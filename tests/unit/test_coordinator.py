@@ -487,7 +487,7 @@ def test_dead_backup_is_replaced_by_a_live_pool_node(cluster: Cluster) -> None:
 
 
 def test_dead_nodes_ignore_a_registration_older_than_the_verdict() -> None:
-    from raps_slurm.coordinator.cycle import DeadNodes
+    from raps_slurm.coordinator.deadnodes import DeadNodes
 
     store, keys = MemoryStore(), Keys()
     dead = DeadNodes(store, keys, every=0.0)
