@@ -38,7 +38,7 @@ from raps_slurm.core.health import HealthPolicy, HealthSettings, door_rejections
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap
 from raps_slurm.core.planner import Plan, PlanEvent
 from raps_slurm.errors import BadDatagram, ConfigError, RecordError, ScenarioError
-from raps_slurm.heartbeat import Heartbeat, decode, encode
+from raps_slurm.heartbeat import Heartbeat, decode, encode, parse_heartbeat, sign
 from raps_slurm.runtime.msglog import Entry, MessagingError, parse_records
 from raps_slurm.runtime.transport import DATA, FrameError, read_frame
 from raps_slurm.runtime.transport import encode as encode_frame
@@ -72,6 +72,18 @@ def fed(raw: bytes) -> Iterator[socket.socket]:
 def _heartbeat(data: bytes) -> None:
     with contextlib.suppress(BadDatagram):
         decode(data, KEY)
+    # The same bytes signed: the parse behind the tag, and the receiver's fast path, which
+    # must take exactly the heartbeats decode accepts.
+    signed = sign(data, KEY)
+    try:
+        msg: object = decode(signed, KEY)
+    except BadDatagram:
+        msg = None
+    fast = parse_heartbeat(signed)
+    if isinstance(msg, Heartbeat) != (fast is not None) or (
+            isinstance(msg, Heartbeat) and fast != (msg.node.encode(), msg.incarnation,
+                                                    msg.counter, msg.sent_at, msg.probe_reply)):
+        raise AssertionError(f"fast path {fast!r} but decode {msg!r}")
 
 
 def _agent_request(data: bytes) -> None:
