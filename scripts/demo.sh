@@ -16,6 +16,7 @@ keep=0
 [ "${1:-}" = "--keep" ] && keep=1
 
 ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make procps \
+  python3-dev libssl-dev \
   python3 python3-venv
 ensure_venv ""
 make -s -C spank

@@ -9,9 +9,10 @@ cd "$(dirname "$0")/.."
 source scripts/lib/setup.sh
 
 ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make procps openssl \
+  python3-dev libssl-dev \
   python3 python3-venv
 ensure_venv dev
-"$PY" -c "import raps_slurm, etcd3gw, ClusterShell, zstandard, pyfastcdc.cy, blake3, numpy, rich, hypothesis, pytest_timeout, prometheus_client, atheris" \
+"$PY" -c "import raps_slurm, raps_slurm._udp, etcd3gw, ClusterShell, zstandard, pyfastcdc.cy, blake3, numpy, rich, hypothesis, pytest_timeout, prometheus_client, atheris" \
   || { echo "test.sh: the Python package or its test extra did not install" >&2; exit 1; }
 
 if [ -f spank/Makefile ]; then
