@@ -346,6 +346,47 @@ def test_next_wakeup_tells_when_to_come_back() -> None:
     assert det.next_wakeup() == pytest.approx(2.7)
 
 
+def test_probes_to_many_suspects_keep_to_the_budget_and_only_delay_verdicts() -> None:
+    # 8,000 nodes at 1 s: a budget of 4,000 probes a second. A fifth of them go silent
+    # at once (racks, or a coordinator dropping heartbeats): 1,600 suspects would ask
+    # for 32,000 probes a second at the default probe interval.
+    cfg = DetectorSettings.from_config(DetectionConfig())
+    nodes = [f"n{i}" for i in range(8000)]
+    silent = set(nodes[::5])
+    lead = Leader(cfg, started=-100.0, nodes=nodes)
+    assert lead.det.probe_rate() == pytest.approx(0.5 * 8000)
+    for i, n in enumerate(nodes):  # spread over the second, as agents are
+        phase = (i % 20) * 0.05
+        lead.beats(n, phase, 4.0 + phase if n in silent else 30.0 + phase)
+    lead.run(25.0)
+    per_second: dict[int, int] = {}
+    for t, _ in lead.probes:
+        per_second[int(t)] = per_second.get(int(t), 0) + 1
+    burst = 0.1 * lead.det.probe_rate()
+    assert max(per_second.values()) <= lead.det.probe_rate() + burst, per_second
+    # Only the silent nodes were probed, every one of them, and each is DEAD on exactly
+    # K failed probes of its own: later than unhindered (about 3.5 s), never earlier.
+    assert {n for _, n in lead.probes} == silent
+    dead = {v.node: v for v in lead.verdicts if v.kind == "DEAD"}
+    assert set(dead) == silent and len(lead.verdicts) == len(silent)
+    for n, v in dead.items():
+        assert v.evidence["probes_failed"] == cfg.probe_failures
+        last = lead.received[n][-1][1]
+        assert v.at >= last + cfg.miss_window + cfg.fence_margin
+    latencies = sorted(v.at - lead.received[n][-1][1] for n, v in dead.items())
+    assert latencies[-1] > cfg.miss_window + cfg.fence_margin + cfg.interval  # held back
+    assert latencies[-1] < 16.0  # 29 failures at 2.5 probes a second, after 1.5 s of silence
+
+
+def test_a_few_suspects_are_probed_at_full_rate_however_many_nodes() -> None:
+    cfg = DetectorSettings.from_config(DetectionConfig())
+    det = Detector(cfg, -100.0)
+    for i in range(4):
+        det.watch(f"n{i}", 0.0)
+    assert det.probe_rate() == 1000.0  # the floor
+    assert sorted(det.probes_due(1.6)) == ["n0", "n1", "n2", "n3"]
+
+
 def test_agent_restart_within_a_second_gives_no_verdict() -> None:
     lead = Leader(FAST)
     lead.beats("n1", 0.0, 10.0, delay=0.1)
