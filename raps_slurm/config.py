@@ -178,6 +178,8 @@ class CoordinatorConfig:
     metrics_address: str = _f("127.0.0.1:9470", "Prometheus endpoint host:port ('' = off)")
     heartbeat_address: str = _f("0.0.0.0:7470", "UDP host:port the coordinator receives "
                                 "heartbeats on")
+    heartbeat_receivers: int = _f(1, "processes receiving heartbeats on heartbeat_address "
+                                  "(SO_REUSEPORT): about one per 50,000 nodes", 1, 64)
     user_address: str = _f("0.0.0.0:7470", "TCP host:port of the user door: rapsctl of "
                            "users (login nodes) with a MUNGE credential ('' = off)")
 

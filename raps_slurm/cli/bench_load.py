@@ -167,9 +167,15 @@ def accepted(metrics_port: int) -> float | None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (every thread)."""
-    t = psutil.Process(pid).cpu_times()
-    return float(t.user + t.system)
+    """User + system CPU seconds of process ``pid`` and its children so far (every thread;
+    the coordinator's receiver processes count as the coordinator's)."""
+    proc = psutil.Process(pid)
+    total = 0.0
+    for p in (proc, *proc.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -393,8 +399,10 @@ def _register(store: StateStore, keys: Keys, nodes: int, ports: list[int]) -> No
               help="Measurement window after the warm-up.")
 @click.option("--port", default=19500, show_default=True, type=click.IntRange(1024, 65000),
               help="UDP port of the coordinator on 127.0.0.1.")
+@click.option("--receivers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="The coordinator's --heartbeat-receivers (processes on its UDP port).")
 @click.option("--json", "as_json", is_flag=True, help="JSON only (the default prints it too).")
-def bench_heartbeats(nodes: int, seconds: int, port: int, as_json: bool) -> None:
+def bench_heartbeats(nodes: int, seconds: int, port: int, receivers: int, as_json: bool) -> None:
     """One raps-coordinator receiving N nodes' signed heartbeats at 1 Hz over loopback."""
     run_dir = Path(tempfile.mkdtemp(prefix="raps-bench-hb-"))
     coordinator: subprocess.Popen[bytes] | None = None
@@ -425,7 +433,8 @@ def bench_heartbeats(nodes: int, seconds: int, port: int, as_json: bool) -> None
                 with open(log_path, "wb") as out:
                     coordinator = subprocess.Popen(
                         [sys.executable, "-m", "raps_slurm.coordinator", "--config",
-                         str(cfg_path), "--name", "bench", "--user-address", ""],
+                         str(cfg_path), "--name", "bench", "--user-address", "",
+                         "--heartbeat-receivers", str(receivers)],
                         env={**os.environ, "SLURM_CONF": str(slurm_conf)},
                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                 s, k, proc = store, keys, coordinator
@@ -438,6 +447,7 @@ def bench_heartbeats(nodes: int, seconds: int, port: int, as_json: bool) -> None
                         + log_path.read_text(errors="replace")[-2000:])
                 result = _measure(coordinator.pid, etcd.pid or 0, load, watch, nodes, seconds,
                                   port, say)
+                result["receivers"] = receivers
                 result["coordinator_alive"] = coordinator.poll() is None
                 result["coordinator_log"] = _log_summary(log_path)
             finally:  # before etcd stops: the coordinator resigns through it

@@ -2,4 +2,5 @@
 
 from raps_slurm.coordinator.main import main
 
-main()
+if __name__ == "__main__":  # a spawned receiver process imports this module too
+    main()

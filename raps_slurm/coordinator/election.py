@@ -46,6 +46,11 @@ class Leadership:
         """The leader key's revision this coordinator guards its writes with (0: none)."""
         return self._revision if self._lease is not None else 0
 
+    @property
+    def valid_until(self) -> float:
+        """When this coordinator's leadership may end, on its clock (0: not leading)."""
+        return self._valid_until if self._lease is not None else 0.0
+
     def is_leader(self) -> bool:
         """Leader by the local clock (the lease cannot have expired yet)."""
         return self._lease is not None and self._clock() < self._valid_until

@@ -6,12 +6,15 @@ Verified heartbeats are queued for the main loop, which owns the detector. Only 
 coordinator that leads by its own clock acknowledges: an ack is a promise that the node
 may go on until ``sent_at + miss window``, and a deposed leader must not make it.
 
-The thread blocks in ``recvfrom`` on a plain socket: an asyncio endpoint cost about twice
-the CPU per datagram (55-60 µs against 22-32 µs with its ack: an epoll round and a loop
-iteration for each one), which capped a coordinator near 15,000 nodes against 25,000 now
-(``rapsctl bench heartbeats``, docs/benchmarks.md). The receive buffer is
-enlarged so that the main loop holding the GIL for a while (a large etcd read) delays
-heartbeats instead of dropping them.
+The thread reads batches of up to 64 datagrams with one ``recvmmsg`` and acknowledges
+them with one ``sendmmsg`` (raps_slurm/_udp.c, which also computes the HMACs), then lets
+the next ones gather for 2 ms: about 8 µs of CPU per heartbeat with its ack, against
+22-32 µs for a ``recvfrom``/``sendto`` loop and twice that for an asyncio endpoint
+(``rapsctl bench heartbeats``, docs/benchmarks.md). The receive buffer is enlarged so
+that the main loop holding the GIL for a while (a large etcd read) delays heartbeats
+instead of dropping them. ``coordinator.heartbeat_receivers`` > 1 adds receiver
+processes on the same port (coordinator/receivers.py); they forward what they accepted,
+and this server's replay guard, the one every heartbeat passes, decides.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class Received(NamedTuple):
     address: tuple[str, int]
     acked: bool
     probe_reply: bool
+    incarnation: int = 0
+    counter: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,9 @@ class ReceivedApp:
     node: str
     received_at: float
     ranks: tuple[RankProgress, ...]
+    incarnation: int = 0
+    counter: int = 0
+    sent_at: float = 0.0
 
 
 # Receive buffer asked for; Linux grants at most twice net.core.rmem_max (4 MiB here, so
@@ -78,12 +86,17 @@ class HeartbeatServer:
                  leader_revision: Callable[[], int],
                  clock: Callable[[], float] = time.time,
                  on_result: Callable[[str, int], None] | None = None,
-                 accepted_key: bytes | None = None) -> None:
+                 accepted_key: bytes | None = None, reuse_port: bool = False) -> None:
         self.address, self._key, self._clock = address, key, clock
         self._also = accepted_key  # a rollover's other key: accepted, never used to sign
         self._leader_revision = leader_revision
+        self._reuse_port = reuse_port  # receiver processes share the port
+        # Replay guards; the lock: forwarded heartbeats are checked from another thread.
         self._guard = ReplayGuard(max_skew)
         self._app_guard = ReplayGuard(max_skew)  # app reports count on their own
+        self._guard_lock = threading.Lock()
+        # Called first by drain(): brings in what receiver processes accepted so far.
+        self.collect: Callable[[], None] = lambda: None
         self._queue: queue.SimpleQueue[list[Received | ReceivedApp]] = queue.SimpleQueue()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -95,23 +108,26 @@ class HeartbeatServer:
 
     def start(self) -> None:
         """Bind and serve in a thread; raises OSError if the address cannot be bound."""
-        self._sock = _bind(self.address)
+        self._sock = bind(self.address, self._reuse_port)
         self.address = self._sock.getsockname()[:2]
-        self._thread = threading.Thread(target=self._run, args=(self._sock,),
+        self._thread = threading.Thread(target=self.serve, args=(self._sock,),
                                         name="heartbeat-server", daemon=True)
         self._thread.start()
 
-    def _run(self, sock: socket.socket) -> None:
+    def serve(self, sock: socket.socket, go_on: Callable[[], bool] = lambda: True) -> None:
+        """Read, check, queue and ack until stopped or ``go_on()`` is false (checked
+        after every batch and on a receive timeout)."""
+        self._sock = sock
         fd, keys = sock.fileno(), (self._key,) if self._also is None else (self._key, self._also)
         prefix, min_size, max_size = FRAME
         while True:
             try:  # up to 64 datagrams per call, the GIL released while it waits
                 batch = recv_batch(fd, keys, prefix, min_size, max_size, True)
             except OSError:
-                if self._stopping:
+                if self._stopping or not go_on():
                     return
                 continue  # e.g. an ICMP error reported on the socket: keep serving
-            if self._stopping:
+            if self._stopping or not go_on():
                 return
             try:
                 self.handle_batch(batch)
@@ -157,45 +173,42 @@ class HeartbeatServer:
         acks: list[tuple[bytes, tuple[str, int]]] = []
         rejected: list[str] = []
         check, ack = self._guard.check_fields, revision > 0
-        for data, addr, signed in batch:
-            fields = parse_heartbeat(data) if signed >= 0 else None
-            if fields is not None:  # the common case, without message objects
-                raw, incarnation, counter, sent_at, probe_reply = fields
-                node = raw.decode("ascii")
-                problem = check(node, incarnation, counter, sent_at, now)
-                if problem is not None:
-                    rejected.append(problem)
+        with self._guard_lock:  # one acquire per batch
+            for data, addr, signed in batch:
+                fields = parse_heartbeat(data) if signed >= 0 else None
+                if fields is not None:  # the common case, without message objects
+                    raw, incarnation, counter, sent_at, probe_reply = fields
+                    node = raw.decode("ascii")
+                    problem = check(node, incarnation, counter, sent_at, now)
+                    if problem is not None:
+                        rejected.append(problem)
+                        continue
+                    queued.append(Received(node, sent_at, now, addr, ack, probe_reply,
+                                           incarnation, counter))
+                    if ack:
+                        acks.append((ack_body(raw, incarnation, counter, sent_at, revision, now),
+                                     addr))
                     continue
-                queued.append(Received(node, sent_at, now, addr, ack, probe_reply))
-                if ack:
-                    acks.append((ack_body(raw, incarnation, counter, sent_at, revision, now),
-                                 addr))
-                continue
-            try:
-                msg = decode_checked(data, signed)
-            except BadDatagram as exc:
-                rejected.append(exc.reason)
-                continue
-            if type(msg) is Heartbeat:  # parse_heartbeat takes every valid one
-                log.error("heartbeat from %s missed the fast path: %r", addr, msg)
-                rejected.append("field")
-            elif type(msg) is AppReport:
-                problem = self._app_guard.check(
-                    Heartbeat(msg.node, msg.incarnation, msg.counter, msg.sent_at), now)
-                if problem is not None:
-                    rejected.append(f"app-{problem}")
+                try:
+                    msg = decode_checked(data, signed)
+                except BadDatagram as exc:
+                    rejected.append(exc.reason)
                     continue
-                queued.append(ReceivedApp(msg.node, now, msg.ranks))
-            else:
-                rejected.append("kind")  # acks and probes are never sent to a coordinator
-        for reason in rejected:
-            self.rejected[reason] += 1
-            self._on_result(reason, 1)
-        if queued:
-            self.accepted += len(queued)
-            self._on_result("accepted", len(queued))
-            # Queued before the acks go out: whoever has seen an ack finds its heartbeat.
-            self._queue.put(queued)
+                if type(msg) is Heartbeat:  # parse_heartbeat takes every valid one
+                    log.error("heartbeat from %s missed the fast path: %r", addr, msg)
+                    rejected.append("field")
+                elif type(msg) is AppReport:
+                    problem = self._app_guard.check(
+                        Heartbeat(msg.node, msg.incarnation, msg.counter, msg.sent_at), now)
+                    if problem is not None:
+                        rejected.append(f"app-{problem}")
+                        continue
+                    queued.append(ReceivedApp(msg.node, now, msg.ranks, msg.incarnation,
+                                              msg.counter, msg.sent_at))
+                else:
+                    rejected.append("kind")  # acks and probes are never sent to a coordinator
+        # Queued before the acks go out: whoever has seen an ack finds its heartbeat.
+        self.deliver(queued, rejected)
         if acks and self._sock is not None:
             try:
                 self.send_errors += sign_send(self._sock.fileno(), self._key, acks)
@@ -203,8 +216,40 @@ class HeartbeatServer:
                 self.send_errors += len(acks)
                 log.warning("acks not sent: %s", exc)
 
+    def deliver(self, queued: list[Received | ReceivedApp], rejected: list[str]) -> None:
+        """Count and queue what a batch gave (a receiver process sends it to the coordinator
+        instead)."""
+        for reason in rejected:
+            self.rejected[reason] += 1
+            self._on_result(reason, 1)
+        if queued:
+            self.accepted += len(queued)
+            self._on_result("accepted", len(queued))
+            self._queue.put(queued)
+
+    def accept_forwarded(self, records: list[Received | ReceivedApp],
+                         rejected: list[str]) -> None:
+        """What a receiver process accepted: checked again by this server's replay guards
+        (a replay sent to another receiver's port hash must not pass), then queued."""
+        now_ok: list[Received | ReceivedApp] = []
+        with self._guard_lock:
+            for r in records:
+                if type(r) is Received:
+                    problem = self._guard.check_fields(r.node, r.incarnation, r.counter,
+                                                       r.sent_at, r.received_at)
+                else:
+                    problem = self._app_guard.check_fields(r.node, r.incarnation, r.counter,
+                                                           r.sent_at, r.received_at)
+                    problem = problem and f"app-{problem}"
+                if problem is None:
+                    now_ok.append(r)
+                else:
+                    rejected.append(problem)
+        self.deliver(now_ok, rejected)
+
     def drain(self) -> list[Received | ReceivedApp]:
         """Every heartbeat and app report verified since the last call."""
+        self.collect()
         out: list[Received | ReceivedApp] = []
         while True:
             try:
@@ -217,13 +262,16 @@ class HeartbeatServer:
         self._send(encode(Probe(node, nonce, self._clock()), self._key), address)
 
 
-def _bind(address: tuple[str, int]) -> socket.socket:
-    """A UDP socket bound to ``address`` (a host name may resolve to IPv4 or IPv6)."""
+def bind(address: tuple[str, int], reuse_port: bool = False) -> socket.socket:
+    """A UDP socket bound to ``address`` (a host name may resolve to IPv4 or IPv6);
+    ``reuse_port``: shared with the other sockets of this user bound so (SO_REUSEPORT)."""
     error: OSError = OSError(f"cannot resolve {address[0]!r}")
     for family, kind, proto, _, sockaddr in socket.getaddrinfo(
             address[0], address[1], type=socket.SOCK_DGRAM):
         sock = socket.socket(family, kind, proto)
         try:
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind(sockaddr)
         except OSError as exc:
             sock.close()

@@ -28,6 +28,7 @@ from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
 from raps_slurm.coordinator.hygiene import Hygiene
 from raps_slurm.coordinator.metrics import Metrics
+from raps_slurm.coordinator.receivers import ReceiverPool
 from raps_slurm.coordinator.recovery import Recovery
 from raps_slurm.coordinator.userdoor import UserDoor
 from raps_slurm.coordinator.weights import Weights
@@ -98,11 +99,14 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
               help="Override coordinator.metrics_address ('' = no endpoint).")
 @click.option("--heartbeat-address", default=None, metavar="HOST:PORT",
               help="Override coordinator.heartbeat_address (UDP, heartbeats from agents).")
+@click.option("--heartbeat-receivers", type=click.IntRange(1, 64), default=None, metavar="N",
+              help="Override coordinator.heartbeat_receivers (processes on the UDP port).")
 @click.option("--user-address", default=None, metavar="HOST:PORT",
               help="Override coordinator.user_address (TCP, rapsctl of users; '' = off).")
 @click.option("--once", is_flag=True, help="Run one cycle, print its status, exit.")
 def cli(config_path: str | None, name: str | None, metrics_address: str | None,
-        heartbeat_address: str | None, user_address: str | None, once: bool) -> None:
+        heartbeat_address: str | None, heartbeat_receivers: int | None,
+        user_address: str | None, once: bool) -> None:
     """Run the raps-slurm coordinator (leader or standby)."""
     try:
         cfg = load_config(config_path)
@@ -126,15 +130,25 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
         raise click.ClickException(str(exc)) from None
     slurm = SlurmClient(CommandRunner(timeout=30))
     leadership_box: list[Leadership] = []
+    receivers = heartbeat_receivers or cfg.coordinator.heartbeat_receivers
     server = HeartbeatServer(listen, key, cfg.detection.max_clock_skew_sec,
                              lambda: leadership_box[0].revision
                              if leadership_box and leadership_box[0].is_leader() else 0,
-                             on_result=metrics.count_heartbeat, accepted_key=also)
+                             on_result=metrics.count_heartbeat, accepted_key=also,
+                             reuse_port=receivers > 1)
     try:
         server.start()
     except OSError as exc:
         raise click.ClickException(f"heartbeat address {listen[0]}:{listen[1]}: "
                                    f"{exc.strerror or exc}") from None
+    pool: ReceiverPool | None = None
+    if receivers > 1:
+        pool = ReceiverPool(server, receivers, key, also, cfg.detection.max_clock_skew_sec)
+        try:
+            pool.start()
+        except OSError as exc:
+            server.stop()
+            raise click.ClickException(str(exc)) from None
     door_at = cfg.coordinator.user_address if user_address is None else user_address
     door: UserDoor | None = None
     if door_at:
@@ -144,6 +158,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
         try:
             door = UserDoor(store, keys, bind, munge.decode, on_result=metrics.count_user)
         except OSError as exc:
+            if pool is not None:
+                pool.stop()
             server.stop()
             raise click.ClickException(f"user address {door_at}: {exc.strerror or exc}") from None
         door.start()
@@ -196,6 +212,9 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                 if once:
                     click.echo(status)
                     break
+            if pool is not None:  # the receivers ack only while this says it leads
+                pool.publish(leadership.revision if leadership.is_leader() else 0,
+                             leadership.valid_until)
             for line in (*weights.step(), *hygiene.step()):
                 log.info("system: %s", line)
             if any(line.startswith("DEAD ") for line in detection.tick()):
@@ -207,6 +226,9 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     finally:
         wakeup.close()
         weights.close()
+        if pool is not None:  # no receiver may ack once the lease is revoked
+            pool.publish(0, 0.0)
+            pool.stop()
         leadership.resign()
         server.stop()
         if door is not None:

@@ -1,0 +1,139 @@
+"""Heartbeat receiver processes on the coordinator's port (coordinator/receivers.py), on
+real loopback sockets: spread by the kernel, acked only while the coordinator leads,
+every replay stopped by the coordinator's own guard, a dead receiver replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from raps_slurm.coordinator import receivers
+from raps_slurm.coordinator.heartbeats import HeartbeatServer, Received
+from raps_slurm.coordinator.receivers import ReceiverPool
+from raps_slurm.heartbeat import Ack, Heartbeat, decode, encode
+
+KEY = b"k" * 32
+SENDERS = 24  # source ports: the kernel hashes them over the receivers
+
+
+@pytest.fixture
+def pool() -> Iterator[ReceiverPool]:
+    server = HeartbeatServer(("127.0.0.1", 0), KEY, max_skew=5.0, leader_revision=lambda: 7,
+                             reuse_port=True)
+    server.start()
+    p = ReceiverPool(server, 3, KEY, None, 5.0)
+    p.start()
+    p.publish(7, time.monotonic() + 60)
+    try:
+        yield p
+    finally:
+        p.stop()
+        server.stop()
+
+
+@pytest.fixture
+def senders() -> Iterator[list[socket.socket]]:
+    socks = []
+    for _ in range(SENDERS):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(0.2)
+        socks.append(s)
+    try:
+        yield socks
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _acks(sock: socket.socket) -> list[Ack]:
+    out = []
+    while True:
+        try:
+            msg = decode(sock.recv(512), KEY)
+        except TimeoutError:
+            return out
+        assert isinstance(msg, Ack)
+        out.append(msg)
+
+
+def _drain_until(pool: ReceiverPool, count: int, timeout: float = 10.0) -> list[Received]:
+    got: list[Received] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"{len(got)} of {count} heartbeats after {timeout}s"
+        got += [r for r in pool.server.drain() if isinstance(r, Received)]
+        time.sleep(0.02)
+    return got
+
+
+def test_every_receiver_acks_and_forwards(pool: ReceiverPool,
+                                          senders: list[socket.socket]) -> None:
+    now = time.time()
+    for i, s in enumerate(senders):
+        s.sendto(encode(Heartbeat(f"n{i}", 1, 1, now), KEY), pool.server.address)
+    got = _drain_until(pool, SENDERS)
+    assert sorted(r.node for r in got) == sorted(f"n{i}" for i in range(SENDERS))
+    assert all(r.acked for r in got)
+    for i, s in enumerate(senders):
+        assert [(a.node, a.counter, a.leader_revision) for a in _acks(s)] == [(f"n{i}", 1, 7)]
+    # Some went through the receiver processes, and drain() had them all: the acks and
+    # the detector's view agree.
+    assert 0 < pool.forwarded < SENDERS, pool.forwarded
+    assert pool.server.accepted == SENDERS
+
+
+def test_a_replay_from_other_ports_never_reaches_the_detector(
+        pool: ReceiverPool, senders: list[socket.socket]) -> None:
+    datagram = encode(Heartbeat("n1", 1, 1, time.time()), KEY)
+    senders[0].sendto(datagram, pool.server.address)
+    assert [r.node for r in _drain_until(pool, 1)] == ["n1"]
+    for s in senders[1:]:  # the same bytes from every other port: every receiver sees some
+        s.sendto(datagram, pool.server.address)
+    deadline = time.monotonic() + 10
+    while pool.server.rejected["replay"] < SENDERS - 1:
+        assert time.monotonic() < deadline, pool.server.rejected
+        assert pool.server.drain() == []
+        time.sleep(0.02)
+    assert pool.server.drain() == [] and pool.server.accepted == 1
+    assert pool.forwarded > 0  # a receiver that had not seen n1 took it: the guard here did not
+
+
+def test_no_ack_unless_the_published_leadership_holds(pool: ReceiverPool,
+                                                      senders: list[socket.socket]) -> None:
+    pool.publish(7, time.monotonic() - 1)  # the lease may have run out
+    pool.server._leader_revision = lambda: 0  # and the coordinator's own thread agrees
+    now = time.time()
+    for i, s in enumerate(senders):
+        s.sendto(encode(Heartbeat(f"n{i}", 1, 1, now), KEY), pool.server.address)
+    got = _drain_until(pool, SENDERS)
+    assert not any(r.acked for r in got)
+    assert all(_acks(s) == [] for s in senders)
+    assert pool.forwarded > 0
+
+
+def test_a_receiver_that_dies_is_replaced(pool: ReceiverPool, senders: list[socket.socket],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(receivers, "RESTART_AFTER_SEC", 0.0)
+    victim = pool._procs[0]
+    assert victim is not None and victim.pid is not None
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(5)
+    deadline = time.monotonic() + 10
+    while pool._procs[0] is victim:
+        assert time.monotonic() < deadline, "not restarted"
+        pool.collect()
+        time.sleep(0.05)
+    # Heartbeats from every port are still acked and delivered (the kernel rehashed them
+    # while it was down; the new one takes its share again).
+    now = time.time()
+    for i, s in enumerate(senders):
+        s.sendto(encode(Heartbeat(f"n{i}", 1, 2, now), KEY), pool.server.address)
+    got = _drain_until(pool, SENDERS)
+    assert sorted(r.node for r in got) == sorted(f"n{i}" for i in range(SENDERS))
+    assert all(len(_acks(s)) == 1 for s in senders)
