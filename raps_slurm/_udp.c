@@ -240,6 +240,10 @@ static PyObject *sign_send(PyObject *self, PyObject *args) {
             char *data;
             Py_ssize_t len;
             socklen_t addr_len;
+            if (!PyTuple_Check(item)) {
+                PyErr_SetString(PyExc_TypeError, "items must be (body, (host, port)) tuples");
+                return NULL;
+            }
             if (!PyArg_ParseTuple(item, "S(Ui)", &body, &host, &port))
                 return NULL;
             if (PyBytes_AsStringAndSize(body, &data, &len) < 0)

@@ -185,4 +185,6 @@ def test_bad_arguments_are_refused(pair: tuple[socket.socket, socket.socket]) ->
         _udp.recv_batch(fd, (KEY,), b"RPS", 8, 2048, False)
     with pytest.raises(OSError):
         _udp.recv_batch(-1, (KEY,), *FRAME, False)
+    with pytest.raises(TypeError, match="tuples"):
+        _udp.sign_send(fd, KEY, [[b"x", ("127.0.0.1", 1)]])  # type: ignore[list-item]
     assert struct.calcsize(">5sQQdBB") == 31  # the layout parse_heartbeat reads at once
