@@ -72,6 +72,7 @@ class Launcher:
         self.from_plan: dict[tuple[int, int], str] = {}  # (rank, epoch) -> plan that started it
         self.plan_state: dict[str, str] = {}  # as the agent last reported
         self.moving: dict[int, int] = {}  # rank -> epoch of its planned move (asked to stop)
+        self.not_followed: set[str] = set()  # plans left alone while the job is requeued
         # A rank that failed on a node the detector still calls alive gets this long for
         # a verdict and a plan before raps-run gives up on the job.
         self.grace = 3 * cfg.detection.lease_duration_sec + 2 * cfg.coordinator.cycle_interval_sec
@@ -161,6 +162,16 @@ class Launcher:
                     proc.send_signal(signal.SIGUSR1)
                 self.moving[rank] = epoch
         todo = relaunches(self.current, reply.get("plans") or [], self.run)
+        if todo and self.preempted:
+            # Every rank checkpoints and the job is requeued; a rank that stopped after its
+            # SIGUSR1 checkpoint while a peer still saves looks hung to the leader. The
+            # requeue ends this run, and its plans with it.
+            for r in todo:
+                if r.plan_id not in self.not_followed:
+                    self.not_followed.add(r.plan_id)
+                    say(f"plan {r.plan_id}: not followed, the job is being requeued after "
+                        "SIGUSR1")
+            return True
         if not todo:
             return True
         try:
