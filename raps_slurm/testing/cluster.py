@@ -176,15 +176,18 @@ class CoordinatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0  # monotonic time of start()
 
-    def start(self, metrics_address: str = "", user_address: str = "") -> CoordinatorProcess:
+    def start(self, metrics_address: str = "", user_address: str = "",
+              receivers: int = 1) -> CoordinatorProcess:
         """Start it with the cluster's config, metrics on ``metrics_address`` (HOST:PORT)
-        or none, the user door on ``user_address`` or none."""
+        or none, the user door on ``user_address`` or none, ``receivers`` heartbeat
+        receiver processes."""
         self.started = time.monotonic()
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "raps_slurm.coordinator", "--config",
                  str(self.config), "--name", self.name, "--metrics-address", metrics_address,
-                 "--heartbeat-address", "127.0.0.1:0", "--user-address", user_address],
+                 "--heartbeat-address", "127.0.0.1:0", "--user-address", user_address,
+                 "--heartbeat-receivers", str(receivers)],
                 env={**os.environ, **self.cluster.env}, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
         return self

@@ -77,14 +77,16 @@ def store(cluster: LocalCluster) -> Iterator[tuple[StateStore, Keys]]:
 
 
 @pytest.fixture(scope="session")
-def leading(cluster: LocalCluster, rapsctl: Rapsctl) -> Callable[[str], Any]:
-    """``with leading(name) as c``: a coordinator that leads before the block starts."""
-    return lambda name: _leading(cluster, rapsctl, name)
+def leading(cluster: LocalCluster, rapsctl: Rapsctl) -> Callable[..., Any]:
+    """``with leading(name[, receivers=N]) as c``: a coordinator that leads before the
+    block starts."""
+    return lambda name, receivers=1: _leading(cluster, rapsctl, name, receivers)
 
 
 @contextmanager
-def _leading(cluster: LocalCluster, rapsctl: Rapsctl, name: str) -> Iterator[CoordinatorProcess]:
-    c = cluster.coordinator(name).start()
+def _leading(cluster: LocalCluster, rapsctl: Rapsctl, name: str,
+             receivers: int = 1) -> Iterator[CoordinatorProcess]:
+    c = cluster.coordinator(name).start(receivers=receivers)
     try:
         wait_until(f"coordinator {name!r} to lead", lambda: rapsctl("ping", check=False).stdout,
                    lambda out: f"leader {name} " in out, timeout=20)

@@ -25,10 +25,15 @@ if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
     from conftest import Rapsctl
 
 
+RECEIVERS = 3
+
+
 @pytest.fixture(scope="module")
-def leader(leading: Callable[[str], Any]) -> Iterator[CoordinatorProcess]:
-    """One coordinator, leading before the first test of the module."""
-    with leading("detect") as c:
+def leader(leading: Callable[..., Any]) -> Iterator[CoordinatorProcess]:
+    """One coordinator, leading before the first test of the module, with RECEIVERS
+    heartbeat receiver processes (coordinator.heartbeat_receivers): the kernel spreads
+    the agents over them, so these tests also hold when acks come from a receiver."""
+    with leading("detect", receivers=RECEIVERS) as c:
         yield c
 
 
@@ -119,7 +124,7 @@ def test_leader_paused_twice_its_lease_gives_no_false_verdict(
     import signal
     s, _ = store
     lease = load_file(cluster.config_path).coordinator.leader_lease_sec
-    standby = cluster.coordinator("detect-b").start()
+    standby = cluster.coordinator("detect-b").start(receivers=RECEIVERS)
     try:
         wait_until("the standby up", standby.log, lambda t: "standby: leader is detect" in t,
                    timeout=15)
