@@ -506,6 +506,36 @@ def test_dead_nodes_ignore_a_registration_older_than_the_verdict() -> None:
     assert dead() == set()
 
 
+def test_dead_nodes_follow_health_verdicts_deletes_and_a_lost_watch() -> None:
+    from raps_slurm.coordinator.deadnodes import DeadNodes
+
+    store, keys = MemoryStore(), Keys()
+    dead = DeadNodes(store, keys, every=0.0)
+    for n in ("n1", "n2", "n3"):
+        store.put(keys.node(n), b"{}")
+    assert dead() == set() and dead.registered == {"n1", "n2", "n3"}
+    drain = {"level": "DRAIN", "reason": "raps: nvme0 temp 72C > 70C", "at": 7.0}
+    store.put(keys.node_health_verdict("n2"), json.dumps(drain).encode())
+    store.put(keys.node_health_verdict("n3"), json.dumps({"level": "DEGRADED"}).encode())
+    dead()
+    assert dead.draining == {"n2": ("nvme0 temp 72C > 70C", 7.0)}
+    assert dead.unhealthy == {"n2", "n3"}
+    # Back to OK, and a registration gone with its lease: both followed.
+    store.put(keys.node_health_verdict("n3"), json.dumps({"level": "OK"}).encode())
+    store.delete(keys.node("n1"))
+    dead()
+    assert dead.unhealthy == {"n2"} and dead.registered == {"n2", "n3"}
+    # A verdict written while the watch is lost is found by the read that follows.
+    dead.close()
+    store.put(keys.node_verdict("n3"), json.dumps({"kind": "DEAD", "at": 9.0}).encode())
+    assert dead() == {"n3"} and dead.dead_at == {"n3": 9.0}
+    assert dead.registered == {"n2"} and dead.draining == {"n2": ("nvme0 temp 72C > 70C", 7.0)}
+    # This leader's own verdict: refresh() makes the next call wait for it.
+    store.put(keys.node_verdict("n2"), json.dumps({"kind": "DEAD", "at": 10.0}).encode())
+    dead.refresh()
+    assert dead() == {"n2", "n3"} and dead.draining == {}
+
+
 class _FlakyStore(MemoryStore):
     """A memory store whose lease refreshes fail while ``down`` (etcd without quorum)."""
 
