@@ -24,12 +24,17 @@ from raps_slurm.heartbeat import (
     Heartbeat,
     Probe,
     ReplayGuard,
+    ack_body,
     create_key,
     decode,
+    decode_checked,
     encode,
     load_key,
     new_incarnation,
+    parse_heartbeat,
+    sign,
 )
+from raps_slurm.heartbeat import body as message_body
 
 KEY = bytes(range(64))
 OTHER_KEY = bytes(range(1, 65))
@@ -48,6 +53,12 @@ acks = st.builds(Ack, node=names, incarnation=u64s, counter=u64s, sent_at=times,
                  leader_revision=u64s, acked_at=times)
 probes = st.builds(Probe, node=names, nonce=u64s, sent_at=times)
 messages = st.one_of(heartbeats, acks, probes)
+# Signed bodies around a heartbeat's layout: any kind byte, flags, lengths and names.
+signed_bodies = st.builds(
+    lambda kind, fixed, name_len, name, prefix: sign(
+        prefix + bytes((kind,)) + fixed + bytes((name_len,)) + name, KEY),
+    st.sampled_from([1, 1, 1, 2, 3, 4, 9]), st.binary(min_size=25, max_size=25),
+    st.integers(0, 255), st.binary(max_size=80), st.sampled_from([b"RPS\x01", b"RPS\x02"]))
 
 
 def reason_of(data: bytes, key: bytes = KEY) -> str:
@@ -545,3 +556,41 @@ def test_key_rollover_accepts_a_second_key_and_signs_with_the_first() -> None:
     finally:
         sock.close()
         server.stop()
+
+
+# --- the receiver's fast path (heartbeat.parse_heartbeat, ack_body) ----------------------------
+
+def _reference(data: bytes) -> Heartbeat | str:
+    try:
+        msg = decode(data, KEY)
+    except BadDatagram as exc:
+        return exc.reason
+    return msg if isinstance(msg, Heartbeat) else type(msg).__name__
+
+
+@given(hb=heartbeats)
+def test_a_valid_heartbeat_takes_the_fast_path_with_the_same_fields(hb: Heartbeat) -> None:
+    data = encode(hb, KEY)
+    fields = parse_heartbeat(data)
+    assert fields == (hb.node.encode(), hb.incarnation, hb.counter, hb.sent_at, hb.probe_reply)
+    assert decode_checked(data, 0) == hb
+
+
+@given(data=st.one_of(signed_bodies, st.binary(max_size=MAX_DATAGRAM + 8)))
+def test_the_fast_path_takes_exactly_the_heartbeats_decode_accepts(data: bytes) -> None:
+    fields = parse_heartbeat(data)
+    expected = _reference(data)
+    if isinstance(expected, Heartbeat):
+        assert fields == (expected.node.encode(), expected.incarnation, expected.counter,
+                          expected.sent_at, expected.probe_reply)
+    elif expected in ("signature", "size", "magic", "version"):
+        pass  # the fast path only ever sees datagrams whose frame and tag were checked
+    else:
+        assert fields is None, (expected, data)
+
+
+@given(hb=heartbeats, revision=st.integers(0, U64),
+       acked_at=st.floats(allow_nan=False, allow_infinity=False))
+def test_ack_body_is_the_codecs(hb: Heartbeat, revision: int, acked_at: float) -> None:
+    fast = ack_body(hb.node.encode(), hb.incarnation, hb.counter, hb.sent_at, revision, acked_at)
+    assert fast == message_body(Ack(hb.node, hb.incarnation, hb.counter, hb.sent_at, revision, acked_at))
