@@ -198,8 +198,8 @@ class HeartbeatServer:
                     log.error("heartbeat from %s missed the fast path: %r", addr, msg)
                     rejected.append("field")
                 elif type(msg) is AppReport:
-                    problem = self._app_guard.check(
-                        Heartbeat(msg.node, msg.incarnation, msg.counter, msg.sent_at), now)
+                    problem = self._app_guard.check_fields(msg.node, msg.incarnation,
+                                                           msg.counter, msg.sent_at, now)
                     if problem is not None:
                         rejected.append(f"app-{problem}")
                         continue

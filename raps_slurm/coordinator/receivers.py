@@ -181,7 +181,7 @@ def _receiver_main(address: tuple[str, int], key: bytes, accepted_key: bytes | N
         return int(revision) if time.monotonic() < valid_until else 0
 
     server = _Forwarding(conn, address, key, max_skew, leader_revision,
-                         accepted_key=accepted_key, reuse_port=True)
+                         accepted_key=accepted_key)
     sock = bind(address, reuse_port=True)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEOUT)
     conn.send_bytes(READY)
