@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from raps_slurm.core.jobs import JobRecord, RankEntry, RankMap, group_dict, group_from_json
+from raps_slurm.core.requeue import EscalationRecord
 from raps_slurm.errors import RapsError, RecordError
 from raps_slurm.store import Keys, StateStore
 
@@ -65,6 +66,17 @@ def job_view(store: StateStore, keys: Keys, job_id: str) -> dict[str, Any]:
             ranks.append({"rank": rank, "node": entry.node, "epoch": entry.epoch,
                           "status": entry.status, "group": group_dict(group),
                           "spares": list(entry.spares)})
+    escalation: dict[str, Any] | None = None
+    esc_kv = by_key.get(keys.job_escalation(job_id))
+    if esc_kv is not None:
+        try:
+            esc = EscalationRecord.from_json(esc_kv.key, esc_kv.value)
+            escalation = {"run": esc.run, "reason": esc.reason, "at": esc.at,
+                          "requeued_at": esc.requeued_at, "requeues": len(esc.requeues),
+                          "gave_up": esc.gave_up or None, "exclude": list(esc.exclude),
+                          "num_nodes": esc.num_nodes}
+        except RecordError as exc:
+            escalation = {"error": str(exc)}
     if record.state == "ended":
         state = "ended"
     elif not current or rank_map is None:
@@ -82,4 +94,5 @@ def job_view(store: StateStore, keys: Keys, job_id: str) -> dict[str, Any]:
             "built_by": rank_map.built_by if current and rank_map is not None else "",
             "mapped_at": rank_map.built_at if current and rank_map is not None else None,
             "ranks": ranks,
-            "spares": list(rank_map.spares) if current and rank_map is not None else []}
+            "spares": list(rank_map.spares) if current and rank_map is not None else [],
+            "escalation": escalation}

@@ -66,6 +66,9 @@ class JobView:
     escalation: KeyValue | None = None
     hung: dict[int, float] = field(default_factory=dict)  # rank -> time of its HUNG verdict
     hung_last: dict[int, float] = field(default_factory=dict)  # rank -> its last heartbeat then
+    # rank -> the epoch that finished its program (``peers/<rank>`` says ``done``): its
+    # silence after that is the end of the job, not a hang
+    done: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,6 +119,11 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
                         last = (v.get("evidence") or {}).get("last_app_heartbeat_at")
                         if isinstance(last, (int, float)):
                             view.hung_last[int(parts[3])] = float(last)
+            elif parts[2] == "peers" and len(parts) == 4 and parts[3].isdigit():
+                with contextlib.suppress(ValueError, AttributeError, TypeError):
+                    p = json.loads(kv.value)
+                    if p.get("done") is True and isinstance(p.get("epoch"), int):
+                        view.done[int(parts[3])] = p["epoch"]
             elif parts[2] == "ckpt" and len(parts) == 5:
                 rec = CkptRecord.from_json(kv.key, kv.value)
                 view.ckpts.setdefault(rec.rank, []).append(rec)
@@ -159,6 +167,7 @@ class Coordinator:
         self._reported_bad: set[str] = set()
         self._dead_nodes = dead_nodes or (lambda: set())
         self.recovery = recovery  # coordinator.recovery.Recovery (it imports this module)
+        self._escalations_seen: set[tuple[str, int]] | None = None  # (job, run), last snapshot
 
     @property
     def topology(self) -> Topology | None:
@@ -219,8 +228,29 @@ class Coordinator:
                                            self._topology,
                                            getattr(self._dead_nodes, "registered", None),
                                            dict(getattr(self._dead_nodes, "draining", {}))))
+        self._gauge_alerts(snap)
         done.extend(self._purge(snap))
         return f"leader: {len(records)} jobs" + "".join(f"; {d}" for d in done if d)
+
+    def _gauge_alerts(self, snap: Snapshot) -> None:
+        """What the alerting rules (slurm/prometheus/raps.rules.yml) watch, from this
+        cycle's snapshot: dead nodes, running jobs' ranks whose newest checkpoint is
+        under-replicated, and escalations (one per job run) that appeared since this
+        leader's first snapshot (those already there when it began are not counted)."""
+        self.metrics.nodes_dead.set(len(self._dead_nodes()))
+        under = 0
+        escalations: set[tuple[str, int]] = set()
+        for job, view in snap.jobs.items():
+            if view.record is not None and view.record.state == "running":
+                under += sum(max(recs, key=lambda r: r.generation).state == "under_replicated"
+                             for recs in view.ckpts.values() if recs)
+            if view.escalation is not None:
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    escalations.add((job, int(json.loads(view.escalation.value)["run"])))
+        self.metrics.ckpt_under_replicated.set(under)
+        if self._escalations_seen is not None:
+            self.metrics.escalations.inc(len(escalations - self._escalations_seen))
+        self._escalations_seen = escalations
 
     # -- backup groups after a node death ------------------------------------
 
@@ -245,15 +275,22 @@ class Coordinator:
             index = BackupLoads.of(topology, pool, loads)  # updated by each replacement
             ops: list[TxnOp] = []
             guards: list[Guard] = []
+            # Ranks of one node share one group: the replacement is chosen once per group
+            # (its members) and given to every rank holding it.
+            replaced: dict[tuple[str, str | None, tuple[str, ...]], BackupGroup | None] = {}
             for rank, (g, kv) in sorted(view.groups.items()):
-                try:
-                    new = replace_dead_backups(topology, g, dead, pool, index)
-                except PlacementError as exc:
-                    log.warning("job %s rank %d: cannot replace dead backups: %s", job_id,
-                                rank, exc)
+                shape = (g.primary, g.log_backup, g.ckpt_mirrors)
+                if shape not in replaced:
+                    try:
+                        replaced[shape] = replace_dead_backups(topology, g, dead, pool, index)
+                    except PlacementError as exc:
+                        log.warning("job %s rank %d: cannot replace dead backups: %s",
+                                    job_id, rank, exc)
+                        replaced[shape] = None
+                chosen = replaced[shape]
+                if chosen is None:
                     continue
-                if new is None:
-                    continue
+                new = dataclasses.replace(chosen, rank=rank)
                 guards.append(Guard(kv.key, kv.mod_revision))
                 ops.append(Put(kv.key, group_to_json(new)))
                 log.warning("job %s rank %d: backup group %s -> %s (dead: %s)", job_id, rank,
@@ -299,9 +336,12 @@ class Coordinator:
         if topo is None:
             why = self._topology_error or "being read"
             return f"job {record.job_id} waits for the topology ({why})"
+        # Never a rank on a node under a DEAD verdict, even if Slurm allocated it (an admin
+        # resumed it while its agent is silent): the run uses a spare fewer instead.
         plan = build_map(record, topo, default_replicas=self.cfg.checkpoint.replica_count,
                          now=self._clock(), previous_epochs=view.epochs,
-                         prefer_original_rack=self.cfg.recovery.prefer_original_rack)
+                         prefer_original_rack=self.cfg.recovery.prefer_original_rack,
+                         dead=self._dead_nodes())
         plan = dataclasses.replace(
             plan, rank_map=dataclasses.replace(plan.rank_map, built_by=self.name))
         if not self._write_map(record, kv, plan, view.ranks):
@@ -312,9 +352,11 @@ class Coordinator:
             return f"job {m.job_id}: map error"
         self.metrics.groups.inc(len(plan.groups))
         degraded = sum(g.degraded for g in plan.groups)
-        log.info("job %s run %d: %d ranks on %d nodes, spares %s, %d degraded groups",
+        unused = sorted(set(record.nodes) - set(m.nodes) - set(m.spares))
+        log.info("job %s run %d: %d ranks on %d nodes, spares %s, %d degraded groups%s",
                  m.job_id, m.restart_count, len(m.nodes), len(set(m.nodes)),
-                 ",".join(m.spares) or "-", degraded)
+                 ",".join(m.spares) or "-", degraded,
+                 f"; unused (DEAD): {','.join(unused)}" if unused else "")
         return f"mapped job {m.job_id} ({len(m.nodes)} ranks, {len(m.spares)} spares)"
 
     def _write_map(self, record: JobRecord, kv: KeyValue, plan: MapPlan, old_ranks: int) -> bool:

@@ -54,6 +54,7 @@ class Hygiene:
         if self.metrics is not None:
             self.metrics.etcd_db.set(st.db_size)
             self.metrics.etcd_db_in_use.set(st.db_size_in_use)
+            self.metrics.etcd_quota.set(sc.space_quota_bytes)
         warning = size_warning(st.db_size, sc.space_quota_bytes)
         if warning and not self._warned:
             log.warning("%s", warning)

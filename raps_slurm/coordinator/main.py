@@ -182,7 +182,10 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     coordinator.recovery = Recovery(cfg, store, keys, leadership,
                                     job_info=lambda job: slurm.job(int(job)),
                                     requeue=lambda job: slurm.requeue(int(job)),
-                                    start_now=lambda job: slurm.start_now(int(job)))
+                                    start_now=lambda job: slurm.start_now(int(job)),
+                                    update_pending=lambda job, exclude, count:
+                                    slurm.update_pending(int(job), exclude, count),
+                                    cancel=lambda job: slurm.cancel(int(job)))
     weights = Weights(cfg, store, keys, leadership, nodes=slurm.nodes,
                       topology=lambda: coordinator.topology,
                       set_weight=lambda node, w: slurm.set_weight([node], w), background=True,

@@ -34,6 +34,17 @@ class Metrics:
                              "last read it", registry=self.registry)
         self.etcd_db_in_use = Gauge("raps_etcd_db_in_use_bytes", "etcd database bytes in use",
                                     registry=self.registry)
+        self.etcd_quota = Gauge("raps_etcd_quota_bytes", "store.space_quota_bytes, etcd's "
+                                "--quota-backend-bytes (0 = unknown)", registry=self.registry)
+        # What the leader's cycle sees (slurm/prometheus/raps.rules.yml alerts on these).
+        self.nodes_dead = Gauge("raps_coordinator_nodes_dead",
+                                "nodes under a DEAD verdict and not registered since",
+                                registry=self.registry)
+        self.ckpt_under_replicated = Gauge(
+            "raps_coordinator_ckpt_under_replicated", "ranks of running jobs whose newest "
+            "checkpoint has fewer copies than wanted", registry=self.registry)
+        self.escalations = Counter("raps_coordinator_escalations", "recoveries escalated to a "
+                                   "whole-job requeue (one per job run)", registry=self.registry)
         self.agent_rejected = Gauge(
             "raps_agent_rejected", "what an agent's door (transfer, local_api, heartbeat) "
             "refused since the agent started, by kind, from its last health sample",

@@ -16,24 +16,28 @@ step is idempotent and a new leader finishes what an old one started:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from raps_slurm.config import Config
 from raps_slurm.coordinator.cycle import JobView
 from raps_slurm.coordinator.election import Leadership
-from raps_slurm.core import planner
+from raps_slurm.core import planner, requeue
 from raps_slurm.core.jobs import RankEntry, group_to_json
 from raps_slurm.core.planner import Escalation, Plan, PlanEvent, RankSite
+from raps_slurm.core.requeue import EscalationRecord
 from raps_slurm.errors import RecordError, SlurmCommandError
 from raps_slurm.model import JobInfo, Topology
 from raps_slurm.store import Guard, Keys, KeyValue, Put, StateStore
+from raps_slurm.store.base import MAX_TXN_OPS, TxnOp
 
 log = logging.getLogger("raps.coordinator")
 LAUNCH_NOTE = "the rank's step on"  # how follow_events notes a launch that failed
+_PLANS_PER_TXN = MAX_TXN_OPS // 6  # a started plan guards and writes three keys
+GIVE_UP_GRACE_SEC = 30.0  # raps-run ends a job RAPS gave up on; else it is cancelled
 
 
 @dataclass
@@ -69,23 +73,25 @@ def read_plans(store: StateStore, keys: Keys) -> PlanBook:
     return book
 
 
-def escalation_record(run: int, reason: str, at: float, requeued_at: float | None) -> bytes:
-    """``jobs/<id>/escalation``: a whole-job requeue decided for one run of the job."""
-    return json.dumps({"run": run, "reason": reason, "at": at,
-                       "requeued_at": requeued_at}).encode()
-
-
 class Recovery:
     """The recovery pass; :meth:`step` is called once per leader cycle."""
 
     def __init__(self, cfg: Config, store: StateStore, keys: Keys, leadership: Leadership, *,
                  job_info: Callable[[str], JobInfo], requeue: Callable[[str], None],
                  start_now: Callable[[str], None] = lambda job: None,
+                 update_pending: Callable[[str, list[str], int | None], None]
+                 = lambda job, exclude, num_nodes: None,
+                 cancel: Callable[[str], None] = lambda job: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         self._job_info, self._requeue, self._clock = job_info, requeue, clock
-        self._start_now = start_now
+        self._start_now, self._update_pending, self._cancel = start_now, update_pending, cancel
         self._reported: set[str] = set()
+        # What this pass knows, for escalations: what the requeued run asks Slurm for.
+        self._views: dict[str, JobView] = {}
+        self._dead: set[str] = set()
+        self._unhealthy: set[str] = set()
+        self._topology: Topology | None = None
 
     def step(self, jobs: dict[str, JobView], dead: set[str], unhealthy: set[str],
              dead_at: dict[str, float], topology: Topology | None,
@@ -99,6 +105,7 @@ class Recovery:
         if registered is not None and topology is not None:
             everyone = {n for nodes in topology.racks().values() for n in nodes}
             unhealthy = unhealthy | (everyone - registered - dead)
+        self._views, self._dead, self._unhealthy, self._topology = jobs, dead, unhealthy, topology
         done: list[str] = self._lost_targets(book, dead, unhealthy, topology)
         for line in book.bad:
             if line not in self._reported:
@@ -173,18 +180,26 @@ class Recovery:
         next epoch); a queued one is given another target."""
         out = []
         now = self._clock()
+        chosen: dict[tuple[str, int, str, str, float], str | None] = {}  # per move
         for pid, (plan, kv) in sorted(book.plans.items()):
             if not plan.active or plan.target not in dead or plan.target == plan.source:
                 continue
             if plan.state == "queued" and topology is not None:
-                racks = {name: set(nodes) for name, nodes in topology.racks().items()}
-                site = RankSite(plan.rank, plan.source, plan.epoch - 1,
-                                self._spares_of(plan))
-                taken = planner.taken_spares([p for p, _ in book.plans.values()
-                                              if p.plan_id != pid], plan.job, plan.run)
-                target = planner.choose_target(
-                    site, dead=dead, unhealthy=unhealthy, taken=taken, racks=racks,
-                    prefer_original_rack=self.cfg.recovery.prefer_original_rack, holders=())
+                move = planner.move_of(plan)
+                if move not in chosen:
+                    # The whole move goes to one new target: its own plans do not count
+                    # as taken.
+                    racks = {name: set(nodes) for name, nodes in topology.racks().items()}
+                    site = RankSite(plan.rank, plan.source, plan.epoch - 1,
+                                    self._spares_of(plan))
+                    taken = planner.taken_spares(
+                        [p for p, _ in book.plans.values() if planner.move_of(p) != move],
+                        plan.job, plan.run)
+                    chosen[move] = planner.choose_target(
+                        site, dead=dead, unhealthy=unhealthy, taken=taken, racks=racks,
+                        prefer_original_rack=self.cfg.recovery.prefer_original_rack,
+                        holders=())
+                target = chosen[move]
                 if target is not None:
                     new = dataclasses.replace(plan, target=target,
                                               note=f"target {plan.target} died; now {target}")
@@ -308,6 +323,8 @@ class Recovery:
             if rank not in view.entries:
                 continue
             entry = view.entries[rank][0]
+            if view.done.get(rank) == entry.epoch:
+                continue  # finished its program: silent because it ended
             mine = [p for p in plans if p.rank == rank]
             if entry.node in dead or any(p.active or p.epoch > entry.epoch for p in mine) or \
                     at <= max((p.created_at for p in mine), default=0.0):
@@ -380,10 +397,15 @@ class Recovery:
     # -- starting queued plans -----------------------------------------------------
 
     def _start(self, book: PlanBook, views: dict[str, JobView], now: float) -> list[str]:
+        """Start queued moves within the bound: each move's plans (a node's ranks to one
+        target) in as few transactions as the store allows, every one guarded by its
+        plan's, rank entry's and group's revisions."""
         wait = min(self.cfg.checkpoint.interval_sec, self.cfg.recovery.recovery_timeout_sec / 2)
         every = [p for p, _ in book.plans.values()
                  if planner.migration_ready(p, book.events.get(p.plan_id, {}), now, wait)]
-        out = []
+        out: list[str] = []
+        moves: dict[tuple[str, int, str, str, float], list[tuple[list[Guard], list[TxnOp]]]] = {}
+        started: dict[tuple[str, int, str, str, float], list[Plan]] = {}
         for plan in planner.to_start(every, self.cfg.recovery.max_concurrent_recoveries):
             view = views.get(plan.job)
             if view is None or view.record is None or \
@@ -397,8 +419,8 @@ class Recovery:
                 continue  # started already (a plan write lost after the entry moved)
             moved = RankEntry(plan.rank, plan.target, plan.epoch, "relaunched",
                               tuple(s for s in entry.spares if s != plan.target))
-            ops = [Put(entry_kv.key, moved.to_json()),
-                   Put(plan_kv.key, planner.advance(plan, "running", now).to_json())]
+            ops: list[TxnOp] = [Put(entry_kv.key, moved.to_json()),
+                                Put(plan_kv.key, planner.advance(plan, "running", now).to_json())]
             guards = [Guard(plan_kv.key, plan_kv.mod_revision),
                       Guard(entry_kv.key, entry_kv.mod_revision)]
             group = view.groups.get(plan.rank)
@@ -407,54 +429,124 @@ class Recovery:
                 ops.append(Put(gkv.key, group_to_json(dataclasses.replace(g,
                                                                           primary=plan.target))))
                 guards.append(Guard(gkv.key, gkv.mod_revision))
-            if self.leadership.commit(guards, ops):
-                log.warning("plan %s started: rank %d of job %s -> %s epoch %d", plan.plan_id,
-                            plan.rank, plan.job, plan.target, plan.epoch)
-                out.append(f"plan {plan.plan_id} running")
+            moves.setdefault(planner.move_of(plan), []).append((guards, ops))
+            started.setdefault(planner.move_of(plan), []).append(plan)
+        for move, parts in moves.items():
+            plans = started[move]
+            ok = 0
+            for i in range(0, len(parts), _PLANS_PER_TXN):
+                chunk = parts[i:i + _PLANS_PER_TXN]
+                if not self.leadership.commit([g for gs, _ in chunk for g in gs],
+                                              [o for _, os_ in chunk for o in os_]):
+                    break  # a revision moved: the rest of the move starts next pass
+                ok += len(chunk)
+            if ok:
+                job, _, source, target, _ = move
+                ranks = ",".join(str(p.rank) for p in plans[:ok])
+                log.warning("move started: job %s ranks %s %s -> %s (plans %s)", job, ranks,
+                            source, target, ",".join(p.plan_id for p in plans[:ok]))
+                out.extend(f"plan {p.plan_id} running" for p in plans[:ok])
         return out
 
     # -- escalation -------------------------------------------------------------------
 
     def _escalate(self, job: str, run: int, book: PlanBook, reason: str) -> str:
-        """Mark the run's active plans escalated, record the escalation, requeue the job."""
+        """Record the escalation (with what the requeued run asks Slurm for, or why RAPS
+        gives up), mark the run's active plans escalated, then requeue the job."""
         now = self._clock()
         key = self.keys.job_escalation(job)
         kv = self.store.get(key)
-        if kv is None or _run_of(kv) != run:
+        prev = _decode(kv)
+        if prev is None or prev.run != run:
+            rec = requeue.escalate(prev, run, reason, now,
+                                   max_requeues=self.cfg.recovery.max_requeues,
+                                   window=float(self.cfg.recovery.requeue_window_sec))
+            rec = dataclasses.replace(rec, **self._shape(job))
             guard = Guard(key, kv.mod_revision if kv is not None else 0)
-            if not self.leadership.commit([guard], [Put(key, escalation_record(run, reason, now,
-                                                                                 None))]):
+            if not self.leadership.commit([guard], [Put(key, rec.to_json())]):
                 return f"job {job}: escalation raced; retry next cycle"
-            log.error("job %s run %d escalates to a whole-job requeue: %s", job, run, reason)
+            if rec.gave_up:
+                log.error("job %s run %d: %s", job, run, rec.gave_up)
+            else:
+                log.error("job %s run %d escalates to a whole-job requeue: %s%s", job, run,
+                          reason, _shape_text(rec))
+        else:
+            rec = prev
         for plan, pkv in [book.plans[p] for p in sorted(book.plans)]:
             if plan.job == job and plan.run == run and plan.active:
                 self.leadership.commit([Guard(pkv.key, pkv.mod_revision)], [Put(
-                    pkv.key, planner.advance(plan, "escalated", now, reason).to_json())])
+                    pkv.key, planner.advance(plan, "escalated", now,
+                                             rec.gave_up or reason).to_json())])
+        if rec.gave_up:
+            return self._gave_up(job, rec) or f"job {job}: raps gave up"
         return self._requeue_job(job, run) or f"job {job}: escalated ({reason})"
 
+    def _shape(self, job: str) -> dict[str, Any]:
+        """``exclude`` and ``num_nodes`` for the requeued run of ``job``."""
+        view = self._views.get(job)
+        if view is None or view.record is None:
+            return {}
+        working = (len(set(view.rank_map.nodes)) if view.rank_map is not None
+                   and view.rank_map.nodes else len(set(view.record.nodes)))
+        everyone = ({n for nodes in self._topology.racks().values() for n in nodes}
+                    if self._topology is not None else set(view.record.nodes))
+        exclude = set(view.record.nodes) & self._dead
+        available = len(everyone - self._dead - self._unhealthy - exclude)
+        nodes, count = requeue.requeue_shape(view.record.nodes, working, self._dead, available)
+        return {"exclude": nodes, "num_nodes": count}
+
     def _escalations(self, job: str, run: int) -> list[str]:
-        """An escalation of this run recorded but not yet requeued: ask Slurm (again)."""
-        kv = self.store.get(self.keys.job_escalation(job))
-        if kv is None or _run_of(kv) != run or _requeued(kv):
+        """An escalation of this run recorded but not yet carried out: ask Slurm (again),
+        or end a job RAPS gave up on."""
+        rec = _decode(self.store.get(self.keys.job_escalation(job)))
+        if rec is None or rec.run != run:
+            return []
+        if rec.gave_up:
+            line = self._gave_up(job, rec)
+            return [line] if line else []
+        if rec.requeued_at is not None:
             return []
         return [self._requeue_job(job, run)]
 
+    def _gave_up(self, job: str, rec: EscalationRecord) -> str:
+        """raps-run reads ``gave_up`` through its agent, prints it in the job's output,
+        stops the ranks and exits non-zero, so Slurm marks the job FAILED. If the job still
+        runs ``GIVE_UP_GRACE_SEC`` later (its batch script's node is dead, say), it is
+        cancelled."""
+        if rec.cancelled_at is not None or self._clock() - rec.at < GIVE_UP_GRACE_SEC:
+            return ""
+        try:
+            if self._job_info(job).state not in ("RUNNING", "PENDING", "SUSPENDED"):
+                return ""
+            self._cancel(job)
+        except SlurmCommandError as exc:
+            return f"job {job}: cannot cancel it after giving up ({exc})"
+        key = self.keys.job_escalation(job)
+        kv = self.store.get(key)
+        if kv is not None:
+            self.leadership.commit([Guard(key, kv.mod_revision)], [Put(key, dataclasses.replace(
+                rec, cancelled_at=self._clock()).to_json())])
+        log.error("job %s cancelled: %s", job, rec.gave_up)
+        return f"job {job}: cancelled (raps gave up)"
+
     def _release(self, job: str, kv: KeyValue) -> list[str]:
         """A job requeued by an escalation waits out Slurm's requeue delay (BeginTime):
-        start it as soon as Slurm shows it pending again."""
-        if not _release_due(kv):
+        once Slurm shows it pending again, apply what the run asks for (dead nodes
+        excluded, fewer nodes) and start it."""
+        rec = _decode(kv)
+        if rec is None or rec.requeued_at is None or rec.released_at is not None:
             return []
         try:
             if self._job_info(job).state != "PENDING":
                 return []  # still completing; next cycle
+            if rec.exclude or rec.num_nodes is not None:
+                self._update_pending(job, list(rec.exclude), rec.num_nodes)
             self._start_now(job)
         except SlurmCommandError as exc:
             return [f"job {job}: cannot start the requeued job yet ({exc})"]
-        d = json.loads(kv.value)
-        d["released_at"] = self._clock()
-        self.leadership.commit([Guard(kv.key, kv.mod_revision)],
-                               [Put(kv.key, json.dumps(d).encode())])
-        log.warning("job %s: requeued run starts now", job)
+        self.leadership.commit([Guard(kv.key, kv.mod_revision)], [Put(
+            kv.key, dataclasses.replace(rec, released_at=self._clock()).to_json())])
+        log.warning("job %s: requeued run starts now%s", job, _shape_text(rec))
         return [f"job {job}: requeued run released"]
 
     def _requeue_job(self, job: str, run: int) -> str:
@@ -465,36 +557,36 @@ class Recovery:
             log.error("job %s: requeue failed: %s", job, exc)
             return f"job {job}: requeue failed ({exc})"
         kv = self.store.get(key)
-        if kv is not None and _run_of(kv) == run:
-            d = json.loads(kv.value)
+        rec = _decode(kv)
+        if kv is not None and rec is not None and rec.run == run:
             self.leadership.commit([Guard(key, kv.mod_revision)], [Put(
-                key, escalation_record(run, d.get("reason", ""), d.get("at", 0.0),
-                                       self._clock()))])
+                key, requeue.requeued(rec, self._clock()).to_json())])
         log.error("job %s run %d requeued: its ranks restore their newest checkpoints", job, run)
         return f"job {job}: requeued"
 
 
-def _release_due(kv: KeyValue) -> bool:
+def _decode(kv: KeyValue | None) -> EscalationRecord | None:
+    if kv is None:
+        return None
     try:
-        d = json.loads(kv.value)
-        return d.get("requeued_at") is not None and d.get("released_at") is None
-    except (ValueError, AttributeError):
-        return False
+        return EscalationRecord.from_json(kv.key, kv.value)
+    except RecordError as exc:
+        log.error("skipping malformed value: %s", exc)
+        return None
+
+
+def _shape_text(rec: EscalationRecord) -> str:
+    parts = []
+    if rec.exclude:
+        parts.append(f"excluding {','.join(rec.exclude)} (DEAD)")
+    if rec.num_nodes is not None:
+        parts.append(f"asking for {rec.num_nodes} nodes")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _run_of(kv: KeyValue) -> int | None:
-    try:
-        run = json.loads(kv.value).get("run")
-    except (ValueError, AttributeError):
-        return None
-    return run if isinstance(run, int) else None
-
-
-def _requeued(kv: KeyValue) -> bool:
-    try:
-        return json.loads(kv.value).get("requeued_at") is not None
-    except (ValueError, AttributeError):
-        return False
+    rec = _decode(kv)
+    return rec.run if rec is not None else None
 
 
 def plans_in_order(plans: Iterable[Plan]) -> list[Plan]:

@@ -10,7 +10,7 @@ decoder rejects a malformed value with one line naming the key and what is wrong
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
@@ -294,31 +294,57 @@ def choose_spares(topology: Topology, nodes: Collection[str], count: int
 def build_map(record: JobRecord, topology: Topology, *, default_replicas: int, now: float,
               previous_epochs: Mapping[int, int] | None = None,
               prefer_original_rack: bool = False,
-              unhealthy: Collection[str] = frozenset()) -> MapPlan:
+              unhealthy: Collection[str] = frozenset(),
+              dead: Collection[str] = frozenset()) -> MapPlan:
     """The rank map, rank entries and backup groups of one job run.
 
-    Ranks go ``ranks_per_node`` at a time to the working nodes in name order. Each
-    rank's epoch is one more than in ``previous_epochs`` (the prior run's), so a copy
-    of an earlier run is fenced. A job that cannot be mapped gets a map with ``error``.
+    The node is the unit: ranks go ``ranks_per_node`` at a time to the working nodes in
+    name order, and all ranks of a node share that node's backup group (one log backup,
+    one mirror set). Nodes under a DEAD verdict (``dead``) get nothing, neither ranks nor
+    spare duty: the run uses one spare fewer for each (a requeued job that lost nodes
+    still starts), and cannot be mapped only when too few nodes are left for its ranks.
+    The rank count is the prior run's when ``previous_epochs`` holds one entry for each of
+    its ranks 0..N-1, so a run on fewer nodes restores the same ranks; otherwise it is
+    (nodes - spares) x ranks_per_node. Each rank's epoch is
+    one more than in ``previous_epochs``, so a copy of an earlier run is fenced. A job
+    that cannot be mapped gets a map with ``error``.
     """
     spec = record.spec
     replicas = default_replicas if spec.replicas is None else spec.replicas
+    prev = previous_epochs or {}
+    per_node = spec.ranks_per_node
+    lost = sorted(set(record.nodes) & set(dead), key=_natural)
+    usable = [n for n in record.nodes if n not in set(dead)]
     try:
-        working, spares = choose_spares(topology, record.nodes, spec.spares)
-        rank_nodes = {i * spec.ranks_per_node + k: n
-                      for i, n in enumerate(working) for k in range(spec.ranks_per_node)}
-        placed: dict[int, RankPlacement] = compute_placement(
-            topology, rank_nodes, spares, replicas=replicas,
+        if prev and sorted(prev) == list(range(len(prev))):
+            size = len(prev)
+        else:
+            if spec.spares >= len(set(record.nodes)):
+                choose_spares(topology, record.nodes, spec.spares)  # raises the usual error
+            size = (len(set(record.nodes)) - spec.spares) * per_node
+        needed = -(-size // per_node)
+        if needed > len(usable):
+            raise PlacementError(
+                f"{size} ranks at {per_node} per node need {needed} nodes, but only "
+                f"{len(usable)} of the {len(record.nodes)} allocated are usable"
+                + (f" ({','.join(lost)} under a DEAD verdict)" if lost else ""))
+        working, spares = choose_spares(topology, usable, len(usable) - needed)
+        rank_nodes = {i * per_node + k: n for i, n in enumerate(working)
+                      for k in range(per_node) if i * per_node + k < size}
+        by_node: dict[int, RankPlacement] = compute_placement(
+            topology, dict(enumerate(working)), spares, replicas=replicas,
             prefer_original_rack=prefer_original_rack, unhealthy=unhealthy)
     except PlacementError as exc:
         return MapPlan(RankMap(record.job_id, record.restart_count, built_at=now,
                                replicas=replicas, error=str(exc)))
-    prev = previous_epochs or {}
+    index = {n: i for i, n in enumerate(working)}
+    placed = {r: by_node[index[n]] for r, n in rank_nodes.items()}
     entries = tuple(RankEntry(r, rank_nodes[r], prev.get(r, 0) + 1, "assigned",
                               placed[r].spares) for r in sorted(rank_nodes))
     rank_map = RankMap(record.job_id, record.restart_count,
                        tuple(rank_nodes[r] for r in sorted(rank_nodes)), spares, replicas, now)
-    return MapPlan(rank_map, entries, tuple(placed[r].group for r in sorted(rank_nodes)))
+    groups = tuple(replace(placed[r].group, rank=r) for r in sorted(rank_nodes))
+    return MapPlan(rank_map, entries, groups)
 
 
 def purge_due(record: JobRecord, slurm_state: str | None, final_since: float | None,

@@ -135,3 +135,100 @@ def outcome(current: Mapping[int, Incarnation], now: float, grace: float,
         if now - inc.exited_at >= wait:
             return Outcome(failed=True, rank=rank, exit_code=inc.exit_code or 1)
     return Outcome()
+
+
+# --- node supervisors -------------------------------------------------------------------
+
+# The user's CPU request per rank: raps-run asks for it times the node's ranks per
+# supervisor task, so it takes these options out of what passes to the step.
+CPU_OPTIONS = ("-c", "--cpus-per-task")
+
+
+def cpus_per_rank(options: Sequence[str]) -> tuple[int, list[str]]:
+    """(the user's ``--cpus-per-task``/``-c``, default 1; the other options);
+    ValueError for a value that is not a positive integer."""
+    rest: list[str] = []
+    cpus, i = 1, 0
+    while i < len(options):
+        opt, value = options[i], None
+        if opt in CPU_OPTIONS:
+            if i + 1 >= len(options):
+                raise ValueError(f"srun option {opt!r} needs a value")
+            value, i = options[i + 1], i + 1
+        elif opt.startswith("--cpus-per-task="):
+            value = opt.split("=", 1)[1]
+        elif opt.startswith("-c") and len(opt) > 2:
+            value = opt[2:]
+        else:
+            rest.append(opt)
+        i += 1
+        if value is None:
+            continue
+        if not (value.isascii() and value.isdigit()) or int(value) < 1:
+            raise ValueError(f"--cpus-per-task={value!r}: expected an integer >= 1")
+        cpus = int(value)
+    return cpus, rest
+
+
+def job_cpus_per_node(text: str) -> list[int]:
+    """``SLURM_JOB_CPUS_PER_NODE`` (``2(x3),1``) as one count per node; [] if unreadable."""
+    out: list[int] = []
+    for part in (p for p in text.split(",") if p):
+        count, _, rep = part.partition("(x")
+        if not count.isdigit() or (rep and not rep.rstrip(")").isdigit()):
+            return []
+        out += [int(count)] * (int(rep.rstrip(")")) if rep else 1)
+    return out
+
+
+def step_cpu_options(per_rank: int, ranks: int, allocated: Sequence[int]) -> list[str]:
+    """CPU options of a supervisor task that runs ``ranks`` ranks of ``per_rank`` CPUs:
+    ask for all of them when every node of the job holds that many, else overcommit (the
+    step then starts whatever the node holds; the supervisor shares out what it got)."""
+    want = per_rank * max(ranks, 1)
+    if allocated and min(allocated) >= want:
+        return [f"--cpus-per-task={want}"]
+    return ["--overcommit"]
+
+
+def cpu_share(cpus: Sequence[int], slot: int, slots: int) -> list[int]:
+    """The CPUs of rank slot ``slot`` of ``slots`` on a node whose supervisor holds
+    ``cpus``: an even, contiguous share (the first slots one more when it does not
+    divide), or, with fewer CPUs than slots, one CPU shared round-robin."""
+    ordered = sorted(cpus)
+    n = len(ordered)
+    if n == 0 or slots < 1 or slot < 0:
+        raise ValueError(f"slot {slot} of {slots} over {n} CPUs")
+    if slots > n:
+        return [ordered[slot % n]]
+    base, extra = divmod(n, slots)
+    slot %= slots
+    first = slot * base + min(slot, extra)
+    return ordered[first:first + base + (1 if slot < extra else 0)]
+
+
+def node_slots(ranks: Iterable[tuple[int, str]]) -> dict[int, tuple[str, int, int]]:
+    """rank -> (node, slot, slots on that node) for ``(rank, node)`` pairs: a node's
+    ranks take slots in rank order."""
+    by_node: dict[str, list[int]] = {}
+    for rank, node in sorted(ranks):
+        by_node.setdefault(node, []).append(rank)
+    return {r: (node, i, len(rs)) for node, rs in by_node.items() for i, r in enumerate(rs)}
+
+
+def free_slot(used: Iterable[int], slots: int) -> int:
+    """The lowest slot below ``slots`` not in ``used`` (the next one round-robin when all
+    are taken)."""
+    taken = set(used)
+    for s in range(max(slots, 1)):
+        if s not in taken:
+            return s
+    return len(taken) % max(slots, 1)
+
+
+def by_target(todo: Iterable[Relaunch]) -> dict[str, list[Relaunch]]:
+    """Relaunches grouped by target node (one supervisor step per node), ranks in order."""
+    out: dict[str, list[Relaunch]] = {}
+    for r in sorted(todo, key=lambda r: (r.node, r.rank)):
+        out.setdefault(r.node, []).append(r)
+    return out

@@ -5,16 +5,19 @@ entries and where each rank's checkpoints are, persists the plans it returns in 
 (``plans/<id>``) and carries them out step by step.
 
 Rules:
-- a DEAD node's ranks each get a target from their spare order: a spare that is not
-  dead, not unhealthy (SUSPECT, DEGRADED, DRAIN) and not taken by another plan; outside
-  the dead node's rack, unless ``prefer_original_rack`` and that rack is healthy (no
-  other dead or unhealthy node in it); among those, a spare that already holds the
-  rank's newest checkpoint first (least transfer), then the spare order;
-- a rank with no usable spare, or a dead batch-script node, escalates the whole job
+- the node is the unit: a DEAD node's ranks all move to one target (one plan per rank,
+  each with its next epoch; together they are one *move*), taken from their spare order:
+  a spare that is not dead, not unhealthy (SUSPECT, DEGRADED, DRAIN) and not taken by
+  another plan; outside the dead node's rack, unless ``prefer_original_rack`` and that
+  rack is healthy (no other dead or unhealthy node in it); among those, a spare that
+  already holds the newest checkpoints of the most of those ranks first (least
+  transfer), then the spare order;
+- a node with no usable spare, or a dead batch-script node, escalates the whole job
   (``scontrol requeue``; every rank then restores its newest committed checkpoint);
-- a HUNG rank is relaunched on its own node;
-- the queue is cluster-wide and bounded by ``max_concurrent_recoveries``, largest
-  restore first; a plan counts as running until its rank is launched **and restored**,
+- a HUNG rank is restarted on its own node;
+- the queue is cluster-wide and bounded by ``max_concurrent_recoveries`` moves (nodes),
+  largest restore first; a move starts whole; a plan counts as running until its rank
+  is launched **and restored**,
   not until its replay ends (a restored rank may wait in replay for a neighbour whose
   plan is still queued; holding the queue meanwhile would deadlock them);
 - a plan not done within ``recovery_timeout_sec`` escalates;
@@ -141,30 +144,46 @@ def choose_target(site: RankSite, *, dead: Collection[str], unhealthy: Collectio
     return held[0] if held else allowed[0]
 
 
+def _node_target(node: str, sites: list[RankSite], *, dead: Collection[str],
+                 unhealthy: Collection[str], taken: Collection[str],
+                 racks: Mapping[str, Collection[str]], prefer_original_rack: bool,
+                 holders: Mapping[int, Collection[str]]) -> str | None:
+    """One spare for all of a node's ranks: chosen as for its lowest rank (ranks of one
+    node share their spare order), preferring a spare that holds the newest checkpoint
+    of every rank, then of the most ranks."""
+    counts: dict[str, int] = {}
+    for site in sites:
+        for h in set(holders.get(site.rank, ())):
+            counts[h] = counts.get(h, 0) + 1
+    best = max(counts.values(), default=0)
+    held = {h for h, c in counts.items() if c == best} if best else set()
+    return choose_target(sites[0], dead=dead, unhealthy=unhealthy, taken=taken, racks=racks,
+                         prefer_original_rack=prefer_original_rack, holders=held)
+
+
 def plan_dead_node(job: str, node: str, sites: Iterable[RankSite], *, batch_host: str,
                    dead: Collection[str], unhealthy: Collection[str],
                    taken: Collection[str], racks: Mapping[str, Collection[str]],
                    prefer_original_rack: bool, holders: Mapping[int, Collection[str]],
                    sizes: Mapping[int, int], now: float, run: int = 0,
                    detected_at: float | None = None) -> list[Plan] | Escalation:
-    """Plans for every rank of ``job`` that ran on the dead ``node``, or an escalation."""
+    """Plans moving every rank of ``job`` that ran on the dead ``node`` to one spare node
+    (one plan per rank, each with its own next epoch: one move), or an escalation."""
     if node == batch_host:
         return Escalation(job, f"the batch script's node {node} is dead")
-    plans: list[Plan] = []
-    claimed = set(taken)
-    for site in sorted(sites, key=lambda s: s.rank):
-        if site.node != node:
-            continue
-        target = choose_target(site, dead=dead, unhealthy=unhealthy, taken=claimed,
-                               racks=racks, prefer_original_rack=prefer_original_rack,
-                               holders=holders.get(site.rank, ()))
-        if target is None:
-            return Escalation(job, f"no usable spare for rank {site.rank} of job {job}")
-        claimed.add(target)
-        plans.append(Plan(f"{job}-{site.rank}-{site.epoch + 1}", job, site.rank, node, target,
-                          site.epoch + 1, f"node {node} is dead", sizes.get(site.rank, 0),
-                          created_at=now, run=run, detected_at=detected_at))
-    return plans
+    mine = sorted((s for s in sites if s.node == node), key=lambda s: s.rank)
+    if not mine:
+        return []
+    target = _node_target(node, mine, dead=dead, unhealthy=unhealthy, taken=taken,
+                          racks=racks, prefer_original_rack=prefer_original_rack,
+                          holders=holders)
+    if target is None:
+        ranks = ",".join(str(s.rank) for s in mine)
+        return Escalation(job, f"no usable spare node for the ranks of {node} "
+                               f"(rank{'s' if len(mine) > 1 else ''} {ranks}) of job {job}")
+    return [Plan(plan_id(job, site.rank, site.epoch + 1), job, site.rank, node, target,
+                 site.epoch + 1, f"node {node} is dead", sizes.get(site.rank, 0),
+                 created_at=now, run=run, detected_at=detected_at) for site in mine]
 
 
 def plan_migration(job: str, node: str, why: str, sites: Iterable[RankSite], *,
@@ -173,24 +192,20 @@ def plan_migration(job: str, node: str, why: str, sites: Iterable[RankSite], *,
                    holders: Mapping[int, Collection[str]], sizes: Mapping[int, int],
                    now: float, run: int = 0) -> list[Plan]:
     """``planned`` plans moving ``job``'s ranks off ``node``, alive but drained for health
-    (``why``), to spares chosen as for a dead node. Never an escalation: a rank with no
-    usable spare stays where it is (its node still works); the batch script stays too."""
-    plans: list[Plan] = []
-    claimed = set(taken)
-    for site in sorted(sites, key=lambda s: s.rank):
-        if site.node != node:
-            continue
-        target = choose_target(site, dead=dead, unhealthy=set(unhealthy) | {node},
-                               taken=claimed, racks=racks,
-                               prefer_original_rack=prefer_original_rack,
-                               holders=holders.get(site.rank, ()))
-        if target is None:
-            continue
-        claimed.add(target)
-        plans.append(Plan(plan_id(job, site.rank, site.epoch + 1), job, site.rank, node, target,
-                          site.epoch + 1, f"planned: {node} drained: {why}",
-                          sizes.get(site.rank, 0), created_at=now, run=run, planned=True))
-    return plans
+    (``why``), together to one spare chosen as for a dead node. Never an escalation: with
+    no usable spare the ranks stay where they are (their node still works); the batch
+    script stays too."""
+    mine = sorted((s for s in sites if s.node == node), key=lambda s: s.rank)
+    if not mine:
+        return []
+    target = _node_target(node, mine, dead=dead, unhealthy=set(unhealthy) | {node},
+                          taken=taken, racks=racks,
+                          prefer_original_rack=prefer_original_rack, holders=holders)
+    if target is None:
+        return []
+    return [Plan(plan_id(job, site.rank, site.epoch + 1), job, site.rank, node, target,
+                 site.epoch + 1, f"planned: {node} drained: {why}", sizes.get(site.rank, 0),
+                 created_at=now, run=run, planned=True) for site in mine]
 
 
 def migration_ready(plan: Plan, events: Mapping[str, PlanEvent], now: float,
@@ -203,21 +218,42 @@ def migration_ready(plan: Plan, events: Mapping[str, PlanEvent], now: float,
 
 def plan_hung_rank(job: str, site: RankSite, size: int, now: float, run: int = 0,
                    detected_at: float | None = None) -> Plan:
-    """A HUNG rank: relaunched on its own node from its checkpoint."""
-    return Plan(f"{job}-{site.rank}-{site.epoch + 1}", job, site.rank, site.node, site.node,
+    """A HUNG rank: restarted in place on its own node from its checkpoint (its node's
+    supervisor does it, with no new Slurm step)."""
+    return Plan(plan_id(job, site.rank, site.epoch + 1), job, site.rank, site.node, site.node,
                 site.epoch + 1, f"rank {site.rank} is hung", size, created_at=now, run=run,
                 detected_at=detected_at)
 
 
+def move_of(plan: Plan) -> tuple[str, int, str, str, float]:
+    """The node move a plan belongs to: the plans one pass made for the ranks of one node
+    going to one target (job, run, source, target, creation time). A move is the unit of
+    ``max_concurrent_recoveries`` and starts as a whole."""
+    return plan.job, plan.run, plan.source, plan.target, plan.created_at
+
+
 def to_start(plans: Iterable[Plan], max_concurrent: int) -> list[Plan]:
-    """Queued plans to start now: the largest restores first, as many as the bound allows
-    beside the ones still launching or restoring (restored ones do not count)."""
+    """Queued plans to start now, whole moves at a time: the largest restores first, as
+    many moves as the bound allows beside the ones still launching or restoring (a move
+    counts while any of its plans is ``running``; restored ones do not count)."""
     every = list(plans)
-    running = sum(1 for p in every if p.state == "running")
-    room = max(0, max_concurrent - running)
-    queued = sorted((p for p in every if p.state == "queued"),
-                    key=lambda p: (-p.restore_bytes, p.created_at, p.plan_id))
-    return queued[:room]
+    running = {move_of(p) for p in every if p.state == "running"}
+    room = max(0, max_concurrent - len(running))
+    moves: dict[tuple[str, int, str, str, float], list[Plan]] = {}
+    for p in every:
+        if p.state == "queued":
+            moves.setdefault(move_of(p), []).append(p)
+    order = sorted(moves.items(), key=lambda kv: (
+        kv[0] not in running,  # the rest of a move already started goes first, beyond room
+        -sum(p.restore_bytes for p in kv[1]), kv[0][4], min(p.plan_id for p in kv[1])))
+    out: list[Plan] = []
+    for key, group in order:
+        if key not in running:
+            if room == 0:
+                break
+            room -= 1
+        out.extend(sorted(group, key=lambda p: p.rank))
+    return out
 
 
 def overdue(plans: Iterable[Plan], now: float, timeout: float) -> list[Plan]:

@@ -80,6 +80,21 @@ def start_now(job_id: int) -> list[str]:
     return ["scontrol", "update", f"JobId={int(job_id)}", "StartTime=now"]
 
 
+def update_pending(job_id: int, exclude: Iterable[str], num_nodes: int | None) -> list[str]:
+    """Reshape a pending (requeued) job: nodes it must not get, and its node count."""
+    argv = ["scontrol", "update", f"JobId={int(job_id)}"]
+    nodes = list(exclude)
+    if nodes:
+        argv.append(f"ExcNodeList={fold(nodes)}")
+    if num_nodes is not None:
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+            raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
+        argv.append(f"NumNodes={num_nodes}")
+    if len(argv) == 3:
+        raise ValueError("update_pending: nothing to change")
+    return argv
+
+
 def cancel(job_id: int, signal: str | None = None) -> list[str]:
     """Cancel a job, or send it a signal when ``signal`` is given."""
     argv = ["scancel"]
@@ -93,3 +108,16 @@ def srun_rank(node: str, name: str, options: Iterable[str], program: Iterable[st
     survives the loss of other nodes (``--no-kill``); ``options`` are the user's."""
     return ["srun", "-N1", "-n1", "-w", node, "--exact", "--no-kill", "--kill-on-bad-exit=0",
             f"--job-name={name}", *options, *program]
+
+
+def srun_supervisors(nodes: Iterable[str], name: str, cpu_options: Iterable[str],
+                     options: Iterable[str], program: Iterable[str]) -> list[str]:
+    """One step with one task per node (raps-run's node supervisors): it survives the loss
+    of any of its nodes (``--no-kill``, ``--kill-on-bad-exit=0``); ``cpu_options`` size
+    each task for all of its node's ranks, ``options`` are the user's."""
+    names = sorted(set(nodes))
+    if not names:
+        raise ValueError("a supervisor step needs at least one node")
+    return ["srun", f"--nodes={len(names)}", f"--ntasks={len(names)}", "--ntasks-per-node=1",
+            f"--nodelist={fold(names)}", "--no-kill", "--kill-on-bad-exit=0",
+            f"--job-name={name}", *cpu_options, *options, *program]

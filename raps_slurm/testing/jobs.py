@@ -3,6 +3,7 @@ result, its rank map, checkpoints and plans in etcd, its end in Slurm."""
 
 from __future__ import annotations
 
+import pwd
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ from pathlib import Path
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.core.planner import Plan
+from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 
@@ -63,3 +65,58 @@ def finish(cluster: LocalCluster, job: str, out: Path, clean: str, timeout: floa
     assert job_state(cluster, job) == "COMPLETED", text[-4000:]
     assert clean in text.splitlines(), text[-4000:]
     return text
+
+
+def rank_pids(job: str, rank: int, epoch: int) -> list[int]:
+    """Processes of one incarnation of a rank, found by the environment raps-run gave it."""
+    want = {f"RAPS_JOB={job}".encode(), f"RAPS_RANK={rank}".encode(),
+            f"RAPS_EPOCH={epoch}".encode()}
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = set((d / "environ").read_bytes().split(b"\0"))
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if want <= env and b"heat_ring.py" in cmd and not cmd.startswith(b"srun"):
+            found.append(int(d.name))
+    return found
+
+
+def node_dead(store: StateStore, keys: Keys, node: str) -> bool:
+    """A DEAD verdict newer than the node's registration (what the leader holds dead)."""
+    v, reg = store.get(keys.node_verdict(node)), store.get(keys.node(node))
+    return v is not None and b'"DEAD"' in v.value and (
+        reg is None or (reg.create_revision or 0) < v.mod_revision)
+
+
+def back_in_service(cluster: LocalCluster, store: StateStore, keys: Keys, *nodes: str) -> None:
+    """Nodes resumed in Slurm (a DEAD verdict drained them), their agents registered again
+    and no longer held dead: a later test may pick them as spares."""
+    run = CommandRunner(timeout=60, env=cluster.env)
+    for n in nodes:
+        state = cluster.slurm().node(n).state_text
+        if any(x in state for x in ("DOWN", "DRAIN", "FAIL")):  # RESUME refuses other states
+            run.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
+        _wait_in_service(cluster, store, keys, n)
+
+
+def _wait_in_service(cluster: LocalCluster, store: StateStore, keys: Keys, node: str) -> None:
+    wait_until(f"{node}'s agent registered", lambda: store.get(keys.node(node)), bool, 30)
+    wait_until(f"{node} back in Slurm", lambda: cluster.slurm().node(node).state_text,
+               lambda st: not any(x in st for x in ("DOWN", "DRAIN", "NOT_RESPONDING")), 60)
+    wait_until(f"{node} no longer dead", lambda: node_dead(store, keys, node),
+               lambda d: not d, 30)
+
+
+def system_user(name: str) -> int:
+    """The uid of a system user made for tests that need another user (created once,
+    kept: useradd is slow, and the name says what it is for)."""
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
+                        "/usr/sbin/nologin", name], check=True, capture_output=True)
+        return pwd.getpwnam(name).pw_uid

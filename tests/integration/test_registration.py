@@ -186,9 +186,13 @@ def test_hooks_call_no_slurm_command(cluster: LocalCluster, tmp_path: Path,
 
 
 def test_requeue_keeps_checkpoint_dirs_and_reregisters(
-        cluster: LocalCluster, jobs: Jobs, rapsctl: Rapsctl) -> None:
+        cluster: LocalCluster, jobs: Jobs, rapsctl: Rapsctl,
+        store: tuple[StateStore, Keys]) -> None:
     job = jobs.submit("--raps", "--raps-spares=1", "-N3", "--wrap", "sleep 300")
     first = mapped(rapsctl, job, timeout=10)
+    s, keys = store
+    key_kv = s.get(keys.job_secret(job))  # the ranks' key, written with the registration
+    assert key_kv is not None and len(bytes.fromhex(key_kv.value.decode())) == 32
     node = first["ranks"][0]["node"]
     marker = job_dir(cluster, node, job) / "generation-1"
     wait_until(f"{marker.parent} to exist", marker.parent.is_dir, timeout=10)
@@ -201,6 +205,8 @@ def test_requeue_keeps_checkpoint_dirs_and_reregisters(
     second = mapped(rapsctl, job, timeout=60, restart_count=1)
     assert marker.read_text() == "checkpoint data"
     assert [r["epoch"] for r in second["ranks"]] == [2] * len(second["ranks"])
+    again = s.get(keys.job_secret(job))  # a new run, a new key
+    assert again is not None and again.value != key_kv.value
     prolog_log = (cluster.run_dir / "log" / "raps" / "prolog-slurmctld.log").read_text()
     assert f"job={job}: registered run 1 (requeue)" in prolog_log
     epilog_log = (cluster.run_dir / "log" / "raps" / "epilog-slurmctld.log").read_text()

@@ -252,18 +252,20 @@ def test_requeue_is_mapped_again_with_next_epoch(cluster: Cluster) -> None:
     c1.run_cycle()
     cluster.end(first)
     assert c1.run_cycle() == "leader: 1 jobs"  # an ended run is not mapped
-    # The requeued run got fewer nodes: 2 ranks instead of 4.
+    # The requeued run got fewer nodes: the same 4 ranks, on 4 nodes, with no spare left.
     cluster.register("12", nodes=("n1", "n2", "n3", "n4"), restart_count=1)
-    assert c1.run_cycle() == "leader: 1 jobs; mapped job 12 (2 ranks, 2 spares)"
+    assert c1.run_cycle() == "leader: 1 jobs; mapped job 12 (4 ranks, 0 spares)"
     entries = cluster.entries("12")
-    assert [(e.rank, e.epoch) for e in entries] == [(0, 2), (1, 2)]
-    # The first run's ranks 2 and 3 are gone with their groups.
-    for rank in (2, 3):
-        assert not cluster.exists(cluster.keys.job_rank("12", rank))
-        assert not cluster.exists(cluster.keys.job_group("12", rank))
+    assert [(e.rank, e.epoch) for e in entries] == [(0, 2), (1, 2), (2, 2), (3, 2)]
     view = job_view(cluster.store, cluster.keys, "12")
     assert view["restart_count"] == 1 and view["state"] == "mapped"
-    assert [r["epoch"] for r in view["ranks"]] == [2, 2]
+    assert [r["epoch"] for r in view["ranks"]] == [2, 2, 2, 2]
+    # Three nodes cannot hold 4 ranks at one per node: a map error, not fewer ranks.
+    cluster.end(cluster.register("12", nodes=("n1", "n2", "n3", "n4"), restart_count=1))
+    cluster.register("12", nodes=("n1", "n2", "n3"), restart_count=2)
+    assert c1.run_cycle() == "leader: 1 jobs; job 12: map error"
+    assert "4 ranks at 1 per node need 4 nodes, but only 3" in \
+        job_view(cluster.store, cluster.keys, "12")["map_error"]
 
 
 def test_malformed_record_skipped(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:

@@ -81,3 +81,50 @@ def test_planned_moves_ask_the_running_rank_once() -> None:
               "planned": True}]
     assert moves_to_prepare(current, plans, 0, ()) == [(0, 2)]
     assert moves_to_prepare(current, plans, 0, [0]) == []
+
+
+def test_cpus_per_rank_is_taken_out_of_the_step_options() -> None:
+    from raps_slurm.core.launch import cpus_per_rank
+
+    assert cpus_per_rank(["--mem=1G"]) == (1, ["--mem=1G"])
+    assert cpus_per_rank(["-c", "4", "--mem=1G"]) == (4, ["--mem=1G"])
+    assert cpus_per_rank(["-c3"]) == (3, [])
+    assert cpus_per_rank(["--cpus-per-task=2", "--gres=gpu:1"]) == (2, ["--gres=gpu:1"])
+    for bad in (["-c"], ["-c", "0"], ["--cpus-per-task=x"]):
+        with pytest.raises(ValueError, match=r"cpus-per-task|needs a value"):
+            cpus_per_rank(bad)
+
+
+def test_step_cpus_ask_for_every_rank_or_overcommit() -> None:
+    from raps_slurm.core.launch import job_cpus_per_node, step_cpu_options
+
+    assert job_cpus_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert job_cpus_per_node("64") == [64]
+    assert job_cpus_per_node("") == [] and job_cpus_per_node("2(xz)") == []
+    assert step_cpu_options(2, 16, [64, 32]) == ["--cpus-per-task=32"]
+    assert step_cpu_options(1, 4, [2, 2]) == ["--overcommit"]  # the test cluster: CPUs=2
+    assert step_cpu_options(1, 4, []) == ["--overcommit"]  # unknown: never refused
+
+
+def test_cpu_share_even_contiguous_or_round_robin() -> None:
+    from raps_slurm.core.launch import cpu_share
+
+    cpus = list(range(8))
+    assert [cpu_share(cpus, s, 4) for s in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [cpu_share(cpus, s, 3) for s in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert [cpu_share([4, 0], s, 4) for s in range(4)] == [[0], [4], [0], [4]]
+    assert cpu_share(cpus, 0, 1) == cpus
+    with pytest.raises(ValueError):
+        cpu_share([], 0, 1)
+
+
+def test_slots_and_targets() -> None:
+    from raps_slurm.core.launch import by_target, free_slot, node_slots
+
+    assert node_slots([(3, "n2"), (0, "n1"), (1, "n1"), (2, "n2"), (4, "n2")]) == {
+        0: ("n1", 0, 2), 1: ("n1", 1, 2), 2: ("n2", 0, 3), 3: ("n2", 1, 3), 4: ("n2", 2, 3)}
+    assert free_slot({0, 2}, 4) == 1 and free_slot(set(), 2) == 0
+    assert free_slot({0, 1}, 2) == 0  # every slot taken: round-robin
+    todo = [Relaunch(5, "n6", 2, "p5"), Relaunch(4, "n6", 2, "p4"), Relaunch(1, "n1", 3, "p1")]
+    assert by_target(todo) == {"n1": [Relaunch(1, "n1", 3, "p1")],
+                               "n6": [Relaunch(4, "n6", 2, "p4"), Relaunch(5, "n6", 2, "p5")]}

@@ -14,6 +14,7 @@ from raps_slurm.core.planner import (
     RankSite,
     advance,
     choose_target,
+    move_of,
     overdue,
     plan_dead_node,
     plan_hung_rank,
@@ -51,23 +52,53 @@ def test_no_usable_spare() -> None:
     assert target(SITES[0], taken={"n4", "n6"}) is None  # n2 shares the dead rack
 
 
-def test_plans_for_a_dead_node_take_distinct_spares() -> None:
+def test_a_dead_nodes_ranks_move_together_to_one_spare() -> None:
     got = plan_dead_node("7", "n1", SITES, batch_host="n3", dead={"n1"}, unhealthy=set(),
                          taken=set(), racks=RACKS, prefer_original_rack=False,
                          holders={}, sizes={0: 10, 1: 20}, now=5.0)
     assert isinstance(got, list)
     assert [(p.rank, p.target, p.epoch, p.restore_bytes) for p in got] == \
-        [(0, "n4", 2, 10), (1, "n6", 2, 20)]
+        [(0, "n4", 2, 10), (1, "n4", 2, 20)]
     assert {p.state for p in got} == {"queued"}
+    assert len({move_of(p) for p in got}) == 1  # one move
+    # The spare holding the checkpoints of most of the node's ranks is preferred.
+    got = plan_dead_node("7", "n1", SITES, batch_host="n3", dead={"n1"}, unhealthy=set(),
+                         taken=set(), racks=RACKS, prefer_original_rack=False,
+                         holders={0: ("n6",), 1: ("n6", "n4")}, sizes={}, now=5.0)
+    assert isinstance(got, list) and {p.target for p in got} == {"n6"}
+    # One spare left is enough for a node's two ranks (per rank, this escalated).
+    got = plan_dead_node("7", "n1", SITES, batch_host="n3", dead={"n1"}, unhealthy=set(),
+                         taken={"n4"}, racks=RACKS, prefer_original_rack=False,
+                         holders={}, sizes={}, now=5.0)
+    assert isinstance(got, list) and {p.target for p in got} == {"n6"}
 
 
 def test_escalations() -> None:
-    kw = {"dead": {"n1"}, "unhealthy": set(), "taken": {"n6"}, "racks": RACKS,
+    kw = {"dead": {"n1"}, "unhealthy": set(), "taken": {"n6", "n4"}, "racks": RACKS,
           "prefer_original_rack": False, "holders": {}, "sizes": {}, "now": 0.0}
     got = plan_dead_node("7", "n1", SITES, batch_host="n3", **kw)  # type: ignore[arg-type]
-    assert got == Escalation("7", "no usable spare for rank 1 of job 7")
+    assert got == Escalation("7", "no usable spare node for the ranks of n1 (ranks 0,1) of job 7")
     got = plan_dead_node("7", "n3", SITES, batch_host="n3", **kw)  # type: ignore[arg-type]
     assert got == Escalation("7", "the batch script's node n3 is dead")
+
+
+def test_the_bound_counts_node_moves_and_a_move_starts_whole() -> None:
+    # Two dead nodes, 3 ranks each; a hung rank restarted in place on n5.
+    a = [Plan(f"a{i}", "7", i, "n1", "n4", 2, "dead", 10, created_at=1.0) for i in range(3)]
+    b = [Plan(f"b{i}", "7", 3 + i, "n3", "n6", 2, "dead", 30, created_at=1.0)
+         for i in range(3)]
+    h = [Plan("h", "7", 9, "n5", "n5", 2, "hung", 1, created_at=1.0)]
+    every = a + b + h
+    assert [p.plan_id for p in to_start(every, 1)] == ["b0", "b1", "b2"]
+    assert [p.plan_id for p in to_start(every, 2)] == ["b0", "b1", "b2", "a0", "a1", "a2"]
+    assert len(to_start(every, 3)) == 7
+    started = [advance(p, "running", 2.0) if p in b else p for p in every]
+    assert to_start(started, 1) == []              # one node recovering: the bound is full
+    assert [p.plan_id for p in to_start(started, 2)] == ["a0", "a1", "a2"]
+    # A move whose start was cut short (one plan started, two still queued) is finished
+    # even with the bound full.
+    part = [advance(b[0], "running", 2.0), b[1], b[2], *a]
+    assert [p.plan_id for p in to_start(part, 1)] == ["b1", "b2"]
 
 
 def test_queue_is_bounded_largest_first_and_restored_plans_free_their_slot() -> None:
@@ -161,7 +192,7 @@ def test_a_drained_nodes_ranks_get_planned_moves_and_no_escalation() -> None:
                            taken=(), racks=racks, prefer_original_rack=False, holders={},
                            sizes={}, now=10.0)
     assert [(p.rank, p.target, p.epoch, p.planned) for p in plans] == [
-        (0, "n5", 2, True), (1, "n6", 2, True)]
+        (0, "n5", 2, True), (1, "n5", 2, True)]  # together, to one spare
     assert plans[0].reason == "planned: n1 drained: nvme0 temp 72C > 70C"
     assert Plan.from_json("k", plans[0].to_json()) == plans[0]
     # no usable spare: nothing planned, and no escalation either (the node still works)

@@ -165,6 +165,22 @@ def test_hung_rank_relaunched_in_place_once_per_verdict(world: World) -> None:
     assert world.plans() == {"7-1-2": "done"}  # the old verdict makes no second plan
 
 
+def test_a_rank_that_finished_its_program_is_no_hang(world: World) -> None:
+    """A rank whose peer record says ``done`` for its epoch went silent because it ended
+    (its peers still finalize, or srun still waits for a dead node): no plan. A ``done``
+    left by an older epoch does not cover the current one."""
+    c = world.coordinator("c1")
+    step(c, world)
+    for rank, epoch in ((1, 1), (2, 0)):
+        world.store.put(world.keys.job_peer("7", rank), json.dumps(
+            {"host": "10.0.0.1", "port": 4000, "epoch": epoch, "done": True}).encode())
+        verdict = {"kind": "HUNG", "node": "n3", "job": "7", "rank": rank,
+                   "at": world.clock()}
+        world.store.put(world.keys.job_rank_verdict("7", rank), json.dumps(verdict).encode())
+    step(c, world, 3)
+    assert set(world.plans()) == {"7-2-2"}
+
+
 def test_a_silence_from_before_this_run_is_no_hang(world: World) -> None:
     """The job was requeued: a HUNG verdict whose silence began in the earlier run (the new
     step is slow to start) relaunches nothing; one whose silence began in this run does."""

@@ -1,0 +1,277 @@
+"""The node as the unit of placement and recovery, and requeues that cannot loop: maps
+that skip DEAD nodes, per-node backup groups, a dead node's ranks moved together under
+the bound, requeued runs that exclude dead nodes or ask for fewer, and giving up after
+``recovery.max_requeues`` (pure parts, then the leader's pass on the in-memory store)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from raps_slurm.config import parse_config
+from raps_slurm.coordinator.cycle import Coordinator
+from raps_slurm.coordinator.election import Leadership
+from raps_slurm.coordinator.recovery import GIVE_UP_GRACE_SEC, Recovery, read_plans
+from raps_slurm.core import requeue
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, build_map
+from raps_slurm.core.planner import PlanEvent
+from raps_slurm.core.requeue import EscalationRecord
+from raps_slurm.errors import RecordError
+from raps_slurm.model import JobInfo, Switch, Topology
+from raps_slurm.registry import job_view
+from raps_slurm.slurm import commands
+from raps_slurm.store import Keys, MemoryStore
+from raps_slurm.testing import FakeClock
+
+NODES = ("n1", "n2", "n3", "n4", "n5", "n6")
+RACKS = {"r1": ["n1", "n2"], "r2": ["n3", "n4"], "r3": ["n5", "n6"]}
+TOPOLOGY = Topology({**{r: Switch(r, 0, frozenset(n)) for r, n in RACKS.items()},
+                     "root": Switch("root", 1, frozenset(NODES), tuple(RACKS))})
+
+
+def record(nodes: tuple[str, ...] = NODES, spares: int = 2, per_node: int = 3,
+           run: int = 0) -> JobRecord:
+    return JobRecord("7", run, 1000, nodes, JobSpec(spares=spares, ranks_per_node=per_node))
+
+
+# -- maps -------------------------------------------------------------------------------
+
+def test_a_nodes_ranks_share_one_backup_group() -> None:
+    plan = build_map(record(), TOPOLOGY, default_replicas=2, now=0.0)
+    assert not plan.rank_map.error
+    assert len(plan.entries) == 12 and len(set(plan.rank_map.nodes)) == 4
+    by_node: dict[str, set[tuple[str | None, tuple[str, ...]]]] = {}
+    for entry, group in zip(plan.entries, plan.groups, strict=True):
+        assert group.rank == entry.rank and group.primary == entry.node
+        by_node.setdefault(entry.node, set()).add((group.log_backup, group.ckpt_mirrors))
+    assert all(len(shapes) == 1 for shapes in by_node.values()), by_node
+    for shapes in by_node.values():
+        (log, mirrors), = shapes
+        assert log is not None and len(mirrors) == 1
+
+
+def test_a_dead_node_gets_no_ranks_and_the_run_has_a_spare_fewer() -> None:
+    plan = build_map(record(), TOPOLOGY, default_replicas=2, now=0.0, dead={"n3"})
+    m = plan.rank_map
+    assert not m.error
+    assert "n3" not in m.nodes and "n3" not in m.spares
+    assert len(m.nodes) == 12 and len(set(m.nodes)) == 4 and len(m.spares) == 1
+    for entry in plan.entries:
+        assert "n3" not in entry.spares
+    # Three dead: four nodes needed for 12 ranks, three left.
+    plan = build_map(record(), TOPOLOGY, default_replicas=2, now=0.0, dead={"n3", "n4", "n5"})
+    assert plan.rank_map.error == ("12 ranks at 3 per node need 4 nodes, but only 3 of the "
+                                   "6 allocated are usable (n3,n4,n5 under a DEAD verdict)")
+
+
+def test_a_requeued_run_on_fewer_nodes_keeps_its_ranks() -> None:
+    first = build_map(record(), TOPOLOGY, default_replicas=2, now=0.0)
+    epochs = {e.rank: e.epoch for e in first.entries}
+    again = build_map(record(nodes=NODES[:5], run=1), TOPOLOGY, default_replicas=2, now=1.0,
+                      previous_epochs=epochs)
+    assert len(again.entries) == 12 and len(again.rank_map.spares) == 1
+    assert {e.epoch for e in again.entries} == {2}
+
+
+# -- requeue rules ------------------------------------------------------------------------
+
+def test_give_up_after_max_requeues_within_the_window() -> None:
+    prev = EscalationRecord(2, "x", 100.0, requeues=(10.0, 50.0, 100.0))
+    assert requeue.give_up(prev, "dead", 120.0, 3, 3600) .startswith(
+        "raps gave up after 3 whole-job requeues within 3600s (recovery.max_requeues=3)")
+    assert requeue.give_up(prev, "dead", 120.0, 4, 3600) == ""
+    # Old requeues fall out of the window.
+    assert requeue.give_up(prev, "dead", 3655.0, 3, 3600) == ""
+    assert requeue.give_up(None, "dead", 0.0, 0, 60).startswith("raps gave up after 0")
+    rec = requeue.escalate(prev, 3, "node n6 is dead", 3655.0, max_requeues=3, window=3600)
+    assert rec.requeues == (100.0,) and rec.gave_up == "" and rec.run == 3
+    done = requeue.requeued(rec, 3656.0)
+    assert done.requeues == (100.0, 3656.0) and done.requeued_at == 3656.0
+    assert requeue.requeued(done, 4000.0) == done
+
+
+def test_requeue_shape_excludes_dead_nodes_and_lowers_the_count_only_when_needed() -> None:
+    assert requeue.requeue_shape(NODES, 4, {"n6", "n9"}, available=8) == (("n6",), None)
+    assert requeue.requeue_shape(NODES, 4, {"n6"}, available=5) == (("n6",), 5)
+    assert requeue.requeue_shape(NODES, 4, {"n5", "n6"}, available=4) == (("n5", "n6"), 4)
+    # Never fewer than the nodes that run ranks (the job then waits for one to return).
+    assert requeue.requeue_shape(NODES, 4, {"n4", "n5", "n6"}, available=3) == (
+        ("n4", "n5", "n6"), 4)
+    assert requeue.requeue_shape(NODES, 6, set(), available=2) == ((), None)
+
+
+def test_escalation_records_round_trip_and_bad_ones_are_named() -> None:
+    rec = EscalationRecord(1, "why", 5.0, 6.0, None, (6.0,), "", ("n6",), 5)
+    assert EscalationRecord.from_json("k", rec.to_json()) == rec
+    old = b'{"run": 0, "reason": "r", "at": 1.0, "requeued_at": null}'  # before this version
+    assert EscalationRecord.from_json("k", old).requeues == ()
+    for raw, field_ in [(b'{"run": -1, "at": 1}', "'run'"), (b'{"run": 0}', "'at'"),
+                        (b'{"run": 0, "at": 1, "requeues": ["x"]}', "'requeues'"),
+                        (b'{"run": 0, "at": 1, "num_nodes": 0}', "'num_nodes'"),
+                        (b'{"run": 0, "at": 1, "exclude": [1]}', "'exclude'")]:
+        with pytest.raises(RecordError, match=field_):
+            EscalationRecord.from_json("k", raw)
+    with pytest.raises(RecordError, match="not JSON"):
+        EscalationRecord.from_json("k", b"{")
+
+
+def test_update_pending_argv() -> None:
+    assert commands.update_pending(7, ["n6", "n5"], 4) == [
+        "scontrol", "update", "JobId=7", "ExcNodeList=n[5-6]", "NumNodes=4"]
+    assert commands.update_pending(7, [], 4) == ["scontrol", "update", "JobId=7", "NumNodes=4"]
+    with pytest.raises(ValueError, match="nothing to change"):
+        commands.update_pending(7, [], None)
+    with pytest.raises(ValueError, match="num_nodes"):
+        commands.update_pending(7, ["n1"], 0)
+
+
+# -- the leader's pass ----------------------------------------------------------------------
+
+@dataclass
+class World:
+    clock: FakeClock
+    store: MemoryStore
+    keys: Keys
+    dead: set[str] = field(default_factory=set)
+    requeued: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    updated: list[tuple[str, list[str], int | None]] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    state: str = "RUNNING"
+
+    def coordinator(self, max_concurrent: int = 4, max_requeues: int = 3) -> Coordinator:
+        cfg = parse_config({"coordinator": {"leader_lease_sec": 10, "metrics_address": ""},
+                            "recovery": {"max_concurrent_recoveries": max_concurrent,
+                                         "recovery_timeout_sec": 60,
+                                         "max_requeues": max_requeues,
+                                         "requeue_window_sec": 600}})
+        lead = Leadership(self.store, self.keys.leader(), 10, {"name": "c1"}, clock=self.clock)
+        c = Coordinator(cfg, self.store, self.keys, lead, topology=lambda: TOPOLOGY,
+                        job_states=lambda: {"7": self.state}, name="c1", clock=self.clock,
+                        monotonic=self.clock, dead_nodes=lambda: set(self.dead))
+        c.recovery = Recovery(
+            cfg, self.store, self.keys, lead, job_info=self.info,
+            requeue=self.requeued.append, start_now=self.released.append,
+            update_pending=lambda job, exclude, n: self.updated.append((job, exclude, n)),
+            cancel=self.cancelled.append, clock=self.clock)
+        return c
+
+    def info(self, job: str) -> JobInfo:
+        return JobInfo(int(job), "j", 0, self.state, NODES, batch_host="n1")
+
+    def register(self, run: int, nodes: tuple[str, ...] = NODES) -> None:
+        self.store.put(self.keys.job("7"), JobRecord(
+            "7", run, 1000, nodes, JobSpec(spares=2, ranks_per_node=3),
+            registered_at=self.clock()).to_json())
+
+    def plans(self) -> dict[str, tuple[str, str]]:
+        return {pid: (p.state, p.target)
+                for pid, (p, _) in read_plans(self.store, self.keys).plans.items()}
+
+    def entry(self, rank: int) -> RankEntry:
+        kv = self.store.get(self.keys.job_rank("7", rank))
+        assert kv is not None
+        return RankEntry.from_json(kv.key, kv.value)
+
+    def escalation(self) -> EscalationRecord:
+        kv = self.store.get(self.keys.job_escalation("7"))
+        assert kv is not None
+        return EscalationRecord.from_json(kv.key, kv.value)
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    w = World(clock, store, Keys())
+    w.register(0)
+    yield w
+    store.close()
+
+
+def step(c: Coordinator, world: World, n: int = 1) -> None:
+    for _ in range(n):
+        c.run_cycle()
+        world.clock.advance(0.2)
+
+
+def test_a_dead_nodes_three_ranks_move_together_to_one_spare(world: World) -> None:
+    c = world.coordinator()
+    step(c, world)  # 12 ranks on n1 n3 n5 n6 (3 each), spares n2 n4
+    victims = [r for r in range(12) if world.entry(r).node == "n6"]
+    assert len(victims) == 3
+    world.dead = {"n6"}
+    step(c, world, 2)
+    plans = world.plans()
+    assert sorted(plans) == sorted(f"7-{r}-2" for r in victims)
+    assert {s for s, _ in plans.values()} == {"running"}
+    targets = {t for _, t in plans.values()}
+    assert len(targets) == 1 and targets <= {"n2", "n4"}
+    assert {world.entry(r).node for r in victims} == targets
+    assert world.requeued == []
+
+
+def test_two_dead_nodes_are_two_moves_under_the_bound(world: World) -> None:
+    c = world.coordinator(max_concurrent=1)
+    step(c, world)
+    world.dead = {"n5", "n6"}  # one rack: 6 ranks, both spares needed
+    step(c, world, 3)
+    plans = world.plans()
+    assert len(plans) == 6
+    running = {pid for pid, (s, _) in plans.items() if s == "running"}
+    queued = {pid for pid, (s, _) in plans.items() if s == "queued"}
+    assert len(running) == 3 and len(queued) == 3  # one node at a time
+    assert len({plans[p][1] for p in running}) == 1
+    for pid in running:
+        world.store.put(world.keys.plan_event(pid, "restored"),
+                        PlanEvent(pid, "restored", world.clock(), "n2", {}).to_json())
+    step(c, world, 3)
+    states = {s for s, _ in world.plans().values()}
+    assert states == {"restored", "running"}
+    assert len({t for _, t in world.plans().values()}) == 2 and world.requeued == []
+
+
+def test_a_dead_node_in_the_allocation_is_never_mapped_and_the_requeue_excludes_it(
+        world: World) -> None:
+    c = world.coordinator()
+    world.dead = {"n3"}  # resumed in Slurm by an admin, its agent silent
+    step(c, world)
+    nodes = {world.entry(r).node for r in range(12)}
+    assert "n3" not in nodes and len(nodes) == 4
+    # The batch host dies: the job escalates; the requeue excludes both dead nodes, and
+    # with 4 nodes left in the cluster it asks for 4 (one spare fewer is none left).
+    world.dead = {"n3", "n1"}
+    step(c, world, 2)
+    assert world.requeued == ["7"]
+    rec = world.escalation()
+    assert rec.exclude == ("n1", "n3") and rec.num_nodes == 4
+    world.state = "PENDING"
+    step(c, world, 2)
+    assert world.updated == [("7", ["n1", "n3"], 4)] and world.released == ["7"]
+
+
+def test_raps_gives_up_after_max_requeues_and_the_job_fails(world: World) -> None:
+    c = world.coordinator(max_requeues=2)
+    step(c, world)
+    for run in range(3):
+        world.dead = {"n1"}  # the batch host dies in every run
+        step(c, world, 2)
+        if run < 2:
+            assert world.requeued == ["7"] * (run + 1)
+            world.dead = set()
+            world.register(run + 1)
+            world.state = "PENDING"
+            step(c, world, 2)
+            world.state = "RUNNING"
+            step(c, world, 2)
+    assert world.requeued == ["7", "7"]  # no third requeue
+    rec = world.escalation()
+    assert rec.run == 2 and rec.gave_up.startswith("raps gave up after 2 whole-job requeues")
+    assert world.cancelled == []  # raps-run ends the job first
+    shown = job_view(world.store, world.keys, "7")["escalation"]
+    assert shown["gave_up"] == rec.gave_up and shown["requeues"] == 2
+    world.clock.advance(GIVE_UP_GRACE_SEC)
+    step(c, world, 3)
+    assert world.cancelled == ["7"]  # still running: cancelled, once

@@ -1,0 +1,165 @@
+"""Node supervisors and raps-run's control server on localhost, without Slurm: real
+supervisor processes, real ranks, the real channel."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raps_slurm.core.launch import cpu_share
+from raps_slurm.framing import HEADER, FrameError
+from raps_slurm.launcher.channel import connect
+from raps_slurm.launcher.control import LOST_EXIT, ControlServer, RankHandle
+
+RANK = ["-c", "import os, time\nprint('rank', os.environ['RAPS_RANK'], 'epoch', "
+        "os.environ['RAPS_EPOCH'], 'key' if 'RAPS_CONTROL_KEY' in os.environ else 'nokey', "
+        "flush=True)\ntime.sleep(600)"]
+
+
+def wait(what: str, ok: object, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def supervisor(ctl: ControlServer, node: str, out: Path) -> subprocess.Popen[bytes]:
+    """What srun would start on ``node``: the supervisor with the step's environment."""
+    ctl.expect(node)
+    env = {**os.environ, **ctl.env(), "SLURMD_NODENAME": node}
+    with out.open("ab") as f:
+        return subprocess.Popen([sys.executable, "-m", "raps_slurm.launcher.supervisor"],
+                                env=env, stdout=f, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def ctl() -> Iterator[ControlServer]:
+    c = ControlServer("127.0.0.1")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def start(ctl: ControlServer, node: str, rank: int, epoch: int, slot: int, slots: int
+          ) -> RankHandle:
+    return ctl.start(node, rank, epoch, [sys.executable, *RANK],
+                     {"RAPS_RANK": str(rank), "RAPS_EPOCH": str(epoch)}, slot, slots)
+
+
+def test_four_ranks_one_restarted_in_place_the_others_untouched_then_control_lost(
+        ctl: ControlServer, tmp_path: Path) -> None:
+    out = tmp_path / "n1.out"
+    # the starts are asked before the supervisor connects: they wait for its hello
+    handles = [start(ctl, "n1", r, 1, r, 4) for r in range(4)]
+    sup = supervisor(ctl, "n1", out)
+    try:
+        assert ctl.wait_started(handles, 30), out.read_text()
+        pids = [h.pid for h in handles]
+        wait("the ranks' first lines", lambda: out.read_text().count("epoch 1 nokey") == 4)
+        assert all(p is not None and alive(p) for p in pids)
+        cpus = sorted(os.sched_getaffinity(0))
+        for h in handles:  # pinned as srun would: each slot's share of the task's CPUs
+            assert h.cpus == cpu_share(cpus, h.rank, 4)
+            assert sorted(os.sched_getaffinity(h.pid or 0)) == h.cpus
+        # rank 2 hangs: stopped, then restarted in place with epoch 2 by the same supervisor
+        old = handles[2]
+        assert old.pid is not None
+        os.kill(old.pid, signal.SIGSTOP)
+        old.kill()
+        assert old.poll() == LOST_EXIT  # killed: it counts as exited at once
+        new = start(ctl, "n1", 2, 2, 2, 4)
+        assert ctl.wait_started([new], 10)
+        wait("the stopped rank gone", lambda: not alive(old.pid or 0))
+        assert new.pid not in pids and alive(new.pid or 0)
+        assert [h.pid for h in handles if h.rank != 2] == [p for i, p in enumerate(pids)
+                                                            if i != 2]
+        assert all(alive(h.pid or 0) and h.poll() is None for h in handles if h.rank != 2)
+        # a signal through the channel; the rank's exit is reported with its code
+        handles[0].send_signal(signal.SIGTERM)
+        assert handles[0].wait(10) == -signal.SIGTERM
+        wait("the new rank's line", lambda: "rank 2 epoch 2 nokey" in out.read_text())
+        assert " key\n" not in out.read_text()  # the channel's secret stays with the supervisor
+        # control lost (raps-run gone): the supervisor kills its ranks and exits 1
+        ctl.links["n1"].chan.close()
+        assert sup.wait(15) == 1
+        running = [handles[1], handles[3], new]
+        assert all(not alive(h.pid or 0) for h in running)
+        wait("the lost ranks counted as exited",
+             lambda: all(h.poll() == LOST_EXIT for h in running))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            sup.kill()
+        sup.wait(10)
+
+
+def test_exit_command_ends_the_supervisor_and_its_ranks(ctl: ControlServer, tmp_path: Path
+                                                        ) -> None:
+    sup = supervisor(ctl, "n2", tmp_path / "n2.out")
+    try:
+        h = start(ctl, "n2", 0, 1, 0, 1)
+        assert ctl.wait_started([h], 30)
+        bad = ctl.start("n2", 1, 1, ["/nonexistent/program"], {}, 0, 1)
+        assert bad.wait(10) == 127
+        ctl.close()
+        assert sup.wait(15) == 0
+        wait("the rank gone", lambda: not alive(h.pid or 0))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            sup.kill()
+        sup.wait(10)
+
+
+def test_the_listener_refuses_strangers_wrong_keys_and_unexpected_nodes(
+        ctl: ControlServer) -> None:
+    # wrong key: the supervisor side fails, raps-run counts an auth refusal
+    with pytest.raises(FrameError):
+        connect(ctl.address, b"w" * 32, "n1")
+    wait("the auth refusal", lambda: ctl.refused["auth"] == 1)
+    # a node no step was started on: authenticated, but its hello is refused
+    chan = connect(ctl.address, ctl.key, "n9")
+    chan.send({"op": "hello", "node": "n9", "pid": 1, "cpus": [0]})
+    wait("the unexpected refusal", lambda: ctl.refused["unexpected"] == 1)
+    chan.close()
+    # garbage instead of a handshake
+    with socket.create_connection(("127.0.0.1", ctl.port)) as s:
+        s.recv(4096)  # the challenge
+        s.sendall(HEADER.pack(1 << 30))
+        wait("the oversized refusal", lambda: ctl.refused["oversized"] == 1)
+    assert not ctl.links
+
+
+def test_connections_are_bounded_and_silent_peers_time_out(monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    import raps_slurm.launcher.control as control
+
+    monkeypatch.setattr(control, "AUTH_SEC", 0.5)
+    ctl = ControlServer("127.0.0.1")
+    socks = []
+    try:
+        for _ in range(control.EXTRA_PEERS + 3):  # no node expected: EXTRA_PEERS at most
+            socks.append(socket.create_connection(("127.0.0.1", ctl.port)))
+        wait("the busy refusals", lambda: ctl.refused["busy"] == 3)
+        wait("the silent peers timed out", lambda: ctl.refused["timeout"] == control.EXTRA_PEERS)
+    finally:
+        for s in socks:
+            s.close()
+        ctl.close()
