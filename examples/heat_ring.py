@@ -39,6 +39,8 @@ def main() -> int:
                         "checkpoints: what `rapsctl bench recovery --state` restores")
     p.add_argument("--ballast-rank", type=int, default=-1,
                    help="the rank that carries the ballast (default: the last)")
+    p.add_argument("--ballast-ranks", type=int, default=1,
+                   help="how many ranks carry it, ending at --ballast-rank (e.g. a node's)")
     a = p.parse_args()
     ctx = runtime.init(local=a.local)
     left, right = (ctx.rank - 1) % ctx.size, (ctx.rank + 1) % ctx.size
@@ -46,7 +48,8 @@ def main() -> int:
     if state is None:
         x = np.linspace(0, 1, a.cells) + ctx.rank
         state = {"u": np.sin(np.pi * x) ** 2, "step": np.array([0], dtype=np.int64)}
-        if a.ballast_mb and ctx.rank == a.ballast_rank % ctx.size:
+        last = a.ballast_rank % ctx.size
+        if a.ballast_mb and last - a.ballast_ranks < ctx.rank <= last:
             rng = np.random.default_rng(ctx.rank)
             state["ballast"] = np.frombuffer(rng.bytes(a.ballast_mb << 20), dtype=np.uint8)
     u, step = state["u"], int(state["step"][0])

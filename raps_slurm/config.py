@@ -68,6 +68,8 @@ class MessageLogConfig:
 
     batch_flush_ms: int = _f(100, "log flush period to the local store and log backup",
                              1, 60_000)
+    backup_max_lag_ms: int = _f(300, "a log flush waits at most this for its log backup "
+                                "copy", 1, 600_000)
     buffer_size_mb: int = _f(256, "in-memory log buffer per rank", 1, 1024 * 1024)
     buffer_high_watermark_mb: int = _f(192, "above this the log spills to local disk",
                                        1, 1024 * 1024)
@@ -112,6 +114,9 @@ class RecoveryConfig:
     max_concurrent_recoveries: int = _f(4, "recoveries run at once; the rest queue", 1, 1024)
     recovery_timeout_sec: int = _f(300, "a recovery not done by then escalates", 10, 86400)
     use_delta_transfer: bool = _f(True, "send only the chunks a spare lacks")
+    max_requeues: int = _f(3, "whole-job requeues within requeue_window_sec before RAPS "
+                           "gives up and the job fails", 0, 1000)
+    requeue_window_sec: int = _f(3600, "the window max_requeues counts in", 60, 31_536_000)
 
 
 @dataclass(frozen=True)
@@ -291,13 +296,21 @@ def _convert(path: str, tp: Any, value: Any, meta: Mapping[str, Any],
     raise TypeError(f"unsupported config type {tp} at {path}")
 
 
-def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
-    """Build dataclass ``cls`` from a mapping, collecting every error with its key path."""
+def _build(cls: type, data: Any, path: str, errors: list[str],
+           failed: set[str] | None = None) -> Any:
+    """Build dataclass ``cls`` from a mapping, collecting every error with its key path.
+
+    A key whose value is wrong keeps its default in the result and its path goes into
+    ``failed`` (a whole section's path when the section is not a mapping), so that the
+    cross-key rules can run on the keys that parsed and skip those that did not.
+    """
     where = path or "config"
     if data is None:
         data = {}
     if not isinstance(data, dict):
         errors.append(f"{where}: expected a mapping of keys, got {data!r}")
+        if failed is not None:
+            failed.add(path)
         return cls()
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -310,58 +323,76 @@ def _build(cls: type, data: Any, path: str, errors: list[str]) -> Any:
             errors.append(f"{sub}: unknown key{hint} (allowed: {', '.join(fields)})")
             continue
         tp = hints[key]
+        before = len(errors)
         if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, sub, errors)  # type: ignore[arg-type]
-        else:
-            kwargs[key] = _convert(sub, tp, value, fields[key].metadata, errors)
+            kwargs[key] = _build(tp, value, sub, errors, failed)  # type: ignore[arg-type]
+            continue
+        kwargs[key] = _convert(sub, tp, value, fields[key].metadata, errors)
+        f = fields[key]
+        if len(errors) > before and (f.default is not dataclasses.MISSING
+                                     or f.default_factory is not dataclasses.MISSING):
+            del kwargs[key]  # the default stands in; the rules below skip this key
+            if failed is not None:
+                failed.add(sub)
     return cls(**kwargs)
 
 
-def _check_pairs(cfg: Config, errors: list[str]) -> None:
-    """Cross-key rules that a single range cannot express."""
+def _check_pairs(cfg: Config, errors: list[str], failed: frozenset[str] = frozenset()) -> None:
+    """Cross-key rules that a single range cannot express; a rule whose keys (or their
+    section) are in ``failed`` is skipped: those keys already have their error."""
+    def ok(*paths: str) -> bool:
+        return not any(p in failed or p.partition(".")[0] in failed for p in paths)
+
     sy = cfg.system
-    if sy.boost_recover_score < sy.boost_below_score:
+    if (ok("system.boost_recover_score", "system.boost_below_score")
+            and sy.boost_recover_score < sy.boost_below_score):
         errors.append(f"system.boost_recover_score: {sy.boost_recover_score:g} must be at least "
                       f"system.boost_below_score = {sy.boost_below_score:g}")
     d = cfg.detection
     window = d.miss_threshold * d.kernel_heartbeat_interval_sec
-    if d.lease_duration_sec <= window:
+    if (ok("detection.lease_duration_sec", "detection.miss_threshold",
+           "detection.kernel_heartbeat_interval_sec") and d.lease_duration_sec <= window):
         errors.append(
             f"detection.lease_duration_sec: {d.lease_duration_sec:g} must exceed miss_threshold x "
             f"kernel_heartbeat_interval_sec = {window:g}")
     m = cfg.messagelog
-    if m.buffer_high_watermark_mb >= m.buffer_size_mb:
+    if (ok("messagelog.buffer_high_watermark_mb", "messagelog.buffer_size_mb")
+            and m.buffer_high_watermark_mb >= m.buffer_size_mb):
         errors.append(
             f"messagelog.buffer_high_watermark_mb: {m.buffer_high_watermark_mb} must be below "
             f"messagelog.buffer_size_mb = {m.buffer_size_mb}")
-    if not cfg.store.endpoints:
+    if ok("store.endpoints") and not cfg.store.endpoints:
         errors.append("store.endpoints: expected at least one etcd URL, got []")
-    for url in cfg.store.endpoints:
+    for url in cfg.store.endpoints if ok("store.endpoints") else ():
         if not url.startswith(("http://", "https://")):
             errors.append(f"store.endpoints: {url!r} is not an http:// or https:// URL")
     p = cfg.store.prefix
-    if not (p.startswith("/") and p.endswith("/") and len(p) > 1):
+    if ok("store.prefix") and not (p.startswith("/") and p.endswith("/") and len(p) > 1):
         errors.append(f"store.prefix: {p!r} must start and end with '/', e.g. /raps/v1/")
-    if bool(cfg.store.cert_file) != bool(cfg.store.key_file):
+    if (ok("store.cert_file", "store.key_file")
+            and bool(cfg.store.cert_file) != bool(cfg.store.key_file)):
         errors.append("store.cert_file: cert_file and key_file must be set together")
-    if bool(cfg.store.user) != bool(cfg.store.password_file):
+    if (ok("store.user", "store.password_file")
+            and bool(cfg.store.user) != bool(cfg.store.password_file)):
         errors.append("store.user: user and password_file must be set together")
-    for domain, hostlist in cfg.topology.power_domains.items():
+    domains = cfg.topology.power_domains if ok("topology.power_domains") else {}
+    for domain, hostlist in domains.items():
         try:
             NodeSet(hostlist)
         except NodeSetParseError:
             errors.append(f"topology.power_domains.{domain}: {hostlist!r} is not a hostlist "
                           "such as n[1-8]")
-    for addr in cfg.coordinator.addresses:
+    for addr in cfg.coordinator.addresses if ok("coordinator.addresses") else ():
         if parse_address(addr) is None:
             errors.append(f"coordinator.addresses: {addr!r} is not host:port")
     metrics = cfg.coordinator.metrics_address
-    if metrics and parse_address(metrics) is None:
+    if ok("coordinator.metrics_address") and metrics and parse_address(metrics) is None:
         errors.append(f"coordinator.metrics_address: {metrics!r} is not host:port or ''")
     door = cfg.coordinator.user_address
-    if door and parse_address(door, any_port=True) is None:
+    if ok("coordinator.user_address") and door and parse_address(door, any_port=True) is None:
         errors.append(f"coordinator.user_address: {door!r} is not host:port or ''")
-    if parse_address(cfg.coordinator.heartbeat_address) is None:
+    if (ok("coordinator.heartbeat_address")
+            and parse_address(cfg.coordinator.heartbeat_address) is None):
         errors.append(f"coordinator.heartbeat_address: {cfg.coordinator.heartbeat_address!r} "
                       "is not host:port")
 
@@ -382,11 +413,13 @@ def node_dir(template: str, node: str) -> str:
 
 
 def parse_config(data: Any, source: str = "config") -> Config:
-    """Build a Config from parsed YAML; raise ConfigError listing every problem."""
+    """Build a Config from parsed YAML; raise ConfigError listing every problem: the
+    keys' own errors and the cross-key rules among the keys that parsed, in one go."""
     errors: list[str] = []
-    cfg = _build(Config, data, "", errors)
-    if not errors:
-        _check_pairs(cfg, errors)
+    failed: set[str] = set()
+    cfg = _build(Config, data, "", errors, failed)
+    if "" not in failed:  # the file is a mapping: the rules can look at its keys
+        _check_pairs(cfg, errors, frozenset(failed))
     if errors:
         raise ConfigError([f"{source}: {e}" for e in errors])
     return typing.cast(Config, cfg)

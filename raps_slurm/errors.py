@@ -73,6 +73,10 @@ class ClusterError(RapsError):
     """The local test cluster could not be started, stopped or faulted."""
 
 
+class BenchError(RapsError):
+    """A benchmark could not measure what it set out to (a rank failed, a restore differs)."""
+
+
 class Refused(RapsError):
     """A request at one of the daemons' doors (agent socket, coordinator user door) is
     answered with an error; ``kind`` names the category (counted, sent back)."""

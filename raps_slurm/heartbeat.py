@@ -41,7 +41,7 @@ truncated datagram.
 
 The key is shared by every node (like ``munge.key``): the signature proves "a RAPS daemon
 sent this", not which node; the replay guard and the coordinator's view of node addresses do
-the rest (DESIGN.md section 4b).
+the rest (docs/architecture.md, Trust boundaries).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from raps_slurm.agent.local_api import Extension, Peer, RankTable, close_fds, re
 from raps_slurm.agent.recovery_api import record_event
 from raps_slurm.checkpoint.manifest import MAX_MANIFEST
 from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
-from raps_slurm.checkpoint.service import CheckpointService, Fenced, RestoreError
+from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked, RestoreError
 from raps_slurm.core.planner import plan_id
 from raps_slurm.errors import RapsError, RecordError, StoreUnavailable
 
@@ -136,6 +136,10 @@ class CheckpointOps:
                 record = self.service.commit(sid, raw)
             except Fenced as exc:
                 raise Refused("epoch", str(exc)) from None
+            except LogUnbacked as exc:
+                # nothing lost: the previous generation stands, the rank goes on and its
+                # next checkpoint commits once the backup (or a repaired group) holds the log
+                raise Refused("unbacked", f"ckpt_commit: {exc}") from None
             except StoreUnavailable as exc:
                 # etcd away (no quorum): nothing was committed and nothing is lost; the
                 # rank goes on and commits at its next checkpoint.

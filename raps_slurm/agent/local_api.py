@@ -1,11 +1,11 @@
 """The agent's local API: a unix socket that user processes (application ranks) talk to.
 
-This socket is a trust boundary (DESIGN.md 4b): anyone on the node may connect (mode
-0666), and every request is authorized by the caller's uid, which the kernel reports
-through ``SO_PEERCRED`` and the caller cannot forge. A user may register ranks only of
-jobs that uid owns (the owner recorded in etcd at registration) and only for processes
-that uid runs; heartbeats and unregistration come only from the uid that registered
-the rank. Root may do anything.
+This socket is a trust boundary (docs/architecture.md, Trust boundaries): anyone on the
+node may connect (mode 0666), and every request is authorized by the caller's uid, which
+the kernel reports through ``SO_PEERCRED`` and the caller cannot forge. A user may
+register ranks only of jobs that uid owns (the owner recorded in etcd at registration)
+and only for processes that uid runs; heartbeats and unregistration come only from the
+uid that registered the rank. Root may do anything.
 
 Wire format (see :mod:`raps_slurm.runtime.agent_client`, which ranks import without
 pulling in the agent): a 4-byte big-endian length N (1..MAX_REQUEST), then N bytes of

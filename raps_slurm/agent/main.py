@@ -7,7 +7,9 @@ groups (chunk transfer server on ``agent.transfer_address``, published in etcd),
 a health sample to ``nodes/<node>/health`` every ``detection.telemetry_interval_sec``,
 and deletes the local checkpoint data of purged jobs.
 SIGTERM/SIGINT stop it; the membership lease is left to expire, so a restart within
-the miss window goes unnoticed.
+the miss window goes unnoticed. Under systemd (``Type=notify``,
+slurm/systemd/raps-agent.service) it sends READY=1 once its socket and transfer server
+listen, and WATCHDOG=1 from its loop every ``WATCHDOG_EVERY_SEC``.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
 import click
+import sdnotify
 
 from raps_slurm.agent.ckpt_api import CheckpointOps
 from raps_slurm.agent.health import HealthReporter
+from raps_slurm.agent.key_api import JobKeyOps
 from raps_slurm.agent.local_api import LocalApiServer, RankTable
 from raps_slurm.agent.msg_api import MessagingOps
 from raps_slurm.agent.node import NodeAgent
@@ -42,6 +47,34 @@ from raps_slurm.store import Keys, StateStore, open_store
 
 log = logging.getLogger("raps.agent")
 stop = threading.Event()
+
+# WATCHDOG=1 this often: well inside the unit's WatchdogSec (60 s), rare enough to cost
+# nothing (the loop itself turns every 0.1 s).
+WATCHDOG_EVERY_SEC = 5.0
+
+
+class Watchdog:
+    """sd_notify from the agent's loop: READY=1 once, then WATCHDOG=1 at most every
+    ``every`` seconds. Without $NOTIFY_SOCKET (not under systemd) the messages go nowhere."""
+
+    def __init__(self, notifier: sdnotify.SystemdNotifier | None = None,
+                 every: float = WATCHDOG_EVERY_SEC,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._notifier = notifier or sdnotify.SystemdNotifier()
+        self._every, self._mono = every, monotonic
+        self._next = 0.0
+
+    def ready(self, status: str) -> None:
+        """The agent serves: its socket and transfer server listen."""
+        self._notifier.notify(f"READY=1\nSTATUS={status[:200]}")
+        self._next = self._mono() + self._every
+
+    def tick(self) -> None:
+        """Called every loop turn: a loop that stops turning stops the pings."""
+        now = self._mono()
+        if now >= self._next:
+            self._notifier.notify("WATCHDOG=1")
+            self._next = now + self._every
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -93,7 +126,8 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                          extensions={**CheckpointOps(checkpoints, ranks).extensions(),
                                      **MessagingOps(checkpoints, ranks, owner_of).extensions(),
                                      **RecoveryOps(store, keys, node, ranks,
-                                                   owner_of).extensions()})
+                                                   owner_of).extensions(),
+                                     **JobKeyOps(store, keys, ranks, owner_of).extensions()})
     supervisor = RankSupervisor(agent, api.ranks, store, keys, key)
     try:
         host, port = parse_address(transfer_address or cfg.agent.transfer_address)
@@ -112,6 +146,8 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     checkpoints.start()
     agent.start()
     log.info("agent of %s started (etcd %s)", node, ", ".join(cfg.store.endpoints))
+    watchdog = Watchdog()
+    watchdog.ready(f"agent of {node}: socket {api.path}")
     next_sweep = next_probe = next_report = next_epochs = next_repair = 0.0
     probes = HealthReporter(store, keys, node, Path(probe_root or cfg.agent.probe_root), root)
     try:
@@ -148,6 +184,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                 probes.report(agent.lease, {
                     "transfer": transfer.rejections(), "local_api": api.error_counts(),
                     "heartbeat": {"bad_datagram": agent.counters["bad_datagrams"]}})
+            watchdog.tick()
             stop.wait(0.1)
     finally:
         api.stop()

@@ -121,7 +121,8 @@ class MessagingOps:
             if size > MAX_SEGMENT:
                 raise Refused("size", f"log_append: {size} bytes is more than {MAX_SEGMENT}")
             try:
-                n = self.service.append_log(job, rank, os.pread(fds[0], size, 0))
+                n = self.service.append_log(job, rank, os.pread(fds[0], size, 0),
+                                            typing.cast(int, f["epoch"]))
             except LogStoreError as exc:
                 raise Refused("log", f"log_append: {exc}") from None
             return {"ok": True, "segment": n}, []

@@ -1,13 +1,13 @@
 """Recovery ops of the agent's local API: what ``raps-run`` (the job's owner, never root
-by necessity, never an etcd client: DESIGN.md 4b) asks about its job, and what it and
-the ranks report about a recovery.
+by necessity, never an etcd client: docs/architecture.md, Trust boundaries) asks about
+its job, and what it and the ranks report about a recovery.
 
 ``job_layout {job}``  only the job's owner: ``ready`` once the coordinator mapped the
     job's current run; then ``run`` (restart count), ``size``, ``ranks`` as
     ``[rank, node, epoch]``, ``spares``; ``error`` when the job cannot be mapped.
 ``job_plans {job}``  only the job's owner: the job's recovery plans (``plan_id``, ``run``,
-    ``rank``, ``target``, ``epoch``, ``state``) and ``escalated`` (the run the leader
-    requeues, or null).
+    ``rank``, ``target``, ``epoch``, ``state``), ``escalated`` (the run the leader
+    requeues, or null) and ``gave_up`` (why RAPS stopped requeueing the job, or "").
 ``recovery_event {job, rank, epoch, phase, detail}``  ``launched`` and ``launch_failed``
     (the step ended before the rank restored): the job's owner, for a plan that exists;
     ``running``: only the registered rank with that epoch (its first progress report
@@ -34,6 +34,7 @@ from raps_slurm.agent.local_api import (
 )
 from raps_slurm.core.jobs import JobRecord, RankEntry, RankMap
 from raps_slurm.core.planner import Plan, PlanEvent, plan_id
+from raps_slurm.core.requeue import EscalationRecord
 from raps_slurm.errors import RecordError, StoreError
 from raps_slurm.store import Keys, StateStore
 
@@ -132,15 +133,15 @@ class RecoveryOps:
                 out.append({"plan_id": p.plan_id, "run": p.run, "rank": p.rank,
                             "target": p.target, "epoch": p.epoch, "state": p.state,
                             "planned": p.planned})
-        escalated = None
+        escalated, gave_up = None, ""
         ekv = self.store.get(self.keys.job_escalation(job))
         if ekv is not None:
             try:
-                run = json.loads(ekv.value).get("run")
-                escalated = run if isinstance(run, int) else None
-            except (ValueError, AttributeError):
-                pass
-        return {"ok": True, "plans": out, "escalated": escalated}, []
+                rec = EscalationRecord.from_json(ekv.key, ekv.value)
+                escalated, gave_up = rec.run, rec.gave_up
+            except RecordError as exc:
+                log.warning("job_plans: %s", exc)
+        return {"ok": True, "plans": out, "escalated": escalated, "gave_up": gave_up}, []
 
     def event(self, f: dict[str, object], peer: Peer, fds: list[int]
               ) -> tuple[dict[str, object], list[int]]:

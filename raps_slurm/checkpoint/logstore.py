@@ -4,7 +4,13 @@ A rank flushes its message log in batches; each batch is one *segment* file,
 ``job-<id>/logs/<rank>/<n>.seg``, written atomically (temp file, fsync, rename): a
 crash keeps whole segments only. Segments are numbered in the order they were written;
 reading concatenates them. Trimming deletes the segments whose every record is at or
-below the floor its destination gave (those messages can never be asked for again).
+below the floor its destination gave (those messages can never be asked for again), but
+never the newest one, so that numbers only grow even across an agent restart.
+
+Numbers never collide across incarnations: an incarnation with epoch ``e`` numbers its
+segments above ``e << 32`` (and above every segment already here), so a fenced older
+copy of a rank and its successor never write one number with two contents. A copy of a
+number that already exists with other bytes is refused, never silently dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from raps_slurm.errors import RapsError
 from raps_slurm.runtime.msglog import MessagingError, parse_records
 
 MAX_SEGMENT = 256 << 20
+EPOCH_SHIFT = 32  # segment numbers of epoch e start above e << 32
 
 
 class LogStoreError(RapsError):
@@ -44,11 +51,12 @@ class LogStore:
         return sorted(int(p.stem) for p in d.glob("*.seg") if p.stem.isdigit())
 
     def append(self, job: str, rank: int, data: bytes | list[bytes | memoryview],
-               number: int | None = None, *, check: bool = True) -> int:
+               number: int | None = None, *, check: bool = True, epoch: int = 0) -> int:
         """Store one segment (its framing checked unless ``check`` is off: a rank's own
-        local store); its number. With ``number`` (a copy from the primary) the same
-        number is used, and an existing one is kept. Bodies' checksums are checked when
-        the log is read back."""
+        local store); its number, above ``epoch << 32`` and every number here. With
+        ``number`` (a copy from the primary) the same number is used: a copy already
+        here with the same bytes is kept, one with other bytes is refused. Bodies'
+        checksums are checked when the log is read back."""
         parts = [data] if isinstance(data, bytes) else data
         size = sum(len(p) for p in parts)
         if size > MAX_SEGMENT:
@@ -65,8 +73,11 @@ class LogStore:
             tmp = d.parent.parent / "tmp"
             tmp.mkdir(mode=0o700, exist_ok=True)
             if number is None:
-                number = max(self.segments(job, rank), default=0) + 1
+                number = max(max(self.segments(job, rank), default=0), epoch << EPOCH_SHIFT) + 1
             elif (d / f"{number}.seg").exists():
+                if (d / f"{number}.seg").read_bytes() != b"".join(parts):
+                    raise LogStoreError(f"segment {number} of rank {rank} of job {job} is "
+                                        "already stored with other bytes: copy refused")
                 return number
             write_atomic(d, tmp, f"{number}.seg", parts)
         return number
@@ -89,11 +100,12 @@ class LogStore:
         return b"".join(out)
 
     def trim(self, job: str, rank: int, floors: dict[int, int]) -> int:
-        """Delete segments whose every record is at or below its destination's floor."""
+        """Delete segments whose every record is at or below its destination's floor (all
+        but the newest segment, which keeps the numbering's high mark)."""
         d = self._dir(job, rank)
         gone = 0
         with self._lock:
-            for n in self.segments(job, rank):
+            for n in self.segments(job, rank)[:-1]:
                 path = d / f"{n}.seg"
                 try:
                     entries = list(parse_records(path.read_bytes()))

@@ -38,6 +38,7 @@ from typing import Any
 from raps_slurm.checkpoint.chunkstore import ChunkStore, write_atomic
 from raps_slurm.checkpoint.codec import CodecParams, Decoder
 from raps_slurm.checkpoint.local import LocalCheckpoints, Restored, SaveError, Session
+from raps_slurm.checkpoint.logcopy import LogCopier
 from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest, manifest_digest
 from raps_slurm.checkpoint.pack import MAGIC, iter_records
@@ -65,6 +66,10 @@ log = logging.getLogger("raps.checkpoint")
 
 class Fenced(RapsError):
     """A commit from an epoch that is no longer the rank's (a stale copy)."""
+
+
+class LogUnbacked(RapsError):
+    """A generation not committed: its log has not reached the rank's log backup."""
 
 
 class RestoreError(RapsError):
@@ -191,11 +196,10 @@ class CheckpointService:
         self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
         self._log_queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
         self._pending: set[tuple[str, int, int]] = set()  # generations queued for copying
-        # the log lane's own caches (used by its one thread only)
-        self._log_clients: dict[str, TransferClient] = {}
-        self._log_groups: dict[tuple[str, int], tuple[float, BackupGroup | None]] = {}
-        self._log_peers: tuple[float, dict[str, tuple[str, int]]] = (-1e18, {})
         self.logs = LogStore(chunks.root)
+        self.logcopy = LogCopier(node, key, self.logs, self.group, self._peers, self.limiter,
+                                 cfg.messagelog.backup_max_lag_ms / 1000)
+        self._log_queue = self.logcopy.queue
         self._workers: list[threading.Thread] = []
         self.pushed_bytes = 0
 
@@ -218,9 +222,7 @@ class CheckpointService:
             for t in self._workers:
                 t.join(timeout=10)
             self._workers = []
-        for client in self._log_clients.values():
-            client.close()
-        self._log_clients.clear()
+        self.logcopy.close()
 
     @staticmethod
     def _work(q: queue.Queue[Callable[[], object] | None]) -> None:
@@ -284,11 +286,26 @@ class CheckpointService:
         s = self.session(sid)
         try:
             m = Manifest.from_json("manifest from the rank", manifest_raw)
+            self._log_backed(s.job, s.rank)
             record = self._commit(s, m)
         finally:
             self.abort(sid)
         self._later(s.job, s.rank, record.generation)
         return record
+
+    def _log_backed(self, job: str, rank: int) -> None:
+        """The commit rule: the rank flushed its log before saving, so every segment
+        stored here now must be on its log backup before the generation may commit; else
+        a crash of this node with a peer's could lose messages the peer must replay."""
+        held, upto = self.logcopy.backed(job, rank)
+        timeout = self.cfg.detection.lease_duration_sec
+        if held < upto:
+            self.logcopy.kick(job, rank)  # the backup may be back since the last pass
+        if not self.logcopy.wait_backed(job, rank, upto, timeout):
+            held, _ = self.logcopy.backed(job, rank)
+            raise LogUnbacked(f"rank {rank} of job {job}: its log backup holds segments up to "
+                              f"{held} of {upto} after {timeout:g}s; generation not committed "
+                              "(it commits only once its log is on the log backup)")
 
     def _commit(self, s: Session, m: Manifest) -> CkptRecord:
         rank_key = self.keys.job_rank(s.job, s.rank)
@@ -420,9 +437,9 @@ class CheckpointService:
     def repair(self) -> int:
         """Re-replicate the newest generation of every rank this node is primary for whose
         live holders fall short of its targets; returns how many were started."""
-        started = 0
+        started = self.logcopy.retry_lagging()
         if not self.chunks.root.is_dir():
-            return 0
+            return started
         peers = self._peers()
         for job_dir in self.chunks.root.glob("job-*"):
             job = job_dir.name[4:]
@@ -443,84 +460,18 @@ class CheckpointService:
 
     # --- message-log segments ------------------------------------------------------------
 
-    def append_log(self, job: str, rank: int, data: bytes) -> int:
-        """Store a rank's log segment here and copy it to the rank's log backup (in the
-        background); its number."""
-        n = self.logs.append(job, rank, data)
-        self._log_queue.put(lambda: self._push_log(job, rank, n, data))
-        return n
-
-    def _push_log(self, job: str, rank: int, n: int, data: bytes) -> None:
-        # Ranks flush every few milliseconds: the log lane keeps one connection per
-        # partner and reads the group and the peers at most once a second, instead of an
-        # etcd read, a TCP connect and a handshake per segment.
-        now = time.monotonic()
-        cached = self._log_groups.get((job, rank))
-        if cached is None or now - cached[0] > 1.0:
-            cached = self._log_groups[(job, rank)] = (now, self.group(job, rank))
-        if now - self._log_peers[0] > 1.0:
-            self._log_peers = (now, self._peers())
-        peers = self._log_peers[1]
-        for t in decide.replica_targets(cached[1], self.node, 1):
-            if t not in peers:
-                continue
-            for attempt in (1, 2):
-                client = self._log_clients.get(t)
-                try:
-                    if client is None or client.address != peers[t]:
-                        if client is not None:
-                            client.close()
-                        client = self._log_clients[t] = TransferClient(
-                            self._key, self.node, peers[t], limiter=self.limiter)
-                    client.call({"op": "log_put", "job": job, "rank": rank, "seg": n}, data)
-                    break
-                except TransferError:
-                    self._log_clients.pop(t, None)
-                    if client is not None:
-                        client.close()
-                    if attempt == 2:
-                        raise
+    def append_log(self, job: str, rank: int, data: bytes, epoch: int = 0) -> int:
+        """Store a rank's log segment here and have it copied to the rank's log backup
+        (waiting at most ``messagelog.backup_max_lag_ms`` for the copy); its number."""
+        return self.logcopy.append(job, rank, data, epoch)
 
     def read_log(self, job: str, rank: int) -> bytes:
-        """A rank's log segments: this node's, else pulled from its group (a rank restored
-        on a spare reloads its log from the log backup)."""
-        if self.logs.segments(job, rank):
-            return self.logs.read(job, rank)
-        group = self.group(job, rank)
-        peers = self._peers()
-        for holder in [m for m in (group.log_backup, group.primary, *group.ckpt_mirrors)
-                       if m] if group else []:
-            if holder == self.node or holder not in peers:
-                continue
-            try:
-                with TransferClient(self._key, self.node, peers[holder],
-                                    limiter=self.limiter) as c:
-                    reply, body = c.call({"op": "log_get", "job": job, "rank": rank})
-            except TransferError as exc:
-                log.warning("log of job %s rank %d from %s: %s", job, rank, holder, exc)
-                continue
-            segs = reply.get("segments") or []
-            pos = 0
-            for n, size in segs:
-                self.logs.append(job, rank, bytes(body[pos:pos + size]), number=int(n))
-                pos += size
-            return self.logs.read(job, rank)
-        return b""
+        """A rank's log segments: this node's, else pulled from its group."""
+        return self.logcopy.read(job, rank)
 
     def trim_log(self, job: str, rank: int, floors: dict[int, int]) -> int:
         """Drop segments the floors cover, here and on the log backup."""
-        n = self.logs.trim(job, rank, floors)
-        group = self.group(job, rank)
-        peers = self._peers()
-        if group is not None and group.log_backup in peers and group.log_backup != self.node:
-            target = peers[group.log_backup]
-            body = {str(k): v for k, v in floors.items()}
-
-            def remote() -> None:
-                with TransferClient(self._key, self.node, target, limiter=self.limiter) as c:
-                    c.call({"op": "log_trim", "job": job, "rank": rank, "floors": body})
-            self._log_queue.put(remote)
-        return n
+        return self.logcopy.trim(job, rank, floors)
 
     def _cold_copy(self, m: Manifest) -> None:
         c = self.cfg.checkpoint

@@ -13,7 +13,7 @@ Requests: ``has`` (which of these chunks are missing: the sender's delta offer),
 ``put`` (store chunks; each is decoded and checked against its name before it is
 kept), ``put_manifest`` (store a manifest once all its chunks are here), ``get`` and
 ``get_manifest`` (restores pull from holders), ``verify`` (re-read and check a
-generation here), ``log_put``/``log_get``/``log_trim`` (message-log segments of a rank
+generation here), ``log_put``/``log_have``/``log_get``/``log_trim`` (message-log segments of a rank
 whose log backup this node is). Anything malformed closes the connection after one error line in the
 log; the server never trusts a digest it did not compute.
 """
@@ -464,6 +464,10 @@ class TransferServer:
                     ) -> tuple[dict[str, Any], bytes]:
         n = self.logs.append(_job(h), _int(h, "rank"), bytes(body), number=_int(h, "seg", 1))
         return {"ok": True, "seg": n}, b""
+
+    def _op_log_have(self, h: dict[str, Any], body: memoryview, pins: _Pins
+                     ) -> tuple[dict[str, Any], bytes]:
+        return {"ok": True, "segments": self.logs.segments(_job(h), _int(h, "rank"))}, b""
 
     def _op_log_get(self, h: dict[str, Any], body: memoryview, pins: _Pins
                     ) -> tuple[dict[str, Any], bytes]:

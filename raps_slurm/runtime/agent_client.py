@@ -1,12 +1,12 @@
 """The rank side of the agent's local API: register, heartbeat, stop when fenced.
 
-A rank registers with its node's agent over the agent's unix socket (the one door a
-user process has into RAPS, DESIGN.md 4b), then a daemon thread heartbeats every
-``interval`` with the rank's progress. Every reply carries ``valid_for``: how long the
-agent's fencing view lets the node's ranks go on. The same thread is the watchdog:
-once that validity runs out without a fresh reply (agent frozen or gone, node cut off
-from the coordinator) the rank must stop, because a replacement may already be running
-elsewhere and two live copies of a rank would corrupt the job.
+A rank registers with its node's agent over the agent's unix socket (the one door a user
+process has into RAPS: docs/architecture.md, Trust boundaries), then a daemon thread
+heartbeats every ``interval`` with the rank's progress. Every reply carries
+``valid_for``: how long the agent's fencing view lets the node's ranks go on. The same
+thread is the watchdog: once that validity runs out without a fresh reply (agent frozen
+or gone, node cut off from the coordinator) the rank must stop, because a replacement
+may already be running elsewhere and two live copies of a rank would corrupt the job.
 
 The wire format lives here, not in ``raps_slurm.agent``, so that a rank imports
 nothing heavier than the standard library (the agent package pulls in etcd and Slurm

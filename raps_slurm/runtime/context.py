@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +44,10 @@ from raps_slurm.runtime.transport import (
     DATA,
     DELIVERED,
     HELLO,
+    MAX_MESSAGE,
     RESEND,
     SENT_FLOOR,
+    Auth,
     Frame,
     Listener,
     Outgoing,
@@ -72,6 +74,7 @@ class Settings:
     host: str = "127.0.0.1"
     stats_interval: float = 10.0
     logging: bool = True  # False only for the benchmark's unlogged baseline
+    max_message: int = MAX_MESSAGE  # bytes; peers refuse a longer frame from its header
 
 
 class Context:
@@ -115,7 +118,11 @@ class Context:
         self.generation: int | None = None
         self._replay: tuple[dict[int, int], int] | None = None  # (sent before loss, count)
         self.preempted = False
-        self.listener = Listener(self.s.host, self._on_frame, self._on_close)
+        self._records_pending = False  # determinants not yet flushed (see record())
+        self._records_replay: list[bytes] = []
+        # Peers authenticate with the job's key (docs/messaging.md, Authentication).
+        self.listener = Listener(self.s.host, self._on_frame, self._on_close,
+                                 Auth(port.job_key(), rank, self.s.max_message))
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)
         self._threads = [threading.Thread(target=self._worker, name="raps-msg-worker",
@@ -133,6 +140,9 @@ class Context:
         got = self.port.restore()
         if got is None:
             self._replay = ({}, 0)  # nothing to catch up with: running from the start
+            if self.epoch > 1:  # relaunched before its first checkpoint: its decisions
+                self._records_replay = _own_records(
+                    parse_records(self.port.log_read()), self.rank, 0)
             self._start()
             return None
         items, gen, extra = got
@@ -151,6 +161,7 @@ class Context:
         for e in records:
             target[e.dst] = max(target.get(e.dst, 0), e.seq)
         self._replay = (target, sum(target.values()) - sum(sent.values()))
+        self._records_replay = _own_records(records, self.rank, sent.get(self.rank, 0))
         with self._mu:
             self.inbox.restore(delivered)
             self.log.reload(records, sent, bodies, floors)
@@ -167,8 +178,15 @@ class Context:
         """Send a message to rank ``dst`` (logged first; never waits for ``dst``)."""
         if not 0 <= dst < self.size or dst == self.rank:
             raise ValueError(f"destination {dst}: expected another rank in 0..{self.size - 1}")
+        if memoryview(payload).nbytes > self.s.max_message:
+            raise ValueError(f"message of {memoryview(payload).nbytes} bytes: at most "
+                             f"{self.s.max_message} (Settings.max_message)")
         self._start()
         self._raise_error()
+        if self._records_pending:
+            # Decisions this send may depend on are durable before it leaves.
+            self._records_pending = False
+            self._flush()
         if not self.s.logging:  # benchmark baseline: numbered frames, nothing kept
             with self._mu:
                 seq = self.log.sent.get(dst, 0) + 1
@@ -184,6 +202,64 @@ class Context:
         with self._mu:
             e = self.log.append(dst, payload, self.epoch)
         self._send_entry(e)
+
+    def record(self, data: bytes) -> None:
+        """Append a *determinant* (a decision this rank took that a re-execution must
+        take again, e.g. which source an any-source receive matched) to this rank's own
+        log stream, as an entry to itself: the log store, its backup and checkpoints
+        cover it like a message. It is durable before this rank's next ``send``."""
+        self._start()
+        with self._mu:
+            self.log.append(self.rank, data, self.epoch)
+            self._records_pending = True
+
+    def replayed_records(self) -> list[bytes]:
+        """After ``restore()``: the determinants recorded after the restored checkpoint
+        (or since the start, for a rank relaunched before its first one), in order."""
+        return list(self._records_replay)
+
+    def try_recv(self, src: int) -> bytes | None:
+        """The next message from ``src`` if it has arrived, else None (never waits)."""
+        if not 0 <= src < self.size or src == self.rank:
+            raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
+        self._start()
+        with self._mu:
+            self._raise_error()
+            return self.inbox.pop(src)
+
+    def recv_any(self, sources: list[int], timeout: float | None = None
+                 ) -> tuple[int, bytes]:
+        """The next message from whichever of ``sources`` has one first (the lowest rank
+        when several have): ``(src, payload)``. Which one is timing: a caller that lets it
+        decide what it sends records the choice (:meth:`record`)."""
+        if not sources or any(not 0 <= s < self.size or s == self.rank for s in sources):
+            raise ValueError(f"sources {sources}: expected other ranks in 0..{self.size - 1}")
+        if len(sources) == 1:
+            return sources[0], self.recv(sources[0], timeout)
+        self._start()
+        wait = self.s.recv_timeout if timeout is None else timeout
+        deadline = self._clock() + wait
+        with self._arrived:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                for src in sources:
+                    msg = self.inbox.pop(src)
+                    if msg is not None:
+                        for s in sources:
+                            self._blocked.pop(s, None)
+                        return src, msg
+                now = self._clock()
+                for s in sources:
+                    self._blocked.setdefault(s, now)
+                left = deadline - now
+                if left <= 0:
+                    err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for a message "
+                                         f"from any of ranks {sources}")
+                    break
+                self._arrived.wait(min(left, 0.5))
+        self.port.escalate(str(err))
+        raise err
 
     def recv(self, src: int, timeout: float | None = None) -> bytes:
         """The next message from rank ``src``, in order; MessagingError after ``timeout``."""
@@ -270,10 +346,11 @@ class Context:
         try:
             gen = self.port.save(items, extra)
         except RapsError as exc:
-            if getattr(exc, "kind", None) != "unavailable":
+            if getattr(exc, "kind", None) not in ("unavailable", "unbacked"):
                 raise
-            # etcd has no quorum: computing on beats stopping; the next checkpoint
-            # commits (its base is the last committed generation, nothing is skipped).
+            # etcd has no quorum, or the log backup does not hold this rank's log yet:
+            # computing on beats stopping; the next checkpoint commits (its base is the
+            # last committed generation, nothing is skipped).
             log.warning("rank %d: checkpoint not committed (%s); going on", self.rank, exc)
             self._last_ckpt = self._clock()
             return self.generation or 0
@@ -284,6 +361,8 @@ class Context:
             while len(self._kept) > self.s.max_generations:
                 self._kept.popleft()
             oldest_delivered, oldest_sent = self._kept[0]
+        with self._mu:  # own determinants the oldest kept generation covers
+            self.log.raise_floor(self.rank, oldest_sent.get(self.rank, 0))
         for src in range(self.size):
             if src != self.rank:
                 self._control(src, COVERED, oldest_delivered.get(src, 0))
@@ -366,7 +445,8 @@ class Context:
                     "high_watermark": self.s.high_watermark, "spilled": self.log.spilled,
                     "duplicates": self.inbox.duplicates, "resent": self.resent,
                     "refused_stale_frames": self.inbox.refused_epoch,
-                    "refused_hellos": self.refused_hellos, "peers": peers}
+                    "refused_hellos": self.refused_hellos,
+                    "refused_connections": self.listener.auth.refusals(), "peers": peers}
 
     # --- connections -----------------------------------------------------------------
 
@@ -394,7 +474,7 @@ class Context:
         if epoch < self._peer_epoch.get(dst, 0):
             return None  # not published yet by the newer incarnation
         try:
-            o = Outgoing((host, port_no), epoch)
+            o = self.listener.connect((host, port_no), epoch, dst)
         except OSError:
             return None
         with self._mu:
@@ -663,3 +743,16 @@ class Context:
     def _raise_error(self) -> None:
         if self._error is not None:
             raise self._error
+
+
+def _own_records(records: Iterable[Entry], rank: int, after: int) -> list[bytes]:
+    """The determinants (entries to ``rank`` itself) above seq ``after``, contiguous and
+    in order; a seq logged by several incarnations carries the same decision."""
+    got: dict[int, bytes] = {}
+    for e in records:
+        if e.dst == rank and e.seq > after and e.body is not None:
+            got.setdefault(e.seq, bytes(e.body))
+    out: list[bytes] = []
+    while after + 1 + len(out) in got:
+        out.append(got[after + 1 + len(out)])
+    return out

@@ -1,12 +1,17 @@
-"""``python -m raps_slurm.runtime.local -n N [--restarts K] -- PROGRAM ARGS``: N ranks here.
+"""``python -m raps_slurm.runtime.local -n N [--restarts K] [--mpi4py] -- PROGRAM ARGS``: N
+ranks here.
 
 A launcher for trying an application without Slurm or agents: it starts PROGRAM N times
 with ``RAPS_LOCAL_DIR`` (peers, logs and checkpoints in one directory),
 ``RAPS_RANK``, ``RAPS_SIZE`` and ``RAPS_EPOCH``; ``runtime.init()`` in the program picks
 them up. A rank that dies (non-zero exit or a signal) is started again with the next
 epoch, up to ``--restarts`` times in all: it restores its last checkpoint and its peers
-replay what it missed, as on a cluster. The exit code is 0 when every rank ended with
-0, else the first failing rank's.
+replay what it missed, as on a cluster. A rank that fails for good (no restart left,
+or it called ``MPI.Abort``, which leaves :data:`ABORT_FILE` in the directory) ends the
+job, as ``mpirun`` does: the other ranks are stopped rather than left waiting for it.
+``--mpi4py`` makes ``from mpi4py import MPI`` in PROGRAM resolve to
+:mod:`raps_slurm.mpi` (docs/mpi.md). The exit code is 0 when every rank ended with 0,
+else the first failing rank's.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import sys
 import tempfile
 import time
 
+ABORT_FILE = "abort"  # written by MPI.Abort (raps_slurm.mpi): "RANK CODE"
+STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the launcher."""
@@ -29,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="how many rank failures to recover from by relaunching (default 0)")
     p.add_argument("--dir", default=None, help="state directory (default: a new temp dir, "
                                                "removed at the end)")
+    p.add_argument("--mpi4py", action="store_true",
+                   help="run an mpi4py program unchanged: mpi4py resolves to raps_slurm.mpi")
     p.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS")
     a = p.parse_args(argv)
     prog = a.program[1:] if a.program[:1] == ["--"] else a.program
@@ -38,43 +48,70 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--ranks {a.ranks}: expected 1-256")
     root = a.dir or tempfile.mkdtemp(prefix="raps-local-")
     try:
-        return run(prog, a.ranks, a.restarts, root)
+        return run(prog, a.ranks, a.restarts, root, mpi4py=a.mpi4py)
     finally:
         if a.dir is None:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def run(prog: list[str], n: int, restarts: int, root: str) -> int:
+def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = False) -> int:
     """Start, watch and relaunch the ranks; the exit code."""
     epochs = dict.fromkeys(range(n), 1)
+    base = dict(os.environ)
+    if mpi4py:
+        from raps_slurm.mpi import shim_env
+
+        base = shim_env(base)
 
     def start(rank: int) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "RAPS_LOCAL_DIR": root, "RAPS_RANK": str(rank),
+        env = {**base, "RAPS_LOCAL_DIR": root, "RAPS_RANK": str(rank),
                "RAPS_SIZE": str(n), "RAPS_EPOCH": str(epochs[rank])}
         return subprocess.Popen(prog, env=env)
 
     procs = {r: start(r) for r in range(n)}
     codes: dict[int, int] = {}
     left = restarts
+    aborted = os.path.join(root, ABORT_FILE)
     while procs:
         for rank, proc in list(procs.items()):
             code = proc.poll()
             if code is None:
                 continue
             del procs[rank]
-            if code != 0 and left > 0:
+            if code != 0 and left > 0 and not os.path.exists(aborted):
                 left -= 1
                 epochs[rank] += 1
                 print(f"raps-local: rank {rank} exited with {code}; relaunching it with "
                       f"epoch {epochs[rank]}", file=sys.stderr)
                 procs[rank] = start(rank)
-            else:
-                codes[rank] = code
+                continue
+            codes[rank] = code
+            if code != 0 and procs:
+                why = "called MPI.Abort" if os.path.exists(aborted) else "failed"
+                print(f"raps-local: rank {rank} {why} (exit code {code}); stopping ranks "
+                      f"{sorted(procs)}", file=sys.stderr)
+                _stop(procs)
+                procs.clear()
+                break
         time.sleep(0.02)
     bad = [(r, c) for r, c in sorted(codes.items()) if c != 0]
     for r, c in bad:
         print(f"raps-local: rank {r} failed with exit code {c}", file=sys.stderr)
     return bad[0][1] if bad and bad[0][1] > 0 else (1 if bad else 0)
+
+
+def _stop(procs: dict[int, subprocess.Popen[bytes]]) -> None:
+    """SIGTERM the ranks, SIGKILL those still running after :data:`STOP_GRACE`."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + STOP_GRACE
+    for proc in procs.values():
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 checkpoints. Two implementations of one small interface:
 
 - :class:`AgentPort`: the node's agent, over its unix socket (production; the rank
-  holds no etcd credentials, DESIGN.md 4b);
+  holds no etcd credentials: docs/architecture.md, Trust boundaries);
 - :class:`LocalPort`: a directory on this machine (``runtime.init(local=N)`` and the
   tests): peers are files, the log is segment files, checkpoints go to a chunk store
-  in the directory, and ``epochs/<rank>`` plays the rank map's epoch check.
+  in the directory, ``epochs/<rank>`` plays the rank map's epoch check and ``job.key``
+  (mode 0600, made by the first rank) the job's key.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from raps_slurm.checkpoint.manifest import Manifest
 from raps_slurm.checkpoint.reader import materialize
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.runtime.agent_client import AgentError
+from raps_slurm.runtime.transport import KEY_BYTES
 
 
 class Port(Protocol):
     """What the runtime needs from its agent (or its stand-in)."""
 
+    def job_key(self) -> bytes: ...
     def publish(self, host: str, port: int, epoch: int, done: bool = False) -> None: ...
     def lookup(self, rank: int) -> tuple[str, int, int, bool] | None: ...
     def log_append(self, parts: list[bytes | memoryview]) -> None: ...
@@ -79,6 +82,25 @@ class LocalPort:
         if current is not None and current != self.epoch:
             raise AgentError(f"rank {self.rank} is at epoch {current}; this copy is epoch "
                              f"{self.epoch}", "epoch")
+
+    def job_key(self) -> bytes:
+        """The run's key: ``job.key`` in the directory, made by whichever rank asks first
+        (written aside, then linked: another rank never reads half a key)."""
+        path = self.root / "job.key"
+        if not path.exists():
+            tmp = self.root / "tmp" / f"job.key.{os.getpid()}.{threading.get_ident()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, os.urandom(KEY_BYTES))
+            finally:
+                os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+            tmp.unlink()
+        key = path.read_bytes()
+        if len(key) != KEY_BYTES:
+            raise AgentError(f"{path}: {len(key)} bytes, expected a key of {KEY_BYTES}")
+        return key
 
     def publish(self, host: str, port: int, epoch: int, done: bool = False) -> None:
         write_atomic(self.root / "peers", self.root / "tmp", f"{self.rank}.json",
@@ -185,6 +207,18 @@ class AgentPort:
               ) -> tuple[dict[str, Any], list[int]]:
         with self._msg_lock:
             return self._msg._call(message, fds)
+
+    def job_key(self) -> bytes:
+        """The job's key from the agent (served to the job owner's registered ranks only)."""
+        reply, _ = self._call({"op": "job_key", "job": self.job, "rank": self.rank})
+        text = reply.get("key")
+        try:
+            key = bytes.fromhex(text) if isinstance(text, str) else b""
+        except ValueError:
+            key = b""
+        if len(key) != KEY_BYTES:
+            raise AgentError(f"the agent's job key for job {self.job} is malformed")
+        return key
 
     def publish(self, host: str, port: int, epoch: int, done: bool = False) -> None:
         self._call({"op": "peer_publish", "job": self.job, "rank": self.rank,

@@ -1,4 +1,4 @@
-"""TCP between ranks: frames, connections, the reader threads.
+"""TCP between ranks: an authenticated handshake, MAC'd frames, the reader threads.
 
 Each rank listens on one TCP port and publishes ``host:port`` and its epoch (through its
 agent, or a directory in local mode). A rank sends over one outgoing connection per
@@ -6,10 +6,30 @@ peer and reads every incoming connection on its own thread, which only decodes f
 and hands them on: a rank's reading never waits for its application, so two ranks that
 send to each other as fast as they can never block each other in TCP.
 
-A frame is a 34-byte header ``type u8, src u32, dst u32, seq u64, epoch u64, length
-u32, crc32 u32`` (big-endian) and ``length`` payload bytes whose CRC-32 is ``crc``
-(checked on arrival: a damaged frame closes the connection, and the gap it leaves is
-repaired by a resend).
+**Authentication** (docs/messaging.md, Authentication). Every rank of a job holds the
+job's 32-byte secret (made at registration, handed by the agent only to the owner's
+ranks). A connection starts with a challenge-response in plain frames of
+:mod:`raps_slurm.framing` (at most :data:`HANDSHAKE_MAX` bytes, within
+:data:`HANDSHAKE_TIMEOUT`):
+
+1. the connecting rank sends ``"raps-rank/1" | Nc (16 random bytes) | src u32 | dst u32``;
+2. the listening rank answers ``Ns (16 random bytes) | P("s")``;
+3. the connecting rank checks ``P("s")`` and answers ``P("c")``,
+
+where ``P(side) = blake3(key=secret, "raps-rank/1" | side | Nc | Ns | src | dst)``. Both
+sides prove they hold the secret, and each proof covers the other side's fresh nonce:
+a recorded handshake replayed on a new connection fails. The session key is
+``P("k")``; every later frame is a framing frame ``u32 length | body | tag`` whose tag is
+keyed blake3 (session key) over the direction, the frame's number on this connection
+and the body: a frame forged, replayed, reordered or moved to another connection is
+refused. A frame whose length is above the job's bound is refused from its 4-byte
+header, before anything is allocated. Each refusal closes the connection, is counted
+in :attr:`Auth.refused` by kind and logged in one line (at most one per kind per 10 s,
+:mod:`raps_slurm.logquota`).
+
+A frame body is a 34-byte header ``type u8, src u32, dst u32, seq u64, epoch u64,
+length u32, crc32 u32`` (big-endian) and, for ``DATA``, ``length`` payload bytes whose
+CRC-32 is ``crc`` (the message's checksum, which receivers compare on duplicates).
 
 Types: ``DATA`` (a message), ``HELLO`` (first frame on every connection: the sender's
 epoch and, in ``seq``, what it delivered from the receiver so far; the receiver resends
@@ -23,13 +43,21 @@ checksums), ``DELIVERED`` (``seq``: delivered so far; a finalizing sender waits 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
+import os
 import socket
 import struct
 import threading
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import blake3
+
+from raps_slurm import framing
+from raps_slurm.logquota import LogQuota
 
 log = logging.getLogger("raps.runtime")
 
@@ -37,7 +65,16 @@ HEADER = struct.Struct(">BIIQQII")
 DATA, HELLO, RESEND, COVERED, SENT_FLOOR, DELIVERED = 1, 2, 3, 4, 5, 6
 NAMES = {DATA: "DATA", HELLO: "HELLO", RESEND: "RESEND", COVERED: "COVERED",
          SENT_FLOOR: "SENT_FLOOR", DELIVERED: "DELIVERED"}
-MAX_PAYLOAD = 1 << 31
+PROTOCOL = b"raps-rank/1"
+KEY_BYTES = 32
+MAX_MESSAGE = 1 << 30  # default bound on one message's payload (Settings.max_message)
+HANDSHAKE_MAX = 64  # bytes of a handshake frame: a 2 GiB header is refused from 4 bytes
+HANDSHAKE_TIMEOUT = 10.0  # the whole handshake, so a slow or silent stranger goes
+MAX_HANDSHAKES = 32  # connections in their handshake at once; more are refused at accept
+FRAME_TIMEOUT = 30.0  # once a frame started: this, plus its length at MIN_RATE
+MIN_RATE = 10e6  # bytes/s
+_HELLO = struct.Struct(f">{len(PROTOCOL)}s16sII")
+_NONCE = 16
 
 
 @dataclass(frozen=True)
@@ -56,54 +93,93 @@ class Frame:
 
 def encode(kind: int, src: int, dst: int, seq: int, epoch: int, payload: bytes | memoryview = b"",
            *, length: int | None = None, crc: int | None = None) -> list[bytes | memoryview]:
-    """Header and payload parts of one frame (``length`` overrides for control frames)."""
+    """The body parts of one frame, header then payload (``length`` overrides for control
+    frames)."""
     n = len(payload) if length is None else length
     c = (zlib.crc32(payload) & 0xFFFFFFFF) if crc is None else crc
     head = HEADER.pack(kind, src, dst, seq, epoch, n, c)
-    return [head, payload] if payload else [head]
+    return [head, payload] if len(payload) else [head]
 
 
 class FrameError(ConnectionError):
-    """A frame that cannot be trusted: the connection is dropped."""
+    """A frame or handshake that cannot be trusted: the connection is dropped. ``kind``
+    is what :attr:`Auth.refused` counts it as."""
+
+    def __init__(self, message: str, kind: str = "frame") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
-def read_frame(sock: socket.socket) -> Frame | None:
-    """The next frame, None at a clean end of stream; FrameError if damaged."""
-    head = _exact(sock, HEADER.size, eof_ok=True)
-    if head is None:
-        return None
-    kind, src, dst, seq, epoch, length, crc = HEADER.unpack(head)
+def decode(body: bytes | bytearray | memoryview) -> Frame:
+    """One frame from its (authenticated) body; FrameError if it is malformed."""
+    if len(body) < HEADER.size:
+        raise FrameError(f"frame of {len(body)} bytes is shorter than its header")
+    kind, src, dst, seq, epoch, length, crc = HEADER.unpack_from(body)
     if kind not in NAMES:
         raise FrameError(f"unknown frame type {kind}")
-    payload = b""
+    extra = len(body) - HEADER.size
     if kind == DATA:
-        if length > MAX_PAYLOAD:
-            raise FrameError(f"frame of {length} bytes")
-        payload = _exact(sock, length) or b""
-        if zlib.crc32(payload) & 0xFFFFFFFF != crc:
-            raise FrameError(f"frame {src}->{dst} seq {seq}: checksum mismatch")
-    return Frame(kind, src, dst, seq, epoch, length, crc, payload)
+        if extra != length:
+            raise FrameError(f"DATA frame announces {length} bytes and carries {extra}")
+        return Frame(kind, src, dst, seq, epoch, length, crc, bytes(body[HEADER.size:]))
+    if extra:
+        raise FrameError(f"{NAMES[kind]} frame with {extra} payload bytes")
+    return Frame(kind, src, dst, seq, epoch, length, crc)
 
 
-def _exact(sock: socket.socket, n: int, eof_ok: bool = False) -> bytes | None:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            if got == 0 and eof_ok:
-                return None
-            raise FrameError("connection closed in the middle of a frame")
-        got += k
-    return bytes(buf)
+class Auth:
+    """One rank's side of its job's secret: proofs, session keys, refusal counts."""
+
+    def __init__(self, key: bytes, rank: int, max_message: int = MAX_MESSAGE) -> None:
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"job key of {len(key)} bytes: exactly {KEY_BYTES} are needed")
+        if not 0 < max_message <= (1 << 32) - 1 - HEADER.size - framing.TAG_SIZE:
+            raise ValueError(f"max_message {max_message}: expected 1..4 GiB")
+        self._key, self.rank, self.max_message = key, rank, max_message
+        self.max_frame = HEADER.size + max_message + framing.TAG_SIZE
+        self.refused: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._quota = LogQuota(log)
+
+    def proof(self, side: bytes, nc: bytes, ns: bytes, src: int, dst: int) -> bytes:
+        """``P(side)`` of the module docstring."""
+        return bytes(blake3.blake3(PROTOCOL + side + nc + ns + struct.pack(">II", src, dst),
+                                   key=self._key).digest())
+
+    def refuse(self, kind: str, peer: str, reason: object) -> None:
+        """Count one refusal and log it (one line, at most one per kind per 10 s)."""
+        with self._lock:
+            self.refused[kind] += 1
+        self._quota.log(kind, logging.WARNING, "rank %d: refused %s (%s): %s", self.rank,
+                        peer, kind, reason)
+
+    def refusals(self) -> dict[str, int]:
+        """A copy of ``refused`` (kind -> connections)."""
+        with self._lock:
+            return dict(self.refused)
+
+
+def _peer(conn: socket.socket) -> str:
+    try:
+        host, port = conn.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "a closed connection"
+
+
+def _kind(exc: framing.FrameError, authenticated: bool) -> str:
+    if not authenticated:
+        return "handshake"
+    return exc.kind if exc.kind in ("mac", "oversized") else "frame"
 
 
 class Listener:
-    """Accepts peers' connections; every frame goes to ``on_frame(frame, conn_id)``."""
+    """Accepts peers' connections; every authenticated frame goes to
+    ``on_frame(frame, conn_id)``."""
 
     def __init__(self, host: str, on_frame: Callable[[Frame, int], None],
-                 on_close: Callable[[int], None]) -> None:
+                 on_close: Callable[[int], None], auth: Auth) -> None:
+        self.auth = auth
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))
@@ -113,8 +189,14 @@ class Listener:
         self._conns: dict[int, socket.socket] = {}
         self._lock = threading.Lock()
         self._next = 0
+        self._handshaking = 0
         self._closed = False
         threading.Thread(target=self._accept, name="raps-accept", daemon=True).start()
+
+    def connect(self, address: tuple[str, int], epoch: int, dst: int,
+                timeout: float = 5.0) -> Outgoing:
+        """An authenticated connection to rank ``dst`` at ``address`` (OSError if not)."""
+        return Outgoing(address, epoch, self.auth, dst, timeout)
 
     def _accept(self) -> None:
         while True:
@@ -122,25 +204,77 @@ class Listener:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 if self._closed:
                     conn.close()
                     return
-                self._next += 1
-                cid = self._next
-                self._conns[cid] = conn
+                busy = self._handshaking >= MAX_HANDSHAKES
+                if not busy:
+                    self._handshaking += 1
+                    self._next += 1
+                    cid = self._next
+                    self._conns[cid] = conn
+            if busy:
+                self.auth.refuse("connections", _peer(conn),
+                                 f"{MAX_HANDSHAKES} connections already in their handshake")
+                conn.close()
+                continue
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._read, args=(conn, cid), name=f"raps-read-{cid}",
                              daemon=True).start()
 
+    def _handshake(self, conn: socket.socket) -> tuple[framing.FrameReader, int]:
+        """The server side of the handshake: the reader for the session and the peer."""
+        reader = framing.FrameReader(conn, max_size=HANDSHAKE_MAX,
+                                     frame_timeout=HANDSHAKE_TIMEOUT, buffer_size=64 << 10)
+        hello = reader.read(idle_timeout=HANDSHAKE_TIMEOUT)
+        if len(hello) != _HELLO.size:
+            raise FrameError(f"first frame of {len(hello)} bytes is not a rank hello",
+                             "handshake")
+        proto, nc, src, dst = _HELLO.unpack(hello)
+        if proto != PROTOCOL:
+            raise FrameError("first frame is not a rank hello", "handshake")
+        if dst != self.auth.rank:
+            raise FrameError(f"hello for rank {dst}, this is rank {self.auth.rank}",
+                             "handshake")
+        ns = os.urandom(_NONCE)
+        framing.send_parts(conn, [ns, self.auth.proof(b"s", nc, ns, src, dst)],
+                           max_size=HANDSHAKE_MAX)
+        answer = reader.read(idle_timeout=HANDSHAKE_TIMEOUT)
+        if not hmac.compare_digest(answer, self.auth.proof(b"c", nc, ns, src, dst)):
+            raise FrameError(f"rank {src}'s proof does not match the job key",
+                             "authentication")
+        reader.mac = framing.FrameMac(self.auth.proof(b"k", nc, ns, src, dst), "blake3",
+                                      b"c")
+        reader.max_size = self.auth.max_frame
+        reader.frame_timeout, reader.min_rate = FRAME_TIMEOUT, MIN_RATE
+        return reader, src
+
     def _read(self, conn: socket.socket, cid: int) -> None:
+        authenticated = False
         try:
+            try:
+                reader, src = self._handshake(conn)
+            finally:
+                with self._lock:
+                    self._handshaking -= 1
+            authenticated = True
             while True:
-                frame = read_frame(conn)
-                if frame is None:
-                    break
+                frame = decode(reader.read())
+                if frame.src != src or frame.dst != self.auth.rank:
+                    raise FrameError(f"frame {frame.src}->{frame.dst} on rank {src}'s "
+                                     "connection")
                 self._on_frame(frame, cid)
-        except (OSError, FrameError) as exc:
+        except framing.FrameError as exc:
+            if self._closed or exc.kind == "closed" or (
+                    authenticated and exc.kind == "truncated"):
+                log.debug("incoming connection %d ended: %s", cid, exc)  # a peer went away
+            else:
+                self.auth.refuse(_kind(exc, authenticated), _peer(conn), exc)
+        except FrameError as exc:
+            if not self._closed:
+                self.auth.refuse(exc.kind, _peer(conn), exc)
+        except OSError as exc:
             if not self._closed:
                 log.debug("incoming connection %d dropped: %s", cid, exc)
         finally:
@@ -148,7 +282,8 @@ class Listener:
                 self._conns.pop(cid, None)
             with contextlib.suppress(OSError):
                 conn.close()
-            self._on_close(cid)
+            if authenticated:
+                self._on_close(cid)
 
     def drop(self, cid: int) -> None:
         """Close one incoming connection (a refused peer)."""
@@ -171,27 +306,57 @@ class Listener:
 
 
 class Outgoing:
-    """The connection to one peer (sends only; its answers come on the peer's own
-    connection to us)."""
+    """The authenticated connection to one peer (sends only, once the handshake is
+    done; its answers come on the peer's own connection to us)."""
 
-    def __init__(self, address: tuple[str, int], epoch: int, timeout: float = 5.0) -> None:
+    def __init__(self, address: tuple[str, int], epoch: int, auth: Auth, dst: int,
+                 timeout: float = 5.0) -> None:
         self.peer_epoch = epoch
+        self._max = auth.max_frame
         self.sock = socket.create_connection(address, timeout=timeout)
+        try:
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.mac = self._handshake(auth, dst, f"{address[0]}:{address[1]}", timeout)
+        except BaseException:
+            self.close()
+            raise
         self.sock.settimeout(None)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.lock = threading.Lock()
 
+    def _handshake(self, auth: Auth, dst: int, peer: str, timeout: float) -> framing.FrameMac:
+        nc = os.urandom(_NONCE)
+        try:
+            framing.send_parts(self.sock, [_HELLO.pack(PROTOCOL, nc, auth.rank, dst)],
+                               max_size=HANDSHAKE_MAX)
+            reader = framing.FrameReader(self.sock, max_size=HANDSHAKE_MAX,
+                                         frame_timeout=timeout, buffer_size=256)
+            answer = bytes(reader.read(idle_timeout=timeout))
+        except framing.FrameError as exc:
+            raise FrameError(f"handshake with rank {dst} at {peer}: {exc}",
+                             "handshake") from None
+        ns, proof = answer[:_NONCE], answer[_NONCE:]
+        if len(ns) != _NONCE or not hmac.compare_digest(
+                proof, auth.proof(b"s", nc, ns, auth.rank, dst)):
+            # someone else listens there (a stale address, or a stranger): not our peer
+            auth.refuse("authentication", peer, f"it did not prove it holds the job key "
+                        f"of rank {dst}")
+            raise FrameError(f"rank {dst} at {peer} failed authentication", "authentication")
+        try:
+            framing.send_parts(self.sock, [auth.proof(b"c", nc, ns, auth.rank, dst)],
+                               max_size=HANDSHAKE_MAX)
+        except framing.FrameError as exc:
+            raise FrameError(f"handshake with rank {dst} at {peer}: {exc}",
+                             "handshake") from None
+        return framing.FrameMac(auth.proof(b"k", nc, ns, auth.rank, dst), "blake3", b"c")
+
     def send(self, parts: list[bytes | memoryview]) -> None:
-        """Write one frame whole (OSError if the peer is gone)."""
-        views = [memoryview(p) for p in parts if len(p)]
+        """Write one frame whole (OSError if the peer is gone or the frame is larger
+        than the job's bound)."""
         with self.lock:
-            while views:
-                n = self.sock.sendmsg(views)
-                while views and n >= len(views[0]):
-                    n -= len(views[0])
-                    views.pop(0)
-                if views and n:
-                    views[0] = views[0][n:]
+            try:
+                framing.send_parts(self.sock, parts, mac=self.mac, max_size=self._max)
+            except framing.FrameError as exc:
+                raise FrameError(str(exc), exc.kind) from None
 
     def close(self) -> None:
         """Close."""

@@ -1,4 +1,5 @@
-"""Every key RAPS writes, built in one place under one prefix (DESIGN.md section 4).
+"""Every key RAPS writes, built in one place under one prefix (docs/architecture.md,
+State in etcd).
 
 Layout under the prefix (default ``/raps/v1/``)::
 
@@ -143,6 +144,11 @@ class Keys:
     def job_peer(self, job_id: int | str, rank: int) -> str:
         """Where a rank listens for its peers (host, port, epoch), published by its agent."""
         return self.job_prefix(job_id) + "peers/" + _number(rank, "rank")
+
+    def job_secret(self, job_id: int | str) -> str:
+        """The job's key for rank-to-rank traffic (hex), made at registration; daemons
+        read it, the agent hands it to the owner's ranks only."""
+        return self.job_prefix(job_id) + "secret"
 
     def job_msgstats_prefix(self, job_id: int | str) -> str:
         """Prefix of the ranks' message-log figures."""

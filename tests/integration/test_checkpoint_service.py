@@ -18,14 +18,16 @@ import numpy as np
 import pytest
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.logstore import LogStoreError
 from raps_slurm.checkpoint.reader import materialize
-from raps_slurm.checkpoint.service import CheckpointService, Fenced, RestoreError
+from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked, RestoreError
 from raps_slurm.checkpoint.transfer import TransferServer
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.config import Config
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json
 from raps_slurm.model import BackupGroup
+from raps_slurm.runtime.msglog import Entry, checksum
 from raps_slurm.store import Keys, StateStore
 
 NODES = ("n1", "n2", "n3", "n4")
@@ -255,3 +257,78 @@ def test_generations_beyond_the_limit_are_collected_everywhere(nodes: Nodes) -> 
     assert gens == [3, 4, 5]
     for n in ("n1", "n2", "n3"):
         assert nodes.services[n].chunks.generations(job, 0) == [3, 4, 5]
+
+
+def log_segment(dst: int, first: int, count: int, epoch: int = 1) -> bytes:
+    """A log segment of ``count`` messages to ``dst`` from seq ``first``, bodies included."""
+    out = []
+    for seq in range(first, first + count):
+        body = f"message {seq} to {dst}".encode()
+        e = Entry(dst, seq, epoch, len(body), checksum(body), False, body)
+        out.extend(bytes(p) for p in e.record(with_body=True))
+    return b"".join(out)
+
+
+def quick_lease(nodes: Nodes, seconds: float) -> None:
+    for svc in nodes.services.values():
+        svc.cfg = dataclasses.replace(svc.cfg, detection=dataclasses.replace(
+            svc.cfg.detection, lease_duration_sec=seconds))
+
+
+def test_a_generation_commits_only_once_its_log_is_on_the_log_backup(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    n1, n2 = nodes.services["n1"], nodes.services["n2"]
+    quick_lease(nodes, 1.0)
+    first = n1.append_log(job, 0, log_segment(1, 1, 5))
+    assert n1.logcopy.wait_backed(job, 0, first, 30)  # (the machine may be loaded)
+    nodes.up.discard("n2")  # the log backup goes down with segment 2 only on n1
+    n1.logcopy._peers = (-1e18, {})  # the lane reads the peers afresh (it caches them 1 s)
+    second = n1.append_log(job, 0, log_segment(1, 6, 5))
+    assert n1.logcopy.stats.lagging >= 1  # the flush waited its bound, then went on
+    with pytest.raises(LogUnbacked, match="log backup holds segments up to"):
+        save(n1, job, field(20_000))
+    assert nodes.store.get_prefix(nodes.keys.ckpt_prefix(job, 0)) == []
+    nodes.up.add("n2")
+    n1.logcopy._peers = (-1e18, {})
+    rec, _ = save(n1, job, field(20_000))  # the commit waits for the copy, then commits
+    assert rec.generation == 1
+    assert second in n2.logs.segments(job, 0)
+    assert n2.logs.read(job, 0) == n1.logs.read(job, 0)
+
+
+def test_a_new_log_backup_receives_the_whole_log_not_only_new_segments(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    n1 = nodes.services["n1"]
+    for i in range(3):
+        last = n1.append_log(job, 0, log_segment(1, 1 + 10 * i, 10))
+    assert n1.logcopy.wait_backed(job, 0, last, 30)  # (the machine may be loaded)
+    assert nodes.services["n2"].logs.read(job, 0) == n1.logs.read(job, 0)
+    # n2 died; the coordinator made n4 the rank's log backup
+    nodes.up.discard("n2")
+    nodes.store.put(nodes.keys.job_group(job, 0),
+                    group_to_json(BackupGroup(0, "n1", "n4", ("n3",))))
+    n1.logcopy._groups.clear()
+    n1.logcopy._peers = (-1e18, {})
+    last = n1.append_log(job, 0, log_segment(1, 31, 10))
+    assert n1.logcopy.wait_backed(job, 0, last, 30)
+    n4 = nodes.services["n4"]
+    assert n4.logs.segments(job, 0) == n1.logs.segments(job, 0)
+    assert n4.logs.read(job, 0) == n1.logs.read(job, 0)
+
+
+def test_segment_numbers_never_collide_across_incarnations(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    n1, n3 = nodes.services["n1"], nodes.services["n3"]
+    old = [n1.append_log(job, 0, log_segment(1, 1 + i, 1), epoch=1) for i in range(3)]
+    assert n1.logcopy.wait_backed(job, 0, old[-1], 30)
+    # epoch 2 runs on n3 and reloads the log from the backup; the fenced epoch 1 on n1
+    # goes on flushing: neither may write a number the other wrote
+    assert n3.read_log(job, 0) == n1.logs.read(job, 0)
+    new = n3.append_log(job, 0, log_segment(1, 4, 1, epoch=2), epoch=2)
+    late = n1.append_log(job, 0, log_segment(1, 4, 1, epoch=1), epoch=1)
+    assert old == [(1 << 32) + 1, (1 << 32) + 2, (1 << 32) + 3]
+    assert new == (2 << 32) + 1 and late == (1 << 32) + 4
+    # a copy of an existing number with other bytes is refused, not silently dropped
+    with pytest.raises(LogStoreError, match="already stored with other bytes"):
+        n3.logs.append(job, 0, log_segment(1, 9, 1), number=old[0])
+    assert n3.logs.append(job, 0, n1.logs.segment(job, 0, old[0]), number=old[0]) == old[0]

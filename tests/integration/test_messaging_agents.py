@@ -26,6 +26,8 @@ def setup_job(store: tuple[StateStore, Keys]) -> str:
     s, k = store
     job = str(600000 + uuid.uuid4().int % 100000)
     s.put(k.job_map(job), RankMap(job, 0, NODES, ("n5",), 1, 0.0).to_json())
+    # what PrologSlurmctld writes at registration: the key of the ranks' traffic
+    s.put(k.job_secret(job), os.urandom(32).hex().encode())
     for r, node in enumerate(NODES):
         s.put(k.job_rank(job, r), RankEntry(r, node, 1, "running", ("n5",)).to_json())
         s.put(k.job_group(job, r), group_to_json(BackupGroup(r, node, "n4", ())))

@@ -6,7 +6,6 @@ served."""
 from __future__ import annotations
 
 import json
-import pwd
 import subprocess
 import sys
 import uuid
@@ -22,6 +21,7 @@ from raps_slurm.core.planner import Plan
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 from raps_slurm.testing.etcd import free_port
+from raps_slurm.testing.jobs import system_user
 
 ASK = r"""
 import json, os, sys
@@ -49,16 +49,6 @@ print(json.dumps(out))
 """
 
 
-def user(name: str) -> int:
-    """The uid of a system user made for these tests (created once, kept)."""
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
-                        "/usr/sbin/nologin", name], check=True, capture_output=True)
-        return pwd.getpwnam(name).pw_uid
-
-
 def ask(cluster: LocalCluster, uid: int, job: str) -> dict[str, Any]:
     sock = node_dir(load_file(cluster.config_path).agent.socket_path, "n1")
     proc = subprocess.run([sys.executable, "-c", ASK, sock, job], capture_output=True,
@@ -72,7 +62,7 @@ def users() -> tuple[int, int]:
     if not Path(sys.executable).resolve().is_relative_to("/opt") and \
             not Path(sys.executable).resolve().is_relative_to("/usr"):
         pytest.fail(f"{sys.executable} must be usable by other users for this test")
-    return user("raps-it-alice"), user("raps-it-bob")
+    return system_user("raps-it-alice"), system_user("raps-it-bob")
 
 
 def test_a_user_is_served_only_their_own_job(cluster: LocalCluster,

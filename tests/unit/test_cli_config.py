@@ -49,6 +49,22 @@ def test_every_error_printed(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr.count("\n") == 3, r.stderr
 
 
+def test_field_and_cross_field_errors_in_one_run(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("checkpoint: {replica_count: 99}\n"
+                   "logging: {level: LOUD}\n"
+                   "messagelog: {buffer_size_mb: 128, buffer_high_watermark_mb: 200}\n")
+    r = rapsctl("config", "check", str(bad))
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 3, r.stderr
+    assert any("checkpoint.replica_count: 99 is out of range" in x for x in lines), r.stderr
+    assert any("logging.level: 'LOUD' is not allowed" in x for x in lines), r.stderr
+    assert any("messagelog.buffer_high_watermark_mb: 200 must be below "
+               "messagelog.buffer_size_mb = 128" in x for x in lines), r.stderr
+    assert all(x.startswith(f"rapsctl: {bad}: ") for x in lines), r.stderr
+
+
 def test_env_var_is_used(tmp_path: Path) -> None:
     f = tmp_path / "env.yaml"
     f.write_text("checkpoint: {interval_sec: 42}\n")

@@ -60,7 +60,7 @@ def test_layout_and_plans_only_for_the_owner(agent: Agent) -> None:
     unknown = agent.ask(OWNER, op="job_layout", job="6")  # not registered: nobody owns it
     assert unknown["ok"] is False and unknown["kind"] == "permission"
     assert agent.ask(OWNER, op="job_plans", job="5") == {"ok": True, "plans": [],
-                                                         "escalated": None}
+                                                         "escalated": None, "gave_up": ""}
 
 
 def test_a_map_of_an_older_run_is_not_ready(agent: Agent) -> None:

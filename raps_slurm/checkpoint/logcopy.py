@@ -1,0 +1,283 @@
+"""Copies of a node's ranks' message-log segments to their log backups, with the lag
+bounded and the commit rule's question answered: does the log backup hold every segment
+up to a given one?
+
+Each rank has a *backed* mark: the newest local segment such that it and every older
+one still kept here are on the rank's current log backup. One background lane copies
+segments in order, one connection per partner. When the log backup changes (the
+coordinator repaired the group after a death), the lane first asks the new backup which
+segments it holds (``log_have``) and copies the rest, so a new backup is complete, not
+just current.
+
+Back-pressure: :meth:`LogCopier.append` returns once the segment is backed or after
+``max_lag`` seconds, so a rank whose flushes outrun its backup slows down. The guarantee
+itself is the commit rule, enforced by :meth:`LogCopier.wait_backed` in the checkpoint
+service: a generation commits only once the log up to its flush is backed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from raps_slurm.checkpoint.logstore import LogStore
+from raps_slurm.checkpoint.transfer import TokenBucket, TransferClient, TransferError
+from raps_slurm.core import checkpoints as decide
+from raps_slurm.model import BackupGroup
+
+log = logging.getLogger("raps.checkpoint")
+
+GroupOf = Callable[[str, int], "BackupGroup | None"]
+Peers = Callable[[], dict[str, tuple[str, int]]]
+
+
+@dataclass
+class _Rank:
+    """A rank's replication state on this node (guarded by the copier's condition)."""
+
+    appended: int = 0  # newest segment stored here
+    backed: int = 0  # newest segment such that it and all older ones are on ``target``
+    target: str | None = None  # the log backup ``backed`` refers to
+    queued: bool = False  # a sync pass is in the lane's queue
+    no_backup: bool = False  # the group names no log backup: nothing to wait for
+
+
+@dataclass
+class LogCopyStats:
+    """What the lane did since the agent started (reported by the agent)."""
+
+    segments: int = 0  # segments copied
+    bytes: int = 0
+    slowed: int = 0  # appends that waited for the backup
+    lagging: int = 0  # appends that waited ``max_lag`` and went on unbacked
+    failures: int = 0  # copy passes that failed (retried at the next append or repair)
+    max_lag_sec: float = 0.0  # the longest an append waited
+
+
+class LogCopier:
+    """The log lane of one node's checkpoint service."""
+
+    def __init__(self, node: str, key: bytes, logs: LogStore, group_of: GroupOf, peers: Peers,
+                 limiter: TokenBucket, max_lag: float) -> None:
+        self.node, self._key, self.logs = node, key, logs
+        self._group_of, self._peers_of, self.limiter = group_of, peers, limiter
+        self.max_lag = max_lag
+        self.stats = LogCopyStats()
+        self._cond = threading.Condition()
+        self._ranks: dict[tuple[str, int], _Rank] = {}
+        self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
+        # the lane's own caches (used by its one thread only): ranks flush every few ms
+        self._clients: dict[str, TransferClient] = {}
+        self._groups: dict[tuple[str, int], tuple[float, BackupGroup | None]] = {}
+        self._peers: tuple[float, dict[str, tuple[str, int]]] = (-1e18, {})
+
+    @property
+    def queue(self) -> queue.Queue[Callable[[], object] | None]:
+        """The lane's work queue (the service's worker thread drains it)."""
+        return self._queue
+
+    def close(self) -> None:
+        """Close the lane's connections (after its worker stopped)."""
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def _state(self, job: str, rank: int) -> _Rank:
+        st = self._ranks.get((job, rank))
+        if st is None:
+            st = self._ranks[(job, rank)] = _Rank(appended=max(self.logs.segments(job, rank),
+                                                               default=0))
+        return st
+
+    def append(self, job: str, rank: int, data: bytes, epoch: int = 0) -> int:
+        """Store a segment here, have it copied, and wait (at most ``max_lag``) until it
+        is backed; its number."""
+        n = self.logs.append(job, rank, data, epoch=epoch)
+        with self._cond:
+            st = self._state(job, rank)
+            st.appended = max(st.appended, n)
+        self.kick(job, rank)
+        start = time.monotonic()
+        if not self.wait_backed(job, rank, n, self.max_lag):
+            self.stats.lagging += 1
+        waited = time.monotonic() - start
+        if waited > 0.001:
+            self.stats.slowed += 1
+            self.stats.max_lag_sec = max(self.stats.max_lag_sec, waited)
+        return n
+
+    def kick(self, job: str, rank: int) -> None:
+        """Queue one copy pass for the rank (coalesced with one already queued)."""
+        with self._cond:
+            st = self._state(job, rank)
+            if st.queued:
+                return
+            st.queued = True
+        self._queue.put(lambda: self._sync(job, rank))
+
+    def backed(self, job: str, rank: int) -> tuple[int, int]:
+        """(newest segment backed, newest segment stored) of a rank."""
+        with self._cond:
+            st = self._state(job, rank)
+            return (st.appended if st.no_backup else st.backed), st.appended
+
+    def wait_backed(self, job: str, rank: int, upto: int, timeout: float) -> bool:
+        """True once segment ``upto`` and all older ones are on the rank's log backup (or
+        its group names none: nothing can hold more); False after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            st = self._state(job, rank)
+            while not (st.no_backup or st.backed >= upto):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def retry_lagging(self) -> int:
+        """Queue a copy pass for every rank whose backup lacks segments (the backup was
+        down, or its group changed); how many. The service's repair pass calls it."""
+        with self._cond:
+            lagging = [k for k, st in self._ranks.items()
+                       if not st.no_backup and st.backed < st.appended]
+        for job, rank in lagging:
+            self.kick(job, rank)
+        return len(lagging)
+
+    def forget(self, job: str, rank: int) -> None:
+        """Drop a rank's state (its job ended here)."""
+        with self._cond:
+            self._ranks.pop((job, rank), None)
+
+    # --- the lane ----------------------------------------------------------------------
+
+    def _backup(self, job: str, rank: int) -> tuple[str | None, tuple[str, int] | None]:
+        now = time.monotonic()
+        cached = self._groups.get((job, rank))
+        if cached is None or now - cached[0] > 1.0:
+            cached = self._groups[(job, rank)] = (now, self._group_of(job, rank))
+        if now - self._peers[0] > 1.0:
+            self._peers = (now, self._peers_of())
+        targets = decide.replica_targets(cached[1], self.node, 1)
+        if not targets:
+            return None, None
+        return targets[0], self._peers[1].get(targets[0])
+
+    def _call(self, target: str, address: tuple[str, int], header: dict[str, object],
+              body: bytes = b"") -> dict[str, Any]:
+        for attempt in (1, 2):
+            client = self._clients.get(target)
+            try:
+                if client is None or client.address != address:
+                    if client is not None:
+                        client.close()
+                    client = self._clients[target] = TransferClient(
+                        self._key, self.node, address, limiter=self.limiter)
+                reply, _ = client.call(header, body)
+                return reply
+            except TransferError:
+                self._clients.pop(target, None)
+                if client is not None:
+                    client.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _sync(self, job: str, rank: int) -> None:
+        with self._cond:
+            st = self._state(job, rank)
+            st.queued = False
+            backed, known = st.backed, st.target
+        target, address = self._backup(job, rank)
+        if target is None:
+            with self._cond:
+                st.no_backup, st.target = True, None
+                self._cond.notify_all()
+            return
+        if address is None:
+            return  # the backup is down: commits wait, the coordinator repairs the group
+        try:
+            if target != known:
+                reply = self._call(target, address, {"op": "log_have", "job": job,
+                                                      "rank": rank})
+                listed = reply.get("segments")
+                have = {n for n in listed if type(n) is int} if isinstance(listed, list) \
+                    else set()
+                backed = 0
+            else:
+                have = set()
+            segs = self.logs.segments(job, rank)
+            for n in segs:
+                if n <= backed or n in have:
+                    continue
+                data = self.logs.segment(job, rank, n)
+                if data:  # empty: trimmed meanwhile, its records can never be asked for
+                    self._call(target, address, {"op": "log_put", "job": job, "rank": rank,
+                                                 "seg": n}, data)
+                    self.stats.segments += 1
+                    self.stats.bytes += len(data)
+        except TransferError as exc:
+            self.stats.failures += 1
+            log.warning("job %s rank %d: log copy to %s failed: %s", job, rank, target, exc)
+            with self._cond:
+                st.target = None  # ask the backup what it holds on the next pass
+            return
+        with self._cond:
+            st.no_backup, st.target = False, target
+            # Only what was stored when this pass listed the segments is known backed.
+            st.backed = max(st.backed if known == target else 0, max(segs, default=0))
+            if st.appended > st.backed and not st.queued:
+                st.queued = True
+                self._queue.put(lambda: self._sync(job, rank))
+            self._cond.notify_all()
+
+    # --- reads and trims -------------------------------------------------------------------
+
+    def read(self, job: str, rank: int) -> bytes:
+        """A rank's log segments: this node's, else pulled from its group (a rank restored
+        on a spare reloads its log from the log backup)."""
+        if self.logs.segments(job, rank):
+            return self.logs.read(job, rank)
+        group = self._group_of(job, rank)
+        peers = self._peers_of()
+        for holder in [m for m in (group.log_backup, group.primary, *group.ckpt_mirrors)
+                       if m] if group else []:
+            if holder == self.node or holder not in peers:
+                continue
+            try:
+                with TransferClient(self._key, self.node, peers[holder],
+                                    limiter=self.limiter) as c:
+                    reply, body = c.call({"op": "log_get", "job": job, "rank": rank})
+            except TransferError as exc:
+                log.warning("log of job %s rank %d from %s: %s", job, rank, holder, exc)
+                continue
+            pos = 0
+            for n, size in reply.get("segments") or []:
+                self.logs.append(job, rank, bytes(body[pos:pos + size]), number=int(n))
+                pos += size
+            with self._cond:
+                st = self._state(job, rank)
+                st.appended = max(st.appended, max(self.logs.segments(job, rank), default=0))
+            return self.logs.read(job, rank)
+        return b""
+
+    def trim(self, job: str, rank: int, floors: dict[int, int]) -> int:
+        """Drop segments the floors cover, here and (in the lane, after the copies queued
+        before it) on the log backup."""
+        n = self.logs.trim(job, rank, floors)
+        body = {str(k): v for k, v in floors.items()}
+
+        def remote() -> None:
+            target, address = self._backup(job, rank)
+            if target is not None and address is not None:
+                with contextlib.suppress(TransferError):
+                    self._call(target, address, {"op": "log_trim", "job": job, "rank": rank,
+                                                 "floors": body})
+        self._queue.put(remote)
+        return n

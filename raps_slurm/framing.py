@@ -1,0 +1,312 @@
+"""Length-prefixed frames over a stream socket: the project's one framing module.
+
+A frame is a 4-byte big-endian length N (1..``max_size``) and N bytes. With a
+:class:`FrameMac` the last :data:`TAG_SIZE` of those bytes are an HMAC-SHA256 over an
+8-byte sequence number and the body; each side counts its frames, so a frame replayed,
+dropped or reordered by someone on the path fails the check like a forged one.
+
+Reading has two limits: how long to wait for a frame to begin (``idle_timeout``, None
+waits for ever: a quiet peer is not an error) and how long the whole frame may take once
+its first byte arrived (``frame_timeout``). The second is a deadline, not a per-``recv``
+timeout: a peer that trickles one byte a second (slow loris) still runs out of time.
+
+Every failure is a :class:`FrameError` whose ``kind`` says what happened (``closed``,
+``truncated``, ``oversized``, ``empty``, ``timeout``, ``mac``); after one the stream is
+unusable and the caller closes it. Only the standard library is imported at load time:
+a rank's supervisor loads this before anything else (``blake3`` is imported by the one
+MAC that uses it, when it is made).
+
+Streams with many frames (rank-to-rank messages) use :class:`FrameReader`, which reads
+through one buffer (many small frames per ``recv``, a large one straight into its own
+buffer once its length passed the cap) and :func:`send_parts`, which writes header, body
+parts and tag with one ``sendmsg`` and copies nothing. Their MAC is keyed blake3
+(``FrameMac(key, algo="blake3")``): several GB/s where HMAC-SHA256 costs a second per
+copied GiB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import socket
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from raps_slurm.errors import RapsError
+
+HEADER = struct.Struct(">I")
+TAG_SIZE = 32  # HMAC-SHA256
+MAX_FRAME = 1 << 20
+_SEQ = struct.Struct(">Q")
+
+
+class FrameError(RapsError):
+    """A frame could not be read or written; ``kind`` names why."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class FrameMac:
+    """One direction's keyed MAC: tags frames in order, checks them in order.
+
+    ``algo`` is ``hmac-sha256`` (key of 16 bytes or more) or ``blake3`` (keyed blake3,
+    a key of exactly 32 bytes); ``label`` is MAC'd before the sequence number, so the two
+    directions of one session key cannot be swapped."""
+
+    def __init__(self, key: bytes, algo: str = "hmac-sha256", label: bytes = b"") -> None:
+        if algo == "blake3":
+            if len(key) != 32:
+                raise ValueError(f"blake3 MAC key of {len(key)} bytes: exactly 32 are needed")
+            import blake3  # not at module load: supervisors import only the standard library
+
+            self._blake3: Any = blake3.blake3
+        elif algo == "hmac-sha256":
+            if len(key) < 16:
+                raise ValueError(f"MAC key of {len(key)} bytes: at least 16 are needed")
+            self._blake3 = None
+        else:
+            raise ValueError(f"MAC algorithm {algo!r}: expected hmac-sha256 or blake3")
+        self._key, self._label = key, label
+        self.seq = 0
+
+    def _start(self, seq: int) -> Any:
+        head = self._label + _SEQ.pack(seq)
+        if self._blake3 is not None:
+            return self._blake3(head, key=self._key)
+        return hmac.new(self._key, head, hashlib.sha256)
+
+    def _tag(self, seq: int, body: bytes | memoryview) -> bytes:
+        h = self._start(seq)
+        h.update(body)
+        return bytes(h.digest())
+
+    def tag_parts(self, parts: Sequence[bytes | memoryview]) -> bytes:
+        """The tag of the next sequence number over ``parts`` as one body (counts it)."""
+        h = self._start(self.seq)
+        for part in parts:
+            h.update(part)
+        self.seq += 1
+        return bytes(h.digest())
+
+    def seal(self, body: bytes) -> bytes:
+        """``body`` + the tag of the next sequence number."""
+        tag = self._tag(self.seq, body)
+        self.seq += 1
+        return body + tag
+
+    def check(self, payload: bytes | bytearray | memoryview) -> memoryview:
+        """The body of ``payload`` (a view) if its tag is the next sequence number's;
+        FrameError (kind ``mac``) otherwise, and the count does not move."""
+        if len(payload) < TAG_SIZE:
+            raise FrameError("mac", f"frame of {len(payload)} bytes is shorter than its MAC")
+        view = memoryview(payload)
+        body, tag = view[:-TAG_SIZE], view[-TAG_SIZE:]
+        if not hmac.compare_digest(tag, self._tag(self.seq, body)):
+            raise FrameError("mac", f"frame {self.seq}: bad MAC (forged, replayed or "
+                             "reordered)")
+        self.seq += 1
+        return body
+
+    def open(self, payload: bytes) -> bytes:
+        """The body of ``payload`` if its tag is the next sequence number's; FrameError."""
+        return bytes(self.check(payload))
+
+
+def encode(body: bytes, *, mac: FrameMac | None = None, max_size: int = MAX_FRAME) -> bytes:
+    """One frame; FrameError (``empty``/``oversized``) if ``body`` does not fit."""
+    payload = mac.seal(body) if mac is not None else body
+    if not body and mac is None:
+        raise FrameError("empty", "empty frame")
+    if len(payload) > max_size:
+        raise FrameError("oversized", f"frame of {len(payload)} bytes: at most {max_size}")
+    return HEADER.pack(len(payload)) + payload
+
+
+def send_frame(sock: socket.socket, body: bytes, *, mac: FrameMac | None = None,
+               max_size: int = MAX_FRAME, timeout: float | None = 10.0) -> None:
+    """Write one frame within ``timeout`` seconds (None: blocking); FrameError."""
+    data = encode(body, mac=mac, max_size=max_size)
+    sock.settimeout(timeout)
+    try:
+        sock.sendall(data)
+    except TimeoutError:
+        raise FrameError("timeout", f"frame not sent within {timeout:g}s") from None
+    except OSError as exc:
+        raise FrameError("closed", f"send failed: {exc}") from None
+
+
+def _recv_into(sock: socket.socket, buf: bytearray, n: int, deadline: float | None,
+               what: str) -> None:
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FrameError("timeout", f"{what}: {len(buf)} of {n} bytes before the "
+                                 "deadline")
+            sock.settimeout(left)
+        else:
+            sock.settimeout(None)
+        try:
+            got = sock.recv(min(n - len(buf), 65536))
+        except TimeoutError:
+            raise FrameError("timeout", f"{what}: {len(buf)} of {n} bytes before the "
+                             "deadline") from None
+        except OSError as exc:
+            raise FrameError("closed", f"{what}: {exc}") from None
+        if not got:
+            if not buf and what == "header":
+                raise FrameError("closed", "connection closed by the peer")
+            raise FrameError("truncated", f"{what}: connection closed after {len(buf)} of "
+                             f"{n} bytes")
+        buf += got
+
+
+def read_frame(sock: socket.socket, *, frame_timeout: float, idle_timeout: float | None = None,
+               mac: FrameMac | None = None, max_size: int = MAX_FRAME) -> bytes:
+    """The next frame's body (MAC checked and removed when ``mac`` is given).
+
+    Waits up to ``idle_timeout`` for its first byte (None: for ever), then at most
+    ``frame_timeout`` for the rest of it; a length above ``max_size`` is refused before
+    anything is read past the header."""
+    buf = bytearray()
+    if idle_timeout is not None:
+        _recv_into(sock, buf, 1, time.monotonic() + idle_timeout, "header")
+    else:
+        _recv_into(sock, buf, 1, None, "header")
+    deadline = time.monotonic() + frame_timeout
+    _recv_into(sock, buf, HEADER.size, deadline, "header")
+    (n,) = HEADER.unpack(bytes(buf))
+    if n == 0:
+        raise FrameError("empty", "empty frame")
+    if n > max_size:
+        raise FrameError("oversized", f"frame length {n}: at most {max_size}")
+    body = bytearray()
+    _recv_into(sock, body, n, deadline, "body")
+    return mac.open(bytes(body)) if mac is not None else bytes(body)
+
+
+def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], *,
+               mac: FrameMac | None = None, max_size: int = MAX_FRAME) -> None:
+    """Write one frame whose body is ``parts`` joined, with one ``sendmsg`` per kernel
+    buffer and no copy; the socket keeps its mode (blocking or its timeout).
+
+    FrameError ``empty``/``oversized`` before anything is written; ``timeout``/``closed``
+    if the write fails (the stream is then unusable)."""
+    body = [v for v in (memoryview(p).cast("B") for p in parts) if v.nbytes]
+    n = sum(v.nbytes for v in body) + (TAG_SIZE if mac is not None else 0)
+    if n == 0:
+        raise FrameError("empty", "empty frame")
+    if n > max_size:
+        raise FrameError("oversized", f"frame of {n} bytes: at most {max_size}")
+    views = [memoryview(HEADER.pack(n)), *body]
+    if mac is not None:
+        views.append(memoryview(mac.tag_parts(body)))
+    try:
+        while views:
+            sent = sock.sendmsg(views)
+            while views and sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            if views and sent:
+                views[0] = views[0][sent:]
+    except TimeoutError:
+        raise FrameError("timeout", "frame not sent within the socket's timeout") from None
+    except OSError as exc:
+        raise FrameError("closed", f"send failed: {exc}") from None
+
+
+class FrameReader:
+    """Reads the frames of one stream through a buffer (see the module docstring).
+
+    ``max_size``, ``mac`` and ``frame_timeout`` may change between frames (a handshake
+    in plain small frames, then MAC'd ones): bytes already buffered stay. The deadline of
+    a frame is ``frame_timeout`` plus its length over ``min_rate`` bytes/s (0: no
+    allowance), counted from its first byte."""
+
+    def __init__(self, sock: socket.socket, *, max_size: int = MAX_FRAME,
+                 frame_timeout: float = 10.0, min_rate: float = 0.0,
+                 mac: FrameMac | None = None, buffer_size: int = 256 << 10) -> None:
+        self.sock, self.max_size, self.mac = sock, max_size, mac
+        self.frame_timeout, self.min_rate = frame_timeout, min_rate
+        self._buf = bytearray(buffer_size)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+        self._timeout: float | None = -1.0  # the socket's, as last set here
+
+    def _settimeout(self, value: float | None) -> None:
+        if value != self._timeout:  # each change is a syscall: only when it changes
+            self.sock.settimeout(value)
+            self._timeout = value
+
+    def _recv(self, into: memoryview, deadline: float | None, what: str, have: int,
+              want: int) -> int:
+        if deadline is None:
+            self._settimeout(None)
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FrameError("timeout", f"{what}: {have} of {want} bytes before the "
+                                 "deadline")
+            self._settimeout(left)
+        try:
+            got = self.sock.recv_into(into)
+        except TimeoutError:
+            raise FrameError("timeout", f"{what}: {have} of {want} bytes before the "
+                             "deadline") from None
+        except OSError as exc:
+            raise FrameError("closed", f"{what}: {exc}") from None
+        if not got:
+            if have == 0 and what == "header":
+                raise FrameError("closed", "connection closed by the peer")
+            raise FrameError("truncated", f"{what}: connection closed after {have} of "
+                             f"{want} bytes")
+        return got
+
+    def _fill(self, n: int, deadline: float | None, what: str) -> None:
+        """At least ``n`` (<= the buffer) bytes buffered."""
+        if self._end - self._start >= n:
+            return
+        if self._start + n > len(self._buf):  # move what is left to the front
+            left = self._end - self._start
+            self._buf[:left] = self._buf[self._start:self._end]
+            self._start, self._end = 0, left
+        while self._end - self._start < n:
+            self._end += self._recv(self._view[self._end:], deadline, what,
+                                    self._end - self._start, n)
+
+    def read(self, idle_timeout: float | None = None) -> memoryview:
+        """The next frame's body (MAC checked and cut off), valid until the next read.
+
+        Waits up to ``idle_timeout`` for its first byte (None: for ever); a length above
+        ``max_size`` is refused before anything past the header is read or allocated."""
+        if self._end == self._start:
+            self._fill(1, None if idle_timeout is None else time.monotonic() + idle_timeout,
+                       "header")
+        deadline = time.monotonic() + self.frame_timeout
+        self._fill(HEADER.size, deadline, "header")
+        (n,) = HEADER.unpack_from(self._buf, self._start)
+        if n == 0:
+            raise FrameError("empty", "empty frame")
+        if n > self.max_size:
+            raise FrameError("oversized", f"frame length {n}: at most {self.max_size}")
+        self._start += HEADER.size
+        if self.min_rate > 0:
+            deadline += n / self.min_rate
+        if n <= len(self._buf):
+            self._fill(n, deadline, "body")
+            payload = self._view[self._start:self._start + n]
+            self._start += n
+        else:  # larger than the buffer: its own, of the length just checked
+            big = bytearray(n)
+            view = memoryview(big)
+            got = self._end - self._start
+            view[:got] = self._view[self._start:self._end]
+            self._start = self._end = 0
+            while got < n:
+                got += self._recv(view[got:], deadline, "body", got, n)
+            payload = view
+        return self.mac.check(payload) if self.mac is not None else payload

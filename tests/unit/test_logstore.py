@@ -1,0 +1,55 @@
+"""The message-log segment store on a local directory: numbering by epoch, refused
+collisions, trims that keep the numbering's high mark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raps_slurm.checkpoint.logstore import LogStore, LogStoreError
+from raps_slurm.runtime.msglog import Entry, checksum
+
+
+def seg(dst: int, *seqs: int) -> bytes:
+    out = []
+    for seq in seqs:
+        body = b"m%d" % seq
+        out.extend(bytes(p) for p in Entry(dst, seq, 1, len(body), checksum(body), False,
+                                           body).record(with_body=True))
+    return b"".join(out)
+
+
+def test_numbers_grow_within_and_across_epochs(tmp_path: Path) -> None:
+    logs = LogStore(tmp_path)
+    assert logs.append("7", 0, seg(1, 1)) == 1
+    assert logs.append("7", 0, seg(1, 2), epoch=3) == (3 << 32) + 1
+    assert logs.append("7", 0, seg(1, 3), epoch=3) == (3 << 32) + 2
+    # an older epoch still flushing (fenced, not yet stopped) numbers above everything here
+    assert logs.append("7", 0, seg(1, 4), epoch=2) == (3 << 32) + 3
+    assert logs.segments("7", 0) == [1, (3 << 32) + 1, (3 << 32) + 2, (3 << 32) + 3]
+
+
+def test_a_copy_with_other_bytes_under_an_existing_number_is_refused(tmp_path: Path) -> None:
+    logs = LogStore(tmp_path)
+    logs.append("7", 0, seg(1, 1, 2), number=5)
+    assert logs.append("7", 0, seg(1, 1, 2), number=5) == 5  # the same copy again: kept
+    with pytest.raises(LogStoreError, match="segment 5 of rank 0 of job 7 is already stored "
+                                            "with other bytes"):
+        logs.append("7", 0, seg(1, 1, 3), number=5)
+    assert logs.segment("7", 0, 5) == seg(1, 1, 2)
+
+
+def test_trim_keeps_the_newest_segment_so_numbers_never_restart(tmp_path: Path) -> None:
+    logs = LogStore(tmp_path)
+    for s in range(1, 5):
+        logs.append("7", 0, seg(1, s))
+    assert logs.trim("7", 0, {1: 10}) == 3
+    assert logs.segments("7", 0) == [4]
+    assert logs.append("7", 0, seg(1, 11)) == 5
+    assert logs.trim("7", 0, {1: 3}) == 0  # segment 4 holds seq 4, above the floor
+
+
+def test_a_malformed_segment_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(LogStoreError, match="malformed log segment"):
+        LogStore(tmp_path).append("7", 0, b"\x00" * 7)

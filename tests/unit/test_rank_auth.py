@@ -1,0 +1,324 @@
+"""Rank-to-rank traffic is authenticated with the job's key: the four attacks of a
+stranger (a HELLO with a far-future epoch, a duplicate seq with other bytes, COVERED
+seq 2^63, a header announcing 2 GiB) sent to real running ranks, raw and behind a
+handshake with a wrong key, are refused, counted, and change nothing in the job's result;
+a recorded handshake replayed fails; frames are checked one by one."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from raps_slurm import framing
+from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.runtime.context import Context, Settings
+from raps_slurm.runtime.ports import LocalPort
+from raps_slurm.runtime.transport import (
+    COVERED,
+    DATA,
+    HELLO,
+    PROTOCOL,
+    Auth,
+    Frame,
+    Listener,
+    encode,
+)
+
+PARAMS = CodecParams(avg_chunk_kb=4)
+SETTINGS = Settings(flush_ms=20, large_threshold=256, high_watermark=1 << 20,
+                    buffer_bytes=2 << 20, checkpoint_interval=1e9, max_generations=2,
+                    recv_timeout=30.0)
+HUGE_EPOCH = 1 << 62
+HELLO_BYTES = struct.Struct(f">{len(PROTOCOL)}s16sII")
+
+
+def attack_frames(src: int, dst: int) -> list[bytes]:
+    """The confirmed attacks, as frame bodies a stranger would send as rank ``src``."""
+    def body(*a: object, **kw: object) -> bytes:
+        return b"".join(bytes(p) for p in encode(*a, **kw))  # type: ignore[arg-type]
+    return [body(HELLO, src, dst, 0, HUGE_EPOCH),
+            body(DATA, src, dst, 1, HUGE_EPOCH, b"forged bytes, not what rank sent"),
+            body(COVERED, src, dst, 1 << 63, HUGE_EPOCH)]
+
+
+def two_gib_header() -> bytes:
+    return struct.pack(">I", (2 << 30) - 1) + struct.pack(">BIIQQII", DATA, 0, 1, 1, 1,
+                                                         (2 << 30) - 1, 0)
+
+
+def raw_attack(address: tuple[str, int], src: int, dst: int) -> None:
+    """Unauthenticated: the frames framed as the stream expects, no handshake at all,
+    then the 34-byte header of the old protocol announcing 2 GiB."""
+    for data in [struct.pack(">I", len(f)) + f for f in attack_frames(src, dst)] + [
+            two_gib_header(),
+            struct.pack(">BIIQQII", DATA, src, dst, 1, 1, (1 << 31), 0)]:
+        _send_and_close(address, data)
+
+
+def wrong_key_attack(address: tuple[str, int], src: int, dst: int) -> None:
+    """A peer that speaks the handshake with a key of its own, then sends the frames
+    MAC'd with the session key it would have had."""
+    bad = Auth(os.urandom(32), src)
+    with socket.create_connection(address, timeout=10) as s:
+        nc = os.urandom(16)
+        framing.send_parts(s, [HELLO_BYTES.pack(PROTOCOL, nc, src, dst)])
+        answer = bytes(framing.FrameReader(s, max_size=64).read(idle_timeout=10))
+        ns = answer[:16]
+        framing.send_parts(s, [bad.proof(b"c", nc, ns, src, dst)])
+        mac = framing.FrameMac(bad.proof(b"k", nc, ns, src, dst), "blake3", b"c")
+        try:
+            for f in attack_frames(src, dst):
+                framing.send_parts(s, [f], mac=mac)
+            s.sendall(struct.pack(">I", (2 << 30) - 1))
+            s.settimeout(10)
+            assert s.recv(1) == b""  # the rank closed the connection
+        except (OSError, framing.FrameError):
+            pass  # closed while we were still writing
+
+
+def _send_and_close(address: tuple[str, int], data: bytes) -> None:
+    with socket.create_connection(address, timeout=10) as s:
+        try:
+            s.sendall(data)
+            s.settimeout(10)
+            assert s.recv(1) == b""
+        except OSError:
+            pass
+
+
+def ring_rank(root: Path, rank: int, n: int, rounds: int, kill_at: int | None,
+              hook: list[Context]) -> bytes:
+    """Rank ``rank`` of a ring: each round send to the next, receive from the previous;
+    checkpoint every 3 rounds; the first incarnation dies at ``kill_at`` if set."""
+    epoch = 1
+    while True:
+        ctx = Context(LocalPort(root, "1", rank, epoch, PARAMS, max_generations=2),
+                      rank, n, epoch, SETTINGS)
+        hook.append(ctx)
+        restored = ctx.restore()
+        state, start = (hashlib.sha256(b"start").digest(), 0) if restored is None else (
+            bytes(restored["h"]), int(restored["round"][0]))
+        try:
+            for rnd in range(start, rounds):
+                if rnd == kill_at and epoch == 1:
+                    raise InterruptedError
+                ctx.send((rank + 1) % n, hashlib.sha256(state + bytes([rnd])).digest() * 8)
+                state = hashlib.sha256(state + ctx.recv((rank - 1) % n)).digest()
+                if (rnd + 1) % 3 == 0:
+                    import numpy as np
+                    ctx.checkpoint({"h": np.frombuffer(state, dtype=np.uint8).copy(),
+                                    "round": np.array([rnd + 1], dtype=np.int64)})
+                time.sleep(0.01)
+            ctx.finalize()
+            return state
+        except InterruptedError:
+            ctx.close()
+            epoch += 1
+
+
+def run_ring(root: Path, n: int = 4, rounds: int = 24, kill: tuple[int, int] | None = None,
+             attack: bool = False) -> tuple[list[bytes | BaseException], list[Context]]:
+    out: list[bytes | BaseException] = [b""] * n
+    contexts: list[Context] = []
+    stop = threading.Event()
+
+    def one(r: int) -> None:
+        try:
+            out[r] = ring_rank(root, r, n, rounds, kill[1] if kill and kill[0] == r else None,
+                               contexts)
+        except BaseException as exc:  # reported by the test
+            out[r] = exc
+
+    def attacker() -> None:
+        # Every live rank, again and again while the job runs, as a neighbour would be.
+        while not stop.is_set():
+            for ctx in list(contexts):
+                if stop.is_set():
+                    return
+                with _quiet():
+                    src = (ctx.rank - 1) % n
+                    raw_attack(ctx.listener.address, src, ctx.rank)
+                    wrong_key_attack(ctx.listener.address, src, ctx.rank)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(n)]
+    bad = threading.Thread(target=attacker)
+    for t in threads:
+        t.start()
+    if attack:
+        bad.start()
+    for t in threads:
+        t.join(120)
+    stop.set()
+    if attack:
+        bad.join(60)
+    return out, contexts
+
+
+class _quiet:
+    """A rank that just closed its listener refuses the connection: not our concern."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
+
+
+def test_four_attacks_on_running_ranks_change_nothing(tmp_path: Path) -> None:
+    clean, _ = run_ring(tmp_path / "clean", kill=(2, 10))
+    assert all(isinstance(x, bytes) for x in clean), clean
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    attacked, contexts = run_ring(tmp_path / "attacked", kill=(2, 10), attack=True)
+    assert attacked == clean
+    refused: dict[str, int] = {}
+    for ctx in contexts:
+        for kind, count in ctx.listener.auth.refusals().items():
+            refused[kind] = refused.get(kind, 0) + count
+    # raw frames fail the handshake (no hello, a 2 GiB length refused from 4 bytes);
+    # the wrong key fails its proof; nothing reached a rank's frame handling
+    assert refused.get("handshake", 0) >= 5 * len(contexts) // 2, refused
+    assert refused.get("authentication", 0) >= len(contexts) // 2, refused
+    assert set(refused) <= {"handshake", "authentication", "connections"}, refused
+    for ctx in contexts:  # no forged epoch was ever believed
+        assert all((p["peer_epoch"] or 0) < 10 for p in ctx.stats()["peers"].values())
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    assert grown_mib < 512, f"peak RSS grew by {grown_mib:.0f} MiB: a 2 GiB frame was allocated"
+
+
+@pytest.fixture
+def listener() -> tuple[Listener, list[Frame]]:
+    got: list[Frame] = []
+    lst = Listener("127.0.0.1", lambda f, cid: got.append(f), lambda cid: None,
+                   Auth(b"K" * 32, 1, max_message=1024))
+    yield lst, got  # type: ignore[misc]
+    lst.close()
+
+
+def wait_for(cond: object, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+class Recorder:
+    """A client socket that keeps every byte it sends."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.sock = socket.create_connection(address, timeout=10)
+        self.sent = bytearray()
+
+    def handshake(self, auth: Auth, src: int, dst: int) -> framing.FrameMac:
+        nc = os.urandom(16)
+        self.send(framing.HEADER.pack(HELLO_BYTES.size) + HELLO_BYTES.pack(PROTOCOL, nc, src,
+                                                                          dst))
+        answer = bytes(framing.FrameReader(self.sock, max_size=64).read(idle_timeout=10))
+        ns = answer[:16]
+        assert answer[16:] == auth.proof(b"s", nc, ns, src, dst)  # the listener holds it
+        proof = auth.proof(b"c", nc, ns, src, dst)
+        self.send(framing.HEADER.pack(len(proof)) + proof)
+        return framing.FrameMac(auth.proof(b"k", nc, ns, src, dst), "blake3", b"c")
+
+    def send(self, data: bytes) -> None:
+        self.sent += data
+        self.sock.sendall(data)
+
+
+def framed(body: list[bytes | memoryview], mac: framing.FrameMac) -> bytes:
+    tag = mac.tag_parts(body)
+    data = b"".join(bytes(p) for p in body) + tag
+    return framing.HEADER.pack(len(data)) + data
+
+
+def test_a_replayed_handshake_and_a_replayed_frame_are_refused(
+        listener: tuple[Listener, list[Frame]]) -> None:
+    lst, got = listener
+    auth = Auth(b"K" * 32, 0)
+    rec = Recorder(lst.address)
+    mac = rec.handshake(auth, 0, 1)
+    hello = framed(encode(HELLO, 0, 1, 0, 1), mac)
+    rec.send(hello)
+    rec.send(framed(encode(DATA, 0, 1, 1, 1, b"one"), mac))
+    wait_for(lambda: len(got) == 2)
+    # the same bytes again on a new connection: the listener's nonce is new, so the
+    # recorded proof is wrong for it
+    with socket.create_connection(lst.address, timeout=10) as s:
+        s.sendall(bytes(rec.sent))
+        s.settimeout(10)
+        with pytest.raises(OSError):
+            while s.recv(4096):
+                pass
+            raise ConnectionResetError
+    wait_for(lambda: lst.auth.refusals().get("authentication") == 1)
+    # a frame of this connection sent again: its number is past
+    rec.send(hello)
+    wait_for(lambda: lst.auth.refusals().get("mac") == 1)
+    assert [(f.kind, f.payload) for f in got] == [(HELLO, b""), (DATA, b"one")]
+    rec.sock.close()
+
+
+def test_frames_are_bound_to_the_authenticated_rank_and_the_bound(
+        listener: tuple[Listener, list[Frame]]) -> None:
+    lst, got = listener
+    auth = Auth(b"K" * 32, 0)
+    for frame_src, length, kind in ((2, 3, "frame"), (0, 1025, "oversized")):
+        rec = Recorder(lst.address)
+        mac = rec.handshake(auth, 0, 1)
+        if kind == "oversized":  # a header past the bound: refused before the body comes
+            rec.send(framing.HEADER.pack(38 + length + 32))
+        else:  # a frame claiming another source than the handshake's
+            rec.send(framed(encode(DATA, frame_src, 1, 1, 1, b"x" * length), mac))
+        wait_for(lambda k=kind: lst.auth.refusals().get(k) == 1)  # type: ignore[misc]
+        rec.sock.close()
+    assert got == []
+
+
+def test_a_listener_for_another_rank_or_key_is_not_connected_to(
+        listener: tuple[Listener, list[Frame]]) -> None:
+    lst, _ = listener
+    other = Listener("127.0.0.1", lambda f, c: None, lambda c: None, Auth(b"X" * 32, 0))
+    with pytest.raises(OSError, match="failed authentication"):
+        other.connect(lst.address, 1, 1)  # the listener cannot prove the key we hold
+    assert other.auth.refusals() == {"authentication": 1}
+    other.close()
+    good = Listener("127.0.0.1", lambda f, c: None, lambda c: None,
+                    Auth(b"K" * 32, 0, max_message=1024))
+    with pytest.raises(OSError, match="handshake"):  # this listener is rank 1, not 3
+        good.connect(lst.address, 1, 3)
+    wait_for(lambda: lst.auth.refusals() == {"handshake": 1})
+    out = good.connect(lst.address, 1, 1)
+    with pytest.raises(OSError, match="at most"):
+        out.send(encode(DATA, 0, 1, 1, 1, b"y" * 1025))  # refused here, nothing written
+    out.send(encode(HELLO, 0, 1, 0, 1))
+    out.close()
+    good.close()
+
+
+def test_a_send_over_the_bound_is_refused_before_it_is_logged(tmp_path: Path) -> None:
+    small = Settings(**{**SETTINGS.__dict__, "max_message": 1024})
+    ctx = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, small)
+    try:
+        with pytest.raises(ValueError, match="message of 1025 bytes: at most 1024"):
+            ctx.send(1, bytes(1025))
+        assert ctx.log.sent == {}
+    finally:
+        ctx.close()
+
+
+def test_the_local_key_is_made_once_and_private(tmp_path: Path) -> None:
+    a, b = LocalPort(tmp_path, "1", 0, 1), LocalPort(tmp_path, "1", 1, 1)
+    key = a.job_key()
+    assert len(key) == 32 and b.job_key() == key
+    assert (tmp_path / "job.key").stat().st_mode & 0o777 == 0o600
+    assert not list((tmp_path / "tmp").iterdir())
