@@ -1,0 +1,128 @@
+"""The ``MPI`` namespace of :mod:`raps_slurm.mpi`: what ``from mpi4py import MPI`` gives a
+program run with ``--mpi4py`` (docs/mpi.md lists what is supported). A name it does
+not have raises NotImplementedError naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from raps_slurm.mpi import world as _world
+from raps_slurm.mpi.collective import IN_PLACE, Intracomm
+from raps_slurm.mpi.comm import COMM_NULL, UNDEFINED, Comm, Exception, Request, Status
+from raps_slurm.mpi.engine import ANY_SOURCE, ANY_TAG, PROC_NULL
+from raps_slurm.mpi.types import OPS, TYPES, Datatype, Op, unsupported
+
+__all__ = ["ANY_SOURCE", "ANY_TAG", "COMM_NULL", "COMM_SELF", "COMM_WORLD", "IN_PLACE",
+           "PROC_NULL", "REQUEST_NULL", "UNDEFINED", "Abort", "Comm", "Datatype",
+           "Exception", "Finalize", "Init", "Intracomm", "Op", "Request", "Status", "Wtime"]
+
+
+class _SelfComm(Intracomm):
+    def _members(self) -> list[int]:
+        return [_world.world().rank]
+
+
+COMM_WORLD = Intracomm(0, None, "MPI_COMM_WORLD")
+COMM_SELF = _SelfComm(2, None, "MPI_COMM_SELF")
+REQUEST_NULL = Request(None)
+SUCCESS, ERR_OTHER = 0, 16
+THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
+MAX_PROCESSOR_NAME = 256
+VERSION, SUBVERSION = 3, 1
+
+globals().update(TYPES)
+globals().update(OPS)
+_START = time.time()
+
+
+def Wtime() -> float:
+    """Seconds of wall-clock time."""
+    return time.time()
+
+
+def Wtick() -> float:
+    """Resolution of :func:`Wtime`."""
+    return time.get_clock_info("time").resolution
+
+
+def Init() -> None:
+    """Start the world (it also starts on first use)."""
+    _world.world()
+
+
+def Init_thread(required: int = THREAD_MULTIPLE) -> int:
+    """Start the world; one application thread may call MPI at a time."""
+    _world.world()
+    return THREAD_SERIALIZED
+
+
+def Query_thread() -> int:
+    """The thread level: serialized."""
+    return THREAD_SERIALIZED
+
+
+def Is_thread_main() -> bool:
+    """Whether this is the main thread."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def Is_initialized() -> bool:
+    """Whether the world has started."""
+    return _world.started()
+
+
+def Is_finalized() -> bool:
+    """Whether Finalize has run."""
+    return _world.started() and _world.world().finalized
+
+
+def Finalize() -> None:
+    """Wait until every rank is done (they may still need this rank's log), then close."""
+    if _world.started():
+        _world.world().finalize()
+
+
+def Abort(errorcode: int = 1) -> None:
+    """End this rank at once with ``errorcode``. Under the local launcher the whole job
+    ends (a marker tells it not to relaunch the rank and to stop the others)."""
+    rank = _world.world().rank if _world.started() else os.environ.get("RAPS_RANK", "?")
+    print(f"raps_slurm.mpi: Abort({errorcode}) on rank {rank}", file=sys.stderr, flush=True)
+    root = os.environ.get("RAPS_LOCAL_DIR")
+    if root:
+        from raps_slurm.runtime.local import ABORT_FILE
+
+        try:
+            with open(os.path.join(root, ABORT_FILE), "a") as f:
+                f.write(f"{rank} {errorcode}\n")
+        except OSError as exc:  # the rank still ends; the launcher may relaunch it
+            print(f"raps_slurm.mpi: Abort could not tell the launcher: {exc}",
+                  file=sys.stderr, flush=True)
+    os._exit(errorcode or 1)
+
+
+def Get_processor_name() -> str:
+    """This host's name."""
+    return socket.gethostname()
+
+
+def Get_version() -> tuple[int, int]:
+    """The MPI standard version the API follows."""
+    return VERSION, SUBVERSION
+
+
+def Get_library_version() -> str:
+    """This library."""
+    return "raps_slurm.mpi (mpi4py-compatible API on the RAPS logged runtime)"
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    raise unsupported(f"MPI.{name}")

@@ -1,0 +1,321 @@
+"""Collectives of :mod:`raps_slurm.mpi` on fixed trees, and communicator creation.
+
+Every collective runs over the communicator's collective context (``id + 1``: a
+program's point-to-point messages never match them) as point-to-point messages with
+named sources, so none of them takes a timing-dependent decision. Broadcasts and
+reductions use a binomial tree rooted at ``root`` (reductions: each node combines its
+own partial result with its children's in increasing order, ``own op child``), gathers
+and scatters go straight between the root and each rank in rank order; ``allreduce`` is
+a reduce to rank 0 and a broadcast, ``allgather`` a gather to 0 and a broadcast. The
+order of every floating-point operation is therefore fixed by the communicator's size
+alone: a replay computes bit-identical results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from raps_slurm.mpi.comm import COMM_NULL, UNDEFINED, Comm, Exception
+from raps_slurm.mpi.engine import RAW
+from raps_slurm.mpi.types import OPS, Buffer, Op, as_buffer
+
+
+class _InPlace:
+    def __repr__(self) -> str:
+        return "<MPI.IN_PLACE>"
+
+
+IN_PLACE: Any = _InPlace()
+SUM = OPS["SUM"]
+T_BCAST, T_REDUCE, T_GATHER, T_SCATTER, T_ALLTOALL = 1, 2, 3, 4, 5
+
+
+def derived_id(parent: int, n: int, color: int) -> int:
+    """The context id of the ``n``-th communicator made from ``parent`` (with ``color``):
+    the same on every member, even, never 0-3 (the world's and self's)."""
+    h = hashlib.blake2b(f"{parent}/{n}/{color}".encode(), digest_size=8).digest()
+    return (int.from_bytes(h, "big") & ~1) | 4
+
+
+def _dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=5)
+
+
+class Intracomm(Comm):
+    """A communicator with collectives (``COMM_WORLD`` is one)."""
+
+    # --- plumbing --------------------------------------------------------------------
+
+    def _csend(self, dst: int, data: bytes | memoryview, tag: int) -> None:
+        w = self._w
+        w.engine.send(self._world_rank(dst, "rank"), self._ctx_id + 1, tag, RAW, data)
+
+    def _crecv(self, src: int, tag: int) -> bytes:
+        w = self._w
+        r = w.engine.post(self._ctx_id + 1, self._world_rank(src, "rank"), tag)
+        return w.engine.wait(r).data
+
+    def _enter(self, call: str) -> tuple[int, int]:
+        self._w.check_may_communicate(call)
+        return self.Get_rank(), self.Get_size()
+
+    def _bcast_bytes(self, data: bytes | None, root: int) -> bytes:
+        """Binomial-tree broadcast of bytes from ``root``."""
+        me, n = self.Get_rank(), self.Get_size()
+        vr = (me - root) % n
+        mask = 1
+        while mask < n:
+            if vr & mask:
+                data = self._crecv((vr - mask + root) % n, T_BCAST)
+                break
+            mask <<= 1
+        mask >>= 1
+        assert data is not None
+        while mask > 0:
+            if vr + mask < n:
+                self._csend((vr + mask + root) % n, data, T_BCAST)
+            mask >>= 1
+        return data
+
+    def _reduce_tree(self, value: Any, combine: Callable[[Any, Any], Any],
+                     pack: Callable[[Any], bytes | memoryview],
+                     unpack: Callable[[bytes], Any], root: int) -> Any:
+        """Binomial-tree reduction to ``root`` (``own op child``, children in increasing
+        order); the result at the root, None elsewhere."""
+        me, n = self.Get_rank(), self.Get_size()
+        vr = (me - root) % n
+        mask = 1
+        while mask < n:
+            if vr & mask:
+                self._csend((vr - mask + root) % n, pack(value), T_REDUCE)
+                return None
+            if vr + mask < n:
+                value = combine(value, unpack(self._crecv((vr + mask + root) % n, T_REDUCE)))
+            mask <<= 1
+        return value
+
+    # --- object collectives ----------------------------------------------------------
+
+    def barrier(self) -> None:
+        """Wait until every rank has entered."""
+        self._enter("barrier")
+        self._reduce_tree(None, lambda a, b: None, lambda _: b"", lambda _: None, 0)
+        self._bcast_bytes(b"", 0)
+
+    Barrier = barrier
+
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
+        """``root``'s object on every rank."""
+        me, _ = self._enter("bcast")
+        return pickle.loads(self._bcast_bytes(_dumps(obj) if me == root else None, root))
+
+    def reduce(self, sendobj: Any, op: Op = SUM, root: int = 0) -> Any:
+        """The reduction at ``root`` (None elsewhere)."""
+        self._enter("reduce")
+        return self._reduce_tree(sendobj, op, _dumps, pickle.loads, root)
+
+    def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
+        """The reduction on every rank."""
+        me, _ = self._enter("allreduce")
+        got = self._reduce_tree(sendobj, op, _dumps, pickle.loads, 0)
+        return pickle.loads(self._bcast_bytes(_dumps(got) if me == 0 else None, 0))
+
+    def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
+        """Every rank's object, in rank order, at ``root``."""
+        me, n = self._enter("gather")
+        if me != root:
+            self._csend(root, _dumps(sendobj), T_GATHER)
+            return None
+        return [sendobj if r == root else pickle.loads(self._crecv(r, T_GATHER))
+                for r in range(n)]
+
+    def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
+        """Item ``rank`` of ``root``'s sequence."""
+        me, n = self._enter("scatter")
+        if me != root:
+            return pickle.loads(self._crecv(root, T_SCATTER))
+        items = list(sendobj) if sendobj is not None else []
+        if len(items) != n:
+            raise ValueError(f"scatter: {len(items)} items for {n} ranks")
+        for r in range(n):
+            if r != root:
+                self._csend(r, _dumps(items[r]), T_SCATTER)
+        return items[root]
+
+    def allgather(self, sendobj: Any) -> list[Any]:
+        """Every rank's object, in rank order, on every rank."""
+        me, _ = self._enter("allgather")
+        got = self.gather(sendobj, 0)
+        return list(pickle.loads(self._bcast_bytes(_dumps(got) if me == 0 else None, 0)))
+
+    def alltoall(self, sendobj: Any) -> list[Any]:
+        """Item ``j`` of rank ``i``'s sequence becomes item ``i`` on rank ``j``."""
+        me, n = self._enter("alltoall")
+        items = list(sendobj)
+        if len(items) != n:
+            raise ValueError(f"alltoall: {len(items)} items for {n} ranks")
+        for r in range(n):
+            if r != me:
+                self._csend(r, _dumps(items[r]), T_ALLTOALL)
+        return [items[me] if r == me else pickle.loads(self._crecv(r, T_ALLTOALL))
+                for r in range(n)]
+
+    # --- buffer collectives ----------------------------------------------------------
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:
+        """``root``'s buffer into every rank's."""
+        me, _ = self._enter("Bcast")
+        b = as_buffer(buf, "Bcast")
+        data = self._bcast_bytes(bytes(b.raw()) if me == root else None, root)
+        if me != root:
+            _fill(b, data, "Bcast")
+
+    def _reduce_arrays(self, sendbuf: Any, recvbuf: Any, op: Op, root: int, call: str
+                       ) -> tuple[np.ndarray[Any, Any] | None, Buffer | None]:
+        me, _ = self._enter(call)
+        rb = as_buffer(recvbuf, call) if recvbuf is not None and (me == root or root < 0) \
+            else None
+        if sendbuf is IN_PLACE:
+            if rb is None:
+                raise ValueError(f"{call}: IN_PLACE needs the receive buffer")
+            mine = np.array(rb.array, copy=True)
+        else:
+            mine = np.array(as_buffer(sendbuf, call).array, copy=True)
+        dtype = mine.dtype
+        got = self._reduce_tree(mine, op.apply, lambda a: a.tobytes(),
+                                lambda d: np.frombuffer(d, dtype=dtype), max(root, 0))
+        return got, rb
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0
+               ) -> None:
+        """Element-wise reduction into ``root``'s ``recvbuf`` (IN_PLACE at the root)."""
+        got, rb = self._reduce_arrays(sendbuf, recvbuf, op, root, "Reduce")
+        if got is not None and rb is not None:
+            _fill(rb, got.tobytes(), "Reduce")
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        """Element-wise reduction into every rank's ``recvbuf`` (IN_PLACE allowed)."""
+        got, rb = self._reduce_arrays(sendbuf, recvbuf, op, -1, "Allreduce")
+        assert rb is not None
+        data = self._bcast_bytes(got.tobytes() if got is not None else None, 0)
+        _fill(rb, data, "Allreduce")
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """Every rank's buffer into block ``rank`` of ``root``'s ``recvbuf``."""
+        me, n = self._enter("Gather")
+        if me != root:
+            self._csend(root, as_buffer(sendbuf, "Gather").raw(), T_GATHER)
+            return
+        blocks = _blocks(as_buffer(recvbuf, "Gather"), n, "Gather")
+        for r in range(n):
+            if r == root:
+                if sendbuf is not IN_PLACE:
+                    blocks[r][:] = as_buffer(sendbuf, "Gather").raw()
+            else:
+                _put(blocks[r], self._crecv(r, T_GATHER), "Gather")
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        """Block ``rank`` of ``root``'s ``sendbuf`` into every rank's ``recvbuf``."""
+        me, n = self._enter("Scatter")
+        if me != root:
+            _fill(as_buffer(recvbuf, "Scatter"), self._crecv(root, T_SCATTER), "Scatter")
+            return
+        blocks = _blocks(as_buffer(sendbuf, "Scatter"), n, "Scatter")
+        for r in range(n):
+            if r != root:
+                self._csend(r, bytes(blocks[r]), T_SCATTER)
+        if recvbuf is not IN_PLACE:
+            _fill(as_buffer(recvbuf, "Scatter"), bytes(blocks[root]), "Scatter")
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Every rank's buffer into block ``rank`` of every ``recvbuf`` (IN_PLACE: the
+        block is already there)."""
+        me, n = self._enter("Allgather")
+        rb = as_buffer(recvbuf, "Allgather")
+        blocks = _blocks(rb, n, "Allgather")
+        if sendbuf is IN_PLACE:
+            sendbuf = np.array(np.frombuffer(blocks[me], dtype=rb.datatype.dtype), copy=True)
+        self.Gather(sendbuf, recvbuf, 0)
+        data = self._bcast_bytes(bytes(rb.raw()) if me == 0 else None, 0)
+        if me != 0:
+            _fill(rb, data, "Allgather")
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        """Block ``j`` of rank ``i``'s ``sendbuf`` into block ``i`` of rank ``j``'s
+        ``recvbuf`` (IN_PLACE: ``recvbuf`` holds what to send)."""
+        me, n = self._enter("Alltoall")
+        rb = as_buffer(recvbuf, "Alltoall")
+        src = bytes(rb.raw()) if sendbuf is IN_PLACE else bytes(as_buffer(sendbuf, "Alltoall")
+                                                                 .raw())
+        step = len(src) // n
+        out = _blocks(rb, n, "Alltoall")
+        for r in range(n):
+            if r != me:
+                self._csend(r, src[r * step:(r + 1) * step], T_ALLTOALL)
+        for r in range(n):
+            _put(out[r], src[me * step:(me + 1) * step] if r == me else
+                 self._crecv(r, T_ALLTOALL), "Alltoall")
+
+    # --- communicators ---------------------------------------------------------------
+
+    def _derive(self, color: int, key: int, call: str) -> Any:
+        w = self._w
+        n = w.children.get(self._ctx_id, 0)
+        w.children[self._ctx_id] = n + 1
+        if w.replaying_setup():
+            if w.created >= len(w.saved_comms):
+                raise RuntimeError(f"{call}: this rank was restored from a checkpoint; call "
+                                   "raps_slurm.mpi.restore() before creating communicators "
+                                   "its checkpoint does not know")
+            ctx_id, ranks = w.saved_comms[w.created]
+            w.created += 1
+            return Intracomm(ctx_id, ranks) if ranks is not None else COMM_NULL
+        members: list[int] | None
+        if call == "Dup":
+            members = list(self._members())
+        else:
+            pairs = self.allgather((color, key))
+            if color == UNDEFINED:
+                members = None
+            else:
+                mine = sorted((k, r) for r, (c, k) in enumerate(pairs) if c == color)
+                members = [self._world_rank(r, "rank") for _, r in mine]
+        ctx_id = derived_id(self._ctx_id, n, color)
+        w.saved_comms.append((ctx_id, members))
+        w.created += 1
+        return Intracomm(ctx_id, members) if members is not None else COMM_NULL
+
+    def Dup(self, info: Any = None) -> Intracomm:
+        """Same ranks, a message space of its own (no communication needed)."""
+        return self._derive(-3, 0, "Dup")  # type: ignore[no-any-return]
+
+    Clone = Dup
+
+    def Split(self, color: int = 0, key: int = 0) -> Any:
+        """Ranks with the same ``color`` in a new communicator, ordered by ``key`` then
+        rank; ``UNDEFINED`` gets ``COMM_NULL``."""
+        return self._derive(color, key, "Split")
+
+
+def _blocks(b: Buffer, n: int, call: str) -> list[memoryview]:
+    raw = b.raw()
+    if len(raw) % n:
+        raise ValueError(f"{call}: a buffer of {len(raw)} bytes does not split into {n} "
+                         "equal blocks")
+    step = len(raw) // n
+    return [raw[i * step:(i + 1) * step] for i in range(n)]
+
+
+def _put(block: memoryview, data: bytes, call: str) -> None:
+    if len(data) > len(block):
+        raise Exception(f"{call}: message truncated: {len(data)} bytes into {len(block)}")
+    block[:len(data)] = data
+
+
+def _fill(b: Buffer, data: bytes, call: str) -> None:
+    _put(b.raw(), data, call)

@@ -1,0 +1,126 @@
+"""mpi4py programs run unchanged under Open MPI (Debian's ``mpirun`` and python3-mpi4py,
+installed by scripts/test.sh) and under RAPS (the local launcher with ``--mpi4py``): the
+outputs are equal, bit for bit where the program fixes the order of its floating-point
+operations, to rounding where MPI chooses it. Under RAPS the programs that checkpoint
+also lose a rank (a worker, and separately the master: ``--die``) and still print the
+failure-free result, from their last checkpoint and, with none (as an unmodified program),
+from the start; an ``Abort`` ends the job under both."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RANKS = 3
+# Debian's mpi4py is built for the system Python; mpirun runs as root here only when
+# told to, and with more ranks than cores only when allowed to oversubscribe.
+SYSTEM_PYTHON = "/usr/bin/python3"
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp",
+          "-n", str(RANKS)]
+LOCAL = [sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(RANKS), "--mpi4py"]
+
+# program, its arguments, and the crashes it must survive under RAPS: the arguments
+# added (--die RANK:WHEN, and --every N to checkpoint seldom or never)
+NEVER = ["--every", "1000000"]  # an unmodified program: it re-executes from the start
+PROGRAMS: dict[str, tuple[str, list[str], list[list[str]]]] = {
+    "ring": ("examples/mpi_ring.py", [], []),
+    "collectives": ("examples/mpi_collectives.py", [], []),
+    "calls": ("tests/data/mpi/calls.py", [], []),
+    "pi": ("examples/mpi_pi.py", [], []),
+    "reduce": ("examples/mpi_reduce.py", [], []),
+    "stencil": ("examples/mpi_stencil.py", [], [["--die", "2:130"]]),
+    "master_worker": ("examples/mpi_master_worker.py", [],
+                      [["--die", "2:4"], ["--die", "0:7"], ["--die", "0:7", *NEVER]]),
+    "waitany": ("examples/mpi_waitany.py", [], [["--die", "0:5"]]),
+}
+
+
+def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAPS_", "OMPI_", "PMIX_"))}
+    return subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _finish(p: subprocess.Popen[str], what: str) -> tuple[str, str]:
+    try:
+        out, err = p.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        pytest.fail(f"{what} did not end in 90 s: {err[-2000:]}")
+    assert p.returncode == 0, f"{what} exited with {p.returncode}: {err[-3000:]}"
+    return out, err
+
+
+def _raps(program: str, args: list[str], tmp: Path, *extra: str) -> subprocess.Popen[str]:
+    return _start([*LOCAL, *extra, "--", sys.executable, str(REPO / program), *args], tmp)
+
+
+def _same(name: str, ours: str, theirs: str) -> None:
+    """Equal outputs, except that a value on a line marked ``rounded`` (a floating-point
+    reduction in the order MPI chooses) may differ by the rounding of a sum over the
+    ranks."""
+    a, b = ours.splitlines(), theirs.splitlines()
+    assert len(a) == len(b) and a, f"{name}: RAPS printed\n{ours}\nOpen MPI printed\n{theirs}"
+    for x, y in zip(a, b, strict=True):
+        if x == y:
+            continue
+        assert x.startswith("rounded ") and _words(x) == _words(y), \
+            f"{name}: RAPS printed {x!r}, Open MPI {y!r}"
+        for u, v in zip(x.split(), y.split(), strict=True):
+            if u != v:
+                assert math.isclose(float(u), float(v), rel_tol=1e-13), f"{name}: {x!r} vs {y!r}"
+
+
+def _words(line: str) -> list[str]:
+    """The line without its numbers."""
+    return [w for w in line.split() if not w.lstrip("-").replace(".", "", 1)
+            .replace("e-", "", 1).isdigit()]
+
+
+@pytest.fixture(scope="module")
+def mpirun() -> list[str]:
+    have = shutil.which("mpirun") and os.path.exists(SYSTEM_PYTHON) and subprocess.run(
+        [SYSTEM_PYTHON, "-c", "import mpi4py.MPI, numpy"], capture_output=True).returncode == 0
+    assert have, "Open MPI and Debian's mpi4py are missing: scripts/test.sh installs " \
+                 "openmpi-bin, python3-mpi4py and python3-numpy"
+    return [*MPIRUN, SYSTEM_PYTHON]
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_program_prints_what_open_mpi_prints(name: str, mpirun: list[str],
+                                             tmp_path: Path) -> None:
+    program, args, crashes = PROGRAMS[name]
+    # All at once (they are independent): the suite's time is what matters.
+    theirs_p = _start([*mpirun, str(REPO / program), *args], tmp_path)
+    ours_p = _raps(program, args, tmp_path)
+    crashed = {" ".join(c): _raps(program, [*args, *c], tmp_path, "--restarts", "1")
+               for c in crashes}
+    theirs, _ = _finish(theirs_p, f"mpirun {program}")
+    ours, _ = _finish(ours_p, f"RAPS {program}")
+    _same(name, ours, theirs)
+    for how, p in crashed.items():
+        rank = how.split()[1].split(":")[0]
+        out, err = _finish(p, f"RAPS {program} {how}")
+        assert f"rank {rank} exited with 17; relaunching it with epoch 2" in err, err[-2000:]
+        assert out == ours, f"{name} with rank {rank} lost: {out!r} != {ours!r}"
+
+
+def test_abort_ends_the_job_under_both(mpirun: list[str], tmp_path: Path) -> None:
+    calls = str(REPO / "tests/data/mpi/calls.py")
+    theirs = _start([*mpirun, calls, "abort"], tmp_path)
+    # --restarts: a rank that called Abort is not relaunched, the others are stopped.
+    ours = _start([*LOCAL, "--restarts", "2", "--", sys.executable, calls, "abort"], tmp_path)
+    _, their_err = theirs.communicate(timeout=60)
+    _, our_err = ours.communicate(timeout=60)
+    assert theirs.returncode == 3, their_err[-2000:]
+    assert ours.returncode == 3, our_err[-2000:]
+    assert "rank 1 called MPI.Abort (exit code 3); stopping ranks [0, 2]" in our_err
+    assert "relaunching" not in our_err
