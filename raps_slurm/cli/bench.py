@@ -1,52 +1,53 @@
-"""``rapsctl bench``: measurements on a real local cluster, printed as one JSON object.
+"""``rapsctl bench``: the options of each benchmark and its one JSON object on stdout.
 
-``bench detect`` brings up its own 6-node cluster (scripts/cluster.sh, ports from
-``--port``, run dir in /tmp), a coordinator and an agent per node, then crashes a node
-(cgroup kill: its slurmd, step daemons and agent at once) ``--runs`` times. For each
-crash it measures, from the same instant, the time until raps-slurm's DEAD verdict is
-in etcd and until Slurm itself shows the node DOWN (the test cluster's
-``SlurmdTimeout=10``; Slurm's default is 300 s). Detection runs with the production
-defaults (1 s heartbeats, 3 strikes, 0.5 s fence margin) unless ``--interval`` says
-otherwise. The cluster is taken down at the end.
-
-``bench loss`` runs the same kind of cluster with every agent dropping a share of its
-heartbeats (``--heartbeat-loss``) and delaying the rest (``--heartbeat-jitter``), and
-one fake rank per node; for ``--minutes`` nothing is crashed, so every DEAD verdict and
-every rank that stops by itself is false. ``bench heartbeats`` (bench_load.py) loads one
-coordinator with N synthetic nodes.
+The measuring code is in ``raps_slurm.bench`` (one module per benchmark); this module
+only parses options and prints. ``detect``, ``loss``, ``recovery`` and ``efficiency``
+bring up their own private 6-node cluster (scripts/cluster.sh wiring, ports from
+``--port``, run dir in /tmp) and take it down at the end; ``heartbeats`` and ``churn``
+start a throw-away etcd; ``checkpoint``, ``messaging`` and ``simulate`` run on this
+machine alone. docs/benchmarks.md says what each one measures and what it found.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
-import yaml
 
-from raps_slurm.cli.bench_churn import bench_churn
-from raps_slurm.cli.bench_ckpt import bench_checkpoint
-from raps_slurm.cli.bench_load import VerdictWatch, bench_heartbeats
-from raps_slurm.cli.bench_msg import bench_messaging
-from raps_slurm.cli.bench_recovery import bench_efficiency, bench_recovery
-from raps_slurm.cli.bench_sim import bench_simulate
-from raps_slurm.config import load_file, node_dir
-from raps_slurm.slurm import CommandRunner
-from raps_slurm.store import Keys, StateStore, open_store
-from raps_slurm.testing.cluster import LocalCluster, wait_until
+from raps_slurm import config as cfgmod
+from raps_slurm.bench import checkpoint, churn, detect, heartbeats, loss, messaging, recovery
+from raps_slurm.bench.simulate import run_simulate
+from raps_slurm.checkpoint.codec import CodecParams
 
-REPO = Path(__file__).resolve().parents[2]
+_JSON_HELP = "JSON only (the default prints it too)."
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _echo(result: dict[str, Any]) -> None:
+    click.echo(json.dumps(result))
+
+
+def _size(text: str, option: str) -> int:
+    """A size option in bytes, or one line naming the option and what is allowed."""
+    try:
+        return checkpoint.parse_size(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
+
+
+def _port(default: int, what: str = "Base port of the benchmark cluster.") -> Callable[[_F], _F]:
+    """The --port option of a benchmark that brings up its own cluster."""
+    return click.option("--port", default=default, show_default=True,
+                        type=click.IntRange(1024, 60000), help=what)
+
+
+def _interval(help_text: str = "Kernel heartbeat interval (seconds).") -> Callable[[_F], _F]:
+    """The --interval option (detection of the benchmark cluster)."""
+    return click.option("--interval", default=1.0, show_default=True,
+                        type=click.FloatRange(0.05, 10), help=help_text)
 
 
 @click.group()
@@ -54,211 +55,169 @@ def bench() -> None:
     """Benchmarks that print one JSON object (they are commands, not tests)."""
 
 
-bench.add_command(bench_heartbeats)
-bench.add_command(bench_checkpoint)
-bench.add_command(bench_messaging)
-bench.add_command(bench_recovery)
-bench.add_command(bench_efficiency)
-bench.add_command(bench_simulate)
-bench.add_command(bench_churn)
-
-
-def _profile(directory: Path, interval: float) -> Path:
-    """configs/test.yaml with detection at ``interval`` and the default strikes and margin."""
-    data = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
-    data["detection"] = {"kernel_heartbeat_interval_sec": interval, "miss_threshold": 3,
-                         "fence_margin_sec": 0.5,
-                         "lease_duration_sec": max(15.0, 5 * interval)}
-    path = directory / "bench-profile.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-@contextmanager
-def _private_cluster(prefix: str, port: int, interval: float,
-                     extra_env: dict[str, str] | None = None) -> Iterator[LocalCluster]:
-    """A 6-node cluster in a fresh run dir, detection at ``interval``; always taken down."""
-    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
-    run_dir.chmod(0o755)  # slurmctld runs as SlurmUser
-    cluster = LocalCluster(run_dir, port_base=port, profile=_profile(run_dir, interval))
-    try:
-        cluster.up(extra_env=extra_env)
-        yield cluster
-    finally:
-        cluster.down()
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
 @bench.command("detect")
 @click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 100),
               help="Node crashes to measure.")
-@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.05, 10),
-              help="Kernel heartbeat interval (seconds).")
-@click.option("--port", default=19000, show_default=True, type=click.IntRange(1024, 60000),
-              help="Base port of the benchmark cluster.")
-@click.option("--json", "as_json", is_flag=True, help="JSON only (the default prints it too).")
+@_interval()
+@_port(19000)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 def bench_detect(runs: int, interval: float, port: int, as_json: bool) -> None:
     """Crash nodes; time raps-slurm's DEAD verdict and Slurm's DOWN side by side."""
-    with _private_cluster("raps-bench-", port, interval) as cluster:
-        result = _measure(cluster, runs, interval, as_json)
-    click.echo(json.dumps(result))
-
-
-class _Crasher:
-    """Crashes one node and times the DEAD verdict and Slurm's DOWN from the same instant."""
-
-    def __init__(self, cluster: LocalCluster, store: StateStore, keys: Keys, bound: float) -> None:
-        self.cluster, self.store, self.keys, self.bound = cluster, store, keys, bound
-        self.slurm = cluster.slurm()
-        self.run = CommandRunner(timeout=30, env=cluster.env)
-
-    def verdict(self, node: str) -> tuple[int, str, float]:
-        kv = self.store.get(self.keys.node_verdict(node))
-        if kv is None:
-            return 0, "", 0.0
-        value = json.loads(kv.value)
-        return kv.mod_revision, str(value["kind"]), float(value["at"])
-
-    def crash(self, node: str) -> tuple[float, float]:
-        before = self.verdict(node)[0]
-        crashed = time.time()
-        self.cluster.crash(node)
-        _, _, at = wait_until(f"DEAD verdict for {node}", lambda: self.verdict(node),
-                              lambda v: v[0] > before and v[1] == "DEAD",
-                              timeout=self.bound + 30, interval=0.02)
-        wait_until(f"Slurm to mark {node} DOWN", lambda: self.slurm.node(node).state_text,
-                   lambda st: "DOWN" in st, timeout=400, interval=0.2)
-        down = time.time() - crashed
-        self.cluster.restart(node)
-        self.run.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
-        wait_until(f"{node} back", lambda: self.verdict(node), lambda v: v[1] == "ALIVE",
-                   timeout=60)
-        return at - crashed, down
-
-
-def _measure(cluster: LocalCluster, runs: int, interval: float, quiet: bool) -> dict[str, Any]:
-    cfg = load_file(cluster.config_path)
-    d = cfg.detection
-    window = d.kernel_heartbeat_interval_sec * d.miss_threshold + d.fence_margin_sec
-    bound = window + d.kernel_heartbeat_interval_sec
-    store, keys = open_store(cfg.store)
-    coordinator = cluster.coordinator("bench").start()
-    detect: list[float] = []
-    slurm_down: list[float] = []
-    try:
-        wait_until("the coordinator to lead", lambda: store.get(keys.leader()),
-                   lambda kv: kv is not None, timeout=30)
-        started = time.monotonic()  # a new leader gives no verdict within its grace
-        wait_until("the leader's grace", time.monotonic, lambda t: t - started > window + 2,
-                   timeout=window + 10)
-        crasher = _Crasher(cluster, store, keys, bound)
-        for i in range(runs):
-            node = cluster.node_names[i % len(cluster.node_names)]
-            dead, down = crasher.crash(node)
-            detect.append(dead)
-            slurm_down.append(down)
-            if not quiet:
-                print(f"run {i + 1}: {node} DEAD after {dead:.2f}s, Slurm DOWN after "
-                      f"{down:.1f}s", file=sys.stderr)
-    finally:
-        coordinator.stop()
-        store.close()
-    return {"benchmark": "detect", "runs": runs, "interval_s": interval,
-            "miss_threshold": d.miss_threshold, "fence_margin_s": d.fence_margin_sec,
-            "detect_p50_s": round(statistics.median(detect), 3),
-            "detect_max_s": round(max(detect), 3), "bound_s": round(bound, 3),
-            "slurm_down_p50_s": round(statistics.median(slurm_down), 2),
-            "slurmd_timeout_s": 10, "slurm_default_slurmd_timeout_s": 300,
-            "detect_s": [round(x, 3) for x in detect]}
+    _echo(detect.run_detect(runs, interval, port, quiet=as_json))
 
 
 @bench.command("loss")
 @click.option("--minutes", default=10.0, show_default=True, type=click.FloatRange(0.5, 1440),
               help="How long to watch for false verdicts and fences.")
-@click.option("--loss", default=0.3, show_default=True, type=click.FloatRange(0, 0.95),
+@click.option("--loss", "share", default=0.3, show_default=True,
+              type=click.FloatRange(0, 0.95),
               help="Share of heartbeats every agent drops (--heartbeat-loss).")
 @click.option("--jitter", default=0.3, show_default=True, type=click.FloatRange(0, 5),
               help="Each heartbeat delayed by up to this many seconds (--heartbeat-jitter).")
-@click.option("--port", default=19700, show_default=True, type=click.IntRange(1024, 60000),
-              help="Base port of the benchmark cluster.")
-@click.option("--json", "as_json", is_flag=True, help="JSON only (the default prints it too).")
-def bench_loss(minutes: float, loss: float, jitter: float, port: int, as_json: bool) -> None:
+@_port(19700)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_loss(minutes: float, share: float, jitter: float, port: int, as_json: bool) -> None:
     """Lossy, jittery heartbeats and no crash: count false DEAD verdicts and false fences."""
-    knobs = {"RAPS_AGENT_ARGS": f"--heartbeat-loss {loss} --heartbeat-jitter {jitter}"}
-    with _private_cluster("raps-bench-loss-", port, 1.0, knobs) as cluster:
-        result = _measure_loss(cluster, minutes, loss, jitter, as_json)
-    click.echo(json.dumps(result))
+    _echo(loss.run_loss(minutes, share, jitter, port, quiet=as_json))
 
 
-def _agent_args(cluster: LocalCluster) -> list[str]:
-    """The knob options of the first node's running agent (from its command line)."""
-    pid = (cluster.run_dir / "pids" / f"agent-{cluster.node_names[0]}.pid").read_text().strip()
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    return [a for i, a in enumerate(argv) if a.startswith("--heartbeat-")
-            or (i > 0 and argv[i - 1].startswith("--heartbeat-"))]
+@bench.command("heartbeats")
+@click.option("--nodes", default=50000, show_default=True,
+              type=click.IntRange(heartbeats.STOPPED + 1, 10**6),
+              help="Synthetic nodes, one heartbeat per second each.")
+@click.option("--seconds", default=60, show_default=True, type=click.IntRange(5, 3600),
+              help="Measurement window after the warm-up.")
+@click.option("--port", default=19500, show_default=True, type=click.IntRange(1024, 65000),
+              help="UDP port of the coordinator on 127.0.0.1.")
+@click.option("--receivers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="The coordinator's --heartbeat-receivers (processes on its UDP port).")
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_heartbeats(nodes: int, seconds: int, port: int, receivers: int, as_json: bool) -> None:
+    """One raps-coordinator receiving N nodes' signed heartbeats at 1 Hz over loopback."""
+    def say(line: str) -> None:
+        if not as_json:
+            print(line, file=sys.stderr, flush=True)
+
+    _echo(heartbeats.run_heartbeats(nodes, seconds, port, receivers, say))
 
 
-def _registered(log: Path, proc: subprocess.Popen[bytes]) -> None:
-    """Wait until a fake rank says it registered with its agent."""
-    text = wait_until(f"{log.stem} to register", lambda: log.read_text(errors="replace"),
-                      lambda t: "registered" in t or proc.poll() is not None, timeout=20)
-    if proc.poll() is not None:
-        raise click.ClickException(f"{log.stem} did not start: {text.strip()}")
+@bench.command("checkpoint")
+@click.option("--size", default="1GiB", show_default=True, help="State size (e.g. 1GiB, 256MiB).")
+@click.option("--change", default=0.1, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of the state changed before the incremental save.")
+@click.option("--seed", default=1, show_default=True, type=int, help="Data and change seed.")
+@click.option("--avg-chunk-kb", default=None, type=click.IntRange(1, 4096),
+              help="Override checkpoint.avg_chunk_kb.")
+@click.option("--digest", type=click.Choice(["blake3", "sha256"]), default=None,
+              help="Override checkpoint.digest.")
+@click.option("--zstd-level", default=None, type=click.IntRange(1, 19),
+              help="Override checkpoint.zstd_level.")
+@click.option("--shuffle/--no-shuffle", default=None, help="Override checkpoint.shuffle.")
+@click.option("--dir", "directory", default=None, metavar="DIR",
+              help="Where the temporary store goes (default: $TMPDIR); removed at the end.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only (the default output).")
+@click.pass_context
+def bench_checkpoint(ctx: click.Context, size: str, change: float, seed: int,
+                     avg_chunk_kb: int | None, digest: str | None, zstd_level: int | None,
+                     shuffle: bool | None, directory: str | None, as_json: bool) -> None:
+    """Full, incremental and restore throughput against this machine's limits."""
+    cfg = cfgmod.load_config(ctx.obj.get("config_path")).checkpoint
+    params = CodecParams(avg_chunk_kb=avg_chunk_kb or cfg.avg_chunk_kb,
+                         digest=digest or cfg.digest,
+                         zstd_level=zstd_level or cfg.zstd_level,
+                         shuffle=cfg.shuffle if shuffle is None else shuffle)
+    nbytes = _size(size, "--size")
+    _echo(checkpoint.run_bench(nbytes, change, seed, params, directory))
 
 
-def _measure_loss(cluster: LocalCluster, minutes: float, loss: float, jitter: float,
-                  quiet: bool) -> dict[str, Any]:
-    cfg = load_file(cluster.config_path)
-    d = cfg.detection
-    window = d.kernel_heartbeat_interval_sec * d.miss_threshold + d.fence_margin_sec
-    store, keys = open_store(cfg.store)
-    watch = VerdictWatch(store, keys)
-    coordinator = cluster.coordinator("bench").start()
-    ranks: list[subprocess.Popen[bytes]] = []
+@bench.command("messaging")
+@click.option("--size", default="4KiB", show_default=True, help="Small message size.")
+@click.option("--count", default=20000, show_default=True, type=click.IntRange(1),
+              help="Small messages per run.")
+@click.option("--large-size", default="8MiB", show_default=True,
+              help="Large message size (above the large-message threshold).")
+@click.option("--large-count", default=20, show_default=True, type=click.IntRange(1),
+              help="Large messages per run (their bodies stay under the high watermark).")
+@click.option("--repeat", default=5, show_default=True, type=click.IntRange(1, 20),
+              help="Runs per figure; the fastest counts.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only (the default output).")
+@click.pass_context
+def bench_messaging(ctx: click.Context, size: str, count: int, large_size: str,
+                    large_count: int, repeat: int, as_json: bool) -> None:
+    """Logged against unlogged throughput of the runtime's send/recv."""
+    base = messaging.settings(cfgmod.load_config(ctx.obj.get("config_path")))
+    small, large = _size(size, "--size"), _size(large_size, "--large-size")
+    if large <= base.large_threshold:
+        raise click.BadParameter(f"{large_size} is not above the large-message threshold "
+                                 f"({base.large_threshold} bytes)", param_hint="--large-size")
+    _echo(messaging.run_messaging(base, small, count, large, large_count, repeat))
+
+
+@bench.command("recovery")
+@click.option("--state", "state_text", default="1GiB", show_default=True,
+              help="Extra state of the crashed rank (e.g. 256MiB, 1GiB).")
+@click.option("--ranks-per-node", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Ranks on each node; every rank of the crashed node holds --state.")
+@_interval("Kernel heartbeat interval (seconds); 3 misses + 0.5 s make a DEAD verdict.")
+@_port(19200)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_recovery(state_text: str, ranks_per_node: int, interval: float, port: int,
+                   as_json: bool) -> None:
+    """Crash a node whose ranks each hold --state bytes; time each phase of their move."""
+    _echo(recovery.run_recovery(_size(state_text, "--state"), interval, port, ranks_per_node))
+
+
+@bench.command("efficiency")
+@click.option("--steps", default=400, show_default=True, type=click.IntRange(100, 100000),
+              help="Steps of the application (each --step-sec of work).")
+@click.option("--step-sec", default=0.05, show_default=True, type=click.FloatRange(0.001, 10))
+@_interval()
+@_port(19300)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_efficiency(steps: int, step_sec: float, interval: float, port: int,
+                     as_json: bool) -> None:
+    """The same failure, recovered by raps-slurm and by a whole-job restart: useful work."""
+    _echo(recovery.run_efficiency(steps, step_sec, interval, port))
+
+
+@bench.command("simulate")
+@click.option("--nodes", type=click.IntRange(10, 10_000_000), default=10_000, show_default=True,
+              help="Nodes in the cluster: 97 % working, 2 % spares, 1 % idle.")
+@click.option("--years", type=click.FloatRange(0.01, 100), default=1.0, show_default=True,
+              help="Simulated years.")
+@click.option("--mtbf-h", type=click.FloatRange(1, 1e9), default=43_800.0, show_default=True,
+              help="Node MTBF, hours (5 years: a failure every 4.4 h at 10,000 nodes).")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the default output too).")
+def bench_simulate(nodes: int, years: float, mtbf_h: float, seed: int, as_json: bool) -> None:
+    """Simulate every strategy once on one core and print nodes, sim_years, wall_s, events."""
+    _echo(run_simulate(nodes, years, mtbf_h, seed))
+
+
+@bench.command("churn")
+@click.option("--days", type=click.FloatRange(0.01, 365), default=7.0, show_default=True)
+@click.option("--nodes", type=click.IntRange(2, 100_000), default=128, show_default=True)
+@click.option("--jobs-per-day", type=click.FloatRange(0, 10_000), default=24.0,
+              show_default=True)
+@click.option("--job-nodes", type=click.IntRange(1, 100_000), default=16, show_default=True)
+@click.option("--job-hours", type=click.FloatRange(0.01, 10_000), default=8.0,
+              show_default=True)
+@click.option("--failures-per-day", type=click.FloatRange(0, 10_000), default=4.0,
+              show_default=True)
+@click.option("--quota", default="256MiB", show_default=True,
+              help="etcd --quota-backend-bytes (store.space_quota_bytes).")
+@click.option("--retention-sec", type=click.FloatRange(0, 1e7), default=3600.0,
+              show_default=True, help="store.compaction_retention_sec (0: never compact).")
+@click.option("--interval-sec", type=click.FloatRange(1, 1e6), default=300.0,
+              show_default=True, help="store.compaction_interval_sec.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the default output too).")
+def bench_churn(days: float, nodes: int, jobs_per_day: float, job_nodes: int, job_hours: float,
+                failures_per_day: float, quota: str, retention_sec: float, interval_sec: float,
+                as_json: bool) -> None:
+    """A simulated week of RAPS's etcd writes against a quota; prints the sizes seen."""
     try:
-        wait_until("the coordinator to lead", lambda: store.get(keys.leader()),
-                   lambda kv: kv is not None, timeout=30)
-        time.sleep(window + 2)  # the agents have found the leader; its grace is over
-        job = "700001"
-        for rank, node in enumerate(cluster.node_names):
-            with open(cluster.run_dir / "log" / f"rank-{rank}.log", "wb") as out:
-                ranks.append(subprocess.Popen(
-                    [sys.executable, "-m", "raps_slurm.runtime.agent_client", "--socket",
-                     node_dir(cfg.agent.socket_path, node), "--job", job, "--rank", str(rank),
-                     "--interval", "1"], stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL))
-        for rank in range(len(ranks)):
-            _registered(cluster.run_dir / "log" / f"rank-{rank}.log", ranks[rank])
-        started = time.time()
-        agent_args = _agent_args(cluster)
-        end = started + minutes * 60
-        while time.time() < end:
-            time.sleep(min(30.0, max(0.0, end - time.time())))
-            if not quiet:
-                gone = sum(r.poll() is not None for r in ranks)
-                print(f"{(time.time() - started) / 60:.1f} min: {len(watch.dead(started))} "
-                      f"DEAD verdicts, {gone} ranks stopped", file=sys.stderr, flush=True)
-        wall = time.time() - started
-        codes = [r.poll() for r in ranks]
-        log = coordinator.log()
-    finally:
-        for r in ranks:
-            if r.poll() is None:
-                os.kill(r.pid, signal.SIGKILL)
-            r.wait(10)
-        coordinator.stop()
-        watch.close()
-        store.close()
-    nodes = len(cluster.node_names)
-    fenced = [c for c in codes if c is not None]
-    return {"benchmark": "loss", "minutes": round(wall / 60, 2), "loss": loss,
-            "jitter_s": jitter, "nodes": nodes, "interval_s": d.kernel_heartbeat_interval_sec,
-            "miss_threshold": d.miss_threshold, "fence_margin_s": d.fence_margin_sec,
-            "node_minutes": round(nodes * wall / 60, 1),
-            "false_verdicts": len(watch.dead(started)),
-            "alive_verdicts": watch.count("ALIVE", started),
-            "hung_verdict_lines": log.count("verdict: HUNG"),
-            "ranks": len(ranks), "false_fences": len(fenced),
-            "fence_exit_codes": sorted(fenced),  # 75: fenced itself; -9: killed by its agent
-            "agent_knobs": agent_args,  # as the agents run: proof the knobs are on
-            "knob_drops": "heartbeats and their resends only (not probe answers, acks, probes)"}
+        quota_bytes = churn.parse_quota(quota)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--quota") from None
+    _echo(churn.run_churn(days, nodes, jobs_per_day, job_nodes, job_hours, failures_per_day,
+                          quota_bytes, retention_sec, interval_sec))

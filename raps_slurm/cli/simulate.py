@@ -2,9 +2,10 @@
 
 ``run`` compares the strategies of one scenario; ``sweep`` varies scenario keys over a
 grid; ``recommend`` finds the checkpoint interval, spares and replicas that maximise
-raps-slurm's useful work for a failure rate and state size; ``plots`` writes the three
-standard figures; ``keys`` lists every scenario key. Pure computation: no cluster, no
-etcd.
+raps-slurm's useful work per allocated node for a failure rate and state size; ``plots``
+writes the three standard figures; ``calibrate`` turns benchmark outputs into scenario
+parameters; ``validate`` compares a real run (``bench efficiency``) with its simulation;
+``keys`` lists every scenario key. Pure computation: no cluster, no etcd.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ _ROWS = (("useful_work_fraction", "useful work (share of wall time)"),
          ("lost_work_fraction", "work lost and redone"),
          ("stall_fraction", "waiting (detection, restarts, queue)"),
          ("recovery_p50_s", "recovery p50 (s, fault to back where it was)"),
+         ("recovery_p50_s_ci95", "  95 % bootstrap interval"),
          ("recovery_p90_s", "recovery p90 (s)"),
+         ("recovery_p90_s_ci95", "  95 % bootstrap interval"),
          ("recovery_max_s", "recovery max (s)"),
          ("failures_per_seed", "node failures seen per seed"),
          ("job_failures_per_seed", "job stops per seed"),
@@ -44,12 +47,14 @@ _ROWS = (("useful_work_fraction", "useful work (share of wall time)"),
          ("network_tb_per_seed", "node network traffic per seed (TB)"))
 
 
-def _scenario(path: str, sets: tuple[str, ...], seeds: int | None) -> Scenario:
+def _scenario(path: str, sets: tuple[str, ...], seeds: int | None,
+              half_width: float | None = None) -> Scenario:
     s = load_scenario(path)
-    return _apply(s, sets, seeds)
+    return _apply(s, sets, seeds, half_width)
 
 
-def _apply(s: Scenario, sets: tuple[str, ...], seeds: int | None) -> Scenario:
+def _apply(s: Scenario, sets: tuple[str, ...], seeds: int | None,
+           half_width: float | None = None) -> Scenario:
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -58,6 +63,8 @@ def _apply(s: Scenario, sets: tuple[str, ...], seeds: int | None) -> Scenario:
         s = override(s, key.strip(), yaml.safe_load(value))
     if seeds is not None:
         s = override(s, "run.seeds", seeds)
+    if half_width is not None:
+        s = override(s, "run.half_width", half_width)
     return s
 
 
@@ -93,10 +100,28 @@ def _print_table(report: dict[str, Any]) -> None:
     click.echo(f"global by Daly's model at this interval: {m['daly_global_fraction_at_interval']}"
                f"; Young {m['young_interval_s']:g} s, Daly {m['daly_interval_s']:g} s "
                f"(checkpoint {m['global_checkpoint_s']:g} s, job MTBF {m['job_mtbf_s']:g} s)")
+    info = report.get("inputs", {})
+    if "trace" in info:
+        tr = info["trace"]
+        states = ", ".join(f"{k} {v}" for k, v in tr["by_state"].items())
+        mtbf = tr["node_mtbf_h_from_node_fail"]
+        click.echo(f"trace: {tr['jobs']} jobs ({states}), {tr['simulated_jobs']} simulated"
+                   + (f"; its NODE_FAIL jobs show a node MTBF of {mtbf:g} h" if mtbf else ""))
+    if "failure_log" in info:
+        fl = info["failure_log"]
+        click.echo(f"failure log: {fl['failures']} failures on {fl['nodes']} nodes over "
+                   f"{fl['span_days']:g} days (node MTBF {fl['node_mtbf_h']:g} h), replayed")
+    hw = report.get("half_width")
+    if hw:
+        click.echo(f"seeds for a useful-work half-width of {hw['target']:g}: {hw['seeds']}"
+                   + ("" if hw["reached"] else f" (not reached, run.max_seeds "
+                      f"{hw['max_seeds']})"))
     click.echo(f"simulated in {report['wall_s']} s")
 
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, list):
+        return "-".join(f"{x:.0f}" if abs(x) >= 10 else f"{x:.2f}" for x in v)
     if isinstance(v, float):
         return f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}"
     return str(v)
@@ -111,21 +136,27 @@ _set = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                     help="Override a scenario key, e.g. --set raps.spares=8 (repeatable).")
 _seeds = click.option("--seeds", type=click.IntRange(1, 10_000), default=None,
                       help="Override run.seeds.")
+_half = click.option("--half-width", "half_width", type=click.FloatRange(0, 1), default=None,
+                     metavar="H", help="Override run.half_width: more seeds until every "
+                     "strategy's useful-work 95 % half-width is at most H (e.g. 0.001), up "
+                     "to run.max_seeds.")
 
 
 @simulate.command("run")
 @click.argument("scenario", type=click.Path(dir_okay=False))
 @_set
 @_seeds
+@_half
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
               help="Also write one CSV row per strategy to this file.")
 @click.option("--plots", "plot_dir", type=click.Path(file_okay=False), default=None,
               help="Write recovery-cdf.png into this directory.")
-def run_cmd(scenario: str, sets: tuple[str, ...], seeds: int | None, as_json: bool,
-            csv_path: str | None, plot_dir: str | None) -> None:
+def run_cmd(scenario: str, sets: tuple[str, ...], seeds: int | None,
+            half_width: float | None, as_json: bool, csv_path: str | None,
+            plot_dir: str | None) -> None:
     """Compare the strategies of SCENARIO (YAML) on the same failure traces."""
-    s = _scenario(scenario, sets, seeds)
+    s = _scenario(scenario, sets, seeds, half_width)
     with _progress("simulating", as_json) as update:
         report, runs = run_report(s, update)
     if csv_path:
@@ -138,6 +169,12 @@ def run_cmd(scenario: str, sets: tuple[str, ...], seeds: int | None, as_json: bo
             {n: [x for r in rs for x in r.recoveries] for n, rs in runs.items()},
             Path(plot_dir) / "recovery-cdf.png", title=f"Recovery time, {s.name}")
         report["plots"] = [str(out)]
+    for w in report["warnings"]:
+        click.echo(f"warning: {w}", err=True)
+    hw = report.get("half_width")
+    if hw and not hw["reached"]:
+        click.echo(f"warning: run.half_width {hw['target']:g} not reached within "
+                   f"run.max_seeds = {hw['max_seeds']} seeds", err=True)
     if as_json:
         click.echo(json.dumps(report))
     else:
@@ -253,7 +290,8 @@ def plots_cmd(scenario: str, out_dir: str, sets: tuple[str, ...], seeds: int | N
 def recommend_cmd(mtbf_h: float, state_gb: float, nodes: int, scenario: str | None,
                   sets: tuple[str, ...], seeds: int | None, days: float,
                   as_json: bool) -> None:
-    """Checkpoint interval, spares and replicas that maximise raps-slurm's useful work."""
+    """Checkpoint interval, spares and replicas that maximise raps-slurm's useful work per
+    allocated node."""
     s = load_scenario(scenario) if scenario else parse_scenario({}, "built-in")
     s = override(s, "failures.mtbf_h", mtbf_h)
     s = override(s, "job.state_gb_per_node", state_gb)
@@ -274,10 +312,53 @@ def recommend_cmd(mtbf_h: float, state_gb: float, nodes: int, scenario: str | No
                f" Daly {r['daly_interval_s']:g} s for a {r['checkpoint_s']:g} s save)")
     click.echo(f"  checkpoint.replica_count: {r['replicas']}")
     click.echo(f"  spares (sbatch --raps-spares): {r['spares']}")
-    click.echo(f"  useful work: {r['useful_work_fraction'] * 100:.2f} %")
+    click.echo(f"  useful work per allocated node (the objective): "
+               f"{r['node_efficiency'] * 100:.2f} % +- {r['node_efficiency_ci95'] * 100:.2f}")
+    click.echo(f"  useful work (share of wall time): {r['useful_work_fraction'] * 100:.2f} % "
+               f"+- {r['useful_work_fraction_ci95'] * 100:.2f}")
     if g["daly_useful_work_fraction"] is not None:
         click.echo(f"  global checkpoints instead: Daly interval {g['daly_interval_s']:g} s, "
                    f"useful work {g['daly_useful_work_fraction'] * 100:.2f} % by Daly's model")
+
+
+@simulate.command("calibrate")
+@click.argument("bench_files", nargs=-1, type=click.Path(dir_okay=False), metavar="BENCH.json...")
+@click.option("--comm-share", type=click.FloatRange(0, 1), default=0.25, show_default=True,
+              help="Share of its time the application communicates (turns bench messaging's "
+                   "logged/unlogged ratio into raps.log_overhead); an assumption, recorded.")
+@click.option("--scenario", "scenario", type=click.Path(dir_okay=False), default=None,
+              help="Check the values against this scenario (each set like --set).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print parameters, sources and checks as JSON (default: a YAML fragment "
+                   "with one comment per value saying where it came from).")
+def calibrate_cmd(bench_files: tuple[str, ...], comm_share: float, scenario: str | None,
+                  as_json: bool) -> None:
+    """Scenario parameters from the JSON outputs of rapsctl bench checkpoint, messaging,
+    detect and recovery, each with the file and fields it came from."""
+    from raps_slurm.sim import calibrate
+
+    result = calibrate.calibrate(list(bench_files), comm_share)
+    base = load_scenario(scenario) if scenario else parse_scenario({}, "built-in")
+    calibrate.apply(base, result["parameters"])  # one line naming the key if out of range
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        click.echo(calibrate.to_yaml(result), nl=False)
+
+
+@simulate.command("validate")
+@click.argument("efficiency", type=click.Path(dir_okay=False), metavar="EFFICIENCY.json")
+@click.option("--scenario", "scenario", type=click.Path(dir_okay=False), default=None,
+              help="The simulated cluster and raps figures (default: the repository's "
+                   "examples/scenarios/validate-6.yaml).")
+def validate_cmd(efficiency: str, scenario: str | None) -> None:
+    """Simulate the crashed raps run of a `rapsctl bench efficiency` output and print both
+    useful-work fractions, their difference and whether it is within the tolerance (JSON)."""
+    from raps_slurm.sim import validate
+
+    path = Path(scenario) if scenario else validate.DEFAULT_SCENARIO
+    result = validate.validate(validate.load_efficiency(efficiency), load_scenario(path))
+    click.echo(json.dumps(result))
 
 
 @simulate.command("keys")

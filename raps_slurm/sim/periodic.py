@@ -1,16 +1,23 @@
 """``global`` and ``scr``: coordinated checkpoints and a whole-job restart after a failure.
 
-Both follow one rule, the model Daly's formula describes: the job computes
-``interval_s`` then writes a checkpoint of ``delta`` seconds; a failure of any of its
-nodes, during computation, checkpoint or restart, throws away what was computed since the
-last completed checkpoint and costs a restart of ``restart`` seconds (which a further
-failure starts over). The strategies differ only in their costs:
+Both live in the same cluster as ``raps`` (:func:`~raps_slurm.sim.trace.node_timeline`): a
+finite set of nodes that fail (alone or a whole rack at once), stay down for their repair
+time and come back; a requeued job waits ``cluster.queue_wait_s`` holding no node, then
+needs live nodes (its own live ones first) and waits for repairs when the cluster has too
+few.
 
-- global: delta = job state / PFS write bandwidth; restart = queue wait + re-init +
-  job state / PFS read bandwidth;
-- scr: delta = node state / local write speed + node state / partner link (every node in
-  parallel); restart = fixed relaunch delay + node state / partner link, plus the queue
-  wait when the job has no spare to relaunch on.
+The job computes ``interval_s`` then writes a checkpoint of ``delta`` seconds. A failure of
+a node it computes on throws away what was computed since the last completed checkpoint
+and costs a restart, which a failure of a node the restart holds starts over:
+
+- global: a requeue: queue wait, then the job's nodes, start-up and job state / PFS read
+  (with ``global.restart_s`` the whole restart holds the nodes: Daly's model exactly);
+- scr: a relaunch of the whole step inside the allocation, each dead node replaced by a
+  live spare (``relaunch_s`` + node state / partner link); with too few live spares a
+  requeue for the job's nodes and spares. Each node's checkpoint has one copy on its
+  partner (the next node of the job, usually in the same rack): when a node and its
+  partner die before the job is restored, that checkpoint is gone and the job falls back
+  to its last PFS flush (every ``flush_every`` checkpoints, blocking) or its beginning.
 """
 
 from __future__ import annotations
@@ -20,21 +27,35 @@ from dataclasses import dataclass
 
 from raps_slurm.sim.results import StrategyResult
 from raps_slurm.sim.scenario import Scenario
-from raps_slurm.sim.trace import Layout, SlotFailures
+from raps_slurm.sim.trace import FAIL, Layout, Outage, allocate
 
 GB = 1e9
+RUN, QUEUE, HOLD, NODES, DONE = "run", "queue", "hold", "nodes", "done"
 
 
 @dataclass(frozen=True)
 class Costs:
-    """Checkpoint time, restart time, and what one checkpoint moves."""
+    """What a checkpoint and a restart cost, and what they move."""
 
-    delta: float
-    restart: float
-    pfs_bytes_per_ckpt: float
-    pfs_bytes_per_restart: float
-    net_bytes_per_ckpt: float
-    storage_gb: float
+    delta: float               # blocking checkpoint
+    queue: float               # a requeue: waiting without nodes
+    hold: float                # a requeue: start-up and restore, holding the nodes
+    relaunch: float = -1.0     # scr: relaunch inside the allocation (-1: never, global)
+    flush: float = 0.0         # scr: blocking PFS flush of the whole job's state
+    flush_every: int = 0       # scr: every Nth checkpoint is flushed (0: never)
+    pfs_restore: float = 0.0   # scr: extra time to read the flushed checkpoint back
+    spares: int = 0            # spare nodes allocated with the job
+    # Traffic and storage, for the report.
+    pfs_bytes_per_ckpt: float = 0.0     # global: the whole state each checkpoint
+    pfs_bytes_per_restart: float = 0.0  # global: read back at each restart
+    net_bytes_per_ckpt: float = 0.0     # scr: every node's copy to its partner
+    flush_bytes: float = 0.0            # scr: the whole state each flush
+    storage_gb: float = 0.0
+
+    @property
+    def restart(self) -> float:
+        """A whole requeue when no failure interrupts it."""
+        return self.queue + self.hold
 
 
 def global_costs(s: Scenario, nodes: int) -> Costs:
@@ -42,93 +63,229 @@ def global_costs(s: Scenario, nodes: int) -> Costs:
     g = s.global_
     state = s.job.state_gb_per_node * nodes
     delta = g.checkpoint_s if g.checkpoint_s >= 0 else state / g.pfs_write_gbps
-    restart = g.restart_s if g.restart_s >= 0 else \
-        g.queue_wait_s + g.reinit_s + state / g.pfs_read_gbps
-    return Costs(delta, restart, state * GB, state * GB, 0.0,
-                 state * s.checkpoint.generations)
+    if g.restart_s >= 0:
+        queue, hold = 0.0, g.restart_s
+    else:
+        queue, hold = s.cluster.queue_wait_s, s.job.reinit_s + state / g.pfs_read_gbps
+    return Costs(delta, queue, hold, pfs_bytes_per_ckpt=state * GB,
+                 pfs_bytes_per_restart=state * GB,
+                 storage_gb=state * s.checkpoint.generations)
 
 
 def scr_costs(s: Scenario, nodes: int) -> Costs:
     """Costs of node-local checkpoints with a partner copy for a job of ``nodes``."""
     c = s.scr
     per = s.job.state_gb_per_node
-    delta = per / c.local_gbps + per / c.partner_gbps
-    restart = c.relaunch_s + per / c.partner_gbps
-    if s.raps.spares == 0:
-        restart += s.global_.queue_wait_s
-    return Costs(delta, restart, 0.0, 0.0, per * nodes * GB,
-                 2 * per * nodes * s.checkpoint.generations)
+    state = per * nodes
+    restore = c.relaunch_s + per / c.partner_gbps
+    return Costs(per / c.local_gbps + per / c.partner_gbps, s.cluster.queue_wait_s, restore,
+                 relaunch=restore, flush=state / s.global_.pfs_write_gbps,
+                 flush_every=c.flush_every, pfs_restore=state / s.global_.pfs_read_gbps,
+                 spares=s.raps.spares, net_bytes_per_ckpt=per * nodes * GB,
+                 flush_bytes=state * GB,
+                 storage_gb=2 * state * s.checkpoint.generations
+                 + (state if c.flush_every else 0.0))
 
 
-def simulate_periodic(name: str, s: Scenario, layout: Layout, seed: int, horizon: float,
-                      costs: Costs, work_s: float | None = None) -> StrategyResult:
-    """One seed of a checkpoint/restart strategy on the job's working nodes.
+class PeriodicSim:
+    """One seed of one job under ``global`` or ``scr`` (see the module docstring)."""
 
-    With ``work_s`` the job ends when that much is computed (trace jobs); otherwise it runs
-    until ``horizon`` and only completed segments count.
-    """
-    tau, delta, restart = s.checkpoint.interval_s, costs.delta, costs.restart
-    fails = SlotFailures(s, layout, seed, horizon if work_s is None else math.inf,
-                         layout.working)
-    t = useful = lost = ckpt_time = 0.0
-    ckpts = restarts = interrupted = 0
-    recoveries: list[float] = []
-    stops: list[float] = []
-    events = 0
-    limit = horizon if work_s is None else math.inf
-    f = fails.next_after(0.0)
-    while t < limit and (work_s is None or useful < work_s - 1e-9):
-        left = math.inf if work_s is None else work_s - useful
-        if left > tau:  # whole segments until the next failure (or the horizon)
+    def __init__(self, name: str, s: Scenario, layout: Layout, timeline: list[Outage],
+                 horizon: float, costs: Costs, work_s: float | None = None) -> None:
+        self.name, self.s, self.layout, self.timeline = name, s, layout, timeline
+        self.horizon, self.c, self.work_s = horizon, costs, work_s
+        self.tau = s.checkpoint.interval_s
+        self.working = list(layout.working)
+        self.spares = list(layout.spares[:costs.spares])
+        self.n = len(self.working)
+        self.down: set[str] = set()
+        self.phase, self.phase_end = RUN, 0.0
+        self.t_seg = 0.0          # start of the current segment (RUN)
+        self.n_flush = 0          # checkpoints since the last flush
+        self.useful = self.flushed = self.lost = self.ckpt_time = 0.0
+        self.ckpts = self.flushes = self.restarts = self.interrupted = self.fallbacks = 0
+        self.failures = self.events = 0
+        self.fault_t = self.fault_done = 0.0
+        self.failed: set[int] = set()   # positions whose node died since the last restore
+        self.partner_lost = False
+        self.finished: float | None = None
+        self.recoveries: list[float] = []
+        self.stops: list[float] = []
+
+    # ------------------------------------------------------------------ computing
+    def _advance(self, until: float) -> None:
+        """Complete every segment (and the job's last piece) that ends by ``until``."""
+        tau, delta, f_every = self.tau, self.c.delta, self.c.flush_every
+        while True:
+            left = math.inf if self.work_s is None else self.work_s - self.useful
+            if left <= tau + 1e-9:  # the last piece needs no checkpoint after it
+                if self.t_seg + left <= until:
+                    self.useful = float(self.work_s or 0.0)
+                    self.finished = self.t_seg + left
+                    self.phase = DONE
+                return
             seg = tau + delta
-            k = math.floor((min(f, limit) - t) / seg)
-            if work_s is not None:
-                k = min(k, math.floor(left / tau - 1e-12))
-            if k >= 1:
-                t += k * seg
-                useful += k * tau
-                ckpts += k
-                ckpt_time += k * delta
-                continue
-            seg_work, seg = tau, tau + delta
-        else:  # the last piece of a finite job needs no checkpoint after it
-            seg_work, seg = left, left
-        if t + seg <= min(f, limit):
-            t += seg
-            useful += seg_work
-            if seg > seg_work:
-                ckpts += 1
-                ckpt_time += delta
-            continue
-        if f >= limit:  # the horizon ends inside the segment: what it computed counts
-            useful += min(limit - t, seg_work)
-            t = limit
-            break
-        events += 1
-        done = min(f - t, seg_work)
-        lost += done
-        ckpt_time += max(0.0, f - t - seg_work)
-        fault = f
-        t = f
-        while True:  # the restart, started over by every failure during it
-            f = fails.next_after(t)
-            events += 1
-            if f >= t + restart:
-                t += restart
+            if not f_every or self.n_flush == 0:  # jump whole blocks between flushes
+                per = max(f_every, 1)
+                block = seg * per + (self.c.flush if f_every else 0.0)
+                k = math.floor((until - self.t_seg) / block)
+                if not math.isinf(left):
+                    k = min(k, (math.ceil(left / tau - 1e-9) - 1) // per)
+                if k >= 1:
+                    self.t_seg += k * block
+                    self.useful += k * per * tau
+                    self.ckpts += k * per
+                    self.ckpt_time += k * (block - per * tau)
+                    if f_every:
+                        self.flushes += k
+                        self.flushed = self.useful
+                    continue
+            flush = self.c.flush if f_every and self.n_flush + 1 == f_every else 0.0
+            if self.t_seg + seg + flush > until:
+                return
+            self.t_seg += seg + flush
+            self.useful += tau
+            self.ckpts += 1
+            self.ckpt_time += delta + flush
+            self.n_flush += 1
+            if flush or (f_every and self.n_flush == f_every):
+                self.n_flush = 0
+                self.flushes += 1
+                self.flushed = self.useful
+
+    def _progress(self, until: float) -> None:
+        """Phase changes that happen by ``until``."""
+        while True:
+            if self.phase == RUN:
+                self._advance(until)
+                return
+            if self.phase not in (QUEUE, HOLD) or self.phase_end > until:
+                return
+            t = self.phase_end
+            if self.phase == QUEUE:
+                self._allocate(t)
+            else:
+                self.phase, self.t_seg = RUN, t
+                self.failed.clear()
+                self.partner_lost = False
+                self.stops.append(t - self.fault_t)
+                self.recoveries.append(t - self.fault_t + self.fault_done)
+
+    # ------------------------------------------------------------------ faults
+    def _fault(self, t: float, dead: list[int]) -> None:
+        if self.phase == RUN:
+            p = t - self.t_seg
+            done = min(p, self.tau)
+            self.lost += done
+            self.ckpt_time += max(0.0, p - self.tau)
+            self.fault_t, self.fault_done = t, done
+            self.restarts += 1
+        else:
+            self.interrupted += 1
+        self.failed.update(dead)
+        if self.c.relaunch >= 0 and not self.partner_lost and self.n > 1 and any(
+                (i + 1) % self.n in self.failed for i in self.failed):
+            # A node and its partner are gone: back to the last flush (or the beginning).
+            self.partner_lost = True
+            self.fallbacks += 1
+            self.lost += self.useful - self.flushed
+            self.fault_done += self.useful - self.flushed
+            self.useful = self.flushed
+            self.n_flush = 0
+        self._restart(t)
+
+    def _restart(self, t: float) -> None:
+        holes = [i for i, node in enumerate(self.working) if node in self.down]
+        live = [x for x in self.spares if x not in self.down]
+        extra = self.c.pfs_restore if self.partner_lost else 0.0
+        if self.c.relaunch >= 0 and len(live) >= len(holes):
+            for i, x in zip(holes, live, strict=False):
+                self.working[i] = x
+            self.spares = live[len(holes):]
+            self.phase, self.phase_end = HOLD, t + self.c.relaunch + extra
+            return
+        self.phase, self.phase_end = QUEUE, t + self.c.queue
+
+    def _allocate(self, t: float) -> None:
+        got = allocate(self.layout.nodes, self.down, [*self.working, *self.spares],
+                       self.n + self.c.spares)
+        if got is None:
+            self.phase = NODES  # a repair retries
+            return
+        # Live nodes keep their place in the job (and their checkpoints); holes get new ones.
+        fresh = [x for x in got if x not in self.working]
+        self.working = [x if x not in self.down else fresh.pop(0) for x in self.working]
+        self.spares = fresh[:self.c.spares]
+        extra = self.c.pfs_restore if self.partner_lost else 0.0
+        self.phase, self.phase_end = HOLD, t + self.c.hold + extra
+
+    # ------------------------------------------------------------------ the run
+    def simulate(self) -> StrategyResult:
+        """Run to the horizon (or until the work is done) and return the result."""
+        tl, i, end = self.timeline, 0, self.horizon
+        while i < len(tl) and self.phase != DONE:
+            t = tl[i].at
+            if t >= end:
                 break
-            interrupted += 1
-            t = f
-        restarts += 1
-        stops.append(t - fault)
-        recoveries.append(t - fault + done)
-        f = fails.next_after(t)
-    wall = t if work_s is not None else horizon
-    nodes = len(layout.working)
-    return StrategyResult(
-        strategy=name, wall_s=wall, useful_s=useful, nodes=nodes, allocated_nodes=nodes,
-        lost_work_s=lost, checkpoint_s=ckpt_time, checkpoints=ckpts,
-        failures=fails.failures, job_failures=restarts, escalations=0,
-        interrupted_restarts=interrupted, recoveries=recoveries, stops=stops,
-        storage_gb=costs.storage_gb,
-        pfs_tb=(ckpts * costs.pfs_bytes_per_ckpt + restarts * costs.pfs_bytes_per_restart) / 1e12,
-        network_tb=ckpts * costs.net_bytes_per_ckpt / 1e12, events=events + fails.failures)
+            self._progress(t)
+            if self.phase == DONE:
+                break
+            j = i
+            failed_now: list[str] = []
+            repaired = False
+            while j < len(tl) and tl[j].at == t:
+                o = tl[j]
+                if o.kind == FAIL:
+                    self.down.add(o.node)
+                    failed_now.append(o.node)
+                else:
+                    self.down.discard(o.node)
+                    repaired = True
+                j += 1
+            i = j
+            if self.phase in (RUN, HOLD):
+                held = set(self.working) | set(self.spares)
+                hit = [x for x in failed_now if x in held]
+                if hit:
+                    self.events += 1
+                    self.failures += len(hit)
+                    self.spares = [x for x in self.spares if x not in self.down]
+                    dead = [k for k, node in enumerate(self.working) if node in hit]
+                    if dead:
+                        self._fault(t, dead)
+            elif self.phase == NODES and repaired:
+                self.events += 1
+                self._allocate(t)
+        if self.phase != DONE:
+            self._progress(end)
+        if self.phase == RUN:  # the horizon ends inside a segment: what it computed counts
+            p = end - self.t_seg
+            left = math.inf if self.work_s is None else self.work_s - self.useful
+            self.useful += min(p, self.tau, left)
+            self.ckpt_time += max(0.0, p - self.tau)
+        return self._result()
+
+    def _result(self) -> StrategyResult:
+        wall = self.finished if self.finished is not None else self.horizon
+        if self.work_s is None:
+            wall = self.horizon
+        c = self.c
+        return StrategyResult(
+            strategy=self.name, wall_s=wall, useful_s=self.useful, nodes=self.n,
+            allocated_nodes=self.n + c.spares, lost_work_s=self.lost,
+            checkpoint_s=self.ckpt_time, checkpoints=self.ckpts, failures=self.failures,
+            job_failures=self.restarts, escalations=0, interrupted_restarts=self.interrupted,
+            recoveries=self.recoveries, stops=self.stops, storage_gb=c.storage_gb,
+            pfs_tb=(self.ckpts * c.pfs_bytes_per_ckpt + self.restarts * c.pfs_bytes_per_restart
+                    + self.flushes * c.flush_bytes) / 1e12,
+            network_tb=self.ckpts * c.net_bytes_per_ckpt / 1e12,
+            events=self.events + self.failures,
+            unfinished=int(self.work_s is not None and self.finished is None),
+            fallbacks=self.fallbacks)
+
+
+def simulate_periodic(name: str, s: Scenario, layout: Layout, timeline: list[Outage],
+                      horizon: float, costs: Costs, work_s: float | None = None
+                      ) -> StrategyResult:
+    """One seed of a checkpoint/restart strategy; ``work_s`` ends a trace job once done."""
+    return PeriodicSim(name, s, layout, timeline, horizon, costs, work_s).simulate()

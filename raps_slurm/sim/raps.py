@@ -14,6 +14,9 @@ The cost model (each figure a scenario key, see docs/simulator.md):
 - the job computes in cycles of ``interval_s`` then a blocking incremental save of
   ``incr_s_per_gb`` x node state; message logging slows computation by ``log_overhead``;
   a checkpoint is usable by another node once its delta reached the holders;
+- the node is the unit of placement and recovery: a node's ranks share one backup group
+  and move together to one spare under one plan (the planner is given one site per node),
+  spares and ``max_concurrent_recoveries`` count nodes;
 - a tightly coupled job: when a node running ranks crashes, every rank waits until the
   lost ones are back (detection, plan, launch, restore, replay), then all go on;
 - a restore pulls the compressed state from a live holder over ``node_net_gbps`` (nothing
@@ -22,6 +25,8 @@ The cost model (each figure a scenario key, see docs/simulator.md):
 - an escalation requeues the job: queue wait, start-up, local restores, and every rank
   back at the newest checkpoint its holders have; the new run gets fresh spares. Spares
   are not replenished within a run (a failed node leaves the allocation).
+- failures and repairs come from the cluster's timeline, the same for every strategy
+  (:func:`~raps_slurm.sim.trace.node_timeline`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from raps_slurm.model import BackupGroup
 from raps_slurm.sim.detect import detection_delays
 from raps_slurm.sim.results import StrategyResult
 from raps_slurm.sim.scenario import Scenario
-from raps_slurm.sim.trace import Layout, NodeStream, domain_events
+from raps_slurm.sim.trace import FAIL, Layout, Outage, allocate, node_timeline
 from raps_slurm.store.keys import Keys
 from raps_slurm.store.memory import MemoryStore
 
@@ -49,24 +54,25 @@ class RapsSim:
     """One seed of one job under raps-slurm (see the module docstring)."""
 
     def __init__(self, s: Scenario, layout: Layout, seed: int, horizon: float,
-                 work_s: float | None = None) -> None:
+                 work_s: float | None = None, timeline: list[Outage] | None = None) -> None:
         self.s, self.layout, self.horizon, self.work_s = s, layout, horizon, work_s
-        self._seed = seed
+        self.timeline = timeline if timeline is not None else \
+            node_timeline(s, layout, seed, horizon)
         r = s.raps
         self.now = 0.0
         self.store = MemoryStore(clock=lambda: self.now)
         self.keys = Keys()
         self._q: list[tuple[float, int, str, object]] = []
         self._seq = 0
-        self.streams = {n: NodeStream(seed, n, s) for n in layout.nodes}
-        self.node_gen = dict.fromkeys(layout.nodes, 0)
         self.down: set[str] = set()
         self.known_dead: set[str] = set()
-        self.delays = detection_delays(r)
+        self.delays = [r.detect_s] if r.detect_s >= 0 else detection_delays(r)
         self.rng = random.Random(f"{seed}/detection")
         self.racks = layout.topology.racks()
         per_node = s.job.state_gb_per_node
-        self.rank_gb = per_node / s.job.ranks_per_node
+        # The unit of placement and recovery is the node: its ranks share one backup group
+        # and move together to one spare, so the planner sees one site per node.
+        self.node_gb = per_node
         self.tau = s.checkpoint.interval_s
         self.c = r.incr_s_per_gb * per_node
         delta_gb = per_node * s.job.change_rate * r.storage_ratio
@@ -113,12 +119,9 @@ class RapsSim:
 
     def simulate(self) -> StrategyResult:
         """Run to the horizon (or until the work is done) and return the result."""
-        for n, st in self.streams.items():
-            self._at(st.uptime(), "fail", (n, 0))
-        end = self.horizon if self.work_s is None else math.inf
-        cap = self.horizon if self.work_s is None else 50 * self.work_s + 1e7
-        for ev in domain_events(self.s, self.layout, self._seed, cap):
-            self._at(ev.at, "domain", ev.victims)
+        end = self.horizon  # a trace job not done by then stops there, unfinished
+        for o in self.timeline:
+            self._at(o.at, "fail" if o.kind == FAIL else "repair", o.node)
         self._new_run(list(self.layout.working), list(self.layout.spares))
         while self._q and self.finished_at is None:
             t, _, kind, payload = heapq.heappop(self._q)
@@ -163,8 +166,7 @@ class RapsSim:
 
     # ------------------------------------------------------------------ runs
     def _new_run(self, working: list[str], spares: list[str]) -> None:
-        rpn = self.s.job.ranks_per_node
-        rank_nodes = {w * rpn + k: node for w, node in enumerate(working) for k in range(rpn)}
+        rank_nodes = dict(enumerate(working))  # one site per node (see __init__)
         places = placement.compute_placement(
             self.layout.topology, rank_nodes, spares, replicas=self.s.checkpoint.replicas,
             prefer_original_rack=self.s.raps.prefer_original_rack)
@@ -197,16 +199,9 @@ class RapsSim:
     def _allocate(self) -> tuple[list[str], list[str]] | None:
         """Nodes for a requeued job: its live nodes first, then the lowest-numbered live ones."""
         need_w, need_s = len(self.layout.working), len(self.layout.spares)
-        live_old = [n for n in self.working if n not in self.down]
-        keep = set(live_old)
-        others = [n for n in self.layout.nodes if n not in self.down and n not in keep]
-        if len(live_old) + len(others) < need_w + need_s:
-            return None
-        working = (live_old + others)[:need_w]
-        taken = set(working)
-        spares = [n for n in (*self.spare_list, *self.layout.nodes)
-                  if n not in self.down and n not in taken][:need_s]
-        return working, list(dict.fromkeys(spares))[:need_s]
+        got = allocate(self.layout.nodes, self.down, [*self.working, *self.spare_list],
+                       need_w + need_s)
+        return None if got is None else (got[:need_w], got[need_w:])
 
     def _escalate(self, reason: str, wait_until: float = 0.0) -> None:
         if self.requeuing:
@@ -227,8 +222,8 @@ class RapsSim:
         self.base += usable
         self.requeuing = True
         r = self.s.raps
-        ready = max(self.now, wait_until) + r.requeue_wait_s + r.reinit_s + \
-            self.rank_gb * self.s.job.ranks_per_node / r.restore_gbps
+        ready = max(self.now, wait_until) + self.s.cluster.queue_wait_s + self.s.job.reinit_s \
+            + self.node_gb / r.restore_gbps
         self._at(ready, "resume", self.run)
 
     def _on_resume(self, run: object) -> None:
@@ -248,23 +243,9 @@ class RapsSim:
         self._new_run(*alloc)
 
     # ------------------------------------------------------------------ failures
-    def _on_fail(self, payload: object) -> None:
-        assert isinstance(payload, tuple)
-        node: str = payload[0]
-        gen: int = payload[1]
-        if gen != self.node_gen[node] or node in self.down:
-            return
-        self._crash(node)
-
-    def _on_domain(self, victims: object) -> None:
-        for node in victims:  # type: ignore[attr-defined]
-            if node not in self.down:
-                self.node_gen[node] += 1  # its pending independent failure is void now
-                self._crash(node)
-
-    def _crash(self, node: str) -> None:
+    def _on_fail(self, node: object) -> None:
+        assert isinstance(node, str)
         self.down.add(node)
-        self._at(self.now + self.streams[node].repair(), "repair", node)
         if node not in self.pool or self.requeuing:
             return
         self.failures += 1
@@ -282,8 +263,6 @@ class RapsSim:
         assert isinstance(node, str)
         self.down.discard(node)
         self.known_dead.discard(node)
-        self.node_gen[node] += 1
-        self._at(self.now + self.streams[node].uptime(), "fail", (node, self.node_gen[node]))
         if self.waiting_nodes:
             self._on_resume(self.run)
 
@@ -304,7 +283,7 @@ class RapsSim:
             return
         sites = [self.sites[r] for r in sorted(ranks)]
         holders = {r: self._holders(r) for r in ranks}
-        sizes = {r: int(self.rank_gb * GB) for r in ranks}
+        sizes = {r: int(self.node_gb * GB) for r in ranks}
         out = planner.plan_dead_node(
             JOB, node, sites, batch_host=self.batch_host, dead=self.known_dead, unhealthy=(),
             taken=planner.taken_spares(self._plans(), JOB, self.run), racks=self.racks,
@@ -336,7 +315,7 @@ class RapsSim:
     def _replace_backups(self, node: str) -> None:
         """Groups that lost a backup on ``node`` get a new one, as the coordinator's cycle
         does; the copy is usable once the primary sent it."""
-        copy_s = self.rank_gb * self.s.raps.storage_ratio / self.s.raps.node_net_gbps
+        copy_s = self.node_gb * self.s.raps.storage_ratio / self.s.raps.node_net_gbps
         for r in sorted(self.held.pop(node, ())):
             g = self.groups[r]
             assert self.loads is not None  # built with the run
@@ -375,8 +354,8 @@ class RapsSim:
             if p.target in holders:
                 pull = 0.0
             elif holders:
-                pull = self.rank_gb * r.storage_ratio / r.node_net_gbps
-                self.network_bytes += self.rank_gb * r.storage_ratio * GB
+                pull = self.node_gb * r.storage_ratio / r.node_net_gbps
+                self.network_bytes += self.node_gb * r.storage_ratio * GB
             else:
                 g = self.groups[p.rank]
                 copies = [m for m in (g.primary, g.log_backup, *g.ckpt_mirrors) if m]
@@ -391,7 +370,7 @@ class RapsSim:
             self.epochs[p.rank] = p.epoch
             self.on_node.setdefault(p.target, set()).add(p.rank)
             self.groups[p.rank] = replace(self.groups[p.rank], primary=p.target)
-            restored = start + r.launch_s + pull + self.rank_gb / r.restore_gbps
+            restored = start + r.launch_s + pull + self.node_gb / r.restore_gbps
             self._at(restored, "restored", p.plan_id)
 
     def _first_repair(self, nodes: list[str]) -> float:
@@ -429,8 +408,8 @@ class RapsSim:
         return {q.rank for q in self._plans() if q.source == node and q.run == self.run}
 
     def _share(self) -> float:
-        """One rank's share of the job (lost work is counted in job seconds)."""
-        return 1.0 / (len(self.layout.working) * self.s.job.ranks_per_node)
+        """One node's share of the job (lost work is counted in job seconds)."""
+        return 1.0 / len(self.layout.working)
 
     def _on_overdue(self, plan_id: object) -> None:
         p = self._plan(plan_id)
@@ -441,9 +420,9 @@ class RapsSim:
     # ------------------------------------------------------------------ result
     def _result(self, end: float) -> StrategyResult:
         if self.finished_at is None:
-            self.now = min(end, self.horizon) if self.work_s is None else self.now
+            self.now = end
             self._stop()
-            wall = self.horizon if self.work_s is None else self.now
+            wall = end
         else:
             wall = self.finished_at
         compute = self.base + (self._compute(self.u) if not self.requeuing else 0.0)
@@ -463,7 +442,8 @@ class RapsSim:
             storage_gb=storage, pfs_tb=0.0,
             network_tb=(ckpts * nodes * delta * s.checkpoint.replicas + self.network_bytes)
             / 1e12, events=self.events, logging_s=compute * self.log,
-            escalation_kinds=dict(self.escalation_kinds))
+            escalation_kinds=dict(self.escalation_kinds),
+            unfinished=int(self.work_s is not None and self.finished_at is None))
 
     def _ckpt_count(self) -> int:
         return self._runs_ckpts + (0 if self.requeuing else math.floor(self.u / self.cycle))

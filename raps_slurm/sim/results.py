@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class StrategyResult:
@@ -36,6 +38,8 @@ class StrategyResult:
     node_seconds: float = 0.0  # allocated node-seconds (trace: summed over jobs)
     logging_s: float = 0.0     # raps: computation spent on message logging
     escalation_kinds: dict[str, int] = field(default_factory=dict)  # raps: why requeued
+    unfinished: int = 0        # trace jobs whose work was not done by the horizon
+    fallbacks: int = 0         # scr: a node and its partner lost together, back to the PFS
 
     @property
     def useful_work_fraction(self) -> float:
@@ -63,7 +67,7 @@ def merge(results: Sequence[StrategyResult]) -> StrategyResult:
         for name in ("storage_gb", "pfs_tb", "network_tb"):
             setattr(out, name, getattr(out, name) + getattr(r, name))
         for name in ("checkpoints", "failures", "job_failures", "escalations",
-                     "interrupted_restarts", "events"):
+                     "interrupted_restarts", "events", "unfinished", "fallbacks"):
             setattr(out, name, getattr(out, name) + getattr(r, name))
         for k, v in r.escalation_kinds.items():
             out.escalation_kinds[k] = out.escalation_kinds.get(k, 0) + v
@@ -82,15 +86,87 @@ def _pct(values: Sequence[float], q: float) -> float | None:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def _ci95(values: Sequence[float]) -> float:
+# Two-sided 95 % quantiles of Student's t distribution (0.975 quantile) by degrees of
+# freedom; tests/unit/test_sim_stats.py checks every entry against a numerical integration
+# of the t density. Between entries the quantile is interpolated in 1/df.
+T975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646,
+        8: 2.3060, 9: 2.2622, 10: 2.2281, 11: 2.2010, 12: 2.1788, 13: 2.1604, 14: 2.1448,
+        15: 2.1314, 16: 2.1199, 17: 2.1098, 18: 2.1009, 19: 2.0930, 20: 2.0860, 25: 2.0595,
+        30: 2.0423, 40: 2.0211, 60: 2.0003, 120: 1.9799}
+Z975 = 1.959964
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
+    if df in T975:
+        return T975[df]
+    keys = sorted(T975)
+    if df > keys[-1]:
+        lo_df, lo_q, hi_inv, hi_q = keys[-1], T975[keys[-1]], 0.0, Z975
+    else:
+        lo_df = max(k for k in keys if k < df)
+        hi_df = min(k for k in keys if k > df)
+        lo_q, hi_inv, hi_q = T975[lo_df], 1.0 / hi_df, T975[hi_df]
+    lo_inv = 1.0 / lo_df
+    w = (1.0 / df - hi_inv) / (lo_inv - hi_inv)
+    return hi_q + w * (lo_q - hi_q)
+
+
+def ci95(values: Sequence[float]) -> float:
+    """Half-width of the 95 % confidence interval of the mean (Student's t, n - 1 df)."""
     if len(values) < 2:
         return 0.0
-    return 1.96 * statistics.stdev(values) / math.sqrt(len(values))
+    return t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+BOOTSTRAP_RESAMPLES = 1000
+
+
+def bootstrap_pct_ci95(values: Sequence[float], q: float,
+                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+                       ) -> tuple[float, float] | None:
+    """95 % percentile-bootstrap interval of the ``q`` quantile (nearest rank, as
+    :func:`_pct`): the values resampled with replacement ``resamples`` times, the quantile
+    of each resample, their 2.5 % and 97.5 % points. A fixed ``seed`` makes a report
+    reproducible. None for fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return None
+    data = np.asarray(values, dtype=float)
+    k = min(n - 1, max(0, math.ceil(q * n) - 1))
+    rng = np.random.default_rng(seed)
+    stats: list[np.ndarray] = []
+    per = max(1, 2_000_000 // n)  # resamples per batch: memory stays near 16 MB
+    done = 0
+    while done < resamples:
+        m = min(per, resamples - done)
+        sample = data[rng.integers(0, n, size=(m, n))]
+        stats.append(np.partition(sample, k, axis=1)[:, k])
+        done += m
+    lo, hi = np.quantile(np.concatenate(stats), [0.025, 0.975])
+    return float(lo), float(hi)
+
+
+def seeds_for_half_width(values: Sequence[float], half_width: float) -> int:
+    """Seeds the mean of ``values`` needs for a 95 % half-width of ``half_width``, from
+    their spread so far: the smallest n with t(n-1) x s / sqrt(n) <= half_width."""
+    if len(values) < 2 or half_width <= 0:
+        return len(values)
+    sd = statistics.stdev(values)
+    if sd == 0:
+        return len(values)
+    n = max(2, math.ceil((Z975 * sd / half_width) ** 2))
+    while t975(n - 1) * sd / math.sqrt(n) > half_width:
+        n += 1
+    return n
 
 
 def summarize(runs: Sequence[StrategyResult]) -> dict[str, Any]:
-    """Mean over seeds; the useful-work fraction with its 95 % confidence half-width."""
+    """Mean over seeds; the useful-work fraction and node efficiency with their 95 %
+    confidence half-widths (Student's t over the seeds); recovery percentiles with 95 %
+    bootstrap intervals (``[low, high]``, over the recoveries of every seed)."""
     fr = [r.useful_work_fraction for r in runs]
+    ne = [r.node_efficiency for r in runs]
     rec = [x for r in runs for x in r.recoveries]
     stops = [x for r in runs for x in r.stops]
     n = len(runs)
@@ -102,10 +178,15 @@ def summarize(runs: Sequence[StrategyResult]) -> dict[str, Any]:
     def r4(x: float | None) -> float | None:
         return None if x is None else round(x, 4)
 
+    def ci(values: list[float], q: float) -> list[float] | None:
+        got = bootstrap_pct_ci95(values, q)
+        return None if got is None else [round(got[0], 4), round(got[1], 4)]
+
     return {
         "useful_work_fraction": round(statistics.fmean(fr), 5),
-        "useful_work_fraction_ci95": round(_ci95(fr), 5),
-        "node_efficiency": round(statistics.fmean(r.node_efficiency for r in runs), 5),
+        "useful_work_fraction_ci95": round(ci95(fr), 5),
+        "node_efficiency": round(statistics.fmean(ne), 5),
+        "node_efficiency_ci95": round(ci95(ne), 5),
         "lost_work_fraction": round(sum(r.lost_work_s for r in runs) / wall, 5) if wall else 0.0,
         "checkpoint_overhead": round(sum(r.checkpoint_s for r in runs) / wall, 5)
         if wall else 0.0,
@@ -116,9 +197,12 @@ def summarize(runs: Sequence[StrategyResult]) -> dict[str, Any]:
         "recoveries": len(rec),
         "recovery_mean_s": r4(statistics.fmean(rec)) if rec else None,
         "recovery_p50_s": r4(_pct(rec, 0.5)),
+        "recovery_p50_s_ci95": ci(rec, 0.5),
         "recovery_p90_s": r4(_pct(rec, 0.9)),
+        "recovery_p90_s_ci95": ci(rec, 0.9),
         "recovery_max_s": r4(max(rec)) if rec else None,
         "stop_p50_s": r4(_pct(stops, 0.5)),
+        "stop_p50_s_ci95": ci(stops, 0.5),
         "failures_per_seed": round(mean("failures"), 2),
         "job_failures_per_seed": round(mean("job_failures"), 2),
         "escalations_per_seed": round(mean("escalations"), 2),
@@ -128,18 +212,23 @@ def summarize(runs: Sequence[StrategyResult]) -> dict[str, Any]:
         "storage_gb": round(mean("storage_gb"), 2),
         "pfs_tb_per_seed": round(mean("pfs_tb"), 4),
         "network_tb_per_seed": round(mean("network_tb"), 4),
+        "pfs_fallbacks_per_seed": round(mean("fallbacks"), 2),
+        "unfinished_jobs_per_seed": round(mean("unfinished"), 2),
         "events": sum(r.events for r in runs),
         "seeds": n,
     }
 
 
 CSV_COLUMNS = ("strategy", "useful_work_fraction", "useful_work_fraction_ci95",
-               "node_efficiency", "lost_work_fraction", "checkpoint_overhead",
-               "logging_overhead", "stall_fraction", "recoveries", "recovery_mean_s",
-               "recovery_p50_s", "recovery_p90_s", "recovery_max_s", "stop_p50_s",
-               "failures_per_seed",
-               "job_failures_per_seed", "escalations_per_seed", "checkpoints_per_seed",
-               "storage_gb", "pfs_tb_per_seed", "network_tb_per_seed", "events", "seeds")
+               "node_efficiency", "node_efficiency_ci95", "lost_work_fraction",
+               "checkpoint_overhead", "logging_overhead", "stall_fraction", "recoveries",
+               "recovery_mean_s", "recovery_p50_s", "recovery_p50_s_ci95_low",
+               "recovery_p50_s_ci95_high", "recovery_p90_s", "recovery_p90_s_ci95_low",
+               "recovery_p90_s_ci95_high", "recovery_max_s", "stop_p50_s",
+               "failures_per_seed", "job_failures_per_seed",
+               "escalations_per_seed", "checkpoints_per_seed", "storage_gb", "pfs_tb_per_seed",
+               "network_tb_per_seed", "pfs_fallbacks_per_seed", "unfinished_jobs_per_seed",
+               "events", "seeds")
 
 
 def to_csv(rows: Sequence[dict[str, Any]], extra: Sequence[str] = ()) -> str:
@@ -149,5 +238,9 @@ def to_csv(rows: Sequence[dict[str, Any]], extra: Sequence[str] = ()) -> str:
     cols = (*extra, *CSV_COLUMNS)
     w.writerow(cols)
     for row in rows:
-        w.writerow(["" if row.get(c) is None else row.get(c) for c in cols])
+        flat = dict(row)
+        for name in ("recovery_p50_s", "recovery_p90_s"):
+            low_high = row.get(name + "_ci95") or (None, None)
+            flat[name + "_ci95_low"], flat[name + "_ci95_high"] = low_high
+        w.writerow(["" if flat.get(c) is None else flat.get(c) for c in cols])
     return buf.getvalue()

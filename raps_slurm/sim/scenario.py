@@ -7,12 +7,9 @@ bandwidths GB/s, times in the unit their name ends with.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import typing
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +23,15 @@ STRATEGIES = ("raps", "global", "scr")
 class RunSpec:
     """How long and how often to simulate."""
 
-    horizon_days: float = _f(365.0, "simulated time per seed (single-job scenarios)",
+    horizon_days: float = _f(365.0, "simulated time per seed; every loop stops there (a trace "
+                                    "job not done by then counts as unfinished)",
                              0.001, 1_000_000)
     seeds: int = _f(5, "independent failure traces; results are means over them", 1, 10_000)
     seed: int = _f(1, "first seed (seed, seed+1, ...)", 0, 2**31 - 1)
+    half_width: float = _f(0.0, "target 95 % half-width of every strategy's useful-work "
+                                "fraction: after run.seeds, more seeds until it is reached "
+                                "or run.max_seeds (0 = exactly run.seeds)", 0.0, 1.0)
+    max_seeds: int = _f(200, "most seeds run.half_width may use", 2, 10_000)
     strategies: tuple[str, ...] = _f(list(STRATEGIES), "strategies to compare: raps, global, scr")
 
 
@@ -37,11 +39,17 @@ class RunSpec:
 class ClusterSpec:
     """Where the job runs."""
 
-    racks: int = _f(8, "racks (leaf switches); nodes are spread over them in order", 1, 100_000)
+    racks: int = _f(8, "racks (leaf switches): a count (nodes spread evenly in order, sizes "
+                       "differing by at most one) or a list of rack sizes ([4, 3, 2]), which "
+                       "is then the whole cluster", 1, 100_000)
     power_domains: int = _f(0, "power domains, each a run of whole racks (0 = none known)",
                             0, 100_000)
     idle_nodes: int = _f(16, "nodes outside the job a requeued job may be given instead of "
-                             "dead ones", 0, 10_000_000)
+                             "dead ones (with a list of rack sizes: what the list holds beyond "
+                             "the job and its spares)", 0, 10_000_000)
+    queue_wait_s: float = _f(1200.0, "queue wait of a requeued job, every strategy", 0.0, 1e8)
+    # cluster.racks given as a list of sizes; ``racks`` is then its length.
+    rack_sizes: tuple[int, ...] = field(default=(), metadata={"internal": True})
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,10 @@ class FailureSpec:
                                0, 1_000_000)
     repair_h: float = _f(24.0, "mean time to repair a failed node (exponential), hours",
                          0.0, 1e6)
+    log: str = _f("", "node failure log (CSV: time,node,kind[,end]) replayed instead of "
+                      "mtbf_h and the correlated events; relative to the scenario file")
+    log_kinds: tuple[str, ...] = _f([], "kinds of the log that count as node failures "
+                                        "([] = every kind)")
 
 
 @dataclass(frozen=True)
@@ -72,8 +84,13 @@ class JobSpec:
     state_gb_per_node: float = _f(15.0, "checkpointed state per node, GB", 0.0, 1e6)
     change_rate: float = _f(0.13, "share of the state changed between two checkpoints",
                             0.0, 1.0)
+    reinit_s: float = _f(300.0, "application start-up after a requeue, before it restores "
+                                "(every strategy)", 0.0, 1e8)
     trace: str = _f("", "sacct --parsable2 file (JobID|NNodes|Start|End|State); "
                         "relative to the scenario file; '' = one job for the horizon")
+    trace_states: tuple[str, ...] = _f(
+        ["COMPLETED", "TIMEOUT", "NODE_FAIL"], "sacct states whose jobs are simulated (the "
+        "others, e.g. FAILED or CANCELLED, end for reasons no checkpoint helps with)")
 
 
 @dataclass(frozen=True)
@@ -89,7 +106,8 @@ class CheckpointSpec:
 class RapsSpec:
     """raps-slurm: per-node incremental checkpoints, message logs, relaunch on spares."""
 
-    spares: int = _f(4, "spare nodes allocated with the job (sbatch --raps-spares)", 0, 1_000_000)
+    spares: int = _f(4, "spare nodes allocated with the job (sbatch --raps-spares); scr "
+                           "relaunches on the same spares", 0, 1_000_000)
     incr_s_per_gb: float = _f(0.66, "blocking time of an incremental save per GB of state",
                               0.0, 1e6)
     restore_gbps: float = _f(0.72, "decode and verify speed of a restore, GB/s per node",
@@ -111,9 +129,10 @@ class RapsSpec:
     miss_threshold: int = _f(3, "detection.miss_threshold", 1, 100)
     fence_margin_s: float = _f(0.5, "detection.fence_margin_sec", 0.0, 3600)
     network_delay_s: float = _f(0.05, "one-way delay of a heartbeat", 0.0, 60)
-    requeue_wait_s: float = _f(1200.0, "after an escalation: queue wait of the requeued job",
-                               0.0, 1e8)
-    reinit_s: float = _f(300.0, "after an escalation: application start-up", 0.0, 1e8)
+    detect_s: float = _f(-1.0, "crash -> DEAD verdict, seconds (a measured median: rapsctl "
+                               "simulate calibrate takes it from bench detect); -1 = the "
+                               "coordinator's detector run at the heartbeat settings above",
+                         -1.0, 3600)
 
 
 @dataclass(frozen=True)
@@ -122,21 +141,25 @@ class GlobalSpec:
 
     pfs_write_gbps: float = _f(10.0, "aggregate PFS write bandwidth, GB/s", 0.001, 1e9)
     pfs_read_gbps: float = _f(10.0, "aggregate PFS read bandwidth, GB/s", 0.001, 1e9)
-    queue_wait_s: float = _f(1200.0, "queue wait of the requeued job", 0.0, 1e8)
-    reinit_s: float = _f(300.0, "application start-up before it reads its checkpoint",
-                         0.0, 1e8)
     checkpoint_s: float = _f(-1.0, "checkpoint time; -1 = state / pfs_write_gbps", -1, 1e8)
-    restart_s: float = _f(-1.0, "whole restart time; -1 = queue wait + re-init + read",
-                          -1, 1e8)
+    restart_s: float = _f(-1.0, "whole restart time, all of it holding the job's nodes "
+                                "(Daly's R); -1 = cluster.queue_wait_s, then job.reinit_s + "
+                                "read", -1, 1e8)
 
 
 @dataclass(frozen=True)
 class ScrSpec:
-    """SCR-like: node-local checkpoint plus a partner copy, whole-step relaunch."""
+    """SCR-like: node-local checkpoint plus a copy on a partner node (the next node of the
+    job), whole-step relaunch on the job's spares, a periodic flush to the PFS."""
 
     local_gbps: float = _f(2.0, "node-local write speed, GB/s", 0.001, 1e6)
     partner_gbps: float = _f(3.0, "copy to the partner node, GB/s", 0.001, 1e6)
-    relaunch_s: float = _f(120.0, "fixed delay to relaunch the step on spares", 0.0, 1e8)
+    relaunch_s: float = _f(120.0, "relaunch of the whole step inside the allocation, "
+                                  "start-up included", 0.0, 1e8)
+    flush_every: int = _f(10, "every Nth checkpoint is also written to the PFS (at "
+                              "global.pfs_write_gbps, blocking): the fallback when a node and "
+                              "its partner are lost together; 0 = never (such a loss restarts "
+                              "the job from its beginning)", 0, 1_000_000)
 
 
 @dataclass(frozen=True)
@@ -156,15 +179,6 @@ class Scenario:
     source: str = field(default="", metadata={"internal": True})
 
 
-@dataclass(frozen=True)
-class TraceJob:
-    """One job of an sacct trace: its nodes and failure-free run time."""
-
-    job_id: str
-    nodes: int
-    work_s: float
-
-
 def _rename(data: Any) -> Any:
     """YAML ``global`` is the Python field ``global_`` (a keyword)."""
     if isinstance(data, dict) and "global" in data:
@@ -173,16 +187,45 @@ def _rename(data: Any) -> Any:
     return data
 
 
+def _take_rack_list(data: Any, errors: list[str]) -> tuple[Any, tuple[int, ...]]:
+    """``cluster.racks`` given as a list of rack sizes: the data with the count instead."""
+    if not isinstance(data, dict) or not isinstance(data.get("cluster"), dict):
+        return data, ()
+    cl = dict(data["cluster"])
+    if "rack_sizes" in cl:
+        errors.append("cluster.rack_sizes: unknown key (give cluster.racks a list of rack "
+                      "sizes instead, e.g. racks: [4, 3, 2])")
+        del cl["rack_sizes"]
+    racks = cl.get("racks")
+    sizes: tuple[int, ...] = ()
+    if isinstance(racks, list):
+        if racks and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                         for x in racks):
+            sizes = tuple(racks)
+            cl["racks"] = len(racks)
+        else:
+            errors.append(f"cluster.racks: expected a rack count or a list of rack sizes "
+                          f"(integers >= 1), got {racks!r}")
+            del cl["racks"]
+    return {**data, "cluster": cl}, sizes
+
+
 def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
     """Build a Scenario from parsed YAML; ScenarioError with one line per problem."""
     errors: list[str] = []
     if isinstance(data, dict) and "source" in data:
         errors.append("source: unknown key (allowed: " + ", ".join(_public_keys()) + ")")
         data = {k: v for k, v in data.items() if k != "source"}
+    data, sizes = _take_rack_list(data, errors)
     scn = _build(Scenario, _rename(data), "", errors)
     errors = [e.replace("global_", "global").replace(", source)", ")") for e in errors]
+    errors = [e.replace(", rack_sizes)", ")") for e in errors]
     errors = ["scenario:" + e[len("config:"):] if e.startswith("config:") else e
               for e in errors]
+    if sizes and not errors:
+        scn = dataclasses.replace(scn, cluster=dataclasses.replace(
+            scn.cluster, rack_sizes=sizes,
+            idle_nodes=max(0, sum(sizes) - scn.job.nodes - scn.raps.spares)))
     if not errors:
         _check(scn, errors)
     if errors:
@@ -195,6 +238,24 @@ def _public_keys() -> list[str]:
             if not f.metadata.get("internal")]
 
 
+def cluster_check(s: Scenario, job_nodes: int, where: str = "") -> list[str]:
+    """Why the cluster cannot hold a job of ``job_nodes`` plus its spares ([] if it can)."""
+    c = s.cluster
+    pool = job_nodes + s.raps.spares
+    what = f"{where}job.nodes + raps.spares = {pool}"
+    if c.rack_sizes:
+        if sum(c.rack_sizes) < pool:
+            return [f"cluster.racks: the racks hold {sum(c.rack_sizes)} nodes, fewer than "
+                    f"{what}"]
+        return []
+    total = pool + c.idle_nodes
+    if c.racks > total:
+        return [f"cluster.racks: {c.racks} racks for {total} nodes ({what} + "
+                f"cluster.idle_nodes): every rack needs a node; give fewer racks or a list "
+                f"of rack sizes"]
+    return []
+
+
 def _check(s: Scenario, errors: list[str]) -> None:
     for name in s.run.strategies:
         if name not in STRATEGIES:
@@ -202,6 +263,8 @@ def _check(s: Scenario, errors: list[str]) -> None:
                           f"{', '.join(STRATEGIES)}")
     if not s.run.strategies:
         errors.append("run.strategies: expected at least one of " + ", ".join(STRATEGIES))
+    if not s.job.trace:
+        errors.extend(cluster_check(s, s.job.nodes))
     if s.cluster.power_domains > s.cluster.racks:
         errors.append(f"cluster.power_domains: {s.cluster.power_domains} exceeds cluster.racks "
                       f"= {s.cluster.racks} (a power domain holds whole racks)")
@@ -239,7 +302,9 @@ def to_dict(s: Any) -> dict[str, Any]:
             continue
         v = getattr(s, f.name)
         key = f.metadata.get("key", f.name)
-        if dataclasses.is_dataclass(v):
+        if isinstance(s, ClusterSpec) and f.name == "racks" and s.rack_sizes:
+            out[key] = list(s.rack_sizes)
+        elif dataclasses.is_dataclass(v):
             out[key] = to_dict(v)
         elif isinstance(v, tuple):
             out[key] = list(v)
@@ -262,86 +327,9 @@ def describe() -> list[tuple[str, Any, str]]:
             continue
         instance = typing.cast(Any, cls)()
         for f in dataclasses.fields(cls):
+            if f.metadata.get("internal"):
+                continue
             default = getattr(instance, f.name)
             rows.append((f"{key}.{f.name}", list(default) if isinstance(default, tuple)
                          else default, f.metadata["doc"]))
     return rows
-
-
-# ---------------------------------------------------------------------- job traces
-
-_SACCT_FIELDS = ("JobID", "NNodes", "Start", "End", "State")
-
-
-def _time(value: str) -> datetime | None:
-    if value in ("", "Unknown", "None"):
-        return None
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        return None
-
-
-def parse_trace(text: str, source: str = "trace") -> list[TraceJob]:
-    """Jobs from ``sacct --parsable2 -X -o JobID,NNodes,Start,End,State`` output.
-
-    Job steps (``123.batch``), jobs that never started or have not ended, and jobs that
-    ran for no time are skipped; a malformed line is an error naming the line.
-    """
-    rows = list(csv.reader(io.StringIO(text), delimiter="|"))
-    if not rows:
-        raise ScenarioError([f"{source}: empty trace, expected a header "
-                             f"{'|'.join(_SACCT_FIELDS)}"])
-    header = [h.strip() for h in rows[0]]
-    missing = [f for f in _SACCT_FIELDS if f not in header]
-    if missing:
-        raise ScenarioError([f"{source}: line 1: header lacks {', '.join(missing)} "
-                             f"(expected sacct --parsable2 -o {','.join(_SACCT_FIELDS)})"])
-    idx = {f: header.index(f) for f in _SACCT_FIELDS}
-    jobs: list[TraceJob] = []
-    errors: list[str] = []
-    for n, row in enumerate(rows[1:], start=2):
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) < len(header):
-            errors.append(f"{source}: line {n}: expected {len(header)} fields, got {len(row)}")
-            continue
-        job_id = row[idx["JobID"]].strip()
-        if "." in job_id:
-            continue
-        nn = row[idx["NNodes"]].strip()
-        if not nn.isdigit() or int(nn) < 1:
-            errors.append(f"{source}: line {n}: NNodes: expected a positive integer, got {nn!r}")
-            continue
-        start, end = _time(row[idx["Start"]].strip()), _time(row[idx["End"]].strip())
-        if start is None or end is None:
-            if row[idx["Start"]].strip() not in ("", "Unknown", "None") and start is None:
-                errors.append(f"{source}: line {n}: Start: expected YYYY-MM-DDTHH:MM:SS, got "
-                              f"{row[idx['Start']].strip()!r}")
-            elif row[idx["End"]].strip() not in ("", "Unknown", "None") and end is None:
-                errors.append(f"{source}: line {n}: End: expected YYYY-MM-DDTHH:MM:SS, got "
-                              f"{row[idx['End']].strip()!r}")
-            continue
-        work = (end - start).total_seconds()
-        if work <= 0:
-            continue
-        jobs.append(TraceJob(job_id, int(nn), work))
-    if errors:
-        raise ScenarioError(errors[:20])
-    if not jobs:
-        raise ScenarioError([f"{source}: no job with a start, an end and NNodes >= 1"])
-    return jobs
-
-
-def load_trace(scenario: Scenario) -> list[TraceJob] | None:
-    """The scenario's job trace, None when it simulates one job for the horizon."""
-    if not scenario.job.trace:
-        return None
-    path = Path(scenario.job.trace)
-    if not path.is_absolute() and scenario.source:
-        path = Path(scenario.source).parent / path
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ScenarioError([f"job.trace: cannot read {path}: {exc.strerror or exc}"]) from None
-    return parse_trace(text, str(path))

@@ -1,12 +1,11 @@
-"""The simulated cluster and its failure trace.
+"""The simulated cluster and its failure trace, one model for every strategy.
 
-Every strategy of one seed sees the same trace through common random numbers: each
-node has its own random stream (times to failure, then repair times, in the order the
-node lives them) and each fault domain its own list of correlated events, so a node's
-n-th failure is drawn from the same numbers whichever strategy asks for it. What differs
-is what the strategy does with a failed node: ``global`` and ``scr`` give the job a
-fresh node at once (the requeued job is placed elsewhere, so its next failure counts
-from the restart), ``raps`` keeps the node down until it is repaired.
+The cluster is a finite set of nodes in racks (and power domains). Each node has its own
+random stream (times to failure, then repair times, in the order the node lives them) and
+each fault domain its own list of correlated events; :func:`node_timeline` turns them into
+one list of failures and repairs that every strategy of a seed reads (common random
+numbers). A failed node stays down until it is repaired, whichever strategy runs; what
+differs is what the strategy does about it.
 """
 
 from __future__ import annotations
@@ -14,10 +13,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import re
 from dataclasses import dataclass
 
+from raps_slurm.errors import ScenarioError
 from raps_slurm.model import Switch, Topology
-from raps_slurm.sim.scenario import Scenario
+from raps_slurm.sim.inputs import LoggedFailure, log_period
+from raps_slurm.sim.scenario import Scenario, cluster_check
 
 
 @dataclass(frozen=True)
@@ -41,27 +43,50 @@ class Layout:
         return {d: tuple(ns) for d, ns in out.items()}
 
 
+def even_split(total: int, parts: int) -> list[int]:
+    """``total`` items in ``parts`` runs whose sizes differ by at most one, larger first."""
+    q, extra = divmod(total, parts)
+    return [q + 1 if i < extra else q for i in range(parts)]
+
+
+def rack_sizes(s: Scenario, pool: int) -> list[int]:
+    """Nodes per rack for a job of ``pool`` nodes (working + spares); ScenarioError when the
+    cluster cannot hold it."""
+    problems = cluster_check(s, pool - s.raps.spares)
+    if problems:
+        raise ScenarioError(problems)
+    if s.cluster.rack_sizes:
+        return list(s.cluster.rack_sizes)
+    return even_split(pool + s.cluster.idle_nodes, s.cluster.racks)
+
+
 def build_layout(s: Scenario, job_nodes: int | None = None, spares: int | None = None) -> Layout:
     """Nodes of the job (``job_nodes`` working + ``spares``) and the idle ones, in racks.
 
-    Racks hold consecutive nodes; spares are spread evenly over the job's nodes so that
-    they sit in as many racks as possible, as an admin would ask Slurm for them.
+    Racks hold consecutive nodes (``cluster.racks`` sizes, or a count split evenly); power
+    domains hold consecutive racks, split evenly. Spares are spread evenly over the job's
+    nodes so that they sit in as many racks as possible, as an admin would ask Slurm for them.
     """
     n_work = s.job.nodes if job_nodes is None else job_nodes
     n_spare = s.raps.spares if spares is None else spares
     pool = n_work + n_spare
-    total = pool + s.cluster.idle_nodes
+    sizes = rack_sizes(s, n_work + s.raps.spares)
+    total = sum(sizes)
     width = max(4, len(str(total)))
     names = tuple(f"n{i:0{width}d}" for i in range(1, total + 1))
-    racks = min(s.cluster.racks, total)
-    per = math.ceil(total / racks)
-    rack = {n: f"rack{i // per + 1}" for i, n in enumerate(names)}
-    n_racks = math.ceil(total / per)
+    rack: dict[str, str] = {}
+    rack_index: dict[str, int] = {}
+    i = 0
+    for k, size in enumerate(sizes):
+        for n in names[i:i + size]:
+            rack[n] = f"rack{k + 1}"
+            rack_index[n] = k
+        i += size
     power: dict[str, str] = {}
     if s.cluster.power_domains:
-        pd = min(s.cluster.power_domains, n_racks)
-        per_pd = math.ceil(n_racks / pd)
-        power = {n: f"pdu{(int(rack[n][4:]) - 1) // per_pd + 1}" for n in names}
+        runs = even_split(len(sizes), min(s.cluster.power_domains, len(sizes)))
+        pdu_of = [p for p, run in enumerate(runs) for _ in range(run)]
+        power = {n: f"pdu{pdu_of[rack_index[n]] + 1}" for n in names}
     spare_pos = {min(pool - 1, int((j + 0.5) * pool / n_spare)) for j in range(n_spare)} \
         if n_spare else set()
     j = 0
@@ -79,6 +104,33 @@ def build_layout(s: Scenario, job_nodes: int | None = None, spares: int | None =
     switches["core"] = Switch("core", 1, frozenset(), tuple(sorted(members)))
     return Layout(names, rack, power, working, spare_names,
                   Topology(switches, power_domains=dict(power)))
+
+
+def layout_warnings(s: Scenario, layout: Layout) -> list[str]:
+    """Configurations where raps's spares can never be used, one line each.
+
+    The planner relaunches a dead node's ranks on a spare outside its rack (unless
+    ``raps.prefer_original_rack`` and the rest of the rack is healthy), so a working node
+    whose rack holds every spare escalates to a whole-job requeue whenever it dies.
+    """
+    if not layout.spares or "raps" not in s.run.strategies:
+        return []
+    spare_racks = {layout.rack[n] for n in layout.spares}
+    stuck = [n for n in layout.working if spare_racks == {layout.rack[n]}]
+    if not stuck:
+        return []
+    if len(set(layout.rack.values())) == 1:
+        head = "cluster.racks: one rack: every spare shares the rack of every working node"
+    else:
+        head = (f"raps.spares: all {len(layout.spares)} spares are in "
+                f"{next(iter(spare_racks))}, the rack of {len(stuck)} of "
+                f"{len(layout.working)} working nodes")
+    if s.raps.prefer_original_rack:
+        return [f"{head}; they are used only while the rest of that rack is healthy "
+                f"(raps.prefer_original_rack)"]
+    return [f"{head}; the planner never relaunches in a dead node's own rack, so their "
+            f"failures requeue the whole job (describe the racks, spread the spares or set "
+            f"raps.prefer_original_rack: true)"]
 
 
 class NodeStream:
@@ -145,51 +197,137 @@ def domain_events(s: Scenario, layout: Layout, seed: int, horizon: float) -> lis
     return out
 
 
-class SlotFailures:
-    """Failures of a job that is given a fresh node for every failed one (global, scr).
+FAIL, REPAIR = "fail", "repair"
 
-    Slot i is the job's i-th node position; its failures are the node's stream with no
-    repair time (the requeued job runs elsewhere). Correlated events hit the slots whose
-    node is in the event's domain and restart their clocks.
+
+@dataclass(frozen=True)
+class Outage:
+    """One event of the cluster's failure trace: ``node`` fails or comes back at ``at``."""
+
+    at: float
+    kind: str       # FAIL or REPAIR
+    node: str
+
+
+def node_timeline(s: Scenario, layout: Layout, seed: int, horizon: float,
+                  log: list[LoggedFailure] | None = None) -> list[Outage]:
+    """Every node's failures and repairs up to ``horizon``, in time order (from the
+    failure ``log`` when there is one, see :func:`log_timeline`).
+
+    The same list serves every strategy of one seed (one cluster model): a node fails
+    whether or not a job holds it, stays down for its repair time, then runs until its next
+    failure. A domain event takes down the victims that are up (voiding their pending
+    independent failure, which is drawn afresh after their repair).
     """
+    if log is not None:
+        return log_timeline(s, layout, seed, horizon, log)
+    streams = {n: NodeStream(seed, n, s) for n in layout.nodes}
+    gen = dict.fromkeys(layout.nodes, 0)
+    down: set[str] = set()
+    heap: list[tuple[float, int, str, str, int]] = []
+    seq = 0
 
-    def __init__(self, s: Scenario, layout: Layout, seed: int, horizon: float,
-                 slots: tuple[str, ...]) -> None:
-        self._streams = {n: NodeStream(seed, n, s) for n in slots}
-        self._current = dict.fromkeys(slots, 0)  # the valid heap entry's number per slot
-        self._heap: list[tuple[float, int, str]] = [
-            (st.uptime(), 0, n) for n, st in self._streams.items()]
-        heapq.heapify(self._heap)
-        self._events = [e for e in domain_events(s, layout, seed, horizon)
-                        if any(v in self._streams for v in e.victims)]
-        self._ei = 0
-        self.failures = 0  # node failures consumed (several may stop the job once)
+    def push(at: float, kind: str, node: str) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (at, seq, kind, node, gen[node]))
 
-    def _restart(self, node: str, at: float) -> None:
-        st = self._streams[node]
-        st.repair()  # consumed so the stream stays aligned with what raps draws
-        self._current[node] += 1
-        heapq.heappush(self._heap, (at + st.uptime(), self._current[node], node))
+    for n in layout.nodes:
+        push(streams[n].uptime(), FAIL, n)
+    for ev in domain_events(s, layout, seed, horizon):
+        seq += 1
+        heapq.heappush(heap, (ev.at, seq, "domain", ",".join(ev.victims), -1))
+    out: list[Outage] = []
 
-    def next_after(self, t: float) -> float:
-        """Time of the first failure after ``t``; every failure up to ``t`` is consumed."""
-        heap = self._heap
-        while True:
-            while heap and heap[0][1] != self._current[heap[0][2]]:
-                heapq.heappop(heap)  # superseded by a correlated event's restart
-            ft = heap[0][0] if heap else math.inf
-            et = self._events[self._ei].at if self._ei < len(self._events) else math.inf
-            nxt = min(ft, et)
-            if nxt > t:
-                return nxt
-            if et <= ft:
-                ev = self._events[self._ei]
-                self._ei += 1
-                for v in ev.victims:
-                    if v in self._streams:
-                        self.failures += 1
-                        self._restart(v, ev.at)
-            else:
-                at, _, node = heapq.heappop(heap)
-                self.failures += 1
-                self._restart(node, at)
+    def fail(at: float, node: str) -> None:
+        down.add(node)
+        gen[node] += 1
+        out.append(Outage(at, FAIL, node))
+        push(at + streams[node].repair(), REPAIR, node)
+
+    while heap and heap[0][0] < horizon:
+        at, _, kind, node, g = heapq.heappop(heap)
+        if kind == "domain":
+            for v in node.split(","):
+                if v not in down:
+                    fail(at, v)
+        elif g != gen[node]:
+            continue  # an independent failure voided by a domain event
+        elif kind == FAIL:
+            fail(at, node)
+        else:
+            down.discard(node)
+            gen[node] += 1
+            out.append(Outage(at, REPAIR, node))
+            push(at + streams[node].uptime(), FAIL, node)
+    return out
+
+
+def _natural(name: str) -> tuple[object, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def log_nodes(names: list[str], nodes: tuple[str, ...]) -> dict[str, str]:
+    """The cluster node each logged node is: by the number its name ends with when every
+    name has a distinct one within the cluster (cn017 is the 17th node, so the log's racks
+    are the scenario's), else by natural order onto the first nodes."""
+    numbers = [re.search(r"(\d+)$", n) for n in names]
+    idx = [int(m.group(1)) for m in numbers if m]
+    if len(idx) == len(names) and len(set(idx)) == len(idx) and \
+            all(1 <= i <= len(nodes) for i in idx):
+        return {n: nodes[i - 1] for n, i in zip(names, idx, strict=True)}
+    if len(names) > len(nodes):
+        raise ScenarioError([f"failures.log: the log names {len(names)} nodes, the cluster "
+                             f"has {len(nodes)} (cluster.racks, cluster.idle_nodes)"])
+    return dict(zip(names, nodes, strict=False))
+
+
+def log_timeline(s: Scenario, layout: Layout, seed: int, horizon: float,
+                 log: list[LoggedFailure]) -> list[Outage]:
+    """Failures and repairs replayed from a failure log.
+
+    The log's nodes are the cluster's by :func:`log_nodes`. The log repeats with a period
+    of its span plus one mean gap; the first seed starts it at its first failure, every
+    other seed at an offset drawn from the seed, so seeds see the same failures at other
+    moments. A node
+    stays down until the log's ``end`` or a repair time drawn from ``repair_h``; a failure
+    logged while it is still down is part of the same outage.
+    """
+    node_of = log_nodes(sorted({f.node for f in log}, key=_natural), layout.nodes)
+    period = log_period(log)
+    cycles = math.ceil(horizon / period) + 1
+    if cycles * len(log) > 5_000_000:
+        raise ScenarioError([f"failures.log: {len(log)} failures in {period / 3600:.1f} h "
+                             f"replayed over run.horizon_days make {cycles * len(log)} "
+                             f"failures (at most 5000000); give a longer log or a shorter "
+                             f"horizon"])
+    offset = 0.0 if seed == s.run.seed else random.Random(f"{seed}/log").uniform(0, period)
+    streams = {n: NodeStream(seed, n, s) for n in node_of.values()}
+    up_at: dict[str, float] = {}
+    out: list[Outage] = []
+    occurrences = sorted((f.at + c * period - offset, k, f) for c in range(cycles)
+                         for k, f in enumerate(log))
+    for at, _, f in occurrences:
+        if at < 0 or at >= horizon:
+            continue
+        node = node_of[f.node]
+        if up_at.get(node, -1.0) > at:
+            continue
+        # At least a second down, so that a repair never sorts before its own failure.
+        down = max(1.0, f.down_s if f.down_s is not None else streams[node].repair())
+        up_at[node] = at + down
+        out.append(Outage(at, FAIL, node))
+        if at + down < horizon:
+            out.append(Outage(at + down, REPAIR, node))
+    out.sort(key=lambda o: (o.at, o.kind == FAIL, o.node))  # a node back, then new failures
+    return out
+
+
+def allocate(nodes: tuple[str, ...], down: set[str], previous: list[str], need: int
+             ) -> list[str] | None:
+    """``need`` live nodes for a requeued job: its own live ones first, then the
+    lowest-numbered live others; None while the cluster has too few."""
+    mine = [n for n in dict.fromkeys(previous) if n not in down]
+    taken = set(mine)
+    out = mine + [n for n in nodes if n not in down and n not in taken]
+    return out[:need] if len(out) >= need else None

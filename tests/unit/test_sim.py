@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from raps_slurm.core.detector import Detector
 from raps_slurm.core.planner import Plan
 from raps_slurm.errors import ScenarioError
 from raps_slurm.sim.detect import detection_delays, settings_for
+from raps_slurm.sim.inputs import parse_trace
 from raps_slurm.sim.raps import RapsSim
 from raps_slurm.sim.runner import run_one, simulate
 from raps_slurm.sim.scenario import (
@@ -18,9 +20,8 @@ from raps_slurm.sim.scenario import (
     load_scenario,
     override,
     parse_scenario,
-    parse_trace,
 )
-from raps_slurm.sim.trace import SlotFailures, build_layout, domain_events
+from raps_slurm.sim.trace import FAIL, REPAIR, build_layout, domain_events, node_timeline
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 86400.0
@@ -34,7 +35,7 @@ def scn(**sections: dict[str, object]) -> object:
 
 @pytest.mark.parametrize(("data", "message"), [
     ({"job": {"nodez": 3}}, "test: job.nodez: unknown key; did you mean 'nodes'? (allowed: nodes, ranks_per_node, "
-     "state_gb_per_node, change_rate, trace)"),
+     "state_gb_per_node, change_rate, reinit_s, trace, trace_states)"),
     ({"job": {"nodes": 0}}, "test: job.nodes: 0 is out of range, allowed 1 to 10000000"),
     ({"job": {"nodes": "many"}}, "test: job.nodes: expected an integer, got 'many'"),
     ({"failures": {"distribution": "gamma"}},
@@ -85,9 +86,9 @@ def test_unreadable_or_invalid_yaml(tmp_path: Path) -> None:
 def test_sacct_trace() -> None:
     text = (ROOT / "examples" / "scenarios" / "trace-small.psv").read_text()
     jobs = parse_trace(text)
-    assert [(j.job_id, j.nodes, j.work_s) for j in jobs] == [
-        ("1001", 64, 36 * 3600.0), ("1002", 128, 72 * 3600.0), ("1003", 32, 12.5 * 3600.0),
-        ("1005", 256, 7 * 86400.0)]
+    assert [(j.job_id, j.nodes, j.work_s, j.state) for j in jobs] == [
+        ("1001", 64, 36 * 3600.0, "COMPLETED"), ("1002", 128, 72 * 3600.0, "COMPLETED"),
+        ("1003", 32, 12.5 * 3600.0, "TIMEOUT"), ("1005", 256, 7 * 86400.0, "COMPLETED")]
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -135,19 +136,26 @@ def test_correlated_events_cause_their_share_of_failures() -> None:
     assert events == domain_events(s, lay, 3, horizon)  # a seed is a trace
 
 
-def test_slot_failures_are_a_poisson_stream() -> None:
-    s = parse_scenario({"job": {"nodes": 50}, "failures": {"mtbf_h": 100}}, "t")
+def test_timeline_alternates_failures_and_repairs() -> None:
+    s = parse_scenario({"job": {"nodes": 50}, "failures": {"mtbf_h": 100, "repair_h": 10,
+                                                             "correlated_share": 0.3},
+                        "cluster": {"racks": 5}}, "t")
     lay = build_layout(s)
     horizon = 1000 * 3600.0
-    f = SlotFailures(s, lay, 1, horizon, lay.working)
-    t, n = 0.0, 0
-    while True:
-        t = f.next_after(t)
-        if t > horizon:
-            break
-        n += 1
-    expected = 50 * 1000 / 100
-    assert abs(n - expected) < 4 * math.sqrt(expected)
+    tl = node_timeline(s, lay, 1, horizon)
+    assert tl == node_timeline(s, lay, 1, horizon)  # a seed is a trace
+    assert [o.at for o in tl] == sorted(o.at for o in tl) and tl[-1].at < horizon
+    last: dict[str, str] = {}
+    for o in tl:
+        assert last.get(o.node, REPAIR) != o.kind  # up, down, up, ...
+        last[o.node] = o.kind
+    # A node is up MTBF and down repair_h on average: failures at 1 / (100 h + 10 h).
+    fails = sum(1 for o in tl if o.kind == FAIL)
+    expected = len(lay.nodes) * 1000 / 110
+    assert abs(fails - expected) < 4 * math.sqrt(expected)
+    # Rack events show as several failures at one instant.
+    times = [o.at for o in tl if o.kind == FAIL]
+    assert len(times) > len(set(times))
 
 
 def test_weibull_keeps_the_mean() -> None:
@@ -263,3 +271,143 @@ def test_trace_jobs_end_when_their_work_is_done() -> None:
         assert 0 < r.useful_work_fraction <= 1
     work = sum(j * n for j, n in ((36, 64), (72, 128), (12.5, 32), (168, 256))) * 3600
     assert runs["raps"][0].useful_s == pytest.approx(work, rel=1e-6)
+
+
+# ---------------------------------------------------------------- bounds and topology
+
+@pytest.mark.timeout(60)
+def test_mtbf_shorter_than_a_restart_ends_at_the_horizon() -> None:
+    # 128 nodes failing every 2 h: a job failure every minute, a 28-minute restart never
+    # completes; every strategy must still stop at the horizon.
+    s = parse_scenario({"failures": {"mtbf_h": 2}, "job": {"nodes": 128},
+                        "raps": {"spares": 8}, "run": {"horizon_days": 20, "seeds": 1}}, "t")
+    for name in ("global", "scr", "raps"):
+        r = run_one(s, name, 1)
+        assert r.wall_s == 20 * DAY
+        assert r.useful_work_fraction < 0.05, name
+
+
+@pytest.mark.timeout(60)
+def test_trace_job_not_done_by_the_horizon_is_unfinished(tmp_path: Path) -> None:
+    trace = tmp_path / "t.psv"
+    trace.write_text("JobID|NNodes|Start|End|State\n"
+                     "7|16|2026-01-01T00:00:00|2026-01-21T00:00:00|COMPLETED\n")
+    (tmp_path / "s.yaml").write_text("job: {trace: t.psv}\nfailures: {mtbf_h: 2}\n"
+                                     "run: {horizon_days: 5, seeds: 1}\n")
+    runs = simulate(load_scenario(tmp_path / "s.yaml"))
+    for name, rs in runs.items():
+        assert rs[0].unfinished == 1, name
+
+
+def test_rack_count_is_split_evenly() -> None:
+    s = parse_scenario({"job": {"nodes": 7}, "raps": {"spares": 2},
+                        "cluster": {"racks": 4, "idle_nodes": 0}}, "t")
+    lay = build_layout(s)
+    sizes = [list(lay.rack.values()).count(f"rack{k}") for k in (1, 2, 3, 4)]
+    assert sizes == [3, 2, 2, 2]
+
+
+def test_racks_as_a_list_of_sizes() -> None:
+    s = parse_scenario({"job": {"nodes": 7}, "raps": {"spares": 2},
+                        "cluster": {"racks": [4, 3, 2, 1], "power_domains": 2}}, "t")
+    assert s.cluster.racks == 4 and s.cluster.idle_nodes == 1
+    lay = build_layout(s)
+    assert [list(lay.rack.values()).count(f"rack{k}") for k in (1, 2, 3, 4)] == [4, 3, 2, 1]
+    assert {lay.power[n] for n in lay.nodes if lay.rack[n] in ("rack1", "rack2")} == {"pdu1"}
+    assert override(s, "raps.spares", 3).cluster.idle_nodes == 0  # the list stays the cluster
+    assert override(s, "job.nodes", 6).cluster.rack_sizes == (4, 3, 2, 1)
+
+
+@pytest.mark.parametrize(("cluster", "message"), [
+    ({"racks": 20, "idle_nodes": 0},
+     "t: cluster.racks: 20 racks for 9 nodes (job.nodes + raps.spares = 9 + "
+     "cluster.idle_nodes): every rack needs a node; give fewer racks or a list of rack sizes"),
+    ({"racks": [4, 3]},
+     "t: cluster.racks: the racks hold 7 nodes, fewer than job.nodes + raps.spares = 9"),
+    ({"racks": [4, 0]},
+     "t: cluster.racks: expected a rack count or a list of rack sizes (integers >= 1), "
+     "got [4, 0]"),
+    ({"rack_sizes": [4]}, "t: cluster.rack_sizes: unknown key (give cluster.racks a list of "
+                          "rack sizes instead, e.g. racks: [4, 3, 2])"),
+])
+def test_bad_racks_are_one_line(cluster: dict[str, object], message: str) -> None:
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario({"job": {"nodes": 7}, "raps": {"spares": 2}, "cluster": cluster}, "t")
+    assert exc.value.errors == [message]
+
+
+def test_unusable_spares_are_warned_about() -> None:
+    from raps_slurm.sim.runner import warnings
+
+    one = parse_scenario({"job": {"nodes": 7}, "raps": {"spares": 2},
+                          "cluster": {"racks": 1, "idle_nodes": 0},
+                          "run": {"horizon_days": 30, "seeds": 1}}, "t")
+    (w,) = warnings(one)
+    assert w.startswith("cluster.racks: one rack: every spare shares the rack")
+    # And it is true: with one rack every failure of a working node requeues the job.
+    r = run_one(override(one, "failures.mtbf_h", 200), "raps", 1)
+    assert r.job_failures > 0 and r.escalations >= r.job_failures
+    assert warnings(override(one, "raps.prefer_original_rack", True))[0].endswith(
+        "(raps.prefer_original_rack)")
+    assert warnings(override(one, "cluster.racks", 3)) == []
+
+
+# ---------------------------------------------------------------- one cluster model
+
+def rack_events(**extra: dict[str, object]) -> dict[str, object]:
+    base: dict[str, object] = {
+        "job": {"nodes": 32, "state_gb_per_node": 10}, "cluster": {"racks": 4},
+        "failures": {"mtbf_h": 2000, "correlated_share": 1.0, "correlated_scope": "rack",
+                     "repair_h": 4},
+        "raps": {"spares": 8}, "run": {"horizon_days": 120, "seeds": 1}}
+    for k, v in extra.items():
+        base[k] = {**base.get(k, {}), **v}  # type: ignore[dict-item]
+    return base
+
+
+def test_scr_loses_a_node_and_its_partner_in_a_rack_event() -> None:
+    s = parse_scenario(rack_events(), "t")
+    r = run_one(s, "scr", 1)
+    # Partners are neighbours, so whole-rack events take both copies: back to the flush.
+    assert r.job_failures > 0 and r.fallbacks == r.job_failures
+    alone = run_one(override(s, "failures.correlated_share", 0.0), "scr", 1)
+    assert alone.fallbacks == 0
+    never = run_one(override(s, "scr.flush_every", 0), "scr", 1)
+    assert never.fallbacks > 0 and never.useful_work_fraction < r.useful_work_fraction
+
+
+def test_rack_events_hit_every_strategy_the_same() -> None:
+    s = parse_scenario(rack_events(), "t")
+    seen = {name: run_one(s, name, 3).failures for name in ("raps", "global", "scr")}
+    assert all(n > 0 for n in seen.values())
+    # raps's backup groups are rack-disjoint: no copy is lost with its node.
+    assert "no copy" not in run_one(s, "raps", 3).escalation_kinds
+
+
+def test_requeued_jobs_wait_for_repairs_in_a_full_cluster() -> None:
+    base = {"job": {"nodes": 16}, "failures": {"mtbf_h": 500, "repair_h": 100},
+            "raps": {"spares": 0}, "run": {"horizon_days": 200, "seeds": 1}}
+    full = parse_scenario({**base, "cluster": {"racks": 4, "idle_nodes": 0}}, "t")
+    roomy = parse_scenario({**base, "cluster": {"racks": 4, "idle_nodes": 16}}, "t")
+    restart = full.cluster.queue_wait_s + full.job.reinit_s
+    for name in ("global", "scr", "raps"):
+        waits = run_one(full, name, 1).stops
+        spare_room = run_one(roomy, name, 1).stops
+        # With no idle node a requeued job waits for its dead node's repair (hours).
+        assert max(waits) > 5 * restart, name
+        assert statistics.median(spare_room) < 2 * restart, name
+
+
+def test_a_nodes_ranks_move_together_to_one_spare() -> None:
+    s = parse_scenario({"job": {"nodes": 16, "ranks_per_node": 8, "state_gb_per_node": 8},
+                        "failures": {"mtbf_h": 400}, "raps": {"spares": 4},
+                        "run": {"horizon_days": 20, "seeds": 1}}, "t")
+    sim = RapsSim(s, build_layout(s), 2, 20 * DAY)
+    r = sim.simulate()
+    plans = [Plan.from_json(kv.key, kv.value)
+             for kv in sim.store.get_prefix(sim.keys.job_plans_prefix("1"))]
+    assert r.job_failures > 0 and plans
+    # One plan per dead node, moving the node's whole state (8 ranks x 1 GB).
+    assert all(p.restore_bytes == 8 * 10**9 for p in plans)
+    assert len({(p.source, p.run) for p in plans}) == len(plans)
+    assert all(0 <= p.rank < 16 for p in plans)

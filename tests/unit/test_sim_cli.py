@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED = "examples/scenarios/seed-128.yaml"
+SEED = "examples/scenarios/article-128.yaml"
 QUICK = ("--seeds", "1", "--set", "run.horizon_days=30")
 
 
@@ -59,11 +59,14 @@ def test_recommend_prints_interval_replicas_spares() -> None:
     rec = out["raps"]
     assert rec["interval_s"] > 0 and rec["spares"] >= 1 and rec["replicas"] in (1, 2, 3)
     assert rec["young_interval_s"] > 0 and out["global"]["daly_interval_s"] > 0
-    best = max(t["useful_work_fraction"] for t in out["tried"] if "interval_s" in t)
-    assert rec["useful_work_fraction"] >= best - 0.0011
+    assert out["objective"].startswith("node_efficiency")
+    best = max(t["node_efficiency"] for t in out["tried"] if "interval_s" in t)
+    assert rec["node_efficiency"] >= best - 0.0011
+    assert rec["node_efficiency_ci95"] == 0.0  # one seed: no interval
     r = rapsctl("simulate", "recommend", "--mtbf-h", "2000", "--state-gb", "20", "--nodes",
                 "64", "--days", "10", "--seeds", "1")
     assert "checkpoint.interval_s:" in r.stdout and "Young" in r.stdout
+    assert "useful work per allocated node (the objective)" in r.stdout
 
 
 def test_errors_are_one_line() -> None:
@@ -77,11 +80,18 @@ def test_errors_are_one_line() -> None:
     assert r.returncode == 2 and "0 < LOW < HIGH" in r.stderr
 
 
+def test_unusable_spares_warn_on_stderr() -> None:
+    r = rapsctl("simulate", "run", SEED, "--json", *QUICK, "--set", "cluster.racks=1")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("warning: cluster.racks: one rack")
+    assert json.loads(r.stdout)["warnings"] == [r.stderr[len("warning: "):].strip()]
+
+
 def test_keys_lists_every_key() -> None:
     r = rapsctl("simulate", "keys")
     assert r.returncode == 0
     assert "raps.max_concurrent_recoveries = 4" in r.stdout
-    assert "global.queue_wait_s = 1200.0" in r.stdout
+    assert "cluster.queue_wait_s = 1200.0" in r.stdout
 
 
 def test_bench_simulate_prints_its_measurement() -> None:

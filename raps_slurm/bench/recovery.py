@@ -1,0 +1,280 @@
+"""``rapsctl bench recovery`` and ``rapsctl bench efficiency``: a node crash in a real
+``--raps`` job on a private local cluster (brought up for the command, taken down after).
+
+``recovery``: ``examples/heat_ring.py`` under ``raps-run`` on 4 nodes with 2 spares,
+``--ranks-per-node`` ranks each; every rank of the last node carries ``--state`` bytes of
+extra state (random, so nothing compresses). Right after the last rank's newest
+checkpoint is committed on its whole group, that node is crashed (cgroup kill) and all
+its ranks move to one spare. ``total_s`` runs from the crash to the last moved rank's
+first progress report after its replay ended; the phases come from the plans'
+timelines (the slowest rank for each). ``caught_up_s`` (pre-fault progress regained) is
+not measured yet and is null.
+
+``efficiency``: the same application and the same failure twice in one command: once
+recovered by raps-slurm (spares), once by a whole-job restart from each rank's last
+checkpoint (no spare: the leader requeues the job, which is what ``--requeue`` gives,
+here with raps-slurm's fast detection and an immediate restart, so the comparison
+flatters the restart). Useful work is ``steps x step_sec`` (the program's compute);
+the fraction is that over the wall time from the job's start to its end. A third run,
+the raps job without a failure (``failure_free``), gives the machine's own pace, which
+``rapsctl simulate validate`` needs to compare the failed run with the simulator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from raps_slurm.bench.cluster import REPO, private_cluster
+from raps_slurm.config import load_file
+from raps_slurm.core.planner import Plan, PlanEvent
+from raps_slurm.errors import BenchError, SlurmCommandError
+from raps_slurm.slurm import CommandRunner, commands
+from raps_slurm.store import Keys, StateStore, open_store
+from raps_slurm.testing.cluster import LocalCluster, wait_until
+
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+# heat_ring in bench recovery: seconds of work per step, steps between checkpoints, and the
+# halo messages each rank sends per step (what a relaunched rank sends again while it
+# replays: the "replayed" count of its recovery); reported so that `rapsctl simulate
+# calibrate` can turn replayed messages into replayed work.
+RECOVERY_STEP_SEC, RECOVERY_EVERY, HALO_MESSAGES_PER_STEP = 0.05, 20, 2
+
+
+class JobBench:
+    """One ``--raps`` heat_ring job on the bench cluster and the etcd keys about it."""
+
+    def __init__(self, cluster: LocalCluster, store: StateStore, keys: Keys, name: str,
+                 sbatch: list[str], heat: list[str]) -> None:
+        self.cluster, self.store, self.keys = cluster, store, keys
+        self.run = CommandRunner(timeout=60, env=cluster.env)
+        out = cluster.run_dir / "bench-jobs"
+        out.mkdir(exist_ok=True)
+        out.chmod(0o777)
+        script = out / f"{name}.sh"
+        bindir = Path(sys.executable).parent
+        script.write_text("#!/bin/bash\n"
+                          f"exec {bindir / 'raps-run'} -- {sys.executable} "
+                          f"{REPO / 'examples' / 'heat_ring.py'} {' '.join(heat)}\n")
+        self.job = self.run.run(["sbatch", "--parsable", "-o", str(out / f"{name}-%j.out"),
+                                 "--open-mode=append", "--raps", "--no-kill", *sbatch,
+                                 str(script)]).strip().split(";")[0]
+        self.out = out / f"{name}-{self.job}.out"
+
+    def state(self) -> str:
+        return self.cluster.slurm().job(int(self.job)).state
+
+    def ranks(self, run: int = 0) -> dict[int, tuple[str, int]]:
+        """rank -> (node, epoch) once the leader mapped the given run."""
+        def read() -> dict[int, tuple[str, int]]:
+            m = self.store.get(self.keys.job_map(self.job))
+            if m is None or json.loads(m.value).get("restart_count") != run:
+                return {}
+            return {int(d["rank"]): (str(d["node"]), int(d["epoch"]))
+                    for d in (json.loads(kv.value) for kv in
+                              self.store.get_prefix(self.keys.job_ranks_prefix(self.job)))}
+        return wait_until(f"job {self.job} mapped", read, bool, 90)
+
+    def committed(self, rank: int) -> int:
+        """Generations of ``rank`` copied to its whole group."""
+        return len(self.committed_gens(rank))
+
+    def committed_gens(self, rank: int) -> list[int]:
+        return sorted(int(d["generation"]) for d in (
+            json.loads(kv.value)
+            for kv in self.store.get_prefix(self.keys.ckpt_prefix(self.job, rank)))
+            if d.get("state") == "committed")
+
+    def after_next_commit(self, rank: int) -> None:
+        """Return as soon as a generation newer than the newest committed one is committed
+        on the rank's whole group (the crash then comes right after a checkpoint)."""
+        wait_until(f"rank {rank}'s state committed on its group", lambda: self.committed(rank),
+                   lambda n: n >= 2, 600, interval=0.05)
+        newest = self.committed_gens(rank)[-1]
+        wait_until(f"rank {rank}'s next committed generation", lambda: self.committed_gens(rank),
+                   lambda g: bool(g) and g[-1] > newest, 120, interval=0.01)
+
+    def victim(self) -> tuple[int, str]:
+        """The last rank, which must not share the batch script's node."""
+        ranks = self.ranks()
+        host = wait_until("the batch host",
+                          lambda: self.cluster.slurm().job(int(self.job)).batch_host, bool, 30)
+        rank = max(ranks)
+        if ranks[rank][0] == host:
+            raise BenchError(f"rank {rank} shares the batch host {host}")
+        return rank, ranks[rank][0]
+
+    def plans(self) -> dict[int, tuple[Plan, dict[str, PlanEvent]]]:
+        """rank -> its newest plan and that plan's reported phases."""
+        prefix = self.keys.plans_prefix()
+        plans: dict[str, Plan] = {}
+        events: dict[str, dict[str, PlanEvent]] = {}
+        for kv in self.store.get_prefix(self.keys.job_plans_prefix(self.job)):
+            rest = kv.key[len(prefix):]
+            if "/" in rest:
+                e = PlanEvent.from_json(kv.key, kv.value)
+                events.setdefault(e.plan_id, {})[e.phase] = e
+            else:
+                p = Plan.from_json(kv.key, kv.value)
+                plans[p.plan_id] = p
+        newest: dict[int, Plan] = {}
+        for p in plans.values():
+            if p.rank not in newest or p.epoch > newest[p.rank].epoch:
+                newest[p.rank] = p
+        return {r: (p, events.get(p.plan_id, {})) for r, p in newest.items()}
+
+    def wait_final(self, timeout: float) -> str:
+        return wait_until(f"job {self.job} to end", self.state, lambda s: s in FINAL, timeout,
+                          interval=0.1)
+
+    def cancel(self) -> None:
+        with contextlib.suppress(SlurmCommandError):
+            self.run.run(commands.cancel(int(self.job)))
+
+
+def restart_node(cluster: LocalCluster, node: str) -> None:
+    """A crashed node's slurmd and agent back, the node resumed in Slurm."""
+    cluster.restart(node)
+    CommandRunner(timeout=60, env=cluster.env).run(commands.resume([node]))
+
+
+def measure_recovery(cluster: LocalCluster, state: int, steps: int,
+                     ranks_per_node: int = 1) -> dict[str, Any]:
+    """One crash of the node whose ranks each carry ``state`` bytes; the phases of the
+    move of all its ranks to a spare (the slowest rank's, which is what the job waits
+    for)."""
+    cfg = load_file(cluster.config_path)
+    store, keys = open_store(cfg.store)
+    heat = ["--steps", str(steps), "--every", str(RECOVERY_EVERY),
+            "--step-sec", str(RECOVERY_STEP_SEC),
+            "--ballast-mb", str(max(1, state >> 20)), "--ballast-ranks", str(ranks_per_node)]
+    bench = JobBench(cluster, store, keys, "recovery",
+                     ["--raps-spares=2", "-N6", f"--raps-ranks-per-node={ranks_per_node}"], heat)
+    try:
+        rank, node = bench.victim()
+        victims = sorted(r for r, (n, _) in bench.ranks().items() if n == node)
+        wait_until("every rank of the node committed",
+                   lambda: [r for r in victims if not bench.committed(r)],
+                   lambda left: not left, 600, interval=0.1)
+        bench.after_next_commit(rank)
+        crashed = time.time()
+        cluster.crash(node)
+        try:
+            moved = wait_until("every rank of the node running again", bench.plans,
+                               lambda ps: len(ps) >= len(victims)
+                               and all("running" in ev for _, ev in ps.values()),
+                               600, interval=0.05)
+            plans = {r: moved[r] for r in victims}
+            entries = bench.ranks()
+            first = min((p for p, _ in plans.values()), key=lambda p: p.started_at or 1e18)
+            started = first.started_at or first.created_at
+            detected = first.detected_at or crashed
+            restored = [ev["restored"] for _, ev in plans.values() if "restored" in ev]
+            running = [ev["running"] for _, ev in plans.values()]
+            launched = [ev["launched"] for _, ev in plans.values() if "launched" in ev]
+            last_restore = max((e.at for e in restored), default=max(e.at for e in running))
+            return {
+                "state_bytes": state, "ranks_per_node": ranks_per_node,
+                "moved_bytes": state * len(victims), "ranks": victims, "crashed_node": node,
+                "targets": sorted({p.target for p, _ in plans.values()}),
+                "detection_interval_sec": cfg.detection.kernel_heartbeat_interval_sec,
+                "detect_s": round(detected - crashed, 3),
+                "plan_s": round(started - detected, 3),
+                "launch_s": round(max(e.at for e in launched) - started, 3)
+                if launched else None,
+                "restore_s": round(last_restore - started, 3),
+                "replay_s": round(max(e.at for e in running) - last_restore, 3),
+                "total_s": round(max(e.at for e in running) - crashed, 3),
+                "bytes_pulled": sum(int(e.detail.get("bytes_pulled", 0)) for e in restored),
+                "generations": sorted({e.detail.get("generation") for e in restored},
+                                      key=str),
+                "replayed_messages": sum(int(e.detail.get("replayed", 0)) for e in running),
+                "step_sec": RECOVERY_STEP_SEC, "checkpoint_every_steps": RECOVERY_EVERY,
+                "messages_per_step_per_rank": HALO_MESSAGES_PER_STEP,
+                "healthy_ranks_restarted": sum(1 for r, (_, epoch) in entries.items()
+                                               if r not in victims and epoch > 1),
+                "caught_up_s": None,  # pre-fault progress regained: not reported yet
+            }
+        finally:
+            bench.cancel()
+            restart_node(cluster, node)
+    finally:
+        bench.cancel()
+        store.close()
+
+
+def measure_run(cluster: LocalCluster, name: str, sbatch: list[str], steps: int,
+                step_sec: float, crash: bool = True) -> dict[str, Any]:
+    """Run heat_ring with one node crash after two committed checkpoints of the last rank
+    (none with ``crash=False``); wall time from the job's start to its end, and the
+    useful-work fraction."""
+    cfg = load_file(cluster.config_path)
+    store, keys = open_store(cfg.store)
+    heat = ["--steps", str(steps), "--every", str(RECOVERY_EVERY), "--step-sec", str(step_sec)]
+    bench = JobBench(cluster, store, keys, name, sbatch, heat)
+    node = ""
+    crashed: float | None = None
+    try:
+        wait_until(f"job {bench.job} running", bench.state, lambda s: s == "RUNNING", 120,
+                   interval=0.05)
+        started = time.time()
+        if crash:
+            rank, node = bench.victim()
+            wait_until(f"rank {rank} committed twice", lambda: bench.committed(rank),
+                       lambda n: n >= 2, 300, interval=0.05)
+            crashed = time.time()
+            cluster.crash(node)
+        final = bench.wait_final(600)
+        ended = time.time()
+        text = bench.out.read_text() if bench.out.exists() else ""
+        useful = steps * step_sec
+        return {"state": final, "wall_s": round(ended - started, 2),
+                "crash_after_s": None if crashed is None else round(crashed - started, 2),
+                "useful_s": round(useful, 2),
+                "useful_fraction": round(useful / (ended - started), 3),
+                "ranks_restarted": text.count(" started on ") - 4,
+                "result": next((x for x in text.splitlines() if x.startswith("final ")), None)}
+    finally:
+        bench.cancel()
+        if node:
+            restart_node(cluster, node)
+        store.close()
+
+
+def run_recovery(state: int, interval: float, port: int,
+                 ranks_per_node: int = 1) -> dict[str, Any]:
+    """Bring up the cluster and a coordinator, crash the node whose ranks hold ``state``
+    bytes each, take it all down; the phases of the recovery (the JSON object of
+    ``bench recovery``)."""
+    with private_cluster("raps-bench-rec-", port, interval) as cluster:
+        coordinator = cluster.coordinator("bench").start()
+        try:
+            return measure_recovery(cluster, state, steps=100000,
+                                    ranks_per_node=ranks_per_node)
+        except AssertionError as exc:  # a wait that timed out: one line, not a traceback
+            raise BenchError(f"bench recovery: {exc}") from None
+        finally:
+            coordinator.stop()
+
+
+def run_efficiency(steps: int, step_sec: float, interval: float, port: int) -> dict[str, Any]:
+    """The same failure recovered by raps-slurm (2 spares) and by a whole-job restart
+    (no spare), and the raps job without a failure (the machine's own pace: start-up,
+    checkpoints, slower steps on a loaded machine); the runs and whether they computed the
+    same result."""
+    with private_cluster("raps-bench-eff-", port, interval) as cluster:
+        coordinator = cluster.coordinator("bench").start()
+        try:
+            raps = measure_run(cluster, "raps", ["--raps-spares=2", "-N6"], steps, step_sec)
+            whole = measure_run(cluster, "restart", ["--raps-spares=0", "-N4"], steps, step_sec)
+            free = measure_run(cluster, "free", ["--raps-spares=2", "-N6"], steps, step_sec,
+                               crash=False)
+        finally:
+            coordinator.stop()
+    return {"steps": steps, "step_sec": step_sec, "checkpoint_every_steps": RECOVERY_EVERY,
+            "raps": raps, "whole_job_restart": whole, "failure_free": free,
+            "same_result": raps["result"] == whole["result"] == free["result"] is not None}
