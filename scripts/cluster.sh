@@ -11,6 +11,9 @@
 #                                   MEMBER 1..RAPS_CLUSTER_ETCD_MEMBERS, default all)
 #   scripts/cluster.sh coordinator-start | coordinator-stop   (one raps-coordinator)
 #   scripts/cluster.sh agent-start NODE | agent-stop NODE      (the node's raps-agent)
+#   scripts/cluster.sh partition NODE|RACK|eMEMBER [SECONDS] | heal NODE|RACK|eMEMBER
+#                                   (namespace mode: a node, rack rR or etcd member eI
+#                                   is cut off the network, and back; SECONDS: heal then)
 #
 # Settings (environment): RAPS_CLUSTER_DIR (run dir, default /tmp/raps-cluster),
 # RAPS_CLUSTER_NODES (6), RAPS_CLUSTER_RACKS (3), RAPS_CLUSTER_PORT (base port, 17000:
@@ -21,7 +24,15 @@
 # The RAPS config of the cluster is $RUN/etc/raps.yaml: RAPS_CLUSTER_PROFILE (default
 # configs/test.yaml) with the cluster's etcd, key, checkpoint dirs ($RUN/ckpt/%n), agent
 # sockets ($RUN/sock/%n/agent.sock) and hook log dir ($RUN/log/raps).
-# `down` stops exactly the processes `up` started (pids recorded in the run dir).
+# RAPS_CLUSTER_INSTALL=script: the hooks, the SPANK plugin, its plugstack.conf and the
+# slurm.conf lines come from scripts/install.sh (--role controller, then compute, with
+# --prefix/--sysconfdir $RUN/inst), as on a real cluster; unset: the cluster's own wiring.
+# RAPS_CLUSTER_NET: lo (default) runs everything on 127.0.0.1; ns gives each node a network
+# namespace of its own (its slurmd, agent and ranks), each rack a bridge and each etcd
+# member a namespace on the core bridge, which joins the racks and carries the root
+# namespace's address for slurmctld, coordinators and tests (see the ns section below).
+# `down` stops exactly the processes `up` started (pids recorded in the run dir) and, in
+# namespace mode, deletes the namespaces, veths and bridges `up` created (listed there too).
 set -euo pipefail
 
 RUN=${RAPS_CLUSTER_DIR:-/tmp/raps-cluster}
@@ -30,12 +41,23 @@ RACKS=${RAPS_CLUSTER_RACKS:-3}
 BASE=${RAPS_CLUSTER_PORT:-17000}
 CTLD_PORT=$((BASE + 817))
 ETCD_MEMBERS=${RAPS_CLUSTER_ETCD_MEMBERS:-1}
+INSTALL=${RAPS_CLUSTER_INSTALL:-}
+[[ "$INSTALL" =~ ^(|script)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_INSTALL must be 'script' or unset, got '$INSTALL'" >&2; exit 2; }
 [[ "$ETCD_MEMBERS" =~ ^(1|3)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_MEMBERS must be 1 or 3, got '$ETCD_MEMBERS'" >&2; exit 2; }
+NET=${RAPS_CLUSTER_NET:-lo}
+[ "$NET" = lo ] || [ "$NET" = ns ] || { echo "cluster.sh: RAPS_CLUSTER_NET must be 'lo' or 'ns', got '$NET'" >&2; exit 2; }
+# Namespace mode: names carry the port base (two clusters never share one), addresses
+# are 10.S.0.0/16 with S from the port base (bases 50 apart get different ones).
+NS_PREFIX="rc$BASE"
+NET_OCTET=$(((BASE / 50) % 256))
+if [ "$NET" = ns ]; then HOST="10.$NET_OCTET.0.1"; else HOST=127.0.0.1; fi
 etcd_client_port() { echo $((BASE + 377 + 2 * $1)); }
 etcd_peer_port() { echo $((BASE + 378 + 2 * $1)); }
+# Where etcd member I listens: its namespace's address, or loopback.
+etcd_host() { if [ "$NET" = ns ]; then echo "10.$NET_OCTET.0.$((10 + $1))"; else echo 127.0.0.1; fi; }
 etcd_urls() {
   local i urls=()
-  for ((i = 1; i <= ETCD_MEMBERS; i++)); do urls+=("http://127.0.0.1:$(etcd_client_port "$i")"); done
+  for ((i = 1; i <= ETCD_MEMBERS; i++)); do urls+=("http://$(etcd_host "$i"):$(etcd_client_port "$i")"); done
   (IFS=,; echo "${urls[*]}")
 }
 CG_ROOT=${RAPS_CGROUP_ROOT:-/sys/fs/cgroup/unified}
@@ -64,6 +86,23 @@ wait_for() {
 
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; }
 
+# NODE_ARGV: the argv that runs shell command $2 as node $1: in namespace mode in the
+# node's network namespace and a mount namespace of its own where /etc/hosts is the
+# node's (the host's name resolves to the node's address there, as a node's own name does
+# on a real cluster). Not `ip netns exec`: it remounts /sys, hiding the node's cgroup.
+# Each step execs, so the pid is the final program's.
+node_argv() {
+  NODE_ARGV=(sh -c "$2")
+  [ "$NET" = ns ] || return 0
+  NODE_ARGV=(nsenter "--net=/run/netns/${NS_PREFIX}$1" unshare --mount --propagation private \
+             sh -c "mount --bind '$RUN/net/hosts-$1' /etc/hosts && $2")
+}
+
+node_index() { echo "${1#n}"; }
+node_rack() { local per_rack=$(((NODES + RACKS - 1) / RACKS)); echo $((($(node_index "$1") - 1) / per_rack + 1)); }
+# Node nI of rack R: 10.S.R.I (one /16: racks are bridged, not routed).
+node_addr() { echo "10.$NET_OCTET.$(node_rack "$1").$(node_index "$1")"; }
+
 cgroups_usable() {
   [ -f "$CG_ROOT/cgroup.procs" ] && mkdir -p "$CG_DIR" 2>/dev/null && [ -w "$CG_DIR" ]
 }
@@ -76,7 +115,7 @@ write_conf() {
   local per_rack=$(((NODES + RACKS - 1) / RACKS)) r i first last
   {
     echo "ClusterName=raps"
-    echo "SlurmctldHost=localhost(127.0.0.1)"
+    echo "SlurmctldHost=localhost($HOST)"
     echo "SlurmctldPort=$CTLD_PORT"
     echo "SlurmUser=slurm"
     echo "AuthType=auth/munge"
@@ -103,21 +142,32 @@ write_conf() {
     echo "SwitchType=switch/none"
     echo "JobCompType=jobcomp/none"
     echo "AccountingStorageType=accounting_storage/none"
-    echo "TopologyPlugin=topology/tree"
-    echo "PlugStackConfig=$RUN/etc/plugstack.conf"
-    echo "PrologSlurmctld=$RUN/hooks/prolog-slurmctld"
-    echo "EpilogSlurmctld=$RUN/hooks/epilog-slurmctld"
-    echo "Prolog=$RUN/hooks/prolog"
-    echo "Epilog=$RUN/hooks/epilog"
-    echo "PrologFlags=Alloc"
-    echo "NodeName=n[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((BASE + 1))-$((BASE + NODES))] CPUs=2 RealMemory=1000 State=UNKNOWN"
+    if [ "$INSTALL" = script ]; then
+      # What scripts/install.sh wrote from slurm/slurm.conf.d/raps.conf (write_raps_conf).
+      echo "Include $RUN/inst/etc/slurm/slurm.conf.d/raps.conf"
+    else
+      echo "TopologyPlugin=topology/tree"
+      echo "PlugStackConfig=$RUN/etc/plugstack.conf"
+      echo "PrologSlurmctld=$RUN/hooks/prolog-slurmctld"
+      echo "EpilogSlurmctld=$RUN/hooks/epilog-slurmctld"
+      echo "Prolog=$RUN/hooks/prolog"
+      echo "Epilog=$RUN/hooks/epilog"
+      echo "PrologFlags=Alloc"
+    fi
+    if [ "$NET" = ns ]; then
+      for ((i = 1; i <= NODES; i++)); do
+        echo "NodeName=n$i NodeHostname=localhost NodeAddr=$(node_addr "n$i") Port=$((BASE + i)) CPUs=2 RealMemory=1000 State=UNKNOWN"
+      done
+    else
+      echo "NodeName=n[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((BASE + 1))-$((BASE + NODES))] CPUs=2 RealMemory=1000 State=UNKNOWN"
+    fi
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } >"$RUN/etc/slurm.conf"
   # The SPANK shim, when built (scripts/test.sh builds it): the --raps options.
   local so
   so=$(realpath -m "$(dirname "$0")/../spank/raps_spank.so")
-  if [ -f "$so" ]; then
-    echo "required $so agent_socket=$RUN/sock/%n/agent.sock coordinator=127.0.0.1:$((BASE + 470))"
+  if [ -f "$so" ] && [ "$INSTALL" != script ]; then
+    echo "required $so agent_socket=$RUN/sock/%n/agent.sock coordinator=$HOST:$((BASE + 470))"
   fi >"$RUN/etc/plugstack.conf"
   {
     for ((r = 1; r <= RACKS; r++)); do
@@ -134,12 +184,17 @@ export SLURM_CONF=$RUN/etc/slurm.conf
 export RAPS_CLUSTER_DIR=$RUN
 export RAPS_ETCD_URL=$(etcd_urls)
 export RAPS_CONFIG=$RUN/etc/raps.yaml
+export RAPS_CLUSTER_NET=$NET
 EOF
 }
 
 # The RAPS side: config, hook wrappers, checkpoint and hook log dirs.
 write_raps_conf() {
   mkdir -p "$RUN/ckpt" "$RUN/log/raps"
+  # Namespace mode: a rank listens on its node's address (its hostname resolves to it in
+  # the node's namespace) and each agent is given its own transfer address.
+  local ns_sed="s#^  listen_address: 127.0.0.1.*#  listen_address: ''#"
+  [ "$NET" = ns ] || ns_sed=""
   chmod 0777 "$RUN/log/raps" # PrologSlurmctld (SlurmUser) and Prolog (root) both log here
   {
     sed -e "s#^  local_dir: .*#  local_dir: $RUN/ckpt/%n#" \
@@ -148,13 +203,149 @@ write_raps_conf() {
     echo "  endpoints: ['$(etcd_urls | sed "s/,/', '/g")']"
   } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" \
         -e "/^agent:/a\\  socket_path: $RUN/sock/%n/agent.sock" \
-        -e "/^coordinator:/a\\  addresses: ['127.0.0.1:$((BASE + 470))']" >"$RUN/etc/raps.yaml"
-  [ -f "$RUN/etc/raps.key" ] || "$RAPS_PYTHON" -m raps_slurm.cli config create-key "$RUN/etc/raps.key" >/dev/null
+        -e "/^coordinator:/a\\  addresses: ['$HOST:$((BASE + 470))']" \
+        -e "$ns_sed" >"$RUN/etc/raps.yaml"
   chmod 0644 "$RUN/etc/raps.yaml"
   if id slurm >/dev/null 2>&1 && ! runuser -u slurm -- "$RAPS_PYTHON" -c 'import raps_slurm.hooks.run' 2>/dev/null; then
     die "SlurmUser 'slurm' cannot run $RAPS_PYTHON with raps_slurm (PrologSlurmctld would fail every job): set RAPS_PYTHON, e.g. to the venv scripts/test.sh creates"
   fi
+  if [ "$INSTALL" = script ]; then
+    # As an admin would: the controller's install creates the key (the config names
+    # $RUN/etc/raps.key), the compute install finds it there.
+    local role
+    for role in controller compute; do
+      bash "$REPO/scripts/install.sh" --role "$role" --prefix "$RUN/inst" --sysconfdir "$RUN/inst/etc" \
+        --python "$RAPS_PYTHON" --config "$RUN/etc/raps.yaml" >>"$RUN/log/install.log" \
+        || die "scripts/install.sh --role $role failed (log: $RUN/log/install.log)"
+    done
+    return
+  fi
+  [ -f "$RUN/etc/raps.key" ] || "$RAPS_PYTHON" -m raps_slurm.cli config create-key "$RUN/etc/raps.key" >/dev/null
   bash "$REPO/scripts/install-hooks.sh" --python "$RAPS_PYTHON" --config "$RUN/etc/raps.yaml" "$RUN/hooks" >/dev/null
+}
+
+# --- Namespace mode (RAPS_CLUSTER_NET=ns) ---------------------------------------------
+# Bridge <P>core (10.S.0.1/16 in the root namespace: slurmctld, coordinators, tests) joins
+# one bridge <P>rR per rack through a veth pair <P>uR (rack side) / <P>cR (core side).
+# Node nI lives in namespace <P>nI (eth0 = 10.S.R.I/16, lo up), its veth's other end,
+# <P>nI, in its rack's bridge; etcd member I in namespace <P>eI (10.S.0.(10+I)) on the
+# core bridge. <P> = rc<port base>. Everything created is listed in $RUN/net/created,
+# which `down` deletes in reverse order.
+net_created() { echo "$1 $2" >>"$RUN/net/created"; }
+
+# A namespace NS with address ADDR, its link in BRIDGE.
+net_ns_add() {
+  local ns=$1 addr=$2 bridge=$3
+  ip netns add "$ns"; net_created netns "$ns"
+  ip link add "$ns" type veth peer name "${ns}x"; net_created link "$ns"
+  ip link set "${ns}x" netns "$ns"
+  ip -n "$ns" link set "${ns}x" name eth0
+  ip -n "$ns" addr add "$addr/16" dev eth0
+  ip -n "$ns" link set lo up
+  ip -n "$ns" link set eth0 up
+  echo 1 >"/proc/sys/net/ipv4/conf/$ns/arp_ignore" # see cmd_partition
+  ip link set "$ns" master "$bridge"
+  ip link set "$ns" up
+}
+
+net_up() {
+  command -v ip >/dev/null || die "ip not found (apt-get install iproute2)"
+  if ip -o addr show | grep -q " inet 10\.$NET_OCTET\."; then
+    die "10.$NET_OCTET.0.0/16 is already in use on this host (a namespace-mode cluster with port base $BASE still up? scripts/cluster.sh down)"
+  fi
+  mkdir -p "$RUN/net"
+  : >"$RUN/net/created"
+  local core="${NS_PREFIX}core" r n i racks
+  ip link add "$core" type bridge || die "cannot create bridge $core (needs root and a kernel with bridge support)"
+  net_created link "$core"
+  ip addr add "$HOST/16" dev "$core"
+  ip link set "$core" up
+  racks=$(node_rack "n$NODES")
+  for ((r = 1; r <= racks; r++)); do
+    ip link add "${NS_PREFIX}r$r" type bridge; net_created link "${NS_PREFIX}r$r"
+    ip link set "${NS_PREFIX}r$r" up
+    ip link add "${NS_PREFIX}u$r" type veth peer name "${NS_PREFIX}c$r"; net_created link "${NS_PREFIX}u$r"
+    echo 1 >"/proc/sys/net/ipv4/conf/${NS_PREFIX}u$r/arp_ignore" # see cmd_partition
+    ip link set "${NS_PREFIX}u$r" master "${NS_PREFIX}r$r"
+    ip link set "${NS_PREFIX}c$r" master "$core"
+    ip link set "${NS_PREFIX}u$r" up
+    ip link set "${NS_PREFIX}c$r" up
+  done
+  for n in $(node_names); do
+    net_ns_add "${NS_PREFIX}$n" "$(node_addr "$n")" "${NS_PREFIX}r$(node_rack "$n")"
+  done
+  for ((i = 1; i <= ETCD_MEMBERS; i++)); do
+    net_ns_add "${NS_PREFIX}e$i" "$(etcd_host "$i")" "$core"
+  done
+  # Each node's /etc/hosts: this host's name is the node's own address there (what a
+  # rank's default listen address resolves), every node's name is its address.
+  local me; me=$(uname -n)
+  for n in $(node_names); do
+    {
+      echo "127.0.0.1 localhost"
+      echo "$(node_addr "$n") $me $n"
+      for i in $(node_names); do [ "$i" = "$n" ] || echo "$(node_addr "$i") $i"; done
+    } >"$RUN/net/hosts-$n"
+  done
+}
+
+# Delete what net_up created (links first: a namespace goes once its processes are gone).
+net_down() {
+  [ -f "$RUN/net/created" ] || return 0
+  local kind name
+  tac "$RUN/net/created" | while read -r kind name; do
+    case "$kind" in
+      link) ip link show "$name" >/dev/null 2>&1 && ip link del "$name" 2>/dev/null || true ;;
+      netns) ip netns del "$name" 2>/dev/null || true ;;
+    esac
+  done
+  rm -f "$RUN/net/created"
+}
+
+# "LINK BRIDGE": the bridge port that cuts TARGET off: node nI -> its veth in its rack's
+# bridge; rack rR -> the rack's uplink in the rack bridge; etcd member eI -> its veth in
+# the core bridge.
+net_link() {
+  [ "$NET" = ns ] || die "partition and heal need namespace mode (RAPS_CLUSTER_NET=ns)"
+  local t=$1
+  if [[ "$t" =~ ^n[0-9]+$ ]] && (($(node_index "$t") >= 1 && $(node_index "$t") <= NODES)); then
+    echo "${NS_PREFIX}$t ${NS_PREFIX}r$(node_rack "$t")"
+  elif [[ "$t" =~ ^r[0-9]+$ ]] && ((${t#r} >= 1 && ${t#r} <= $(node_rack "n$NODES"))); then
+    echo "${NS_PREFIX}u${t#r} ${NS_PREFIX}$t"
+  elif [[ "$t" =~ ^e[0-9]+$ ]] && ((${t#e} >= 1 && ${t#e} <= ETCD_MEMBERS)); then
+    echo "${NS_PREFIX}$t ${NS_PREFIX}core"
+  else
+    die "unknown target '$t' (expected a node n1..n$NODES, a rack r1..r$(node_rack "n$NODES") or an etcd member e1..e$ETCD_MEMBERS)"
+  fi
+}
+
+# A partition takes the target's port out of its bridge: both ends keep their carrier and
+# every frame is lost, as behind a dead switch port or uplink. Not `ip link set down`:
+# the kernel passes traffic again only ~0.8 s after a link comes back up (measured here),
+# which would stretch every cut past a short miss window. The detached end, now a bare
+# link of the root namespace, answers no ARP (arp_ignore=1, set when it was created), so
+# nothing reaches the root namespace's addresses through it either.
+# partition TARGET [SECONDS]: with SECONDS, heal after that long, in this process (a
+# blip shorter than the miss window needs a cut not stretched by a second start).
+cmd_partition() {
+  local link bridge
+  read -r link bridge <<<"$(net_link "$1")"
+  [ -z "${2:-}" ] || [[ "$2" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "partition SECONDS must be a number, got '$2'"
+  ip link set "$link" nomaster
+  if [ -n "${2:-}" ]; then
+    sleep "$2"
+    ip link set "$link" master "$bridge"
+    log "partitioned $1 for ${2}s ($link out of $bridge, then back)"
+  else
+    log "partitioned $1 ($link out of $bridge)"
+  fi
+}
+
+cmd_heal() {
+  local link bridge
+  read -r link bridge <<<"$(net_link "$1")"
+  ip link set "$link" master "$bridge"
+  log "healed $1 ($link back in $bridge)"
 }
 
 munge_ok() { echo | munge 2>/dev/null | unmunge >/dev/null 2>&1; }
@@ -174,17 +365,18 @@ start_munge() {
 start_etcd() {
   command -v etcd >/dev/null || die "etcd not found (apt-get install etcd-server)"
   local keep=${1:-} only=${2:-} i peers=() members=()
-  for ((i = 1; i <= ETCD_MEMBERS; i++)); do peers+=("raps$i=http://127.0.0.1:$(etcd_peer_port "$i")"); done
+  for ((i = 1; i <= ETCD_MEMBERS; i++)); do peers+=("raps$i=http://$(etcd_host "$i"):$(etcd_peer_port "$i")"); done
   if [ -n "$only" ]; then members=("$only"); else for ((i = 1; i <= ETCD_MEMBERS; i++)); do members+=("$i"); done; fi
   for i in "${members[@]}"; do
-    local data="$RUN/etcd/data$i" client peer
-    client=$(etcd_client_port "$i"); peer=$(etcd_peer_port "$i")
+    local data="$RUN/etcd/data$i" client peer at wrap=()
+    client=$(etcd_client_port "$i"); peer=$(etcd_peer_port "$i"); at=$(etcd_host "$i")
+    [ "$NET" = ns ] && wrap=(ip netns exec "${NS_PREFIX}e$i")
     [ "$keep" = keep ] || rm -rf "$data"
-    nohup etcd --name "raps$i" --data-dir "$data" \
-      --listen-client-urls "http://127.0.0.1:$client" \
-      --advertise-client-urls "http://127.0.0.1:$client" \
-      --listen-peer-urls "http://127.0.0.1:$peer" \
-      --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    nohup "${wrap[@]}" etcd --name "raps$i" --data-dir "$data" \
+      --listen-client-urls "http://$at:$client" \
+      --advertise-client-urls "http://$at:$client" \
+      --listen-peer-urls "http://$at:$peer" \
+      --initial-advertise-peer-urls "http://$at:$peer" \
       --initial-cluster "$(IFS=,; echo "${peers[*]}")" \
       --initial-cluster-state new --initial-cluster-token "raps-$BASE" \
       </dev/null >>"$RUN/log/etcd$i.log" 2>&1 &
@@ -193,7 +385,7 @@ start_etcd() {
   # A member of three answers /health only once a quorum has formed: wait for every
   # started one (one member back alone joins the quorum of the two still running).
   for i in "${members[@]}"; do
-    wait_for "etcd member $i on port $(etcd_client_port "$i")" 30 curl -sf "http://127.0.0.1:$(etcd_client_port "$i")/health"
+    wait_for "etcd member $i on port $(etcd_client_port "$i")" 30 curl -sf "http://$(etcd_host "$i"):$(etcd_client_port "$i")/health"
   done
 }
 
@@ -205,15 +397,15 @@ etcd_member_arg() {
 start_slurmd() {
   local n=$1
   mkdir -p "$RUN/spool/$n"
+  local cmd="exec '$SLURM_SBIN/slurmd' -N '$n' -f '$RUN/etc/slurm.conf'"
   if cgroups_usable; then
     mkdir -p "$CG_DIR/$n"
     # The shell joins the node's cgroup, then becomes slurmd: slurmstepd, batch
     # scripts and tasks started by it stay in that cgroup.
-    sh -c "echo \$\$ > '$CG_DIR/$n/cgroup.procs' && exec '$SLURM_SBIN/slurmd' -N '$n' -f '$RUN/etc/slurm.conf'" \
-      </dev/null >>"$RUN/log/slurmd-$n.out" 2>&1
-  else
-    "$SLURM_SBIN/slurmd" -N "$n" -f "$RUN/etc/slurm.conf" </dev/null >>"$RUN/log/slurmd-$n.out" 2>&1
+    cmd="echo \$\$ > '$CG_DIR/$n/cgroup.procs' && $cmd"
   fi
+  node_argv "$n" "$cmd"
+  "${NODE_ARGV[@]}" </dev/null >>"$RUN/log/slurmd-$n.out" 2>&1
   wait_for "slurmd $n pid file" 20 test -s "$RUN/pids/slurmd-$n.pid"
   [ "${2:-}" = "--no-agent" ] || start_agent "$n"
 }
@@ -237,10 +429,12 @@ start_agent() {
   local n=$1 pidf="$RUN/pids/agent-$1.pid"
   if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then die "the agent of $n already runs"; fi
   local cmd="exec '$RAPS_PYTHON' -m raps_slurm.agent --node '$n' --config '$RUN/etc/raps.yaml' ${RAPS_AGENT_ARGS:-}"
+  [ "$NET" = ns ] && cmd="$cmd --transfer-address '$(node_addr "$n"):0'"
   if cgroups_usable; then
     cmd="echo \$\$ > '$CG_DIR/$n/cgroup.procs' && $cmd"
   fi
-  nohup sh -c "$cmd" </dev/null >>"$RUN/log/agent-$n.log" 2>&1 &
+  node_argv "$n" "$cmd"
+  nohup "${NODE_ARGV[@]}" </dev/null >>"$RUN/log/agent-$n.log" 2>&1 &
   echo $! >"$pidf"
 }
 
@@ -250,6 +444,7 @@ cmd_up() {
   fi
   command -v slurmctld >/dev/null || [ -x "$SLURM_SBIN/slurmctld" ] || die "slurmctld not found (apt-get install slurmctld slurmd)"
   write_conf
+  [ "$NET" = ns ] && net_up
   start_munge
   start_etcd
   export SLURM_CONF="$RUN/etc/slurm.conf"
@@ -260,7 +455,7 @@ cmd_up() {
   for n in $(node_names); do start_slurmd "$n"; done
   wait_for "all $NODES nodes to register" 60 all_nodes_up
   cgroups_usable || log "cgroup v2 not writable at $CG_ROOT: crash/freeze fall back to signals"
-  log "up: $NODES nodes in $RACKS racks, run dir $RUN (source <(scripts/cluster.sh env))"
+  log "up: $NODES nodes in $RACKS racks, run dir $RUN, network $NET${HOST:+ ($HOST)} (source <(scripts/cluster.sh env))"
 }
 
 all_nodes_up() {
@@ -312,6 +507,7 @@ cmd_down() {
     [ -d "$CG_DIR/$n" ] && { wait_empty_cgroup "$CG_DIR/$n"; rmdir "$CG_DIR/$n" 2>/dev/null || true; }
   done
   [ -d "$CG_DIR" ] && rmdir "$CG_DIR" 2>/dev/null || true
+  net_down
   log "down: $RUN"
 }
 
@@ -330,6 +526,14 @@ cmd_status() {
     if kill -0 "$pid" 2>/dev/null; then echo "$name: running (pid $pid)"; else echo "$name: stopped"; fi
   done
   sinfo -N -o '%N %t %E' 2>/dev/null || echo "slurmctld: not answering"
+  if [ "$NET" = ns ] && [ -f "$RUN/net/created" ]; then
+    local t link bridge cut=()
+    for t in $(node_names) $(seq -f 'r%g' 1 "$(node_rack "n$NODES")") $(seq -f 'e%g' 1 "$ETCD_MEMBERS"); do
+      read -r link bridge <<<"$(net_link "$t")"
+      [ -e "/sys/class/net/$link/master" ] || cut+=("$t")
+    done
+    echo "network ns ($HOST): partitioned: ${cut[*]:-none}"
+  fi
 }
 
 node_cgroup() {
@@ -414,11 +618,11 @@ cmd_coordinator_start() {
   local pidf="$RUN/pids/coordinator.pid"
   if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then die "a coordinator already runs"; fi
   SLURM_CONF="$RUN/etc/slurm.conf" nohup "$RAPS_PYTHON" -m raps_slurm.coordinator \
-    --config "$RUN/etc/raps.yaml" --name coordinator --metrics-address "127.0.0.1:$((BASE + 471))" \
-    --heartbeat-address "127.0.0.1:$((BASE + 470))" --user-address "127.0.0.1:$((BASE + 470))" \
+    --config "$RUN/etc/raps.yaml" --name coordinator --metrics-address "$HOST:$((BASE + 471))" \
+    --heartbeat-address "$HOST:$((BASE + 470))" --user-address "$HOST:$((BASE + 470))" \
     </dev/null >>"$RUN/log/coordinator.log" 2>&1 &
   echo $! >"$pidf"
-  log "raps-coordinator started (log $RUN/log/coordinator.log, metrics http://127.0.0.1:$((BASE + 471))/metrics)"
+  log "raps-coordinator started (log $RUN/log/coordinator.log, metrics http://$HOST:$((BASE + 471))/metrics)"
 }
 
 cmd_coordinator_stop() {
@@ -450,5 +654,7 @@ case "${1:-}" in
     "cmd_${1//-/_}" "${2:-}" ;;
   coordinator-start) cmd_coordinator_start ;;
   coordinator-stop) cmd_coordinator_stop ;;
-  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|slurmd-kill NODE|slurmd-start NODE|cgroup NODE|etcd-stop [MEMBER]|etcd-start [MEMBER]|coordinator-start|coordinator-stop|agent-start NODE|agent-stop NODE" >&2; exit 2 ;;
+  partition) [ $# -eq 2 ] || [ $# -eq 3 ] || die "usage: scripts/cluster.sh partition NODE|RACK|eMEMBER [SECONDS]"; cmd_partition "$2" "${3:-}" ;;
+  heal) [ $# -eq 2 ] || die "usage: scripts/cluster.sh heal NODE|RACK|eMEMBER"; cmd_heal "$2" ;;
+  *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|slurmd-kill NODE|slurmd-start NODE|cgroup NODE|etcd-stop [MEMBER]|etcd-start [MEMBER]|coordinator-start|coordinator-stop|agent-start NODE|agent-stop NODE|partition TARGET|heal TARGET" >&2; exit 2 ;;
 esac

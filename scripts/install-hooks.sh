@@ -26,7 +26,7 @@ done
 py=$(realpath -s "$py")
 "$py" -c 'import raps_slurm.hooks' 2>/dev/null \
   || { echo "install-hooks.sh: $py cannot import raps_slurm (install the package into it)" >&2; exit 1; }
-[ -z "$config" ] || config=$(realpath "$config")
+[ -z "$config" ] || config=$(realpath -m "$config")  # -m: it may exist only on the target
 
 mkdir -p "$dest"
 for hook in prolog-slurmctld epilog-slurmctld prolog epilog; do

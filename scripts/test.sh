@@ -8,9 +8,11 @@ cd "$(dirname "$0")/.."
 # shellcheck source=lib/setup.sh
 source scripts/lib/setup.sh
 
-ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make procps openssl \
+ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server etcd-client curl gcc make binutils git procps openssl iproute2 \
+  systemd prometheus \
   python3-dev libssl-dev \
-  python3 python3-venv
+  python3 python3-venv \
+  openmpi-bin python3-mpi4py python3-numpy
 ensure_venv dev
 "$PY" -c "import raps_slurm, raps_slurm._udp, etcd3gw, ClusterShell, zstandard, pyfastcdc.cy, blake3, numpy, rich, hypothesis, pytest_timeout, prometheus_client, atheris" \
   || { echo "test.sh: the Python package or its test extra did not install" >&2; exit 1; }

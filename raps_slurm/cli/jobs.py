@@ -48,6 +48,13 @@ def _job_block(job: dict[str, Any]) -> list[list[tuple[str, Any]]]:
     ]
     if job["map_error"]:
         lines.append([("MapError", job["map_error"])])
+    esc = job.get("escalation")
+    if esc and esc.get("gave_up"):
+        lines.append([("GaveUp", esc["gave_up"])])
+    elif esc and "error" not in esc:
+        lines.append([("Requeued", f"run {esc['run']}: {esc['reason']}"),
+                      ("RequeuesInWindow", esc["requeues"]),
+                      ("Excluded", ",".join(esc["exclude"]) or "-")])
     for r in job["ranks"]:
         g = r["group"]
         lines.append([("Rank", r["rank"]), ("Node", r["node"]), ("Epoch", r["epoch"]),

@@ -8,13 +8,22 @@ from typing import Any
 
 import click
 
+MISSING = "-"  # what a table prints for a value that is not there (JSON keeps null)
+
+
+def cell_text(value: Any) -> str:
+    """A table cell: ``-`` for a missing value (None, '', an empty list), else its text."""
+    if value is None or value == "" or value == [] or value == ():
+        return MISSING
+    return str(value)
+
 
 def table(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
-    """Print rows as JSON or as an aligned table."""
+    """Print rows as JSON or as an aligned table (a missing value or key prints ``-``)."""
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    cells = [columns] + [[str(r[c]) for c in columns] for r in rows]
+    cells = [columns] + [[cell_text(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     for row in cells:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

@@ -1,6 +1,6 @@
 """How a user's ``rapsctl`` (not root) asks about a job: the coordinators' user door over
 TCP with a MUNGE credential (``coordinator.addresses``, tried in order). Root reads etcd
-directly; users never do (DESIGN.md 4b)."""
+directly; users never do (docs/architecture.md, Trust boundaries)."""
 
 from __future__ import annotations
 

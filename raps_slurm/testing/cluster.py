@@ -27,7 +27,7 @@ class LocalCluster:
 
     def __init__(self, run_dir: Path, nodes: int = 6, racks: int = 3,
                  port_base: int = 17000, script: Path = SCRIPT,
-                 profile: Path | None = None, etcd_members: int = 1) -> None:
+                 profile: Path | None = None, etcd_members: int = 1, net: str = "lo") -> None:
         if not script.exists():
             raise ClusterError(f"{script} not found: run from a raps-slurm checkout")
         self.run_dir = Path(run_dir)
@@ -39,6 +39,10 @@ class LocalCluster:
         if etcd_members not in (1, 3):
             raise ClusterError(f"etcd_members must be 1 or 3, got {etcd_members}")
         self.etcd_members = etcd_members
+        if net not in ("lo", "ns"):
+            raise ClusterError(f"net must be 'lo' (loopback) or 'ns' (network namespaces), "
+                               f"got {net!r}")
+        self.net = net
         self.env = {
             "SLURM_CONF": str(self.run_dir / "etc" / "slurm.conf"),
             "RAPS_CLUSTER_DIR": str(self.run_dir),
@@ -52,9 +56,24 @@ class LocalCluster:
         return [f"n{i}" for i in range(1, self.nodes + 1)]
 
     @property
+    def net_octet(self) -> int:
+        """S of the namespace mode's 10.S.0.0/16 (from the port base, as cluster.sh has it)."""
+        return (self.port_base // 50) % 256
+
+    @property
+    def host(self) -> str:
+        """The address of this host on the cluster's network: loopback, or in namespace
+        mode the core bridge's (where slurmctld, coordinators and the tests live)."""
+        return f"10.{self.net_octet}.0.1" if self.net == "ns" else "127.0.0.1"
+
+    def etcd_host(self, member: int) -> str:
+        """Where etcd member ``member`` (1..) listens: its namespace's address, or loopback."""
+        return f"10.{self.net_octet}.0.{10 + member}" if self.net == "ns" else "127.0.0.1"
+
+    @property
     def etcd_urls(self) -> list[str]:
         """Client URLs of the cluster's etcd members (member i on base+377+2i)."""
-        return [f"http://127.0.0.1:{self.port_base + 377 + 2 * i}"
+        return [f"http://{self.etcd_host(i)}:{self.port_base + 377 + 2 * i}"
                 for i in range(1, self.etcd_members + 1)]
 
     @property
@@ -67,7 +86,8 @@ class LocalCluster:
         env = {**os.environ, **(extra_env or {}), "RAPS_CLUSTER_DIR": str(self.run_dir),
                "RAPS_CLUSTER_NODES": str(self.nodes), "RAPS_CLUSTER_RACKS": str(self.racks),
                "RAPS_CLUSTER_PORT": str(self.port_base),
-               "RAPS_CLUSTER_ETCD_MEMBERS": str(self.etcd_members)}
+               "RAPS_CLUSTER_ETCD_MEMBERS": str(self.etcd_members),
+               "RAPS_CLUSTER_NET": self.net}
         if self.profile is not None:
             env["RAPS_CLUSTER_PROFILE"] = str(self.profile)
         try:
@@ -106,6 +126,16 @@ class LocalCluster:
     def restart(self, node: str) -> None:
         """Start a crashed node's slurmd again."""
         self._run("restart", node)
+
+    def partition(self, target: str, seconds: float | None = None) -> None:
+        """Namespace mode: cut node ``nI``, rack ``rR`` or etcd member ``eI`` off the network
+        (its link down); it keeps running. With ``seconds``, heal it after that long (in
+        cluster.sh, so the down time is not stretched by starting it again)."""
+        self._run("partition", target, *([f"{seconds:.3f}"] if seconds is not None else []))
+
+    def heal(self, target: str) -> None:
+        """Bring a partitioned node, rack or etcd member's link up again."""
+        self._run("heal", target)
 
     def slurmd_kill(self, node: str) -> None:
         """Kill only the node's slurmd (its agent stays): job steps cannot start there."""
@@ -186,7 +216,7 @@ class CoordinatorProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "raps_slurm.coordinator", "--config",
                  str(self.config), "--name", self.name, "--metrics-address", metrics_address,
-                 "--heartbeat-address", "127.0.0.1:0", "--user-address", user_address,
+                 "--heartbeat-address", f"{self.cluster.host}:0", "--user-address", user_address,
                  "--heartbeat-receivers", str(receivers)],
                 env={**os.environ, **self.cluster.env}, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
@@ -222,13 +252,18 @@ class CoordinatorProcess:
 
 
 @contextmanager
-def cluster_for_tests(prefix: str, etcd_members: int = 1) -> Iterator[LocalCluster]:
+def cluster_for_tests(prefix: str, etcd_members: int = 1, net: str | None = None,
+                      port_offset: int = 0, nodes: int = 6,
+                      racks: int = 3) -> Iterator[LocalCluster]:
     """A cluster up in a fresh run dir for the test session (ports from
-    ``RAPS_CLUSTER_PORT``, default 17000); always down and removed afterwards."""
+    ``RAPS_CLUSTER_PORT``, default 17000, plus ``port_offset``; network ``net``, else
+    ``RAPS_CLUSTER_NET``, default loopback); always down and removed afterwards."""
     # Not pytest's tmp_path: its parents are mode 0700 and slurmctld runs as SlurmUser.
     run_dir = Path(tempfile.mkdtemp(prefix=prefix))
-    c = LocalCluster(run_dir, port_base=int(os.environ.get("RAPS_CLUSTER_PORT", "17000")),
-                     etcd_members=etcd_members)
+    c = LocalCluster(run_dir, nodes=nodes, racks=racks,
+                     port_base=int(os.environ.get("RAPS_CLUSTER_PORT", "17000")) + port_offset,
+                     etcd_members=etcd_members,
+                     net=net or os.environ.get("RAPS_CLUSTER_NET", "lo"))
     try:
         c.up()
         yield c
