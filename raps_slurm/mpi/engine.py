@@ -95,6 +95,7 @@ class Engine:
         self.negatives = False  # a negative test outcome not yet covered by a record
         self.replay = Replay()
         self.sends_hook: Callable[[], None] | None = None  # called before each send
+        self.sent = 0  # messages sent to other ranks: the progress this rank reports
 
     # --- state in a checkpoint -------------------------------------------------------
 
@@ -105,7 +106,7 @@ class Engine:
                                "pending: complete them (Wait) before checkpointing")
         msgs = [(m.src, m.ctx, m.tag, m.kind, m.data, m.order)
                 for q in self.unexpected.values() for m in q]
-        return {"unexpected": msgs, "arrivals": self.arrivals,
+        return {"unexpected": msgs, "arrivals": self.arrivals, "sent": self.sent,
                 "recv_serial": self.recv_serial, "test_serial": self.test_serial}
 
     def load(self, st: dict[str, Any], records: list[bytes]) -> None:
@@ -116,6 +117,7 @@ class Engine:
             self.unexpected.setdefault(src, deque()).append(
                 Msg(src, ctx_id, tag, kind, data, order))
         self.arrivals = int(st.get("arrivals", 0))
+        self.sent = int(st.get("sent", 0))
         self.recv_serial = int(st.get("recv_serial", 0))
         self.test_serial = int(st.get("test_serial", 0))
         self.replay = Replay()
@@ -145,6 +147,10 @@ class Engine:
             self._record(DET.pack(D_NEG, self.test_serial, 0, 0, 0))
             self.negatives = False
         self.ctx.send(dst, b"".join((head, data)))
+        # The program's progress: the agent relays it, and a relaunched rank's first
+        # report once it has re-sent what it sent before its loss ends its recovery.
+        self.sent += 1
+        self.ctx.heartbeat(self.sent)
 
     # --- receiving -------------------------------------------------------------------
 

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
@@ -50,7 +48,6 @@ def submit(cluster: LocalCluster, sbatch: list[str]) -> tuple[str, Path]:
     return job, out / f"mpi-{job}.out"
 
 
-@pytest.mark.skip(reason="quarantined 2026-12-02: the worker's plan stays 'restored', never 'done' (its re-execution does not resend what it sent before the loss); issue 22 note")
 def test_master_worker_loses_a_worker_node_and_prints_the_failure_free_result(
         cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
         leading: Callable[[str], Any], tmp_path: Path) -> None:

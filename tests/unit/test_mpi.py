@@ -31,6 +31,7 @@ class ScriptedRuntime:
         self.order: deque[int] = deque()  # arrival order across sources
         self.sent: list[tuple[int, bytes]] = []
         self.records: list[bytes] = []
+        self.progress: list[int] = []  # the steps reported
 
     def arrive(self, src: int, ctx: int, tag: int, obj: Any) -> None:
         from raps_slurm.mpi.engine import ENVELOPE
@@ -57,6 +58,9 @@ class ScriptedRuntime:
 
     def record(self, data: bytes) -> None:
         self.records.append(data)
+
+    def heartbeat(self, step: int, items: int = 0) -> None:
+        self.progress.append(step)
 
 
 def engine(rt: ScriptedRuntime) -> Engine:
@@ -176,6 +180,20 @@ def test_checkpoint_state_keeps_unexpected_messages_and_refuses_pending_receives
     e2.post(0, 1, 1)
     with pytest.raises(RuntimeError, match="1 receive request"):
         e2.state()
+
+
+def test_every_send_to_another_rank_is_reported_progress_kept_across_a_checkpoint() -> None:
+    rt = ScriptedRuntime(0, 3)
+    e = engine(rt)
+    e.send(1, 0, 0, OBJ, b"a")
+    e.send(0, 0, 0, OBJ, b"to itself")  # not sent anywhere: no progress
+    e.send(2, 0, 0, OBJ, b"b")
+    assert rt.progress == [1, 2]
+    rt2 = ScriptedRuntime(0, 3)
+    e2 = engine(rt2)
+    e2.load(pickle.loads(pickle.dumps(e.state())), [])
+    e2.send(1, 0, 0, OBJ, b"c")
+    assert rt2.progress == [3]
 
 
 def test_buffer_specifications() -> None:

@@ -8,6 +8,7 @@ from the start; an ``Abort`` ends the job under both."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -101,16 +102,23 @@ def test_program_prints_what_open_mpi_prints(name: str, mpirun: list[str],
     # All at once (they are independent): the suite's time is what matters.
     theirs_p = _start([*mpirun, str(REPO / program), *args], tmp_path)
     ours_p = _raps(program, args, tmp_path)
-    crashed = {" ".join(c): _raps(program, [*args, *c], tmp_path, "--restarts", "1")
-               for c in crashes}
+    crashed = {" ".join(c): _raps(program, [*args, *c], tmp_path, "--restarts", "1",
+                                  "--dir", str(tmp_path / f"crash{i}"))
+               for i, c in enumerate(crashes)}
     theirs, _ = _finish(theirs_p, f"mpirun {program}")
     ours, _ = _finish(ours_p, f"RAPS {program}")
     _same(name, ours, theirs)
-    for how, p in crashed.items():
+    for i, (how, p) in enumerate(crashed.items()):
         rank = how.split()[1].split(":")[0]
         out, err = _finish(p, f"RAPS {program} {how}")
         assert f"rank {rank} exited with 17; relaunching it with epoch 2" in err, err[-2000:]
         assert out == ours, f"{name} with rank {rank} lost: {out!r} != {ours!r}"
+        # the relaunched rank said when it had re-sent what it sent before its loss: the
+        # end of its recovery (a plan's "done" on a cluster)
+        events = [json.loads(x) for x in
+                  (tmp_path / f"crash{i}" / "recovery-events.log").read_text().splitlines()]
+        assert [(e["rank"], e["epoch"], e["phase"]) for e in events] == [
+            (int(rank), 2, "running")], events
 
 
 def test_abort_ends_the_job_under_both(mpirun: list[str], tmp_path: Path) -> None:
