@@ -74,7 +74,6 @@ def _dead(s: StateStore, k: Keys, node: str) -> bool:
 
 
 
-@pytest.mark.skip(reason="quarantined 2026-12-02: with 12-16 ranks on this 2-core machine the job escalated (rpn 4) or a second node's ranks moved (rpn 3); issue 19 note")
 @pytest.mark.parametrize("per_node", [3, 4])
 def test_a_dead_nodes_ranks_move_together_to_one_spare(
         cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
@@ -100,12 +99,14 @@ def test_a_dead_nodes_ranks_move_together_to_one_spare(
             every = job_plans(*store, job)
             got = [p for p in every if p.source == node]
             assert sorted(p.rank for p in got) == victims, every
-            assert {p.state for p in got} == {"done"} and {p.epoch for p in got} == {2}
+            assert {p.state for p in got} == {"done"} and {p.epoch for p in got} == {2}, \
+                f"{got}\n{text[-4000:]}"
             [target] = {p.target for p in got}
             assert target in data["spares"]
             # Anything else is a rank restarted in place after a HUNG verdict (this 2-core
             # machine under load can starve a rank's heartbeats for 3 s): never a move.
-            assert all(p.source == p.target for p in every if p.source != node), every
+            assert all(p.source == p.target for p in every if p.source != node), \
+                f"{every}\n{text[-4000:]}"
             now = rank_entries(*store, job)
             assert {r for r, e in now.items() if e.node == target} == set(victims)
             assert cluster.slurm().job(int(job)).restart_count == 0, text[-3000:]
