@@ -166,7 +166,7 @@ def gone(pids: list[int]) -> bool:
     return True
 
 
-@pytest.mark.skip(reason="quarantined 2026-12-02: a second node's rank fenced itself and Slurm dropped its node from the allocation; issue 23 note")
+@pytest.mark.skip(reason="quarantined 2026-12-02: failed 2 of 5 runs: the partitioned node's rack neighbour lost its agent's word, its rank was restarted in place, and Slurm dropped that node from the allocation; issue 23 note")
 def test_partitioned_node_is_dead_its_rank_moves_and_its_copy_fenced_itself_first(
         ns_cluster: LocalCluster, ns_store: Store, ns_leader: CoordinatorProcess,
         tmp_path: Path) -> None:
@@ -228,7 +228,7 @@ def test_partitioned_node_is_dead_its_rank_moves_and_its_copy_fenced_itself_firs
     back_in_service(cluster, s, keys, node)
 
 
-@pytest.mark.skip(reason="quarantined 2026-12-02: not yet seen passing after the first partition test's failure; issue 23 note")
+@pytest.mark.skip(reason="quarantined 2026-12-02: passes when the test before it does (3 of 5 runs), fails after it (no job mapped in 60 s); issue 23 note")
 def test_partition_shorter_than_the_miss_window_gives_no_verdict_and_no_move(
         ns_cluster: LocalCluster, ns_store: Store, ns_leader: CoordinatorProcess,
         tmp_path: Path) -> None:
