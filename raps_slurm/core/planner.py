@@ -407,6 +407,8 @@ def timeline(plan: Plan, events: Mapping[str, PlanEvent]) -> list[tuple[str, flo
                      f"pulled from {src}")
         elif phase == "running":
             what += f": replay done, {d.get('replayed', 0)} messages re-sent"
+            if "received" in d:
+                what += f", {d['received']} received from peers"
         rows.append((phase, e.at, what))
     lf = events.get(LAUNCH_FAILED)
     if lf is not None:

@@ -116,7 +116,10 @@ class Context:
         self.drop_every = 0  # test knob: silently skip every Nth DATA write
         self._sent_frames = 0
         self.generation: int | None = None
-        self._replay: tuple[dict[int, int], int] | None = None  # (sent before loss, count)
+        # (what this rank's log says it sent before its loss, what its checkpoint had sent)
+        self._replay: tuple[dict[int, int], int] | None = None
+        self._restored_delivered: dict[int, int] = {}  # per source, at the restored checkpoint
+        self._peer_had: dict[int, int] = {}  # per peer, what its HELLO says it delivered
         self.preempted = False
         self._records_pending = False  # determinants not yet flushed (see record())
         self._records_replay: list[bytes] = []
@@ -160,8 +163,9 @@ class Context:
         target: dict[int, int] = dict(sent)
         for e in records:
             target[e.dst] = max(target.get(e.dst, 0), e.seq)
-        self._replay = (target, sum(target.values()) - sum(sent.values()))
+        self._replay = (target, sum(sent.values()))
         self._records_replay = _own_records(records, self.rank, sent.get(self.rank, 0))
+        self._restored_delivered = dict(delivered)
         with self._mu:
             self.inbox.restore(delivered)
             self.log.reload(records, sent, bodies, floors)
@@ -299,12 +303,23 @@ class Context:
         replay ended also tells the recovery it is running again."""
         self.port.heartbeat(step, items)
         if self._replay is not None and self.epoch > 1:
-            target, replayed = self._replay
+            logged, base = self._replay
             with self._mu:
+                # Pre-fault progress: what the log held, or what a peer had delivered if
+                # more (messages sent just before the loss, never flushed to the log).
+                target = {**self._peer_had,
+                          **{d: max(n, self._peer_had.get(d, 0)) for d, n in logged.items()}}
                 caught_up = all(self.log.sent.get(d, 0) >= n for d, n in target.items())
+                replayed = sum(target.values()) - base
+                # from the peers since the restored checkpoint: what they replayed from
+                # their logs, and anything new they sent meanwhile
+                received = sum(self.inbox.delivered(src) - self._restored_delivered.get(src, 0)
+                               for src in list(self.inbox.sources)
+                               if src != self.rank) if caught_up else 0
             if caught_up:
                 self._replay = None
-                self.port.recovery_event("running", {"replayed": replayed, "step": step})
+                self.port.recovery_event("running", {"replayed": replayed,
+                                                     "received": received, "step": step})
 
     def checkpoint_due(self) -> bool:
         """True once ``checkpoint.interval_sec`` passed since the last checkpoint, and at
@@ -584,6 +599,7 @@ class Context:
                     stale = False
                     self._peer_epoch[f.src] = f.epoch
                     self.inbox.set_epoch(f.src, f.epoch)
+                    self._peer_had[f.src] = max(self._peer_had.get(f.src, 0), f.seq)
                     new_conn = cid not in self._hello_cids
                     self._hello_cids[cid] = f.src
                     if new_conn:
