@@ -239,10 +239,14 @@ def test_primary_and_mirror_lost_restores_from_the_remaining_holder(
         remaining = set(rec.holders) - {primary, mirror}
         with crashed(cluster, store, primary, mirror):
             finish(cluster, job, out, clean)
-        mine = sorted((p for p in plans(store, job) if p.rank == victim), key=lambda p: p.epoch)
+        every = plans(store, job)
+        # The moves; anything else is a rank restarted in place after a HUNG verdict
+        # (this 2-core machine under load can starve a rank's heartbeats).
+        mine = sorted((p for p in every if p.source != p.target), key=lambda p: p.epoch)
+        assert {p.rank for p in mine} == {victim}, every
         # a plan whose target was the crashed mirror (not yet known dead) failed; its
         # successor restored the rank
-        assert [p.state for p in mine] == ["failed"] * (len(mine) - 1) + ["done"], mine
+        assert [p.state for p in mine] == ["failed"] * (len(mine) - 1) + ["done"], every
         s, k = store
         raw = s.get(k.plan_event(mine[-1].plan_id, "restored"))
         assert raw is not None
