@@ -1,9 +1,9 @@
 """``rapsctl bench``: the options of each benchmark and its one JSON object on stdout.
 
 The measuring code is in ``raps_slurm.bench`` (one module per benchmark); this module
-only parses options and prints. ``detect``, ``loss``, ``recovery`` and ``efficiency``
-bring up their own private 6-node cluster (scripts/cluster.sh wiring, ports from
-``--port``, run dir in /tmp) and take it down at the end; ``heartbeats`` and ``churn``
+only parses options and prints. ``detect``, ``loss``, ``recovery``, ``efficiency`` and
+``launch`` bring up their own private 6-node cluster (scripts/cluster.sh wiring, ports
+from ``--port``, run dir in /tmp) and take it down at the end; ``heartbeats`` and ``churn``
 start a throw-away etcd; ``checkpoint``, ``messaging`` and ``simulate`` run on this
 machine alone. docs/benchmarks.md says what each one measures and what it found.
 """
@@ -19,6 +19,7 @@ import click
 
 from raps_slurm import config as cfgmod
 from raps_slurm.bench import checkpoint, churn, detect, heartbeats, loss, messaging, recovery
+from raps_slurm.bench.launch import run_launch
 from raps_slurm.bench.simulate import run_simulate
 from raps_slurm.checkpoint.codec import CodecParams
 
@@ -178,6 +179,21 @@ def bench_efficiency(steps: int, step_sec: float, interval: float, port: int,
                      as_json: bool) -> None:
     """The same failure, recovered by raps-slurm and by a whole-job restart: useful work."""
     _echo(recovery.run_efficiency(steps, step_sec, interval, port))
+
+
+@bench.command("launch")
+@click.option("--nodes", default=6, show_default=True, type=click.IntRange(1, 6),
+              help="Nodes of each job (the benchmark cluster has 6).")
+@click.option("--ranks-per-node", default=16, show_default=True, type=click.IntRange(1, 64),
+              help="Ranks on each node.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 20),
+              help="Jobs of each kind; the medians count.")
+@_port(19900)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_launch(nodes: int, ranks_per_node: int, repeats: int, port: int,
+                 as_json: bool) -> None:
+    """raps-run against plain srun: seconds until every rank runs, batch-host processes."""
+    _echo(run_launch(nodes, ranks_per_node, repeats, port, quiet=as_json))
 
 
 @bench.command("simulate")
