@@ -20,10 +20,12 @@ from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 from raps_slurm.testing.jobs import (
     HEAT_RING,
+    back_in_service,
     committed,
     finish,
     heat_reference,
     job_plans,
+    node_dead,
     rank_entries,
 )
 
@@ -50,28 +52,6 @@ def mapped(rapsctl: Any, job: str) -> dict[str, Any]:
 def batch_host(cluster: LocalCluster, job: str) -> str:
     return wait_until("the batch host", lambda: cluster.slurm().job(int(job)).batch_host,
                       bool, 20)
-
-
-def back_in_service(cluster: LocalCluster, store: tuple[StateStore, Keys], *nodes: str) -> None:
-    run = CommandRunner(timeout=60, env=cluster.env)
-    s, k = store
-    for n in nodes:
-        state = cluster.slurm().node(n).state_text
-        if any(x in state for x in ("DOWN", "DRAIN", "FAIL")):
-            run.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
-        wait_until(f"{n}'s agent registered", lambda n=n: s.get(k.node(n)), bool, 30)
-        wait_until(f"{n} back in Slurm", lambda n=n: cluster.slurm().node(n).state_text,
-                   lambda st: not any(x in st for x in ("DOWN", "DRAIN", "NOT_RESPONDING")), 60)
-        wait_until(f"{n} no longer dead", lambda n=n: _dead(s, k, n), lambda d: not d, 30)
-
-
-def _dead(s: StateStore, k: Keys, node: str) -> bool:
-    """A DEAD verdict newer than the node's registration (what the leader holds dead)."""
-    v, reg = s.get(k.node_verdict(node)), s.get(k.node(node))
-    return v is not None and b'"DEAD"' in v.value and (
-        reg is None or (reg.create_revision or 0) < v.mod_revision)
-
-
 
 
 @pytest.mark.parametrize("per_node", [3, 4])
@@ -112,7 +92,7 @@ def test_a_dead_nodes_ranks_move_together_to_one_spare(
             assert cluster.slurm().job(int(job)).restart_count == 0, text[-3000:]
         finally:
             cluster.restart(node)
-            back_in_service(cluster, store, node)
+            back_in_service(cluster, *store, node)
 
 
 def test_two_nodes_of_a_rack_lost_together_are_two_moves(
@@ -152,7 +132,7 @@ def test_two_nodes_of_a_rack_lost_together_are_two_moves(
         finally:
             for n in lost:
                 cluster.restart(n)
-            back_in_service(cluster, store, *lost)
+            back_in_service(cluster, *store, *lost)
 
 
 def test_a_dead_node_resumed_in_slurm_gets_no_ranks_and_no_requeue_loop(
@@ -164,7 +144,7 @@ def test_a_dead_node_resumed_in_slurm_gets_no_ranks_and_no_requeue_loop(
     with leading("deadresumed"):
         cluster.agent_stop(node)
         try:
-            wait_until(f"{node} DEAD", lambda: _dead(s, k, node), bool, 60)
+            wait_until(f"{node} DEAD", lambda: node_dead(s, k, node), bool, 60)
             wait_until(f"{node} drained", lambda: cluster.slurm().node(node).state_text,
                        lambda st: "DRAIN" in st, 30)
             # An admin resumes it in Slurm; its slurmd runs, its agent stays silent.
@@ -185,4 +165,4 @@ def test_a_dead_node_resumed_in_slurm_gets_no_ranks_and_no_requeue_loop(
                 assert s.get(k.job_escalation(job)) is None
         finally:
             cluster.agent_start(node)
-            back_in_service(cluster, store, node)
+            back_in_service(cluster, *store, node)

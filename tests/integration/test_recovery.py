@@ -25,6 +25,7 @@ from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
 from raps_slurm.testing.jobs import (
     HEAT_RING,
+    back_in_service,
     finish,
     heat_reference,
     job_plans,
@@ -99,20 +100,6 @@ def leading_with(cluster: LocalCluster, rapsctl: Any, name: str, tmp: Path,
         c.stop()
 
 
-def back_in_service(cluster: LocalCluster, store: tuple[StateStore, Keys], *nodes: str) -> None:
-    """Nodes resumed in Slurm (their DEAD verdict drained them) with their agents registered
-    again: a later test may pick them as spares."""
-    run = CommandRunner(timeout=60, env=cluster.env)
-    s, k = store
-    for n in nodes:
-        state = cluster.slurm().node(n).state_text
-        if any(x in state for x in ("DOWN", "DRAIN", "FAIL")):  # RESUME refuses other states
-            run.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
-        wait_until(f"{n}'s agent registered", lambda n=n: s.get(k.node(n)), bool, 30)
-        wait_until(f"{n} idle or allocated in Slurm", lambda n=n: cluster.slurm().node(n).state_text,
-                   lambda st: not any(x in st for x in ("DOWN", "DRAIN", "NOT_RESPONDING")), 60)
-
-
 @contextmanager
 def crashed(cluster: LocalCluster, store: tuple[StateStore, Keys], *nodes: str
             ) -> Iterator[None]:
@@ -124,7 +111,7 @@ def crashed(cluster: LocalCluster, store: tuple[StateStore, Keys], *nodes: str
     finally:
         for n in nodes:
             cluster.restart(n)
-        back_in_service(cluster, store, *nodes)
+        back_in_service(cluster, *store, *nodes)
 
 
 def mapped(rapsctl: Any, job: str, run: int = 0) -> dict[str, Any]:
@@ -190,7 +177,7 @@ def test_node_crash_relaunches_only_its_rank_and_the_result_is_unchanged(
             assert plan.plan_id in listing and "done" in listing
         finally:
             cluster.restart(node)
-            back_in_service(cluster, store, node)
+            back_in_service(cluster, *store, node)
 
 
 def test_two_nodes_of_a_rack_recover_one_after_the_other(
@@ -295,7 +282,7 @@ def test_frozen_node_thawed_after_the_relaunch_cannot_run_its_rank_twice(
                        lambda st: bool(st) and st[0] in ("restored", "done"), 60)
         finally:
             cluster.thaw(node)
-            back_in_service(cluster, store, node)
+            back_in_service(cluster, *store, node)
         # thawed, the old copy finds its epoch superseded and is gone; it never ran beside
         # the new one past that point, and the job's result is the failure-free one
         wait_until(f"old rank {victim} (pids {old}) gone", lambda: rank_pids(job, victim, 1),
@@ -414,7 +401,7 @@ def test_a_spare_that_cannot_start_the_rank_is_passed_over(
                 text = finish(cluster, job, out, clean)
         finally:
             cluster.slurmd_start(first)
-            back_in_service(cluster, store, first)
+            back_in_service(cluster, *store, first)
         got = sorted(plans(store, job), key=lambda p: p.epoch)
         assert [(p.target, p.state) for p in got] == [
             (first, "failed"), (({*data["spares"]} - {first}).pop(), "done")], got

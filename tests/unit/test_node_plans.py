@@ -5,30 +5,17 @@ the bound, requeued runs that exclude dead nodes or ask for fewer, and giving up
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-
 import pytest
+from leader_world import NODES, TOPOLOGY, World, step
 
-from raps_slurm.config import parse_config
-from raps_slurm.coordinator.cycle import Coordinator
-from raps_slurm.coordinator.election import Leadership
-from raps_slurm.coordinator.recovery import GIVE_UP_GRACE_SEC, Recovery, read_plans
+from raps_slurm.coordinator.recovery import GIVE_UP_GRACE_SEC
 from raps_slurm.core import requeue
-from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, build_map
+from raps_slurm.core.jobs import JobRecord, JobSpec, build_map
 from raps_slurm.core.planner import PlanEvent
 from raps_slurm.core.requeue import EscalationRecord
 from raps_slurm.errors import RecordError
-from raps_slurm.model import JobInfo, Switch, Topology
 from raps_slurm.registry import job_view
 from raps_slurm.slurm import commands
-from raps_slurm.store import Keys, MemoryStore
-from raps_slurm.testing import FakeClock
-
-NODES = ("n1", "n2", "n3", "n4", "n5", "n6")
-RACKS = {"r1": ["n1", "n2"], "r2": ["n3", "n4"], "r3": ["n5", "n6"]}
-TOPOLOGY = Topology({**{r: Switch(r, 0, frozenset(n)) for r, n in RACKS.items()},
-                     "root": Switch("root", 1, frozenset(NODES), tuple(RACKS))})
 
 
 def record(nodes: tuple[str, ...] = NODES, spares: int = 2, per_node: int = 3,
@@ -129,72 +116,10 @@ def test_update_pending_argv() -> None:
 
 # -- the leader's pass ----------------------------------------------------------------------
 
-@dataclass
-class World:
-    clock: FakeClock
-    store: MemoryStore
-    keys: Keys
-    dead: set[str] = field(default_factory=set)
-    requeued: list[str] = field(default_factory=list)
-    released: list[str] = field(default_factory=list)
-    updated: list[tuple[str, list[str], int | None]] = field(default_factory=list)
-    cancelled: list[str] = field(default_factory=list)
-    state: str = "RUNNING"
-
-    def coordinator(self, max_concurrent: int = 4, max_requeues: int = 3) -> Coordinator:
-        cfg = parse_config({"coordinator": {"leader_lease_sec": 10, "metrics_address": ""},
-                            "recovery": {"max_concurrent_recoveries": max_concurrent,
-                                         "recovery_timeout_sec": 60,
-                                         "max_requeues": max_requeues,
-                                         "requeue_window_sec": 600}})
-        lead = Leadership(self.store, self.keys.leader(), 10, {"name": "c1"}, clock=self.clock)
-        c = Coordinator(cfg, self.store, self.keys, lead, topology=lambda: TOPOLOGY,
-                        job_states=lambda: {"7": self.state}, name="c1", clock=self.clock,
-                        monotonic=self.clock, dead_nodes=lambda: set(self.dead))
-        c.recovery = Recovery(
-            cfg, self.store, self.keys, lead, job_info=self.info,
-            requeue=self.requeued.append, start_now=self.released.append,
-            update_pending=lambda job, exclude, n: self.updated.append((job, exclude, n)),
-            cancel=self.cancelled.append, clock=self.clock)
-        return c
-
-    def info(self, job: str) -> JobInfo:
-        return JobInfo(int(job), "j", 0, self.state, NODES, batch_host="n1")
-
-    def register(self, run: int, nodes: tuple[str, ...] = NODES) -> None:
-        self.store.put(self.keys.job("7"), JobRecord(
-            "7", run, 1000, nodes, JobSpec(spares=2, ranks_per_node=3),
-            registered_at=self.clock()).to_json())
-
-    def plans(self) -> dict[str, tuple[str, str]]:
-        return {pid: (p.state, p.target)
-                for pid, (p, _) in read_plans(self.store, self.keys).plans.items()}
-
-    def entry(self, rank: int) -> RankEntry:
-        kv = self.store.get(self.keys.job_rank("7", rank))
-        assert kv is not None
-        return RankEntry.from_json(kv.key, kv.value)
-
-    def escalation(self) -> EscalationRecord:
-        kv = self.store.get(self.keys.job_escalation("7"))
-        assert kv is not None
-        return EscalationRecord.from_json(kv.key, kv.value)
-
-
 @pytest.fixture
-def world() -> Iterator[World]:
-    clock = FakeClock()
-    store = MemoryStore(clock=clock)
-    w = World(clock, store, Keys())
-    w.register(0)
-    yield w
-    store.close()
-
-
-def step(c: Coordinator, world: World, n: int = 1) -> None:
-    for _ in range(n):
-        c.run_cycle()
-        world.clock.advance(0.2)
+def world_ranks_per_node() -> int:
+    """Three ranks on each working node: a dead node's ranks move together."""
+    return 3
 
 
 def test_a_dead_nodes_three_ranks_move_together_to_one_spare(world: World) -> None:
@@ -206,8 +131,8 @@ def test_a_dead_nodes_three_ranks_move_together_to_one_spare(world: World) -> No
     step(c, world, 2)
     plans = world.plans()
     assert sorted(plans) == sorted(f"7-{r}-2" for r in victims)
-    assert {s for s, _ in plans.values()} == {"running"}
-    targets = {t for _, t in plans.values()}
+    assert set(plans.values()) == {"running"}
+    targets = set(world.targets().values())
     assert len(targets) == 1 and targets <= {"n2", "n4"}
     assert {world.entry(r).node for r in victims} == targets
     assert world.requeued == []
@@ -218,19 +143,18 @@ def test_two_dead_nodes_are_two_moves_under_the_bound(world: World) -> None:
     step(c, world)
     world.dead = {"n5", "n6"}  # one rack: 6 ranks, both spares needed
     step(c, world, 3)
-    plans = world.plans()
+    plans, targets = world.plans(), world.targets()
     assert len(plans) == 6
-    running = {pid for pid, (s, _) in plans.items() if s == "running"}
-    queued = {pid for pid, (s, _) in plans.items() if s == "queued"}
+    running = {pid for pid, s in plans.items() if s == "running"}
+    queued = {pid for pid, s in plans.items() if s == "queued"}
     assert len(running) == 3 and len(queued) == 3  # one node at a time
-    assert len({plans[p][1] for p in running}) == 1
+    assert len({targets[p] for p in running}) == 1
     for pid in running:
         world.store.put(world.keys.plan_event(pid, "restored"),
                         PlanEvent(pid, "restored", world.clock(), "n2", {}).to_json())
     step(c, world, 3)
-    states = {s for s, _ in world.plans().values()}
-    assert states == {"restored", "running"}
-    assert len({t for _, t in world.plans().values()}) == 2 and world.requeued == []
+    assert set(world.plans().values()) == {"restored", "running"}
+    assert len(set(world.targets().values())) == 2 and world.requeued == []
 
 
 def test_a_dead_node_in_the_allocation_is_never_mapped_and_the_requeue_excludes_it(

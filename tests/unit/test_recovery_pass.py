@@ -6,82 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 
-import pytest
+from leader_world import World, step
 
-from raps_slurm.config import parse_config
 from raps_slurm.coordinator.cycle import Coordinator
-from raps_slurm.coordinator.election import Leadership
-from raps_slurm.coordinator.recovery import Recovery, read_plans
-from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry
+from raps_slurm.coordinator.recovery import read_plans
+from raps_slurm.core.jobs import JobRecord
 from raps_slurm.core.planner import CANCELLED, Plan, PlanEvent, cancelled
-from raps_slurm.model import JobInfo, Switch, Topology
-from raps_slurm.store import Keys, MemoryStore
-from raps_slurm.testing import FakeClock
-
-NODES = ("n1", "n2", "n3", "n4", "n5", "n6")
-RACKS = {"r1": ["n1", "n2"], "r2": ["n3", "n4"], "r3": ["n5", "n6"]}
-TOPOLOGY = Topology({**{r: Switch(r, 0, frozenset(n)) for r, n in RACKS.items()},
-                     "root": Switch("root", 1, frozenset(NODES), tuple(RACKS))})
-
-
-@dataclass
-class World:
-    clock: FakeClock
-    store: MemoryStore
-    keys: Keys
-    dead: set[str] = field(default_factory=set)
-    requeued: list[str] = field(default_factory=list)
-    released: list[str] = field(default_factory=list)
-    state: str = "RUNNING"
-    batch_host: str = "n1"
-
-    def coordinator(self, name: str, max_concurrent: int = 4) -> Coordinator:
-        cfg = parse_config({"coordinator": {"leader_lease_sec": 10, "metrics_address": ""},
-                            "recovery": {"max_concurrent_recoveries": max_concurrent,
-                                         "recovery_timeout_sec": 60}})
-        lead = Leadership(self.store, self.keys.leader(), 10, {"name": name}, clock=self.clock)
-        c = Coordinator(cfg, self.store, self.keys, lead, topology=lambda: TOPOLOGY,
-                        job_states=lambda: {"7": self.state}, name=name, clock=self.clock,
-                        monotonic=self.clock, dead_nodes=lambda: set(self.dead))
-        c.recovery = Recovery(cfg, self.store, self.keys, lead, job_info=self.info,
-                              requeue=self.requeued.append, start_now=self.released.append,
-                              clock=self.clock)
-        return c
-
-    def info(self, job: str) -> JobInfo:
-        return JobInfo(int(job), "j", 0, self.state, NODES, batch_host=self.batch_host)
-
-    def plans(self) -> dict[str, str]:
-        return {pid: p.state for pid, (p, _) in read_plans(self.store, self.keys).plans.items()}
-
-    def entry(self, rank: int) -> RankEntry:
-        kv = self.store.get(self.keys.job_rank("7", rank))
-        assert kv is not None
-        return RankEntry.from_json(kv.key, kv.value)
-
-    def report(self, pid: str, phase: str, node: str) -> None:
-        self.store.put(self.keys.plan_event(pid, phase),
-                       PlanEvent(pid, phase, self.clock(), node, {}).to_json())
-
-
-@pytest.fixture
-def world() -> Iterator[World]:
-    clock = FakeClock()
-    store = MemoryStore(clock=clock)
-    w = World(clock, store, Keys())
-    store.put(w.keys.job("7"), JobRecord("7", 0, 1000, NODES, JobSpec(spares=2),
-                                         registered_at=clock()).to_json())
-    yield w
-    store.close()
-
-
-def step(c: Coordinator, world: World, n: int = 1) -> None:
-    for _ in range(n):
-        c.run_cycle()
-        world.clock.advance(0.2)
 
 
 def test_dead_node_plan_started_followed_and_done(world: World) -> None:
