@@ -21,14 +21,15 @@ import platform
 import statistics
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psutil
 
 from raps_slurm.bench.cluster import private_cluster
 from raps_slurm.config import load_file
-from raps_slurm.errors import BenchError, SlurmCommandError
+from raps_slurm.errors import BenchError, RapsError, SlurmCommandError
 from raps_slurm.slurm import CommandRunner, commands
 from raps_slurm.store import open_store
 from raps_slurm.testing.cluster import LocalCluster, wait_until
@@ -41,33 +42,58 @@ SAMPLE_SEC = 0.05
 JOB_SEC = 600.0
 
 
-def launch_seconds(start: float, stamps: dict[int, float], size: int) -> float:
-    """The last rank's start minus the launch's; BenchError naming ranks that never ran."""
+def one_line(text: str) -> str:
+    """``text`` on one line (a Slurm command's error carries its stderr's lines)."""
+    return " / ".join(x.strip() for x in text.splitlines() if x.strip())
+
+
+class Run(NamedTuple):
+    """One job's figures, in seconds from the launcher's exec (``step_s``: until a process
+    under it was first seen, i.e. raps-run's or srun's own start-up)."""
+
+    launch_s: float
+    first_s: float
+    step_s: float | None
+    processes: int
+
+
+def launch_times(start: float, stamps: dict[int, float], size: int) -> tuple[float, float]:
+    """(last rank's start, first rank's start) minus the launch's; BenchError naming the
+    ranks that never ran."""
     missing = sorted(set(range(size)) - set(stamps))
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         raise BenchError(f"{len(missing)} of {size} ranks never ran: {shown}")
-    return max(stamps.values()) - start
+    return max(stamps.values()) - start, min(stamps.values()) - start
 
 
-def summary(nodes: int, ranks_per_node: int, raps: list[float], srun: list[float],
-            raps_procs: list[int], srun_procs: list[int]) -> dict[str, Any]:
-    """The JSON object of ``bench launch`` from each repeat's figures (not yet the
-    machine's: ``python``, ``cpus`` and ``loadavg`` are added by the caller)."""
-    raps_s, srun_s = statistics.median(raps), statistics.median(srun)
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 3) if known else None
+
+
+def summary(nodes: int, ranks_per_node: int, raps: list[Run],
+            srun: list[Run]) -> dict[str, Any]:
+    """The JSON object of ``bench launch`` from each repeat's runs (not yet the machine's:
+    ``python``, ``cpus`` and ``loadavg`` are added by the caller)."""
+    raps_s = statistics.median(r.launch_s for r in raps)
+    srun_s = statistics.median(r.launch_s for r in srun)
     ratio = raps_s / srun_s if srun_s > 0 else float("inf")
-    most = max(raps_procs)
+    most = max(r.processes for r in raps)
     bound = nodes + GOAL_EXTRA_PROCESSES
     return {"benchmark": "launch", "nodes": nodes, "ranks_per_node": ranks_per_node,
             "ranks": nodes * ranks_per_node, "repeats": len(raps),
             "raps_launch_s": round(raps_s, 3), "srun_launch_s": round(srun_s, 3),
             "ratio": round(ratio, 2), "batch_host_processes": most,
-            "srun_batch_host_processes": max(srun_procs),
             "goals": {"ratio_max": GOAL_RATIO, "batch_host_processes_max": bound},
             "goals_met": ratio <= GOAL_RATIO and most <= bound,
-            "raps_launch_runs_s": [round(x, 3) for x in raps],
-            "srun_launch_runs_s": [round(x, 3) for x in srun],
-            "batch_host_processes_runs": raps_procs}
+            "raps_first_rank_s": _median([r.first_s for r in raps]),
+            "srun_first_rank_s": _median([r.first_s for r in srun]),
+            "raps_step_started_s": _median([r.step_s for r in raps]),
+            "srun_batch_host_processes": max(r.processes for r in srun),
+            "raps_launch_runs_s": [round(r.launch_s, 3) for r in raps],
+            "srun_launch_runs_s": [round(r.launch_s, 3) for r in srun],
+            "batch_host_processes_runs": [r.processes for r in raps]}
 
 
 class Sampler(threading.Thread):
@@ -77,6 +103,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.start_file = start_file
         self.most = 0
+        self.first_seen: float | None = None  # wall clock of the first descendant seen
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -89,7 +116,10 @@ class Sampler(threading.Thread):
         try:
             proc = psutil.Process(pid)
             while not self.halt.is_set() and proc.status() != psutil.STATUS_ZOMBIE:
-                self.most = max(self.most, len(proc.children(recursive=True)))
+                count = len(proc.children(recursive=True))
+                if count and self.first_seen is None:
+                    self.first_seen = time.time()
+                self.most = max(self.most, count)
                 self.halt.wait(SAMPLE_SEC)
         except psutil.Error:
             pass  # it ended between two looks
@@ -128,11 +158,17 @@ class LaunchJob:
                                  f"-N{nodes}", "--no-kill", *sbatch,
                                  str(script)]).strip().split(";")[0]
 
-    def finish(self) -> tuple[float, int]:
-        """Wait for the job to end; (launch seconds, most batch-host processes)."""
+    def state(self) -> str:
+        """The job's state in Slurm; "" while Slurm does not answer (polled again)."""
         try:
-            state = wait_until(f"job {self.job} ({self.name}) to end",
-                               lambda: self.cluster.slurm().job(int(self.job)).state,
+            return self.cluster.slurm().job(int(self.job)).state
+        except SlurmCommandError:
+            return ""
+
+    def finish(self) -> Run:
+        """Wait for the job to end; its figures."""
+        try:
+            state = wait_until(f"job {self.job} ({self.name}) to end", self.state,
                                lambda s: s in FINAL, JOB_SEC, interval=0.2)
         finally:
             self.sampler.halt.set()
@@ -144,9 +180,11 @@ class LaunchJob:
         stamps = {int(p.name): float(p.read_text()) for p in self.stamps.iterdir()
                   if p.name.isdigit()}
         try:
-            return launch_seconds(start, stamps, self.size), self.sampler.most
+            last, first = launch_times(start, stamps, self.size)
         except BenchError as exc:
             raise BenchError(f"job {self.job} ({self.name}): {exc}") from None
+        seen = self.sampler.first_seen
+        return Run(last, first, None if seen is None else seen - start, self.sampler.most)
 
     def tail(self) -> str:
         """The job output's last line (what went wrong, usually)."""
@@ -163,25 +201,23 @@ class LaunchJob:
 def measure(cluster: LocalCluster, nodes: int, ranks_per_node: int, repeats: int,
             quiet: bool) -> dict[str, Any]:
     """The repeats on a running cluster with a leading coordinator (the figures only)."""
-    raps: list[float] = []
-    srun: list[float] = []
-    raps_procs: list[int] = []
-    srun_procs: list[int] = []
+    raps: list[Run] = []
+    srun: list[Run] = []
     for i in range(repeats):
         order = (True, False) if i % 2 == 0 else (False, True)
         for with_raps in order:
             kind = "raps" if with_raps else "srun"
             job = LaunchJob(cluster, f"{kind}-{i + 1}", nodes, ranks_per_node, with_raps)
             try:
-                seconds, procs = job.finish()
+                run = job.finish()
             finally:
                 job.cancel()
-            (raps if with_raps else srun).append(seconds)
-            (raps_procs if with_raps else srun_procs).append(procs)
+            (raps if with_raps else srun).append(run)
             if not quiet:
-                print(f"repeat {i + 1}: {kind} started {job.size} ranks in {seconds:.2f}s, "
-                      f"{procs} processes under it on the batch host", file=sys.stderr)
-    return summary(nodes, ranks_per_node, raps, srun, raps_procs, srun_procs)
+                print(f"repeat {i + 1}: {kind} started {job.size} ranks in "
+                      f"{run.launch_s:.2f}s (the first in {run.first_s:.2f}s), "
+                      f"{run.processes} processes under it on the batch host", file=sys.stderr)
+    return summary(nodes, ranks_per_node, raps, srun)
 
 
 def run_launch(nodes: int, ranks_per_node: int, repeats: int, port: int,
@@ -190,18 +226,19 @@ def run_launch(nodes: int, ranks_per_node: int, repeats: int, port: int,
     JSON object of ``bench launch``, with the machine's load before the cluster came up
     (``loadavg``: what else runs here)."""
     load = [round(x, 2) for x in os.getloadavg()]
-    with private_cluster("raps-bench-launch-", port, 1.0) as cluster:
-        cfg = load_file(cluster.config_path)
-        store, keys = open_store(cfg.store)
-        coordinator = cluster.coordinator("bench").start()
-        try:
-            wait_until("the coordinator to lead", lambda: store.get(keys.leader()),
-                       lambda kv: kv is not None, timeout=30)
-            result = measure(cluster, nodes, ranks_per_node, repeats, quiet)
-        except (AssertionError, OSError) as exc:  # a wait that timed out: one line
-            raise BenchError(f"bench launch: {exc}") from None
-        finally:
-            coordinator.stop()
-            store.close()
+    try:
+        with private_cluster("raps-bench-launch-", port, 1.0) as cluster:
+            cfg = load_file(cluster.config_path)
+            store, keys = open_store(cfg.store)
+            coordinator = cluster.coordinator("bench").start()
+            try:
+                wait_until("the coordinator to lead", lambda: store.get(keys.leader()),
+                           lambda kv: kv is not None, timeout=30)
+                result = measure(cluster, nodes, ranks_per_node, repeats, quiet)
+            finally:
+                coordinator.stop()
+                store.close()
+    except (AssertionError, OSError, RapsError) as exc:  # one line, not a traceback
+        raise BenchError(one_line(f"bench launch: {exc}")) from None
     return {**result, "python": platform.python_version(), "cpus": os.cpu_count(),
             "loadavg": load}
