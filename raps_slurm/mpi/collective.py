@@ -55,7 +55,7 @@ class Intracomm(Comm):
         w = self._w
         w.engine.send(self._world_rank(dst, "rank"), self._ctx_id + 1, tag, RAW, data)
 
-    def _crecv(self, src: int, tag: int) -> bytes:
+    def _crecv(self, src: int, tag: int) -> bytes | memoryview:
         w = self._w
         r = w.engine.post(self._ctx_id + 1, self._world_rank(src, "rank"), tag)
         return w.engine.wait(r).data
@@ -64,7 +64,8 @@ class Intracomm(Comm):
         self._w.check_may_communicate(call)
         return self.Get_rank(), self.Get_size()
 
-    def _bcast_bytes(self, data: bytes | None, root: int) -> bytes:
+    def _bcast_bytes(self, data: bytes | memoryview | None, root: int
+                     ) -> bytes | memoryview:
         """Binomial-tree broadcast of bytes from ``root``."""
         me, n = self.Get_rank(), self.Get_size()
         vr = (me - root) % n
@@ -84,7 +85,7 @@ class Intracomm(Comm):
 
     def _reduce_tree(self, value: Any, combine: Callable[[Any, Any], Any],
                      pack: Callable[[Any], bytes | memoryview],
-                     unpack: Callable[[bytes], Any], root: int) -> Any:
+                     unpack: Callable[[bytes | memoryview], Any], root: int) -> Any:
         """Binomial-tree reduction to ``root`` (``own op child``, children in increasing
         order); the result at the root, None elsewhere."""
         me, n = self.Get_rank(), self.Get_size()
@@ -171,7 +172,8 @@ class Intracomm(Comm):
         """``root``'s buffer into every rank's."""
         me, _ = self._enter("Bcast")
         b = as_buffer(buf, "Bcast")
-        data = self._bcast_bytes(bytes(b.raw()) if me == root else None, root)
+        # The root's buffer as it is: every send copies what it sends.
+        data = self._bcast_bytes(b.raw() if me == root else None, root)
         if me != root:
             _fill(b, data, "Bcast")
 
@@ -187,7 +189,7 @@ class Intracomm(Comm):
         else:
             mine = np.array(as_buffer(sendbuf, call).array, copy=True)
         dtype = mine.dtype
-        got = self._reduce_tree(mine, op.apply, lambda a: a.tobytes(),
+        got = self._reduce_tree(mine, op.apply, _view,
                                 lambda d: np.frombuffer(d, dtype=dtype), max(root, 0))
         return got, rb
 
@@ -202,7 +204,7 @@ class Intracomm(Comm):
         """Element-wise reduction into every rank's ``recvbuf`` (IN_PLACE allowed)."""
         got, rb = self._reduce_arrays(sendbuf, recvbuf, op, -1, "Allreduce")
         assert rb is not None
-        data = self._bcast_bytes(got.tobytes() if got is not None else None, 0)
+        data = self._bcast_bytes(_view(got) if got is not None else None, 0)
         _fill(rb, data, "Allreduce")
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
@@ -302,6 +304,11 @@ class Intracomm(Comm):
         return self._derive(color, key, "Split")
 
 
+def _view(a: np.ndarray[Any, Any]) -> memoryview:
+    """The bytes of a contiguous array, not copied (a send copies them)."""
+    return np.ascontiguousarray(a).data.cast("B")
+
+
 def _blocks(b: Buffer, n: int, call: str) -> list[memoryview]:
     raw = b.raw()
     if len(raw) % n:
@@ -311,11 +318,11 @@ def _blocks(b: Buffer, n: int, call: str) -> list[memoryview]:
     return [raw[i * step:(i + 1) * step] for i in range(n)]
 
 
-def _put(block: memoryview, data: bytes, call: str) -> None:
+def _put(block: memoryview, data: bytes | memoryview, call: str) -> None:
     if len(data) > len(block):
         raise Exception(f"{call}: message truncated: {len(data)} bytes into {len(block)}")
     block[:len(data)] = data
 
 
-def _fill(b: Buffer, data: bytes, call: str) -> None:
+def _fill(b: Buffer, data: bytes | memoryview, call: str) -> None:
     _put(b.raw(), data, call)

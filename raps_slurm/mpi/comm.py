@@ -10,13 +10,16 @@ queues them), so ``isend``/``Isend`` requests are complete at once.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raps_slurm.mpi.engine import ANY_SOURCE, ANY_TAG, OBJ, PROC_NULL, RAW, Msg, Recv
 from raps_slurm.mpi.types import BYTE, Buffer, Datatype, Namespace, as_buffer, unsupported
 from raps_slurm.mpi.world import World, world
+
+if TYPE_CHECKING:
+    from raps_slurm.mpi.collective import Intracomm
 
 UNDEFINED = -32766
 
@@ -464,6 +467,24 @@ class Comm(metaclass=Namespace):
         self.Recv(buf, source, recvtag, status)
 
     # --- communicators (creation in collective.Intracomm) -----------------------------
+
+    def Dup(self, info: Any = None) -> Comm:
+        """Same ranks, a message space of its own. Here for ``MPI.Comm.Dup(comm)``, as
+        mpi4py has it on Comm; every communicator is an Intracomm, which makes it."""
+        return self._intra("Dup").Dup(info)
+
+    Clone = Dup
+
+    def Split(self, color: int = 0, key: int = 0) -> Any:
+        """Ranks with the same ``color`` in a new communicator (see ``Intracomm.Split``)."""
+        return self._intra("Split").Split(color, key)
+
+    def _intra(self, call: str) -> Intracomm:
+        from raps_slurm.mpi.collective import Intracomm
+
+        if not isinstance(self, Intracomm):
+            raise unsupported(f"MPI.Comm.{call} of a {type(self).__name__}")
+        return self
 
     def Free(self) -> None:
         """Release it (using it afterwards raises)."""

@@ -46,7 +46,7 @@ class Msg:
     ctx: int
     tag: int
     kind: int
-    data: bytes
+    data: bytes | memoryview  # a view past the envelope: large bodies are not copied again
     order: int = 0  # arrival order (for ANY_SOURCE among unexpected messages)
 
 
@@ -104,7 +104,7 @@ class Engine:
         if self.posted:
             raise RuntimeError(f"checkpoint with {len(self.posted)} receive request(s) "
                                "pending: complete them (Wait) before checkpointing")
-        msgs = [(m.src, m.ctx, m.tag, m.kind, m.data, m.order)
+        msgs = [(m.src, m.ctx, m.tag, m.kind, bytes(m.data), m.order)
                 for q in self.unexpected.values() for m in q]
         return {"unexpected": msgs, "arrivals": self.arrivals, "sent": self.sent,
                 "recv_serial": self.recv_serial, "test_serial": self.test_serial}
@@ -262,7 +262,7 @@ class Engine:
 
     def _arrived(self, src: int, raw: bytes) -> None:
         kind, ctx_id, tag = ENVELOPE.unpack_from(raw)
-        self._incoming(Msg(src, ctx_id, tag, kind, raw[ENVELOPE.size:]))
+        self._incoming(Msg(src, ctx_id, tag, kind, memoryview(raw)[ENVELOPE.size:]))
 
     def _incoming(self, m: Msg) -> None:
         self.arrivals += 1

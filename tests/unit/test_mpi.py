@@ -4,7 +4,10 @@ and unsupported calls."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
 import threading
 from collections import deque
 from pathlib import Path
@@ -268,6 +271,23 @@ def test_every_call_the_issue_lists_exists() -> None:
     for name in ("Wait", "Test", "Waitall", "Waitany", "Testall", "Testany"):
         assert callable(getattr(MPI.Request, name)), name
     assert MPI.DOUBLE_INT.Get_size() == 16 and MPI.FLOAT_INT.Get_size() == 8  # C layout
+
+
+def test_comm_methods_called_on_the_class_as_mpi4py_allows(tmp_path: Path) -> None:
+    """``MPI.Comm.Dup(comm)``, ``MPI.Comm.Split(comm, ...)``: mpi4py defines them on
+    Comm. One rank started without a launcher, the shim first on its path."""
+    prog = tmp_path / "prog.py"
+    prog.write_text("from mpi4py import MPI\n"
+                    "d = MPI.Comm.Dup(MPI.COMM_WORLD)\n"
+                    "s = MPI.Comm.Split(d, 0, 0)\n"
+                    "c = MPI.Comm.Clone(s)\n"
+                    "print(d.Get_size(), s.Get_size(), c.allreduce(3), isinstance(c, MPI.Comm))\n"
+                    "MPI.Comm.Free(c)\n")
+    env = {k: v for k, v in shim_env(os.environ).items() if not k.startswith("RAPS_")}
+    p = subprocess.run([sys.executable, str(prog)], env=env, cwd=tmp_path, text=True,
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["1", "1", "3", "True"]
 
 
 def test_shim_env_puts_the_mpi4py_shim_first(tmp_path: Path) -> None:

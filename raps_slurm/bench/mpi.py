@@ -1,0 +1,144 @@
+"""``rapsctl bench mpi``: the same mpi4py program under RAPS and under Open MPI over TCP.
+
+:mod:`raps_slurm.bench.mpi_prog` (nothing but ``from mpi4py import MPI`` and numpy) runs
+on this machine with the local launcher's ``--mpi4py`` (the logged runtime) and with
+``mpirun --mca btl tcp,self`` (Debian's Open MPI and python3-mpi4py): a ping-pong of 8
+bytes, 1 MiB and 8 MiB between 2 ranks, and an 8 MiB float64 ``Allreduce`` on 4 ranks.
+Each of ``--repeats`` rounds launches both, one after the other (load that comes and
+goes touches both alike); a launch runs untimed warm-up iterations first, and every
+figure is the median of the rounds. Each launch starts with an empty message log and
+stays under the log's high watermark (``messagelog.buffer_high_watermark_mb``): what
+the log costs once it spills to disk is ``bench messaging``'s figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from raps_slurm.errors import BenchError
+
+PROG = Path(__file__).with_name("mpi_prog.py")
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's python3-mpi4py is built for it
+ALLREDUCE_RANKS = 4
+LATENCY_FACTOR = 100  # 8-byte round trips are cheap: a hundred times the iterations
+TIMEOUT = 300.0
+MIB = 1 << 20
+# measure -> (size in the program's result, the goal: ratio raps/openmpi at least / at most)
+BANDWIDTH = {"bw_1MiB": MIB, "bw_8MiB": 8 * MIB}
+GOALS: dict[str, tuple[str, float]] = {"bw_1MiB": (">=", 0.5), "bw_8MiB": (">=", 0.5),
+                                       "lat_8B": ("<=", 5.0), "allreduce_8MiB": (">=", 0.5)}
+
+
+def openmpi_argv(ranks: int, python: str = SYSTEM_PYTHON) -> list[str]:
+    """``mpirun`` over TCP (shared memory off), as root if need be, cores oversubscribed."""
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return ["mpirun", *root, "--oversubscribe", "--mca", "btl", "tcp,self", "-n", str(ranks),
+            python, str(PROG)]
+
+
+def raps_argv(ranks: int) -> list[str]:
+    """The local launcher with ``--mpi4py``, ranks on this interpreter."""
+    return [sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(ranks), "--mpi4py",
+            "--", sys.executable, str(PROG)]
+
+
+def check_openmpi(python: str = SYSTEM_PYTHON) -> str:
+    """Open MPI's version line; BenchError naming what is missing."""
+    if shutil.which("mpirun") is None:
+        raise BenchError("mpirun not found: install Open MPI (Debian: openmpi-bin)")
+    probe = subprocess.run([python, "-c", "import mpi4py, numpy"], capture_output=True,
+                           text=True, check=False) if os.path.exists(python) else None
+    if probe is None or probe.returncode != 0:
+        raise BenchError(f"{python} cannot import mpi4py and numpy: install python3-mpi4py "
+                         "and python3-numpy")
+    out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, check=False)
+    return (out.stdout.strip().splitlines() or ["mpirun (version unknown)"])[0]
+
+
+def launch(who: str, argv: list[str], measure: str, iterations: int, warmup: int
+           ) -> dict[str, Any]:
+    """One run of the program; its rank 0 result (BenchError if the run fails)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RAPS_", "OMPI_", "PMIX_"))}
+    cmd = [*argv, measure, "--iterations", str(iterations), "--warmup", str(warmup),
+           "--repeats", "1", "--latency-factor", str(LATENCY_FACTOR)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT,
+                           check=False)
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"{who} {measure} run did not end in {TIMEOUT:.0f} s") from None
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        why = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BenchError(f"{who} {measure} run failed (exit code {p.returncode}): {why}")
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))["results"]
+    return result
+
+
+def figures(pingpong: dict[str, Any], allreduce: dict[str, Any]) -> dict[str, float]:
+    """One launch's figures: half round-trip latency (us), ping-pong bandwidth (MB/s, both
+    directions counted), seconds per allreduce."""
+    lat = pingpong["8"]
+    out = {"lat_8B": lat["seconds"][0] / lat["round_trips"] / 2 * 1e6}
+    for key, nbytes in BANDWIDTH.items():
+        r = pingpong[str(nbytes)]
+        out[key] = 2 * nbytes * r["round_trips"] / r["seconds"][0] / 1e6
+    (ar,) = allreduce.values()
+    out["allreduce_8MiB"] = ar["seconds"][0] / ar["calls"]
+    return out
+
+
+UNITS = {"lat_8B": "us", "bw_1MiB": "MBps", "bw_8MiB": "MBps", "allreduce_8MiB": "s"}
+
+
+def assemble(raps: list[dict[str, float]], openmpi: list[dict[str, float]]
+             ) -> dict[str, Any]:
+    """Medians of the rounds, ratios raps/openmpi (for the allreduce, of throughputs:
+    openmpi seconds over raps seconds) and whether each goal is met."""
+    out: dict[str, Any] = {}
+    goals: dict[str, bool] = {}
+    for key, unit in UNITS.items():
+        mine = statistics.median(r[key] for r in raps)
+        theirs = statistics.median(r[key] for r in openmpi)
+        ratio = theirs / mine if key.startswith("allreduce") else mine / theirs
+        digits = 4 if unit == "s" else 1
+        out[f"{key}_raps_{unit}"] = round(mine, digits)
+        out[f"{key}_openmpi_{unit}"] = round(theirs, digits)
+        out[f"{key}_ratio"] = round(ratio, 3)
+        sense, goal = GOALS[key]
+        goals[key] = ratio >= goal if sense == ">=" else ratio <= goal
+    out["goals"] = {k: f"{s} {g}" for k, (s, g) in GOALS.items()}
+    out["goals_met"] = goals
+    return out
+
+
+def run_mpi(iterations: int, repeats: int, warmup: int,
+            say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """The benchmark; its JSON object."""
+    load = os.getloadavg()
+    version = check_openmpi()
+    started = time.monotonic()
+    runs: dict[str, list[dict[str, float]]] = {"raps": [], "openmpi": []}
+    for i in range(repeats):
+        for who, argv in (("raps", raps_argv), ("openmpi", openmpi_argv)):
+            say(f"round {i + 1}/{repeats}: {who}")
+            pp = launch(who, argv(2), "pingpong", iterations, warmup)
+            ar = launch(who, argv(ALLREDUCE_RANKS), "allreduce", iterations, warmup)
+            runs[who].append(figures(pp, ar))
+    return {"benchmark": "mpi", "iterations": iterations,
+            "latency_round_trips": iterations * LATENCY_FACTOR, "warmup": warmup,
+            "repeats": repeats,
+            "allreduce_ranks": ALLREDUCE_RANKS, **assemble(runs["raps"], runs["openmpi"]),
+            "openmpi": version, "python": sys.version.split()[0], "cpus": os.cpu_count(),
+            "loadavg": [round(x, 2) for x in load],
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            "wall_s": round(time.monotonic() - started, 1)}

@@ -1,0 +1,60 @@
+"""``rapsctl bench mpi``: the figures and goals it assembles, a tiny real run of the same
+program under RAPS and Open MPI, and its one-line answer when Open MPI is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from raps_slurm.bench import mpi
+
+KEYS = ["lat_8B_raps_us", "lat_8B_openmpi_us", "lat_8B_ratio", "bw_1MiB_raps_MBps",
+        "bw_1MiB_openmpi_MBps", "bw_1MiB_ratio", "bw_8MiB_raps_MBps", "bw_8MiB_openmpi_MBps",
+        "bw_8MiB_ratio", "allreduce_8MiB_raps_s", "allreduce_8MiB_openmpi_s",
+        "allreduce_8MiB_ratio"]
+
+
+def _launch(lat_s: float, bw_s: float, ar_s: float) -> dict[str, float]:
+    pp = {"8": {"round_trips": 100, "seconds": [lat_s]},
+          str(1 << 20): {"round_trips": 4, "seconds": [bw_s]},
+          str(8 << 20): {"round_trips": 4, "seconds": [8 * bw_s]}}
+    return mpi.figures(pp, {str(8 << 20): {"ranks": 4, "calls": 2, "seconds": [2 * ar_s]}})
+
+
+def test_medians_ratios_and_goals() -> None:
+    # raps: 4x the latency, half the bandwidth, a third of the allreduce throughput
+    raps = [_launch(0.004, 0.02, 0.3), _launch(0.004, 0.02, 0.3), _launch(1.0, 1.0, 9.0)]
+    ompi = [_launch(0.001, 0.01, 0.1), _launch(0.001, 0.01, 0.1), _launch(0.001, 0.01, 0.1)]
+    out = mpi.assemble(raps, ompi)
+    assert out["lat_8B_raps_us"] == 20.0 and out["lat_8B_openmpi_us"] == 5.0  # half a trip
+    assert out["bw_1MiB_openmpi_MBps"] == round(2 * 4 * (1 << 20) / 0.01 / 1e6, 1)
+    assert out["lat_8B_ratio"] == 4.0 and out["bw_1MiB_ratio"] == 0.5  # the outlier ignored
+    assert out["bw_8MiB_ratio"] == 0.5 and out["allreduce_8MiB_ratio"] == 0.333
+    assert out["allreduce_8MiB_raps_s"] == 0.3
+    assert out["goals_met"] == {"lat_8B": True, "bw_1MiB": True, "bw_8MiB": True,
+                                "allreduce_8MiB": False}
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None,
+                    reason="mpirun is missing (scripts/test.sh installs openmpi-bin)")
+def test_a_tiny_run_measures_both() -> None:
+    out = mpi.run_mpi(iterations=1, repeats=1, warmup=0)
+    assert out["benchmark"] == "mpi"
+    for key in KEYS:
+        assert out[key] > 0, (key, out)
+    assert set(out["goals_met"]) == {"lat_8B", "bw_1MiB", "bw_8MiB", "allreduce_8MiB"}
+    assert out["openmpi"].startswith("mpirun") and len(out["loadavg"]) == 3
+
+
+def test_without_mpirun_one_line_and_exit_1() -> None:
+    # Only this interpreter's directory on PATH: no mpirun there.
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable)}
+    p = subprocess.run([sys.executable, "-m", "raps_slurm.cli", "bench", "mpi", "--json"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [
+        "rapsctl: mpirun not found: install Open MPI (Debian: openmpi-bin)"], p.stderr
