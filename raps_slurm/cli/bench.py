@@ -5,7 +5,8 @@ only parses options and prints. ``detect``, ``loss``, ``recovery``, ``efficiency
 ``launch`` bring up their own private 6-node cluster (scripts/cluster.sh wiring, ports
 from ``--port``, run dir in /tmp) and take it down at the end; ``heartbeats`` and ``churn``
 start a throw-away etcd; ``checkpoint``, ``messaging`` and ``simulate`` run on this
-machine alone. docs/benchmarks.md says what each one measures and what it found.
+machine alone; ``mpi`` runs the same mpi4py program under RAPS and under Open MPI
+here. docs/benchmarks.md says what each one measures and what it found.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from raps_slurm import config as cfgmod
-from raps_slurm.bench import checkpoint, churn, detect, heartbeats, loss, messaging, recovery
+from raps_slurm.bench import checkpoint, churn, detect, heartbeats, loss, messaging, mpi, recovery
 from raps_slurm.bench.launch import run_launch
 from raps_slurm.bench.simulate import run_simulate
 from raps_slurm.checkpoint.codec import CodecParams
@@ -152,6 +153,25 @@ def bench_messaging(ctx: click.Context, size: str, count: int, large_size: str,
         raise click.BadParameter(f"{large_size} is not above the large-message threshold "
                                  f"({base.large_threshold} bytes)", param_hint="--large-size")
     _echo(messaging.run_messaging(base, small, count, large, large_count, repeat))
+
+
+@bench.command("mpi")
+@click.option("--iterations", default=8, show_default=True, type=click.IntRange(1, 1000),
+              help="Timed round trips (8-byte ones: 100 times as many) and allreduces "
+                   "per launch.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 100),
+              help="Untimed iterations before them.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 50),
+              help="Launches of each program per MPI; the median counts.")
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_mpi(iterations: int, warmup: int, repeats: int, as_json: bool) -> None:
+    """The same mpi4py program under RAPS and Open MPI (TCP): bandwidth, latency,
+    allreduce."""
+    def say(line: str) -> None:
+        if not as_json:
+            print(line, file=sys.stderr, flush=True)
+
+    _echo(mpi.run_mpi(iterations, repeats, warmup, say))
 
 
 @bench.command("recovery")
