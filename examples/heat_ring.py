@@ -8,7 +8,9 @@ end (rank 0 gathers every rank's digest). Run it:
 
 ``--die-at STEP`` makes the last rank exit at that step in its first epoch (to watch a
 relaunch restore it and its neighbours replay; with the local launcher use
-``--restarts 1``).
+``--restarts 1``). ``--spin-at STEP`` makes it spin in a Python loop instead, alive and
+heartbeating from the runtime's thread but making no progress: a hang the detector finds
+by the step alone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> int:
     p.add_argument("--cells", type=int, default=4096, help="cells per rank")
     p.add_argument("--every", type=int, default=25, help="checkpoint every N steps")
     p.add_argument("--die-at", type=int, default=None)
+    p.add_argument("--spin-at", type=int, default=None)
     p.add_argument("--step-sec", type=float, default=0.0,
                    help="sleep this long each step (stands for real work: a run long enough "
                         "to crash a node in the middle of it)")
@@ -60,6 +63,10 @@ def main() -> int:
         if a.die_at is not None and step == a.die_at and ctx.epoch == 1 \
                 and ctx.rank == ctx.size - 1:
             os._exit(17)  # a crash: nothing flushed, nothing closed
+        if a.spin_at is not None and step == a.spin_at and ctx.epoch == 1 \
+                and ctx.rank == ctx.size - 1:
+            while True:  # a livelock: the process lives, the step never changes
+                pass
         if ctx.size > 1:
             ctx.send(left, u[:1].tobytes())
             ctx.send(right, u[-1:].tobytes())

@@ -92,6 +92,10 @@ class DetectionConfig:
     miss_threshold: int = _f(3, "missed kernel heartbeats before a node is DEAD (strikes)",
                              1, 100)
     app_miss_threshold: int = _f(5, "missed app heartbeats before a rank is HUNG", 1, 100)
+    app_progress_timeout_sec: float = _f(0.0, "a rank whose step (ctx.heartbeat) has not "
+                                         "changed this long, and that is not waiting for a "
+                                         "peer, is HUNG (0 = 5 x app_heartbeat_interval_sec)",
+                                         0, 86400)
     lease_duration_sec: float = _f(15.0, "node membership lease TTL in etcd", 1, 3600)
     fence_margin_sec: float = _f(0.5, "extra wait, after the miss window, before a DEAD verdict",
                                  0, 600)

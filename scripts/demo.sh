@@ -86,14 +86,16 @@ step "the recovery (rapsctl show recoveries $job; rapsctl show plan)"
 rapsctl show recoveries "$job"
 plan=$(rapsctl show recoveries "$job" --json | json 'd[0]["plan_id"] if d else ""')
 [ -n "$plan" ] && rapsctl show plan "$plan"
-total=$(rapsctl show recoveries "$job" --json | json 'd[0]["total_s"] if d else "none"')
+running=$(rapsctl show recoveries "$job" --json | json 'd[0]["running_s"] if d else "none"')
+caught=$(rapsctl show recoveries "$job" --json | json 'd[0]["caught_up_s"] if d else "none"')
 slurmd_timeout=$(scontrol show config | sed -n 's/^SlurmdTimeout *= *\([0-9]*\).*/\1/p')
 
 step "what Slurm alone would have done"
 echo "Slurm notices the dead node after SlurmdTimeout (${slurmd_timeout}s here, 300s by default),"
 echo "then kills the job (or requeues it whole with --requeue): all 4 ranks start again from"
 echo "step 0 or from the last global checkpoint. raps-slurm relaunched rank $victim alone,"
-echo "${total}s from the fault verdict to the rank running again after its replay;"
+echo "${running}s from the fault verdict to the rank running again, and ${caught}s to the rank"
+echo "caught up (back at the progress it had when its node died: the lost steps redone);"
 echo "the other ranks' steps never restarted."
 
 scripts/cluster.sh restart "$node"

@@ -16,8 +16,9 @@ keeps them in the node's store and copies them to the rank's log backup. Ops:
 ``log_trim {job, rank, floors}``  drop segments the receivers' floors cover.
 ``msg_stats {job, rank, stats}``  the rank's message-log figures, for ``rapsctl inspect``.
 ``escalate {job, rank, reason}``  a case the runtime cannot serve (a hole in a replay,
-    a receive that timed out): recorded as the rank's verdict ``ESCALATE`` for the
-    coordinator.
+    a message that contradicts the log, a receive that timed out): recorded, with the
+    rank's registered epoch, as the rank's verdict ``ESCALATE``; the leader requeues the
+    job run from its checkpoints (docs/recovery.md).
 """
 
 from __future__ import annotations
@@ -158,8 +159,10 @@ class MessagingOps:
                  ) -> tuple[dict[str, object], list[int]]:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
-        self._own(peer, job, rank)
+        # the epoch the rank registered with: an escalation from a copy that a newer epoch
+        # superseded, or from a rank not registered here, is not acted on
+        epoch = registered_epoch(self.ranks, peer, job, rank)
         value = {"kind": "ESCALATE", "node": self.service.node, "job": job, "rank": rank,
-                 "at": time.time(), "evidence": {"reason": f["reason"]}}
+                 "epoch": epoch, "at": time.time(), "evidence": {"reason": f["reason"]}}
         self.store.put(self.keys.job_rank_verdict(job, rank), json.dumps(value).encode())
         return {"ok": True}, []

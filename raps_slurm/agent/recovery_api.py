@@ -10,9 +10,10 @@ its job, and what it and the ranks report about a recovery.
     requeues, or null) and ``gave_up`` (why RAPS stopped requeueing the job, or "").
 ``recovery_event {job, rank, epoch, phase, detail}``  ``launched`` and ``launch_failed``
     (the step ended before the rank restored): the job's owner, for a plan that exists;
-    ``running``: only the registered rank with that epoch (its first progress report
-    after its replay ended). First report wins; ``restored`` is written by
-    the agent itself when it restores a relaunched rank.
+    ``running`` and ``caught_up``: only the registered rank with that epoch (its first
+    progress report after the restore, and its first at its pre-fault progress). First
+    report wins; ``restored`` is written by the agent itself when it restores a
+    relaunched rank.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from raps_slurm.store import Keys, StateStore
 
 log = logging.getLogger("raps.agent")
 
-_PHASE: Check = (lambda v: v in ("launched", "launch_failed", "running", "checkpointed"),
-                 "'launched', 'launch_failed', 'running' or 'checkpointed'")
+_PHASE: Check = (lambda v: v in ("launched", "launch_failed", "running", "caught_up",
+                                 "checkpointed"),
+                 "'launched', 'launch_failed', 'running', 'caught_up' or 'checkpointed'")
 _DETAIL: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 4096,
                   "an object of at most 4 KiB")
 

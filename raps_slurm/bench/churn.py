@@ -171,7 +171,7 @@ def run_churn(days: float, nodes: int, jobs_per_day: float, job_nodes: int,
                 p = Plan(f"{jid}-0-{int(t)}", jid, 0, node, "n00001", 2, "dead", 1 << 30,
                          "done", t, t, t, t, run=0, detected_at=t)
                 w.add(Put(keys.plan(p.plan_id), p.to_json()))
-                for phase in ("launched", "restored", "running"):
+                for phase in ("launched", "restored", "running", "caught_up"):
                     w.add(Put(keys.plan_event(p.plan_id, phase),
                               PlanEvent(p.plan_id, phase, t, node, {"bytes": 1 << 30}).to_json()))
                 next_fail = t + 86400.0 / failures_per_day

@@ -50,10 +50,11 @@ def show_recoveries(ctx: click.Context, job_id: str | None, as_json: bool) -> No
         click.echo("No recovery plans" + (f" for job {job_id}." if job_id else "."))
         return
     table([{**r, "move": f"{r['source']}->{r['target']}",
-            "total_s": "-" if r["total_s"] is None else f"{r['total_s']:.2f}",
+            **{k: "-" if r[k] is None else f"{r[k]:.2f}" for k in ("running_s", "caught_up_s")},
             "created": _clock(r["timeline"][0]["at"]) if r["timeline"] else "-"}
            for r in rows], False,
-          ["plan_id", "job", "rank", "move", "epoch", "state", "created", "total_s", "reason"])
+          ["plan_id", "job", "rank", "move", "epoch", "state", "created", "running_s",
+           "caught_up_s", "reason"])
 
 
 @show.command("plan")
@@ -61,7 +62,8 @@ def show_recoveries(ctx: click.Context, job_id: str | None, as_json: bool) -> No
 @click.option("--json", "as_json", is_flag=True, help="JSON output.")
 @click.pass_context
 def show_plan(ctx: click.Context, plan_id: str, as_json: bool) -> None:
-    """One recovery plan and its timeline: verdict, plan, start, launch, restore, replay."""
+    """One recovery plan and its timeline: verdict, plan, start, launch, restore, running
+    again, caught up."""
     with _store(ctx) as (store, keys):
         book = read_plans(store, keys)
     if plan_id not in book.plans:

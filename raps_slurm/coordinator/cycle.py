@@ -66,6 +66,8 @@ class JobView:
     escalation: KeyValue | None = None
     hung: dict[int, float] = field(default_factory=dict)  # rank -> time of its HUNG verdict
     hung_last: dict[int, float] = field(default_factory=dict)  # rank -> its last heartbeat then
+    # rank -> an ESCALATE verdict its runtime asked for: (at, epoch, node, reason)
+    escalated: dict[int, tuple[float, int | None, str, str]] = field(default_factory=dict)
     # rank -> the epoch that finished its program (``peers/<rank>`` says ``done``): its
     # silence after that is the end of the job, not a hang
     done: dict[int, int] = field(default_factory=dict)
@@ -119,6 +121,12 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
                         last = (v.get("evidence") or {}).get("last_app_heartbeat_at")
                         if isinstance(last, (int, float)):
                             view.hung_last[int(parts[3])] = float(last)
+                    elif v.get("kind") == "ESCALATE":
+                        epoch = v.get("epoch")
+                        view.escalated[int(parts[3])] = (
+                            float(v["at"]), epoch if isinstance(epoch, int) else None,
+                            str(v.get("node", "")),
+                            str((v.get("evidence") or {}).get("reason", ""))[:300])
             elif parts[2] == "peers" and len(parts) == 4 and parts[3].isdigit():
                 with contextlib.suppress(ValueError, AttributeError, TypeError):
                     p = json.loads(kv.value)
@@ -145,8 +153,13 @@ class Coordinator:
                  monotonic: Callable[[], float] = time.monotonic,
                  background: bool = False,
                  dead_nodes: Callable[[], set[str]] | None = None,
-                 recovery: Any = None) -> None:
+                 recovery: Any = None,
+                 finished_ranks: Callable[[frozenset[tuple[str, int]]], None] | None = None
+                 ) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
+        # told each cycle which ranks finished their program in their current epoch: the
+        # detector stops watching them (their silence is the end of the job, not a hang)
+        self._finished_ranks = finished_ranks
         self._read_topology, self._read_job_states = topology, job_states
         self.metrics = metrics or Metrics(None)
         self.name = name
@@ -211,6 +224,10 @@ class Coordinator:
         for job_id in set(self._first_seen) - set(records):
             del self._first_seen[job_id]
         self.metrics.jobs.set(len(records))
+        if self._finished_ranks is not None:
+            self._finished_ranks(frozenset(
+                (job_id, rank) for job_id, view in records.items()
+                for rank, epoch in view.done.items() if view.epochs.get(rank) == epoch))
         done: list[str] = []
         for job_id in sorted(records, key=int):
             view = records[job_id]

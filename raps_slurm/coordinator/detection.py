@@ -69,6 +69,13 @@ class Detection:
         self._outages = 0  # leadership.outages when the detector last (re)started
         self._unrecorded = False  # a verdict failed to reach etcd
         self.metrics = metrics
+        self._finished: frozenset[tuple[str, int]] = frozenset()
+
+    def finished_ranks(self, ranks: frozenset[tuple[str, int]]) -> None:
+        """The ranks (job, rank) that finished their program in their current epoch (from
+        the coordinator's cycle thread): not watched for hangs. A rank relaunched with a
+        new epoch leaves the set and is watched again from its next heartbeat."""
+        self._finished = ranks
 
     def close(self) -> None:
         """Stop following nodes/ and wait for pending Slurm side effects."""
@@ -119,6 +126,8 @@ class Detection:
             if r.probe_reply:
                 self._outstanding.pop(r.node, None)  # one answer settles every open probe
                 det.probe_result(r.node, True, now)
+        for job, rank in self._finished:  # a finished rank heartbeats until it closes
+            det.rank_gone(job, rank)
         timeout = self.settings.probe_timeout
         for node, sent in list(self._outstanding.items()):
             while sent and now - sent[0] >= timeout:

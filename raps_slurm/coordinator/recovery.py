@@ -135,6 +135,10 @@ class Recovery:
                                            f"plan {plan.plan_id} cancelled by {who}"
                                            + (f": {why}" if why else "")))
                 continue
+            asked = _asked_to_escalate(view)
+            if asked:
+                done.append(self._escalate(job, rec.restart_count, book, asked))
+                continue
             late = planner.overdue(plans, now, self.cfg.recovery.recovery_timeout_sec)
             if late:
                 done.append(self._escalate(job, rec.restart_count, book,
@@ -592,3 +596,19 @@ def _run_of(kv: KeyValue) -> int | None:
 def plans_in_order(plans: Iterable[Plan]) -> list[Plan]:
     """Plans by job (numerically), then creation time."""
     return sorted(plans, key=lambda p: (int(p.job), p.created_at, p.plan_id))
+
+
+def _asked_to_escalate(view: JobView) -> str:
+    """The reason of the first ESCALATE verdict that speaks for this run: from the rank's
+    current epoch on its current node, after the run registered ('' if none). A runtime
+    escalates what no single relaunch mends (a hole in a sender's log, a message that
+    contradicts the log, a receive that waited ``recv_timeout_sec``): the run restarts
+    from its checkpoints."""
+    assert view.record is not None
+    for rank, (at, epoch, node, reason) in sorted(view.escalated.items()):
+        entry = view.entries.get(rank)
+        if entry is None or at < view.record.registered_at:
+            continue
+        if epoch == entry[0].epoch and node == entry[0].node:
+            return f"rank {rank} on {node} escalated: {reason}"
+    return ""

@@ -74,11 +74,19 @@ probe unanswered after ``probe_timeout`` with ``probe_result(alive=False)``.
 
 Ranks
 -----
-A rank is HUNG when its node is ALIVE, it sent no app heartbeat for ``app_miss_threshold
-x app_interval`` (any step counts: progress is judged elsewhere), or for three times that
-when its last heartbeat said it is blocked on a peer (a rank waiting for a peer is the
-peer's problem, but a waiting process keeps heartbeating from its own thread: one silent
-that long is stopped or stuck itself).
+A rank is HUNG when its node is ALIVE and either
+
+- it sent no app heartbeat for ``app_miss_threshold x app_interval``, or for three times
+  that when its last heartbeat said it is blocked on a peer (a rank waiting for a peer is
+  the peer's problem, but a waiting process keeps heartbeating from its own thread: one
+  silent that long is stopped or stuck itself); or
+- it keeps heartbeating but its step has not changed for ``progress_window`` while it was
+  not waiting for a peer: a deadlocked or spinning application thread. The heartbeats
+  come from a runtime thread, so only the step, which the application itself reports,
+  tells a live process from a working one. A rank that never reported a step above 0 is
+  not judged by progress (its program does not report any), and time spent waiting for a
+  peer counts as progress (the peer is judged, not the waiter).
+
 A rank on a SUSPECT or DEAD node is never HUNG: its heartbeats travel through that
 node's agent. After a DEAD node comes back, its ranks' silence counts from its return
 (their old silence says nothing about them). One HUNG verdict per silence.
@@ -114,6 +122,7 @@ _INF = math.inf
 
 VerdictKind = Literal["DEAD", "HUNG", "ALIVE"]
 BLOCKED_FACTOR = 3  # a rank blocked on a peer may be silent this many app windows
+PROGRESS_STRIKES = 5  # default progress window, in app intervals (the app miss threshold's)
 RankKey = tuple[str, int]
 
 
@@ -144,6 +153,7 @@ class DetectorSettings:
     fence_margin: float
     app_interval: float
     app_miss_threshold: int
+    app_progress_timeout: float = 0.0  # 0: PROGRESS_STRIKES x app_interval
     probe_interval: float = 0.05    # how often a SUSPECT node is probed (at I = 1 s)
     probe_timeout: float = 0.6      # the caller reports a probe failed after this
     probe_failures: int = PROBE_FAILURES
@@ -159,6 +169,9 @@ class DetectorSettings:
         for name, count in counts.items():
             if count < 1:
                 raise ValueError(f"DetectorSettings.{name}: must be >= 1, got {count!r}")
+        if not self.app_progress_timeout >= 0:
+            raise ValueError(f"DetectorSettings.app_progress_timeout: must be >= 0, "
+                             f"got {self.app_progress_timeout!r}")
         if self.fence_margin < 0:
             raise ValueError(f"DetectorSettings.fence_margin: must be >= 0, "
                              f"got {self.fence_margin!r}")
@@ -178,6 +191,12 @@ class DetectorSettings:
         """App silence after which a rank is HUNG."""
         return self.app_interval * self.app_miss_threshold
 
+    @property
+    def progress_window(self) -> float:
+        """Time without a step change (and not waiting for a peer) after which a rank is
+        HUNG."""
+        return self.app_progress_timeout or PROGRESS_STRIKES * self.app_interval
+
     @classmethod
     def from_config(cls, detection_cfg: DetectionConfig) -> DetectorSettings:
         """Settings from ``config.detection``; probe parameters from :func:`probe_plan`."""
@@ -187,7 +206,8 @@ class DetectorSettings:
                                                    d.fence_margin_sec)
         return cls(interval=interval, miss_threshold=d.miss_threshold,
                    fence_margin=d.fence_margin_sec, app_interval=d.app_heartbeat_interval_sec,
-                   app_miss_threshold=d.app_miss_threshold, probe_interval=probe_interval,
+                   app_miss_threshold=d.app_miss_threshold,
+                   app_progress_timeout=d.app_progress_timeout_sec, probe_interval=probe_interval,
                    probe_timeout=probe_timeout)
 
 
@@ -239,6 +259,8 @@ class _Rank:
     last_at: float
     gen: int                          # new per heartbeat: stale deadlines are ignored
     hung: bool = False
+    progress_at: float = 0.0          # last step change, or last report while blocked
+    stalled: float | None = None      # the progress_at a HUNG verdict was given for
 
 
 class Detector:
@@ -344,13 +366,29 @@ class Detector:
         key = (job, rank)
         r = self._ranks.get(key)
         if r is None:
-            r = self._ranks[key] = _Rank(node, step, blocked_on, now, next(self._seq))
+            r = self._ranks[key] = _Rank(node, step, blocked_on, now, next(self._seq),
+                                         progress_at=now)
         else:
+            if step != r.step or node != r.node or blocked_on is not None \
+                    or r.blocked_on is not None:  # waiting, or just done waiting
+                r.progress_at = now
             r.node, r.step, r.blocked_on, r.last_at = node, step, blocked_on, now
             r.gen = next(self._seq)
             r.hung = False
-        window = self.settings.app_window * (1 if blocked_on is None else BLOCKED_FACTOR)
-        heapq.heappush(self._rank_timers, (now + window, next(self._seq), key, r.gen))
+        heapq.heappush(self._rank_timers, (self._rank_due(r), next(self._seq), key, r.gen))
+
+    def _rank_due(self, r: _Rank, since: float = -_INF) -> float:
+        """When ``r`` is next due for a HUNG check: the end of its silence window, or
+        sooner the end of its progress window (if it reports progress at all)."""
+        window = self.settings.app_window * (1 if r.blocked_on is None else BLOCKED_FACTOR)
+        due = max(r.last_at, since) + window
+        if self._judged_by_progress(r):
+            due = min(due, max(r.progress_at, since) + self.settings.progress_window)
+        return due
+
+    @staticmethod
+    def _judged_by_progress(r: _Rank) -> bool:
+        return r.step > 0 and r.blocked_on is None and r.stalled != r.progress_at
 
     def rank_gone(self, job: str, rank: int) -> None:
         """Stop watching a rank (finished, or relaunched under a new epoch elsewhere)."""
@@ -521,21 +559,29 @@ class Detector:
             r = self._ranks.get(key)
             if r is None or r.gen != gen or r.hung:
                 continue
-            window = self.settings.app_window * (1 if r.blocked_on is None else BLOCKED_FACTOR)
             n = self._nodes.get(r.node)
-            start = r.last_at if n is None else max(r.last_at, n.recovered_at)
-            if start + window > now:
-                heapq.heappush(timers, (start + window, next(self._seq), key, gen))
+            since = -_INF if n is None else n.recovered_at
+            due = self._rank_due(r, since)
+            if due > now:
+                heapq.heappush(timers, (due, next(self._seq), key, gen))
                 continue
             if n is None or n.health is not NodeHealth.ALIVE:
                 self._parked.setdefault(r.node, set()).add((key, gen))
                 continue
+            window = self.settings.app_window * (1 if r.blocked_on is None else BLOCKED_FACTOR)
+            start = max(r.last_at, since)
+            evidence: dict[str, object] = {"last_app_heartbeat_at": r.last_at, "step": r.step}
+            if start + window <= now:
+                evidence.update(silence_s=now - start, app_window_s=window)
+                r.stalled = r.progress_at  # one verdict per stall, however it was found
+            else:  # heartbeating, but the step stood still: the application is stuck
+                evidence.update(reason="no progress", progress_at=r.progress_at,
+                                stalled_s=now - max(r.progress_at, since),
+                                progress_window_s=self.settings.progress_window)
+                r.stalled = r.progress_at
             r.hung = True
             self._verdicts.append(Verdict("HUNG", r.node, now, job=key[0], rank=key[1],
-                                          evidence=MappingProxyType({
-                                              "last_app_heartbeat_at": r.last_at,
-                                              "silence_s": now - start, "step": r.step,
-                                              "app_window_s": window})))
+                                          evidence=MappingProxyType(evidence)))
 
     def _evidence(self, n: _Node, now: float) -> dict[str, object]:
         """What a DEAD verdict (or a snapshot) rests on; unknown times are left out."""

@@ -291,7 +291,7 @@ def advance(plan: Plan, state: str, now: float, note: str = "") -> Plan:
 # What the launcher and the agents report about a running plan, in order; and what
 # raps-run reports when the rank's step ended before the rank restored (srun could not
 # start it there: slurmd down, node refusing steps).
-PHASES = ("launched", "restored", "running")
+PHASES = ("launched", "restored", "running", "caught_up")
 LAUNCH_FAILED = "launch_failed"
 CHECKPOINTED = "checkpointed"  # a planned move's rank saved its state and stopped
 CANCELLED = "cancelled"  # an admin's `rapsctl cancel-plan`: the job escalates to a requeue
@@ -304,8 +304,11 @@ class PlanEvent:
 
     ``launched``: raps-run started the rank on the target; ``restored``: the target's
     agent restored its checkpoint (``detail``: generation, bytes and chunks pulled, from
-    whom); ``running``: the rank's first progress report after its replay ended
-    (``detail``: messages replayed).
+    whom); ``running``: the rank's first progress report after the restore, running
+    again (``detail``: its step); ``caught_up``: its first progress report at its
+    pre-fault progress, every message it had sent before the fault sent again (``detail``:
+    messages it re-sent, messages its peers delivered to it since the checkpoint, step).
+    The recovery ends there: a rank running again still has the lost work to redo.
     """
 
     plan_id: str
@@ -352,25 +355,26 @@ def plan_id(job: str, rank: int, epoch: int) -> str:
 
 
 def follow_events(plan: Plan, events: Mapping[str, PlanEvent]) -> Plan:
-    """The plan advanced as far as its reported phases take it (restored, then done).
+    """The plan advanced as far as its reported phases take it (restored, then done once
+    the rank caught up).
 
-    A ``running`` report implies the restore happened even if its own report is missing
-    (a rank without any checkpoint restores nothing and says so only by running).
+    A later report implies the restore happened even if its own report is missing (a rank
+    without any checkpoint restores nothing and says so only by running).
     """
     if plan.state not in ("running", "restored"):
         return plan
-    restored = events.get("restored")
-    running = events.get("running")
+    later = [e for e in (events.get("restored"), events.get("running"),
+                         events.get("caught_up")) if e is not None]
     failed = events.get(LAUNCH_FAILED)
-    if failed is not None and plan.state == "running" and restored is None and running is None:
+    if failed is not None and plan.state == "running" and not later:
         code = failed.detail.get("exit_code")
         return advance(plan, "failed", failed.at,
                        f"the rank's step on {plan.target} ended with {code} before it restored")
-    if restored is not None or running is not None:
-        at = restored.at if restored is not None else running.at  # type: ignore[union-attr]
-        plan = advance(plan, "restored", at)
-    if running is not None:
-        plan = advance(plan, "done", running.at)
+    if later:
+        plan = advance(plan, "restored", later[0].at)
+    caught_up = events.get("caught_up")
+    if caught_up is not None:
+        plan = advance(plan, "done", caught_up.at)
     return plan
 
 
@@ -406,9 +410,12 @@ def timeline(plan: Plan, events: Mapping[str, PlanEvent]) -> list[tuple[str, flo
             what += (f": generation {d.get('generation')}, {d.get('bytes_pulled', 0)} bytes "
                      f"pulled from {src}")
         elif phase == "running":
-            what += f": replay done, {d.get('replayed', 0)} messages re-sent"
-            if "received" in d:
-                what += f", {d['received']} received from peers"
+            what += f": running again at step {d.get('step', '?')}, redoing the lost work"
+        elif phase == "caught_up":
+            what += (f": pre-fault progress regained at step {d.get('step', '?')}, "
+                     f"{d.get('replayed', 0)} messages re-sent, {d.get('received', 0)} "
+                     "received from peers" + (" (its program ended first)"
+                                              if d.get("finished") else ""))
         rows.append((phase, e.at, what))
     lf = events.get(LAUNCH_FAILED)
     if lf is not None:
@@ -425,12 +432,16 @@ def plan_dict(plan: Plan, events: Mapping[str, PlanEvent]) -> dict[str, Any]:
     t0 = rows[0][1] if rows else plan.created_at
     restored = events.get("restored")
     running = events.get("running")
+    caught_up = events.get("caught_up")
     return {"plan_id": plan.plan_id, "job": plan.job, "run": plan.run, "rank": plan.rank,
             "source": plan.source, "target": plan.target, "epoch": plan.epoch,
             "reason": plan.reason, "state": plan.state, "note": plan.note,
             "restore_bytes": plan.restore_bytes,
             "bytes_pulled": restored.detail.get("bytes_pulled") if restored else None,
-            "replayed": running.detail.get("replayed") if running else None,
-            "total_s": (round(running.at - t0, 3) if running else None),
+            "replayed": caught_up.detail.get("replayed") if caught_up else None,
+            "received": caught_up.detail.get("received") if caught_up else None,
+            "running_s": round(running.at - t0, 3) if running else None,
+            "caught_up_s": round(caught_up.at - t0, 3) if caught_up else None,
+            "total_s": round(caught_up.at - t0, 3) if caught_up else None,
             "timeline": [{"phase": p, "at": at, "after_s": round(at - t0, 3), "what": what}
                          for p, at, what in rows]}

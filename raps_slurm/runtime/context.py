@@ -58,6 +58,9 @@ log = logging.getLogger("raps.runtime")
 
 STATE_ITEM = "\0raps/state"
 LARGE_PREFIX = "\0raps/large/"
+# The small messages of the log that receivers may still ask for, inside the checkpoint:
+# a node lost together with its log backup leaves them in the checkpoint's copies.
+LOG_ITEM = "\0raps/log"
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ class Context:
         self.generation: int | None = None
         # (what this rank's log says it sent before its loss, what its checkpoint had sent)
         self._replay: tuple[dict[int, int], int] | None = None
+        self._resumed = False  # the recovery was told this relaunched rank runs again
+        self._last_step = 0
         self._restored_delivered: dict[int, int] = {}  # per source, at the restored checkpoint
         self._peer_had: dict[int, int] = {}  # per peer, what its HELLO says it delivered
         self.preempted = False
@@ -157,7 +162,13 @@ class Context:
         for name in [n for n in items if n.startswith(LARGE_PREFIX)]:
             dst, seq = (int(x) for x in name[len(LARGE_PREFIX):].split("/"))
             bodies[(dst, seq)] = bytes(items.pop(name))
+        carried = items.pop(LOG_ITEM, None)
+        # the log store's records (this node's, or its log backup's), and those the
+        # checkpoint carries: enough for every replay even if the node and its log
+        # backup were lost together
         records = list(parse_records(self.port.log_read()))
+        if carried is not None:
+            records += parse_records(bytes(carried))
         # What this rank had sent before it was lost: re-execution has caught up (its
         # replay is over) once it has sent as much again to every peer.
         target: dict[int, int] = dict(sent)
@@ -243,6 +254,7 @@ class Context:
         self._start()
         wait = self.s.recv_timeout if timeout is None else timeout
         deadline = self._clock() + wait
+        waiting = False
         with self._arrived:
             while True:
                 if self._error is not None:
@@ -252,7 +264,12 @@ class Context:
                     if msg is not None:
                         for s in sources:
                             self._blocked.pop(s, None)
+                        if waiting:
+                            self.port.blocked(None)
                         return src, msg
+                if not waiting:  # not hung: waiting for a peer (the lowest one is named)
+                    self.port.blocked(sources[0])
+                    waiting = True
                 now = self._clock()
                 for s in sources:
                     self._blocked.setdefault(s, now)
@@ -299,27 +316,39 @@ class Context:
         raise err
 
     def heartbeat(self, step: int, items: int = 0) -> None:
-        """Report progress (through the agent); the first one after a relaunched rank's
-        replay ended also tells the recovery it is running again."""
+        """Report progress (through the agent). After a relaunch, the first one tells the
+        recovery the rank is running again, and the first one at its pre-fault progress
+        that it has caught up."""
         self.port.heartbeat(step, items)
+        self._last_step = step
         if self._replay is not None and self.epoch > 1:
-            logged, base = self._replay
-            with self._mu:
-                # Pre-fault progress: what the log held, or what a peer had delivered if
-                # more (messages sent just before the loss, never flushed to the log).
-                target = {**self._peer_had,
-                          **{d: max(n, self._peer_had.get(d, 0)) for d, n in logged.items()}}
-                caught_up = all(self.log.sent.get(d, 0) >= n for d, n in target.items())
-                replayed = sum(target.values()) - base
-                # from the peers since the restored checkpoint: what they replayed from
-                # their logs, and anything new they sent meanwhile
-                received = sum(self.inbox.delivered(src) - self._restored_delivered.get(src, 0)
-                               for src in list(self.inbox.sources)
-                               if src != self.rank) if caught_up else 0
-            if caught_up:
-                self._replay = None
-                self.port.recovery_event("running", {"replayed": replayed,
-                                                     "received": received, "step": step})
+            self._catch_up(step)
+
+    def _catch_up(self, step: int, finished: bool = False) -> None:
+        assert self._replay is not None
+        if not self._resumed:
+            self._resumed = True
+            self.port.recovery_event("running", {"step": step})
+        logged, base = self._replay
+        with self._mu:
+            # Pre-fault progress: what the log held, or what a peer had delivered if
+            # more (messages sent just before the loss, never flushed to the log).
+            target = {**self._peer_had,
+                      **{d: max(n, self._peer_had.get(d, 0)) for d, n in logged.items()}}
+            met = all(self.log.sent.get(d, 0) >= n for d, n in target.items())
+            caught_up = met or finished
+            replayed = sum(target.values()) - base
+            # from the peers since the restored checkpoint: what they replayed from
+            # their logs, and anything new they sent meanwhile
+            received = sum(self.inbox.delivered(src) - self._restored_delivered.get(src, 0)
+                           for src in list(self.inbox.sources)
+                           if src != self.rank) if caught_up else 0
+        if caught_up:
+            self._replay = None
+            detail: dict[str, Any] = {"replayed": replayed, "received": received, "step": step}
+            if not met:  # its program ended first (it reported no progress past the fault)
+                detail["finished"] = True
+            self.port.recovery_event("caught_up", detail)
 
     def checkpoint_due(self) -> bool:
         """True once ``checkpoint.interval_sec`` passed since the last checkpoint, and at
@@ -335,14 +364,39 @@ class Context:
         bodies not yet covered; returns the generation (while etcd has no quorum, the
         last committed one, or 0: the rank goes on and the next checkpoint commits)."""
         self._start()
+        # A large state takes a while, and the step stands still meanwhile: reported as
+        # waiting on itself, so the detector's progress window does not count this time.
+        self.port.blocked(self.rank)
+        try:
+            return self._checkpoint(state)
+        finally:
+            self.port.blocked(None)
+
+    def _log_records(self, small: list[tuple[Entry, bytes | memoryview | None]]) -> bytes:
+        """Log-store records (with bodies) of the small entries a checkpoint carries."""
+        parts: list[bytes | memoryview] = []
+        spilled: dict[tuple[int, int], bytes] | None = None
+        for e, body in small:
+            if body is None:  # spilled under memory pressure: its body is in the log store
+                spilled = self._persisted() if spilled is None else spilled
+                body = spilled.get((e.dst, e.seq))
+                if body is None:
+                    raise MessagingError(f"rank {self.rank}: the body of seq {e.seq} to rank "
+                                         f"{e.dst} is neither in memory nor in the log store")
+            parts += Entry(e.dst, e.seq, e.epoch, e.size, e.crc, False, body).record(True)
+        return b"".join(parts)
+
+    def _checkpoint(self, state: Any) -> int:
         self._flush()
         with self._mu:
             delivered = self.inbox.delivered_vector()
             sent = self.log.sent_vector()
             floors = dict(self.log.floors)
             large = [(e.dst, e.seq, e.body) for e in self.log.large_uncovered()]
+            small = [(e, e.body) for q in self.log.entries.values() for e in q if not e.large]
         items: dict[str, Any] = dict(state) if isinstance(state, dict) and all(
             isinstance(k, str) and not k.startswith("\0") for k in state) else {STATE_ITEM: state}
+        items[LOG_ITEM] = self._log_records(small)
         missing = [(d, s) for d, s, b in large if b is None]
         if missing:
             spilled = self._persisted()
@@ -405,6 +459,9 @@ class Context:
         with contextlib.suppress(Exception):
             self._flush()
             self._confirm()
+        if self._replay is not None and self.epoch > 1:
+            with contextlib.suppress(Exception):  # the recovery must not wait for ever
+                self._catch_up(self._last_step, finished=True)
         host, port_no = self.listener.address
         with contextlib.suppress(Exception):
             self.port.publish(host, port_no, self.epoch, done=True)

@@ -166,3 +166,39 @@ def test_a_dead_node_resumed_in_slurm_gets_no_ranks_and_no_requeue_loop(
         finally:
             cluster.agent_start(node)
             back_in_service(cluster, *store, node)
+
+
+def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any], tmp_path: Path) -> None:
+    """The correlated loss the commit rule is for: a node dies together with the node that
+    holds its ranks' message log. Their committed checkpoints are whole elsewhere, and a
+    rank of either that a peer needs messages from re-creates them by re-executing."""
+    clean = heat_reference(tmp_path, 8, HEAT[:4])
+    with leading("logbackup"), heat_job(cluster, "--raps-spares=2", "--raps-ranks-per-node=2",
+                                        "-N6") as (job, out):
+        data = mapped(rapsctl, job)
+        ranks = {r["rank"]: r["node"] for r in data["ranks"]}
+        backup = {r["node"]: r["group"]["log_backup"] for r in data["ranks"]}
+        host = batch_host(cluster, job)
+        # a working node whose log backup is not the batch host (losing that escalates)
+        node = next(n for n in sorted(backup, reverse=True)
+                    if n != host and backup[n] and backup[n] != host)
+        lost = sorted({node, backup[node]})
+        victims = sorted(r for r, n in ranks.items() if n in lost)
+        for r in victims:
+            wait_until(f"rank {r} committed", lambda r=r: committed(*store, job, r), bool, 90)
+        for n in lost:
+            cluster.crash(n)
+        try:
+            text = finish(cluster, job, out, clean, timeout=240)
+            every = job_plans(*store, job)
+            got = [p for p in every if p.source in lost]
+            assert sorted(p.rank for p in got) == victims, f"{every}\n{text[-4000:]}"
+            assert {p.state for p in got} <= {"done"}, f"{every}\n{text[-4000:]}"
+            assert all(p.source == p.target for p in every if p.source not in lost), every
+            assert cluster.slurm().job(int(job)).restart_count == 0, text[-3000:]
+        finally:
+            for n in lost:
+                cluster.restart(n)
+            back_in_service(cluster, *store, *lost)

@@ -172,7 +172,7 @@ def test_node_crash_relaunches_only_its_rank_and_the_result_is_unchanged(
             shown = json.loads(rapsctl("show", "plan", plan.plan_id, "--json").stdout)
             phases = [row["phase"] for row in shown["timeline"]]
             assert phases == ["fault verdict", "plan", "start", "launched", "restored",
-                              "running", "done"], shown
+                              "running", "caught_up", "done"], shown
             listing = rapsctl("show", "recoveries", job).stdout
             assert plan.plan_id in listing and "done" in listing
         finally:

@@ -40,6 +40,7 @@ class World:
     released: list[str] = field(default_factory=list)
     updated: list[tuple[str, list[str], int | None]] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+    finished: list[frozenset[tuple[str, int]]] = field(default_factory=list)
     state: str = "RUNNING"
     batch_host: str = "n1"
 
@@ -54,7 +55,8 @@ class World:
         lead = Leadership(self.store, self.keys.leader(), 10, {"name": name}, clock=self.clock)
         c = Coordinator(cfg, self.store, self.keys, lead, topology=lambda: TOPOLOGY,
                         job_states=lambda: {"7": self.state}, name=name, clock=self.clock,
-                        monotonic=self.clock, dead_nodes=lambda: set(self.dead))
+                        monotonic=self.clock, dead_nodes=lambda: set(self.dead),
+                        finished_ranks=self.finished.append)
         c.recovery = Recovery(
             cfg, self.store, self.keys, lead, job_info=self.info,
             requeue=self.requeued.append, start_now=self.released.append,

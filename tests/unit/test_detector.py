@@ -644,3 +644,66 @@ def test_many_nodes_each_suspect_exactly_when_silent(beats: list[tuple[int, int]
     assert lead.verdicts == []
     assert all(math.isfinite(float(str(s["silence_s"])))
                for s in lead.det.snapshot(lead.now).values())
+
+
+def test_a_heartbeating_rank_whose_step_stands_still_is_hung_once_per_stall() -> None:
+    lead = Leader()
+    steady(lead, "n1", 400.0)
+    for t in range(0, 400, 10):              # the runtime's thread heartbeats throughout
+        lead.app(float(t), "7", 3, "n1", step=min(t, 100) // 10 + 1)
+    lead.run(149.95)
+    assert lead.verdicts == []               # step 11 was reported at 100
+    (v,) = lead.run(200.0)
+    assert (v.kind, v.rank, v.at) == ("HUNG", 3, 150.0)
+    assert v.evidence["reason"] == "no progress" and v.evidence["step"] == 11
+    assert v.evidence["stalled_s"] == 50.0 and "silence_s" not in v.evidence
+    assert lead.run(400.0) == []             # the same stall gives no second verdict
+
+
+def test_a_new_step_after_a_stall_arms_the_progress_window_again() -> None:
+    lead = Leader()
+    steady(lead, "n1", 300.0)
+    for t in range(0, 300, 10):
+        lead.app(float(t), "7", 3, "n1", step=1 if t < 120 else 2)
+    assert [(v.rank, v.at) for v in lead.run(300.0)] == [(3, 50.0), (3, 170.0)]
+
+
+def test_a_slow_but_progressing_rank_and_a_rank_without_steps_are_never_hung() -> None:
+    lead = Leader()
+    steady(lead, "n1", 600.0)
+    for t in range(0, 600, 10):
+        lead.app(float(t), "7", 1, "n1", step=t // 40 + 1)   # a new step every 40 s
+        lead.app(float(t), "7", 2, "n1", step=0)              # never calls heartbeat(step)
+    assert lead.run(600.0) == []
+
+
+def test_a_rank_waiting_for_a_peer_is_not_hung_by_progress_the_stuck_peer_is() -> None:
+    lead = Leader()
+    steady(lead, "n1", 500.0)
+    for t in range(0, 500, 10):
+        if t < 400:
+            lead.app(float(t), "7", 1, "n1", step=5, blocked_on=2)   # waits for rank 2
+        else:
+            lead.app(float(t), "7", 1, "n1", step=5)     # done waiting, then stuck itself
+        lead.app(float(t), "7", 2, "n1", step=7)         # spins, heartbeating
+    assert [(v.rank, v.at) for v in lead.run(449.0)] == [(2, 50.0)]
+    (v,) = lead.run(500.0)                   # waiting counted as progress until 400
+    assert (v.rank, v.at, v.evidence["reason"]) == (1, 450.0, "no progress")
+
+
+def test_the_progress_window_comes_from_the_config_or_five_app_intervals() -> None:
+    derived = DetectionConfig(app_heartbeat_interval_sec=2.0)
+    assert DetectorSettings.from_config(derived).progress_window == 10.0
+    assert DetectorSettings.from_config(
+        DetectionConfig(app_progress_timeout_sec=3.5)).progress_window == 3.5
+    with pytest.raises(ValueError, match="app_progress_timeout"):
+        replace(FAST, app_progress_timeout=-1.0)
+
+
+def test_a_rank_gone_after_its_last_heartbeat_gets_no_verdict() -> None:
+    lead = Leader()
+    steady(lead, "n1", 100.0)
+    for t in range(0, 20, 1):
+        lead.app(float(t), "7", 1, "n1", step=t + 1)
+    lead.at(19.5, lambda: lead.det.rank_gone("7", 1))   # finished its program
+    assert lead.run(100.0) == []

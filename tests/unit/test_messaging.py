@@ -10,6 +10,7 @@ failures must end in exactly the states of the failure-free run.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import json
 import threading
 import time
@@ -57,7 +58,7 @@ def payload(state: bytes, rnd: int, src: int, dst: int, size: int) -> bytes:
 def run_rank(prog: Program, rank: int, root: Path, *, epoch: int = 1,
              kill_at: int | None = None, tweak: Callable[[bytes], bytes] | None = None,
              ctx_hook: Callable[[Context], None] | None = None,
-             settings: Settings = SMALL) -> bytes:
+             settings: Settings = SMALL, lose_log: bool = False) -> bytes:
     """One incarnation after another until the program ends; the final state."""
     while True:
         ctx = Context(LocalPort(root, "1", rank, epoch, PARAMS, max_generations=2),
@@ -90,6 +91,10 @@ def run_rank(prog: Program, rank: int, root: Path, *, epoch: int = 1,
         except Killed:
             ctx.close()  # as a crash: nothing flushed, connections cut
             epoch += 1
+            if lose_log:  # its node and its log backup lost together
+                logs = root / "logs" / "job-1" / "logs" / str(rank)
+                assert logs.is_dir()
+                shutil.rmtree(logs)
 
 
 def run(prog: Program, root: Path, kills: dict[int, int] | None = None,
@@ -144,6 +149,16 @@ def test_two_neighbours_killed_together(tmp_path: Path) -> None:
     prog = ring(4, 8)
     clean = run(prog, tmp_path / "clean")
     assert run(prog, tmp_path / "faulty", {1: 5, 2: 5}) == clean
+
+
+def test_two_neighbours_killed_with_their_logs_lost_replay_from_their_checkpoints(
+        tmp_path: Path) -> None:
+    # Each needs messages the other sent before its own checkpoint and after the other's:
+    # with both logs lost (node and log backup gone), only the checkpoints carry them.
+    prog = Program(4, [[[(r + 1) % 4, (r - 1) % 4] for r in range(4)] for _ in range(10)],
+                   [{2, 6}, {3, 7}, {4, 8}, {5}], [100] * 10)
+    clean = run(prog, tmp_path / "clean")
+    assert run(prog, tmp_path / "faulty", {1: 9, 2: 9}, lose_log=True) == clean
 
 
 def test_whole_job_restart_from_uncoordinated_checkpoints(tmp_path: Path) -> None:
@@ -274,9 +289,12 @@ def test_local_launcher_relaunches_a_crashed_rank_process(tmp_path: Path) -> Non
     # messages a step, as far as its peers had delivered them (not only what its log held)
     events = [json.loads(x) for x in
               (tmp_path / "run" / "recovery-events.log").read_text().splitlines()]
-    assert [(e["rank"], e["epoch"], e["phase"]) for e in events] == [(2, 2, "running")]
-    detail = events[0]["detail"]
+    assert [(e["rank"], e["epoch"], e["phase"]) for e in events] == [
+        (2, 2, "running"), (2, 2, "caught_up")]
+    assert events[0]["detail"]["step"] == 61   # running again: the first step redone
+    detail = events[1]["detail"]
     assert 18 <= detail["replayed"] <= 20 and 69 <= detail["step"] <= 71, detail
+    assert "finished" not in detail
     # to redo steps 60-70 it needed both neighbours' messages of those steps again, which
     # they replayed from their logs (one message each per step)
     assert detail["received"] >= 2 * (detail["step"] - 61), detail

@@ -113,12 +113,12 @@ def test_program_prints_what_open_mpi_prints(name: str, mpirun: list[str],
         out, err = _finish(p, f"RAPS {program} {how}")
         assert f"rank {rank} exited with 17; relaunching it with epoch 2" in err, err[-2000:]
         assert out == ours, f"{name} with rank {rank} lost: {out!r} != {ours!r}"
-        # the relaunched rank said when it had re-sent what it sent before its loss: the
-        # end of its recovery (a plan's "done" on a cluster)
+        # the relaunched rank said when it ran again, and when it had re-sent what it sent
+        # before its loss: the end of its recovery (a plan's "done" on a cluster)
         events = [json.loads(x) for x in
                   (tmp_path / f"crash{i}" / "recovery-events.log").read_text().splitlines()]
         assert [(e["rank"], e["epoch"], e["phase"]) for e in events] == [
-            (int(rank), 2, "running")], events
+            (int(rank), 2, "running"), (int(rank), 2, "caught_up")], events
 
 
 def test_abort_ends_the_job_under_both(mpirun: list[str], tmp_path: Path) -> None:

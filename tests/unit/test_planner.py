@@ -142,27 +142,42 @@ def test_plan_record_round_trip_and_strictness() -> None:
 
 
 def test_plan_follows_reported_phases_and_keeps_its_fields() -> None:
-    from raps_slurm.core.planner import PlanEvent, follow_events, taken_spares, timeline
+    from raps_slurm.core.planner import (
+        PlanEvent,
+        follow_events,
+        plan_dict,
+        taken_spares,
+        timeline,
+    )
 
     p = advance(Plan("7-2-2", "7", 2, "n3", "n4", 2, "node n3 is dead", 10, created_at=1.0,
                      run=1, detected_at=0.5), "running", 2.0)
     assert Plan.from_json("k", p.to_json()) == p
     restored = PlanEvent("7-2-2", "restored", 3.0, "n4",
                          {"generation": 4, "bytes_pulled": 99, "sources": ["n5"]})
-    running = PlanEvent("7-2-2", "running", 4.0, "n4", {"replayed": 6})
-    assert PlanEvent.from_json("k", running.to_json()) == running
+    running = PlanEvent("7-2-2", "running", 4.0, "n4", {"step": 41})
+    caught = PlanEvent("7-2-2", "caught_up", 6.0, "n4",
+                       {"replayed": 6, "received": 8, "step": 44})
+    assert PlanEvent.from_json("k", caught.to_json()) == caught
     half = follow_events(p, {"restored": restored})
     assert (half.state, half.restored_at) == ("restored", 3.0)
-    done = follow_events(half, {"restored": restored, "running": running})
-    assert (done.state, done.finished_at) == ("done", 4.0)
-    # a rank with nothing to restore reports only that it runs
-    assert follow_events(p, {"running": running}).state == "done"
-    assert follow_events(Plan("q", "7", 0, "n1", "n2", 2, "x", 0), {"running": running}).state \
-        == "queued"
-    rows = timeline(done, {"restored": restored, "running": running})
+    # running again is not the end: the lost steps are still to be redone
+    assert follow_events(half, {"restored": restored, "running": running}).state == "restored"
+    every = {"restored": restored, "running": running, "caught_up": caught}
+    done = follow_events(half, every)
+    assert (done.state, done.finished_at) == ("done", 6.0)
+    # a rank with nothing to restore reports only that it runs and caught up
+    assert follow_events(p, {"running": running}).state == "restored"
+    assert follow_events(p, {"running": running, "caught_up": caught}).state == "done"
+    assert follow_events(Plan("q", "7", 0, "n1", "n2", 2, "x", 0), every).state == "queued"
+    rows = timeline(done, every)
     assert [r[0] for r in rows] == ["fault verdict", "plan", "start", "restored", "running",
-                                    "done"]
-    assert "99 bytes pulled from n5" in rows[3][2] and "6 messages" in rows[4][2]
+                                    "caught_up", "done"]
+    assert "99 bytes pulled from n5" in rows[3][2] and "step 41" in rows[4][2]
+    assert "step 44, 6 messages re-sent, 8 received" in rows[5][2]
+    d = plan_dict(done, every)
+    assert (d["running_s"], d["caught_up_s"], d["total_s"], d["replayed"], d["received"]) \
+        == (3.5, 5.5, 5.5, 6, 8)
     assert taken_spares([done, Plan("h", "7", 1, "n1", "n1", 2, "hung", 0, run=1)], "7", 1) \
         == {"n4"}
     assert taken_spares([done], "7", 2) == set()

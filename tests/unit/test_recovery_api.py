@@ -86,7 +86,11 @@ def test_phase_reports(agent: Agent) -> None:
     assert kv is not None and json.loads(kv.value)["node"] == "n2"
     # the agent writes "restored" itself; a client may not
     bad = agent.ask(OWNER, **event, phase="restored")
-    assert bad["ok"] is False and "'launched', 'launch_failed', 'running' or 'checkpointed'" in str(bad["error"])
+    assert bad["ok"] is False and \
+        "'launched', 'launch_failed', 'running', 'caught_up' or 'checkpointed'" \
+        in str(bad["error"])
+    assert agent.ask(OWNER, **{**event, "epoch": 3}, phase="caught_up")["kind"] == "epoch"
+    assert agent.ask(OWNER, **event, phase="caught_up")["recorded"] is True
     big = agent.ask(OWNER, **{**event, "detail": {"x": "y" * 5000}}, phase="running")
     assert big["ok"] is False and "4 KiB" in str(big["error"])
     # a plan given up takes no more reports

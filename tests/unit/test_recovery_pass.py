@@ -33,6 +33,9 @@ def test_dead_node_plan_started_followed_and_done(world: World) -> None:
     assert world.plans() == {"7-3-2": "restored"}
     world.report("7-3-2", "running", moved.node)
     step(c, world)
+    assert world.plans() == {"7-3-2": "restored"}  # running again, the lost steps to redo
+    world.report("7-3-2", "caught_up", moved.node)
+    step(c, world)
     assert world.plans() == {"7-3-2": "done"}
     assert world.entry(3).epoch == 2 and world.requeued == []
 
@@ -92,6 +95,7 @@ def test_hung_rank_relaunched_in_place_once_per_verdict(world: World) -> None:
     assert world.plans() == {"7-1-2": "running"}
     assert (world.entry(1).node, world.entry(1).epoch) == ("n3", 2)
     world.report("7-1-2", "running", "n3")
+    world.report("7-1-2", "caught_up", "n3")
     step(c, world, 3)
     assert world.plans() == {"7-1-2": "done"}  # the old verdict makes no second plan
 
@@ -110,6 +114,8 @@ def test_a_rank_that_finished_its_program_is_no_hang(world: World) -> None:
         world.store.put(world.keys.job_rank_verdict("7", rank), json.dumps(verdict).encode())
     step(c, world, 3)
     assert set(world.plans()) == {"7-2-2"}
+    # and the detector is told to stop watching the finished one only
+    assert world.finished[-1] == frozenset({("7", 1)})
 
 
 def test_a_silence_from_before_this_run_is_no_hang(world: World) -> None:
@@ -208,3 +214,70 @@ def test_cancelled_lists_only_active_plans_with_a_request() -> None:
               "7-1-2": {CANCELLED: PlanEvent("7-1-2", CANCELLED, 2.0, "l", {})}}
     assert cancelled([queued, done], events) == [(queued, request)]
     assert cancelled([queued], {}) == []
+
+
+def _escalate_verdict(world: World, rank: int, node: str, epoch: int | None,
+                      at: float | None = None) -> None:
+    """What the agent's ``escalate`` op writes for a rank's runtime."""
+    value = {"kind": "ESCALATE", "node": node, "job": "7", "rank": rank, "epoch": epoch,
+             "at": world.clock() if at is None else at,
+             "evidence": {"reason": "rank 3 cannot replay to rank 2: seq 1..20 collected"}}
+    world.store.put(world.keys.job_rank_verdict("7", rank), json.dumps(value).encode())
+
+
+def test_an_escalate_verdict_of_the_current_rank_requeues_the_run_once(world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    entry = world.entry(3)
+    _escalate_verdict(world, 3, entry.node, entry.epoch)
+    step(c, world, 4)
+    assert world.requeued == ["7"]  # once, not every cycle
+    esc = world.escalation()
+    assert esc.run == 0 and f"rank 3 on {entry.node} escalated" in esc.reason
+    assert "cannot replay to rank 2" in esc.reason
+    world.state = "PENDING"
+    step(c, world, 3)
+    assert world.released == ["7"] and world.requeued == ["7"]
+    # the next run registers: the old verdict speaks for the old run only
+    world.clock.advance(5)
+    world.register(1)
+    world.state = "RUNNING"
+    step(c, world, 4)
+    assert world.requeued == ["7"]
+
+
+def test_escalate_verdicts_of_another_epoch_node_or_run_are_not_acted_on(
+        world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    entry = world.entry(3)
+    other = next(n for n in ("n1", "n2", "n3", "n4", "n5", "n6") if n != entry.node)
+    kv = world.store.get(world.keys.job("7"))
+    assert kv is not None
+    registered = JobRecord.from_json(kv.key, kv.value).registered_at
+    for rank, node, epoch, at in ((3, entry.node, entry.epoch + 1, None),  # not its epoch
+                                  (3, other, entry.epoch, None),           # not its node
+                                  (3, entry.node, None, None),             # no registration
+                                  (3, entry.node, entry.epoch, registered - 1.0)):  # older run
+        _escalate_verdict(world, rank, node, epoch, at)
+        step(c, world, 3)
+        assert world.requeued == [] and world.plans() == {}, (node, epoch, at)
+
+
+def test_a_plan_that_stalls_past_the_recovery_timeout_escalates_its_job(world: World) -> None:
+    c = world.coordinator("c1")  # recovery_timeout_sec: 60
+    step(c, world)
+    world.dead = {"n6"}
+    step(c, world, 2)
+    [pid] = world.plans()
+    assert world.plans()[pid] == "running"
+    world.report(pid, "restored", world.entry(3).node)  # and then nothing: it stalls
+    step(c, world)
+    assert world.plans() == {pid: "restored"}
+    world.clock.advance(58)
+    step(c, world, 3)
+    assert world.requeued == [] and world.plans() == {pid: "restored"}
+    world.clock.advance(2)
+    step(c, world, 3)
+    assert world.requeued == ["7"] and world.plans() == {pid: "escalated"}
+    assert "not done within 60s" in world.escalation().reason
