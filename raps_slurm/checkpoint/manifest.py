@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raps_slurm.checkpoint.codec import DIGEST_SIZE, DIGESTS, hasher
+from raps_slurm.checkpoint.pack import MAX_CHUNK
 from raps_slurm.core.records import Reader, dump
 from raps_slurm.errors import RecordError
 
@@ -106,7 +107,9 @@ class Manifest:
         return m
 
     def check(self, where: str) -> None:
-        """Items, chunk counts and sizes agree with each other; RecordError otherwise."""
+        """Items, chunk counts and sizes agree with each other and ``total_size`` is at
+        most the chunk count times :data:`MAX_CHUNK`; RecordError otherwise."""
+        check_total(where, self.total_size, len(self.chunks))
         if len(self.whole_digest) != 2 * DIGEST_SIZE:
             raise RecordError(f"{where}: whole_digest must be {2 * DIGEST_SIZE} hex digits")
         if sum(i.nbytes for i in self.items) != self.total_size:
@@ -126,6 +129,18 @@ class Manifest:
             raise RecordError(f"{where}: two items have the same name")
         if whole_digest(self.digest_algo, self.items, self.chunks) != self.whole_digest:
             raise RecordError(f"{where}: whole_digest does not match the chunk list")
+
+
+def check_total(where: str, total_size: int, chunks: int, quota: int = 0) -> None:
+    """RecordError unless ``total_size`` fits in ``chunks`` chunks of at most
+    :data:`MAX_CHUNK` bytes and, with ``quota`` > 0, in ``quota`` bytes: a restore reserves
+    ``total_size`` bytes of memory before it reads a chunk, so the claim is bounded first."""
+    if total_size > chunks * MAX_CHUNK:
+        raise RecordError(f"{where}: total_size {total_size} is more than {chunks} chunk(s) "
+                          f"of at most {MAX_CHUNK} bytes can hold")
+    if quota > 0 and total_size > quota:
+        raise RecordError(f"{where}: total_size {total_size} is above the job's quota of "
+                          f"{quota} bytes")
 
 
 def whole_digest(algo: str, items: Sequence[Item], chunks: Sequence[tuple[str, int]]) -> str:
@@ -167,9 +182,9 @@ def _item(where: str, i: int, raw: Any) -> Item:
 
 def _chunk(where: str, i: int, raw: Any) -> tuple[str, int]:
     if (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], str)
-            and is_hex_digest(raw[0]) and type(raw[1]) is int and 0 < raw[1] <= 1 << 30):
+            and is_hex_digest(raw[0]) and type(raw[1]) is int and 0 < raw[1] <= MAX_CHUNK):
         return raw[0], raw[1]
-    raise RecordError(f"{where}: chunks[{i}]: expected [64 hex digits, size 1..2**30], "
+    raise RecordError(f"{where}: chunks[{i}]: expected [64 hex digits, size 1..{MAX_CHUNK}], "
                       f"got {raw!r:.80}")
 
 
