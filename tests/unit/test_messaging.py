@@ -10,8 +10,8 @@ failures must end in exactly the states of the failure-free run.
 from __future__ import annotations
 
 import hashlib
-import shutil
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable
