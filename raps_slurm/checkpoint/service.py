@@ -32,22 +32,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from raps_slurm.checkpoint.chunkstore import ChunkStore, write_atomic
+from raps_slurm.checkpoint import cold
+from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.codec import CodecParams, Decoder
 from raps_slurm.checkpoint.local import LocalCheckpoints, Restored, SaveError, Session
 from raps_slurm.checkpoint.logcopy import LogCopier
 from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest, manifest_digest
-from raps_slurm.checkpoint.pack import MAGIC, iter_records
 from raps_slurm.checkpoint.reader import memory_file
 from raps_slurm.checkpoint.transfer import (
     TokenBucket,
     TransferClient,
     TransferError,
-    encode_records,
     verify_chunk,
 )
 from raps_slurm.config import Config
@@ -343,9 +341,12 @@ class CheckpointService:
             log.warning("job %s: manifests %s unreadable; their chunks are kept", job,
                         result.unreadable)
         # Records of generations no holder keeps any more: only the primary deletes them.
-        records = self.records(job, rank)
-        for old in decide.restore_order(records)[keep:]:
-            if old.primary == self.node:
+        records = decide.restore_order(self.records(job, rank))
+        # The newest cold generation keeps its record: a cold copy is restored only
+        # against it, and it is the last fallback.
+        newest_cold = next((r.generation for r in records if r.cold), None)
+        for old in records[keep:]:
+            if old.primary == self.node and old.generation != newest_cold:
                 self.store.delete(self.keys.ckpt(job, rank, old.generation))
 
     # --- records and groups --------------------------------------------------------------
@@ -477,19 +478,11 @@ class CheckpointService:
         c = self.cfg.checkpoint
         if not c.cold_dir or m.generation % c.cold_every:
             return
-        directory = Path(c.cold_dir) / f"job-{m.job}" / f"rank-{m.rank}"
-        if (directory / f"{m.generation}.json").exists():
-            return
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        records = []
-        for d in sorted(m.digests()):
-            records.append((d, self.chunks.raw_size(m.job, d) or 0, self.chunks.read(m.job, d)))
-        write_atomic(directory, directory, f"{m.generation}.pack",
-                     [MAGIC, encode_records(records)])
-        write_atomic(directory, directory, f"{m.generation}.json", [m.to_json()])
-        self._update_holders(m.job, m.rank, m.generation, lambda r: _with_cold(r))
-        log.info("job %s rank %d generation %d copied to %s", m.job, m.rank, m.generation,
-                 directory)
+        directory = cold.cold_path(c.cold_dir, m.job, m.rank)
+        if cold.write_copy(self.chunks, m, directory):
+            self._update_holders(m.job, m.rank, m.generation, lambda r: _with_cold(r))
+            log.info("job %s rank %d generation %d copied to %s", m.job, m.rank,
+                     m.generation, directory)
 
     # --- restore -------------------------------------------------------------------------
 
@@ -684,43 +677,39 @@ class CheckpointService:
 
     def _restore_cold(self, job: str, rank: int, fallbacks: list[Fallback]
                       ) -> RestoreResult | None:
+        """The newest cold copy that matches its record in etcd and whose every chunk is
+        good (see :mod:`raps_slurm.checkpoint.cold`); each refused one is a fallback."""
         c = self.cfg.checkpoint
         if not c.cold_dir:
             return None
-        directory = Path(c.cold_dir) / f"job-{job}" / f"rank-{rank}"
-        if not directory.is_dir():
-            return None
-        gens = sorted((int(p.stem) for p in directory.glob("*.json") if p.stem.isdigit()),
-                      reverse=True)
-        dec = Decoder()
+        directory = cold.cold_path(c.cold_dir, job, rank)
+        gens = cold.generations(directory)
+        records = {r.generation: r for r in self.records(job, rank)} if gens else {}
         for gen in gens:
+            bad: list[str] = []
+            stored = 0
             try:
-                m = Manifest.from_json(str(directory / f"{gen}.json"),
-                                       (directory / f"{gen}.json").read_bytes())
-                fd = os.open(directory / f"{gen}.pack", os.O_RDONLY | os.O_CLOEXEC)
-            except (OSError, RecordError) as exc:
-                fallbacks.append(Fallback(f"cold {gen}", str(exc)))
-                continue
-            try:
+                m = cold.load_manifest(directory, job, rank, gen, records.get(gen))
                 need = set(self.chunks.missing(job, m.digests()))
-                good = []
-                for e in iter_records(fd):
-                    if e.digest in need and verify_chunk(m.digest_algo, e.digest, e.raw_size,
-                                                         e.payload, dec) is None:
-                        good.append((e.digest, e.raw_size, e.payload))
-                self.chunks.put_many(job, good)
+                for batch in cold.verified_chunks(directory, m, need, bad):
+                    stored += self.chunks.put_many(job, batch)[0]
             except RapsError as exc:
+                log.warning("job %s rank %d: cold copy %d refused: %s", job, rank, gen, exc)
                 fallbacks.append(Fallback(f"cold {gen}", str(exc)))
                 continue
-            finally:
-                os.close(fd)
-            restored, bad = self.local.restore_manifest(m)
+            if bad:  # never restored from, even where the store holds good copies
+                log.warning("job %s rank %d: cold copy %d has %d bad chunk(s)", job, rank,
+                            gen, len(bad))
+                fallbacks.append(Fallback(f"cold {gen}", "cold copy is damaged",
+                                          [{"digest": d, "holder": "cold"} for d in bad]))
+                continue
+            restored, damaged = self.local.restore_manifest(m)
             if restored is not None:
                 log.warning("job %s rank %d restored from the cold copy of generation %d",
                             job, rank, gen)
-                return RestoreResult(restored, f"cold {gen}", fallbacks, len(good))
+                return RestoreResult(restored, f"cold {gen}", fallbacks, stored)
             fallbacks.append(Fallback(f"cold {gen}", "cold copy is damaged",
-                                      [{"digest": b.digest, "holder": "cold"} for b in bad]))
+                                      [{"digest": b.digest, "holder": "cold"} for b in damaged]))
         return None
 
 

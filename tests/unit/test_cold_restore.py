@@ -1,0 +1,140 @@
+"""Cold copies are restored only against their record in etcd (issue 21, item 6).
+
+Two checkpoint services on the in-memory store: n1 saves (every generation gets a cold
+copy), n4 restores with no live holder, so the cold copy is all it has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raps_slurm.checkpoint import cold
+from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.pack import HEADER, MAGIC
+from raps_slurm.checkpoint.reader import materialize
+from raps_slurm.checkpoint.service import CheckpointService, RestoreError
+from raps_slurm.checkpoint.writer import encode_state
+from raps_slurm.config import Config
+from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json
+from raps_slurm.model import BackupGroup
+from raps_slurm.store import Keys, MemoryStore
+
+JOB = "4242"
+
+
+class Pair:
+    def __init__(self, root: Path, cold_every: int = 1, keep: int = 3) -> None:
+        cfg = Config()
+        self.cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(
+            cfg.checkpoint, avg_chunk_kb=16, max_generations=keep,
+            cold_dir=str(root / "cold"), cold_every=cold_every))
+        self.store, self.keys = MemoryStore(), Keys()
+        key = secrets.token_bytes(32)
+        self.saver = CheckpointService(self.cfg, self.store, self.keys, "n1", key,
+                                       ChunkStore(root / "n1"), peers=dict)
+        self.spare = CheckpointService(self.cfg, self.store, self.keys, "n4", key,
+                                       ChunkStore(root / "n4"), peers=dict)
+        s, k = self.store, self.keys
+        s.put(k.job_map(JOB), RankMap(JOB, 0, ("n1",), ("n4",), 0, 0.0).to_json())
+        s.put(k.job_rank(JOB, 0), RankEntry(0, "n1", 1, "running", ("n4",)).to_json())
+        s.put(k.job_group(JOB, 0), group_to_json(BackupGroup(0, "n1", "n2", ())))
+        self.dir = cold.cold_path(self.cfg.checkpoint.cold_dir, JOB, 0)
+
+    def save(self, state: np.ndarray) -> int:
+        svc = self.saver
+        sid, _ = svc.begin(JOB, 0, 1, None)
+        m, _ = encode_state(state, job=JOB, rank=0, epoch=1, params=svc.params, previous=None,
+                            sink=lambda p: svc.put(sid, p.fd), pack_bytes=256 << 10)
+        gen = svc.commit(sid, m.to_json()).generation
+        svc.replicate(JOB, 0, gen)  # the background lane's work, done here
+        return gen
+
+    def restore(self) -> object:
+        return self.spare.restore(JOB, 0)
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[Pair]:
+    p = Pair(tmp_path)
+    yield p
+    p.store.close()
+
+
+def field(n: int = 60_000, seed: int = 1) -> np.ndarray:
+    return np.sin(np.linspace(0, 30, n)) + np.random.default_rng(seed).standard_normal(n) * 1e-3
+
+
+def test_a_good_cold_copy_restores(pair: Pair) -> None:
+    a = field()
+    assert pair.save(a) == 1
+    result = pair.restore()
+    assert result is not None and result.generation == "cold 1"
+    assert [f.generation for f in result.fallbacks] == [1]  # no live holder first
+    assert np.array_equal(materialize(result.restored.manifest, result.restored.buffer), a)
+    result.restored.close()
+
+
+def test_a_tampered_cold_pack_is_refused(pair: Pair) -> None:
+    pair.save(field())
+    pack = pair.dir / "1.pack"
+    data = bytearray(pack.read_bytes())
+    victim = data[len(MAGIC):len(MAGIC) + 32].hex()
+    data[len(MAGIC) + HEADER.size + 10] ^= 0xFF  # inside the first chunk's stored bytes
+    pack.write_bytes(bytes(data))
+    with pytest.raises(RestoreError, match="cold 1: cold copy is damaged"):
+        pair.restore()
+    assert not pair.spare.chunks.manifest_bytes(JOB, 0, 1)
+    assert pair.spare.chunks.missing(JOB, [victim]) == [victim]
+
+
+def test_a_cold_manifest_that_does_not_match_the_record_is_refused(pair: Pair,
+                                                                   tmp_path: Path) -> None:
+    pair.save(field())
+    # A whole, self-consistent cold copy of other data, planted under the same name.
+    other = Pair(tmp_path / "forger")
+    other.save(field(seed=7))
+    for name in ("1.json", "1.pack"):
+        (pair.dir / name).write_bytes((other.dir / name).read_bytes())
+    with pytest.raises(RestoreError, match=r"cold 1: .*1\.json: manifest does not match the "
+                                           "digest recorded in etcd"):
+        pair.restore()
+    assert not pair.spare.chunks.manifest_bytes(JOB, 0, 1)
+
+
+def test_a_cold_manifest_changed_in_place_is_refused(pair: Pair) -> None:
+    pair.save(field())
+    path = pair.dir / "1.json"
+    m = json.loads(path.read_bytes())
+    m["extra"] = {"steered": True}
+    path.write_text(json.dumps(m, sort_keys=True, separators=(",", ":")))
+    with pytest.raises(RestoreError, match="does not match the digest recorded in etcd"):
+        pair.restore()
+
+
+def test_a_cold_copy_without_a_record_is_refused(pair: Pair) -> None:
+    pair.save(field())
+    pair.store.delete(pair.keys.ckpt(JOB, 0, 1))  # the rank has no record at all now
+    with pytest.raises(RestoreError, match="generation 1 has no record in etcd"):
+        pair.restore()
+    assert not pair.spare.chunks.manifest_bytes(JOB, 0, 1)
+
+
+def test_collection_keeps_the_record_of_the_newest_cold_generation(tmp_path: Path) -> None:
+    p = Pair(tmp_path, cold_every=2, keep=1)
+    a = field()
+    for i in range(3):
+        p.save(a + i)
+    gens = sorted(int(kv.key.rsplit("/", 1)[1])
+                  for kv in p.store.get_prefix(p.keys.ckpt_prefix(JOB, 0)))
+    assert gens == [2, 3]  # 3 is kept, 2 is the newest cold one, 1 is gone
+    result = p.restore()
+    assert result is not None and result.generation == "cold 2"
+    assert np.array_equal(materialize(result.restored.manifest, result.restored.buffer), a + 1)
+    result.restored.close()
