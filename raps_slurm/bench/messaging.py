@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import tempfile
 import time
@@ -47,10 +48,9 @@ def _rank(rank: int, root: str, settings: Settings, count: int, size: int, mutab
             out.put({"seconds": time.perf_counter() - wall,
                      "cpu": time.process_time() - cpu})
         ctx.finalize()
-    except BaseException as exc:  # reported by the parent
-        if rank == 0:
-            out.put({"error": repr(exc)})
-        raise
+    except BaseException as exc:  # reported by the parent, in one line
+        out.put({"error": f"rank {rank}: {exc}"})
+        raise SystemExit(1) from None  # no child traceback on the benchmark's stderr
 
 
 def best(repeat: int, count: int, size: int, **kw: Any) -> dict[str, float]:
@@ -73,7 +73,11 @@ def measure(count: int, size: int, *, logging: bool, mutable: bool = False,
     try:
         for p in procs:
             p.start()
-        result: dict[str, Any] = out.get(timeout=300)
+        try:
+            result: dict[str, Any] = out.get(timeout=300)
+        except queue.Empty:
+            raise BenchError(f"benchmark ranks gave no result in 300 s ({count} messages "
+                             f"of {size} bytes)") from None
         for p in procs:
             p.join(60)
     finally:

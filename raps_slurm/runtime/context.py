@@ -207,8 +207,8 @@ class Context:
                 seq = self.log.sent.get(dst, 0) + 1
                 self.log.sent[dst] = seq
             body = bytes(payload) if not isinstance(payload, bytes) else payload
-            self._send_entry(Entry(dst, seq, self.epoch, len(body), checksum(body),
-                                   False, body))
+            self._send_unlogged(Entry(dst, seq, self.epoch, len(body), checksum(body),
+                                      False, body))
             return
         with self._mu:
             spill = self.log.over_watermark()
@@ -590,6 +590,28 @@ class Context:
             o.send(encode(DATA, self.rank, e.dst, e.seq, self.epoch, body, crc=e.crc))
         except OSError:
             self._drop_out(e.dst, o)
+
+    def _send_unlogged(self, e: Entry) -> None:
+        """The unlogged baseline keeps nothing to send again on a (re)connection: a frame
+        goes out only over a connection, waiting for the peer to listen (it may start
+        later than this rank) and sending again over a new one if the old one broke (the
+        receiver drops a duplicate by its seq). MessagingError after ``recv_timeout``."""
+        assert e.body is not None  # the baseline's entries always carry their body
+        deadline = self._clock() + self.s.recv_timeout
+        frame = encode(DATA, self.rank, e.dst, e.seq, self.epoch, e.body, crc=e.crc)
+        while True:
+            o = self._outgoing(e.dst)
+            if o is not None:
+                try:
+                    o.send(frame)
+                    return
+                except OSError:
+                    self._drop_out(e.dst, o)
+            if self._clock() >= deadline:
+                raise MessagingError(f"rank {self.rank}: no connection to rank {e.dst} for "
+                                     f"{self.s.recv_timeout:.0f}s (unlogged: seq {e.seq} "
+                                     "cannot wait in a log)")
+            time.sleep(0.01)
 
     def _control(self, dst: int, kind: int, seq: int, last: int = 0) -> None:
         o = self._outgoing(dst)

@@ -298,3 +298,31 @@ def test_local_launcher_relaunches_a_crashed_rank_process(tmp_path: Path) -> Non
     # to redo steps 60-70 it needed both neighbours' messages of those steps again, which
     # they replayed from their logs (one message each per step)
     assert detail["received"] >= 2 * (detail["step"] - 61), detail
+
+
+def test_an_unlogged_first_message_waits_for_a_peer_that_starts_later(tmp_path: Path) -> None:
+    """The benchmark's unlogged baseline keeps nothing to send again: its first message,
+    sent before the receiver listens, once went nowhere and the receiver waited for ever
+    (bench messaging: "rank 0 waited 120s for seq 1 from rank 1"). It waits instead."""
+    unlogged = Settings(**{**SMALL.__dict__, "logging": False, "recv_timeout": 20.0})
+    sender_started = threading.Event()
+    got: list[bytes | BaseException] = []
+
+    def sender() -> None:
+        ctx = Context(LocalPort(tmp_path, "1", 1, 1), 1, 2, 1, unlogged)
+        sender_started.set()
+        ctx.send(0, b"go")          # rank 0 has not even published its address yet
+        ctx.finalize(timeout=20)
+
+    t = threading.Thread(target=sender)
+    t.start()
+    assert sender_started.wait(10)
+    time.sleep(0.5)                  # the race the benchmark lost: the receiver is late
+    receiver = Context(LocalPort(tmp_path, "1", 0, 1), 0, 2, 1, unlogged)
+    try:
+        got.append(receiver.recv(1, timeout=15))
+    except MessagingError as exc:
+        got.append(exc)
+    receiver.finalize(timeout=20)
+    t.join(30)
+    assert got == [b"go"]
