@@ -204,6 +204,14 @@ class AgentConfig:
     probe_root: str = _f("/", "root of /sys and /proc for health probes (tests: a fixture tree)")
     transfer_address: str = _f("0.0.0.0:7821",
                                "TCP host:port for chunk transfer between agents (port 0: any)")
+    job_etcd_writes_per_sec: float = _f(
+        50.0, "etcd writes the agent makes for one job's ranks, per second, sustained",
+        0.01, 100_000)
+    job_etcd_write_burst: int = _f(1000, "etcd writes one job may make at once above that rate",
+                                   1, 1_000_000)
+    max_value_kb: int = _f(64, "largest etcd value the agent writes for a rank", 1, 1024)
+    job_disk_quota_mb: int = _f(102_400, "checkpoint chunks plus log segments one job may "
+                                "keep on one node", 1, 1 << 30)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ store. Ops, each answered ``{"ok": true, ...}`` or an error with a kind:
 ``ckpt_restore {job, rank}``   the newest verified generation: answers ``generation``
     (null when the rank never committed), ``fallbacks`` and ``size``, with two
     descriptors: the data and the manifest.
+
+A pack counts against the job's disk quota on this node at its full size (before
+chunks already here are skipped) and a commit as one etcd write of the job
+(:mod:`raps_slurm.agent.quota`): refused with kind ``quota`` over them.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import typing
 
 from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Refused, is_int
 from raps_slurm.agent.local_api import Extension, Peer, RankTable, close_fds, registered_epoch
+from raps_slurm.agent.quota import JobQuotas
 from raps_slurm.agent.recovery_api import record_event
 from raps_slurm.checkpoint.manifest import MAX_MANIFEST
 from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
@@ -47,8 +52,10 @@ _SESSION: Check = (lambda v: isinstance(v, str) and len(v) == 32 and v.isalnum()
 class CheckpointOps:
     """The handlers; sessions are bound to the uid that opened them."""
 
-    def __init__(self, service: CheckpointService, ranks: RankTable) -> None:
+    def __init__(self, service: CheckpointService, ranks: RankTable,
+                 quotas: JobQuotas | None = None) -> None:
         self.service, self.ranks = service, ranks
+        self.quotas = quotas if quotas is not None else JobQuotas()
         self._owners: dict[str, tuple[int, str, int]] = {}  # session -> (uid, job, rank)
         self._lock = threading.Lock()
 
@@ -115,12 +122,18 @@ class CheckpointOps:
             ) -> tuple[dict[str, object], list[int]]:
         try:
             sid = typing.cast(str, f["session"])
-            self._session(peer, sid)
+            job, _ = self._session(peer, sid)
             fd = self._one_sealed(fds, "ckpt_put", 1 << 36)
+            size = os.fstat(fd).st_size
+            self.quotas.reserve_disk("ckpt_put", job, size)
             try:
                 written, nbytes = self.service.put(sid, fd)
             except PackError as exc:
+                self.quotas.release_disk(job, size)
                 raise Refused("pack", f"ckpt_put: {exc}") from None
+            except BaseException:
+                self.quotas.release_disk(job, size)
+                raise
             return {"ok": True, "chunks": written, "bytes": nbytes}, []
         finally:
             close_fds(fds)
@@ -129,8 +142,13 @@ class CheckpointOps:
                ) -> tuple[dict[str, object], list[int]]:
         sid = typing.cast(str, f["session"])
         try:
-            self._session(peer, sid)
+            job, _ = self._session(peer, sid)
             fd = self._one_sealed(fds, "ckpt_commit", MAX_MANIFEST)
+            try:
+                self.quotas.write("ckpt_commit", job, peer.uid)
+            except Refused:
+                self.service.abort(sid)  # its pinned chunks go at the next collection
+                raise
             raw = os.pread(fd, MAX_MANIFEST, 0)
             try:
                 record = self.service.commit(sid, raw)

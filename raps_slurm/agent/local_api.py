@@ -42,6 +42,13 @@ from raps_slurm.agent.api_schema import (
     decode_request,
     parse_request,
 )
+
+# re-exported: the op modules and the tests take these from here
+from raps_slurm.agent.proc import Peer as Peer
+from raps_slurm.agent.proc import peer_credentials as peer_credentials
+from raps_slurm.agent.proc import process_start as process_start
+from raps_slurm.agent.proc import process_uid as process_uid
+from raps_slurm.agent.quota import JobQuotas, check_rank
 from raps_slurm.core.jobs import authorize
 from raps_slurm.errors import RapsError, StoreUnavailable
 from raps_slurm.logquota import LogQuota
@@ -53,20 +60,10 @@ log = logging.getLogger("raps.agent")
 # local client writes a whole frame at once, and a slow trickle must not pin a thread.
 FRAME_TIMEOUT = 5.0
 _HEADER = struct.Struct(">I")
-_UCRED = struct.Struct("iII")  # struct ucred: pid_t pid; uid_t uid; gid_t gid
 
 
 class LocalApiError(RapsError):
     """The local API socket cannot be set up (path in use, not a socket, ...)."""
-
-
-@dataclass(frozen=True)
-class Peer:
-    """The connecting process as the kernel saw it at connect time."""
-
-    pid: int
-    uid: int
-    gid: int
 
 
 @dataclass(frozen=True)
@@ -186,45 +183,6 @@ def require_owner(owner_of: Callable[[str], int | None], peer: Peer, job: str) -
                                     f"{owner}, you are uid {peer.uid}")
 
 
-def process_uid(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> int | None:
-    """Real uid of process ``pid`` from ``<proc_root>/<pid>/status``; None if unknown."""
-    try:
-        with open(Path(proc_root) / str(pid) / "status", "rb") as f:
-            text = f.read(65536).decode("utf-8", "replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("Uid:"):
-            fields = line.split()
-            if len(fields) >= 2 and fields[1].isascii() and fields[1].isdigit():
-                return int(fields[1])
-            return None
-    return None
-
-
-def process_start(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> int | None:
-    """Start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22); None if gone.
-
-    Together with the pid it names one process: a pid reused after the rank exited has
-    another start time, so the agent never kills a stranger.
-    """
-    try:
-        with open(Path(proc_root) / str(pid) / "stat", "rb") as f:
-            text = f.read(4096).decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2:].split()  # the command name may hold spaces
-    if len(fields) < 20 or not fields[19].isdigit():
-        return None
-    return int(fields[19])
-
-
-def peer_credentials(sock: socket.socket) -> Peer:
-    """The peer's pid, uid and gid from SO_PEERCRED."""
-    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    return Peer(*_UCRED.unpack(data))
-
-
 # --- the server ---------------------------------------------------------------------------
 
 MAX_FDS = 2  # descriptors one request may carry (SCM_RIGHTS); extras are closed unread
@@ -268,6 +226,9 @@ class LocalApiServer:
     ``owner_of(job)``: the job's owner uid from the store, None if not registered (called
     per non-root register; may raise, which the caller sees as an internal error).
     ``valid_for()``: seconds the node's ranks may go on (the agent's fencing view).
+    ``size_of(job)``: how many ranks the job has (None: unknown, not checked); a user may
+    register only ranks below it. ``quotas``: the per-job quotas the ops share
+    (:mod:`raps_slurm.agent.quota`); a registration is charged as an etcd write.
     """
 
     def __init__(self, path: str | os.PathLike[str], node: str, *,
@@ -278,7 +239,9 @@ class LocalApiServer:
                  proc_root: str | os.PathLike[str] = "/proc",
                  clock: Callable[[], float] = time.monotonic,
                  table: RankTable | None = None,
-                 extensions: Mapping[str, Extension] | None = None) -> None:
+                 extensions: Mapping[str, Extension] | None = None,
+                 size_of: Callable[[str], int | None] | None = None,
+                 quotas: JobQuotas | None = None) -> None:
         if not (math.isfinite(idle_timeout) and idle_timeout > 0):
             raise ValueError(f"idle_timeout {idle_timeout!r}: expected seconds > 0")
         self.path = Path(path)
@@ -291,6 +254,8 @@ class LocalApiServer:
         self.errors: Counter[str] = Counter()  # kind -> count
         self._quota = LogQuota(log)
         self._owner_of, self._valid_for = owner_of, valid_for
+        self._size_of = size_of
+        self.quotas = quotas if quotas is not None else JobQuotas()
         self._extensions = dict(extensions or {})
         self._schemas = {**SCHEMAS, **{op: e.schema for op, e in self._extensions.items()}}
         self._proc_root, self._clock = proc_root, clock
@@ -564,6 +529,11 @@ class LocalApiServer:
                     raise Refused("unknown_job", f"job {job} is not registered with raps-slurm")
                 raise Refused("permission", f"permission denied: job {job} belongs to uid "
                                             f"{owner}, you are uid {uid}")
+            # A rank the job does not have would be reported, looked up and kept for
+            # ever: one user could grow the agent's table and etcd traffic at will.
+            if self._size_of is not None:
+                check_rank(job, rank, self._size_of(job))
+            self.quotas.write("register", job, uid)
         pid_uid = process_uid(pid, self._proc_root)
         if pid_uid is None:
             raise Refused("no_process", f"no process with pid {pid}")

@@ -33,6 +33,7 @@ from raps_slurm.agent.key_api import JobKeyOps
 from raps_slurm.agent.local_api import LocalApiServer, RankTable
 from raps_slurm.agent.msg_api import MessagingOps
 from raps_slurm.agent.node import NodeAgent
+from raps_slurm.agent.quota import JobQuotas, job_size
 from raps_slurm.agent.ranks import RankSupervisor
 from raps_slurm.agent.recovery_api import RecoveryOps
 from raps_slurm.agent.sweep import sweep_purged
@@ -114,6 +115,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     chunks = ChunkStore(root)
     checkpoints = CheckpointService(cfg, store, keys, node, key, chunks)
     ranks = RankTable()
+    quotas = JobQuotas.from_config(cfg.agent, root)  # one set, shared by every op
 
     def owner_of(job: str) -> int | None:
         return _owner_of(store, keys, job)
@@ -123,11 +125,14 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                          valid_for=agent.valid_for,
                          idle_timeout=max(60.0, 3 * cfg.detection.app_heartbeat_interval_sec),
                          table=ranks,
-                         extensions={**CheckpointOps(checkpoints, ranks).extensions(),
-                                     **MessagingOps(checkpoints, ranks, owner_of).extensions(),
-                                     **RecoveryOps(store, keys, node, ranks,
-                                                   owner_of).extensions(),
-                                     **JobKeyOps(store, keys, ranks, owner_of).extensions()})
+                         extensions={**CheckpointOps(checkpoints, ranks, quotas).extensions(),
+                                     **MessagingOps(checkpoints, ranks, owner_of,
+                                                    quotas).extensions(),
+                                     **RecoveryOps(store, keys, node, ranks, owner_of,
+                                                   quotas).extensions(),
+                                     **JobKeyOps(store, keys, ranks, owner_of).extensions()},
+                         size_of=lambda job: job_size(store, keys, job),
+                         quotas=quotas)
     supervisor = RankSupervisor(agent, api.ranks, store, keys, key)
     try:
         host, port = parse_address(transfer_address or cfg.agent.transfer_address)

@@ -19,6 +19,10 @@ keeps them in the node's store and copies them to the rank's log backup. Ops:
     a message that contradicts the log, a receive that timed out): recorded, with the
     rank's registered epoch, as the rank's verdict ``ESCALATE``; the leader requeues the
     job run from its checkpoints (docs/recovery.md).
+
+Every etcd write here (``peer_publish``, ``msg_stats``, ``escalate``) and every segment
+``log_append`` keeps is charged to the job's quotas (:mod:`raps_slurm.agent.quota`):
+refused with kind ``quota`` over them.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from raps_slurm.agent.local_api import (
     registered_epoch,
     require_owner,
 )
+from raps_slurm.agent.quota import JobQuotas
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT, LogStoreError
 from raps_slurm.checkpoint.pack import is_sealed, sealed_bytes
 from raps_slurm.checkpoint.service import CheckpointService
@@ -58,8 +63,10 @@ class MessagingOps:
     """The handlers."""
 
     def __init__(self, service: CheckpointService, ranks: RankTable,
-                 owner_of: Callable[[str], int | None]) -> None:
+                 owner_of: Callable[[str], int | None],
+                 quotas: JobQuotas | None = None) -> None:
         self.service, self.ranks, self._owner_of = service, ranks, owner_of
+        self.quotas = quotas if quotas is not None else JobQuotas()
         self.store, self.keys = service.store, service.keys
 
     def extensions(self) -> dict[str, Extension]:
@@ -91,9 +98,10 @@ class MessagingOps:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank, typing.cast(int, f["epoch"]))
-        self.store.put(self.keys.job_peer(job, rank), json.dumps(
-            {"host": f["host"], "port": f["port"], "epoch": f["epoch"], "done": f["done"],
-             "node": self.service.node}).encode())
+        value = json.dumps({"host": f["host"], "port": f["port"], "epoch": f["epoch"],
+                            "done": f["done"], "node": self.service.node}).encode()
+        self.store.put(self.keys.job_peer(job, rank),
+                       self.quotas.write("peer_publish", job, peer.uid, value))
         return {"ok": True}, []
 
     def lookup(self, f: dict[str, object], peer: Peer, fds: list[int]
@@ -121,11 +129,16 @@ class MessagingOps:
             size = os.fstat(fds[0]).st_size
             if size > MAX_SEGMENT:
                 raise Refused("size", f"log_append: {size} bytes is more than {MAX_SEGMENT}")
+            self.quotas.reserve_disk("log_append", job, size)
             try:
                 n = self.service.append_log(job, rank, os.pread(fds[0], size, 0),
                                             typing.cast(int, f["epoch"]))
             except LogStoreError as exc:
+                self.quotas.release_disk(job, size)
                 raise Refused("log", f"log_append: {exc}") from None
+            except BaseException:
+                self.quotas.release_disk(job, size)
+                raise
             return {"ok": True, "segment": n}, []
         finally:
             close_fds(fds)
@@ -152,7 +165,8 @@ class MessagingOps:
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank)
         value = {"stats": f["stats"], "node": self.service.node, "at": time.time()}
-        self.store.put(self.keys.job_msgstats(job, rank), json.dumps(value).encode())
+        self.store.put(self.keys.job_msgstats(job, rank),
+                       self.quotas.write("msg_stats", job, peer.uid, json.dumps(value).encode()))
         return {"ok": True}, []
 
     def escalate(self, f: dict[str, object], peer: Peer, fds: list[int]
@@ -164,5 +178,6 @@ class MessagingOps:
         epoch = registered_epoch(self.ranks, peer, job, rank)
         value = {"kind": "ESCALATE", "node": self.service.node, "job": job, "rank": rank,
                  "epoch": epoch, "at": time.time(), "evidence": {"reason": f["reason"]}}
-        self.store.put(self.keys.job_rank_verdict(job, rank), json.dumps(value).encode())
+        self.store.put(self.keys.job_rank_verdict(job, rank),
+                       self.quotas.write("escalate", job, peer.uid, json.dumps(value).encode()))
         return {"ok": True}, []

@@ -13,7 +13,8 @@ its job, and what it and the ranks report about a recovery.
     ``running`` and ``caught_up``: only the registered rank with that epoch (its first
     progress report after the restore, and its first at its pre-fault progress). First
     report wins; ``restored`` is written by the agent itself when it restores a
-    relaunched rank.
+    relaunched rank. Each report is charged as an etcd write of the job
+    (:mod:`raps_slurm.agent.quota`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from raps_slurm.agent.local_api import (
     registered_epoch,
     require_owner,
 )
+from raps_slurm.agent.quota import JobQuotas
 from raps_slurm.core.jobs import JobRecord, RankEntry, RankMap
 from raps_slurm.core.planner import Plan, PlanEvent, plan_id
 from raps_slurm.core.requeue import EscalationRecord
@@ -73,9 +75,11 @@ class RecoveryOps:
     """The handlers."""
 
     def __init__(self, store: StateStore, keys: Keys, node: str, ranks: RankTable,
-                 owner_of: Callable[[str], int | None]) -> None:
+                 owner_of: Callable[[str], int | None],
+                 quotas: JobQuotas | None = None) -> None:
         self.store, self.keys, self.node, self.ranks = store, keys, node, ranks
         self._owner_of = owner_of
+        self.quotas = quotas if quotas is not None else JobQuotas()
 
     def extensions(self) -> dict[str, Extension]:
         """What :class:`LocalApiServer` serves for recovery."""
@@ -158,6 +162,7 @@ class RecoveryOps:
                 raise Refused("epoch", f"epoch {epoch} is not the registered epoch "
                                        f"{registered} of rank {rank} of job {job}")
         detail = typing.cast(dict[str, object], f["detail"])
+        self.quotas.write("recovery_event", job, peer.uid, json.dumps(detail).encode())
         wrote = record_event(self.store, self.keys, self.node, plan_id(job, rank, epoch),
                              phase, detail)
         return {"ok": True, "recorded": wrote}, []
