@@ -139,53 +139,59 @@ def send_frame(sock: socket.socket, body: bytes, *, mac: FrameMac | None = None,
         raise FrameError("closed", f"send failed: {exc}") from None
 
 
-def _recv_into(sock: socket.socket, buf: bytearray, n: int, deadline: float | None,
-               what: str) -> None:
-    while len(buf) < n:
-        if deadline is not None:
+def recv_into(sock: socket.socket, view: memoryview, deadline: float | None,
+              what: str = "body") -> None:
+    """Fill ``view`` from ``sock`` by ``deadline`` (a ``time.monotonic()`` instant, None:
+    no limit), however the peer spreads its bytes; FrameError ``timeout``, ``closed`` (no
+    byte of a ``header`` came) or ``truncated``. The socket's timeout is changed."""
+    got, n = 0, len(view)
+    while got < n:
+        if deadline is None:
+            sock.settimeout(None)
+        else:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise FrameError("timeout", f"{what}: {len(buf)} of {n} bytes before the "
-                                 "deadline")
+                raise FrameError("timeout", f"{what}: {got} of {n} bytes before the deadline")
             sock.settimeout(left)
-        else:
-            sock.settimeout(None)
         try:
-            got = sock.recv(min(n - len(buf), 65536))
+            k = sock.recv_into(view[got:])
         except TimeoutError:
-            raise FrameError("timeout", f"{what}: {len(buf)} of {n} bytes before the "
+            raise FrameError("timeout", f"{what}: {got} of {n} bytes before the "
                              "deadline") from None
         except OSError as exc:
             raise FrameError("closed", f"{what}: {exc}") from None
-        if not got:
-            if not buf and what == "header":
+        if not k:
+            if not got and what == "header":
                 raise FrameError("closed", "connection closed by the peer")
-            raise FrameError("truncated", f"{what}: connection closed after {len(buf)} of "
-                             f"{n} bytes")
-        buf += got
+            raise FrameError("truncated", f"{what}: connection closed after {got} of {n} "
+                             "bytes")
+        got += k
 
 
 def read_frame(sock: socket.socket, *, frame_timeout: float, idle_timeout: float | None = None,
-               mac: FrameMac | None = None, max_size: int = MAX_FRAME) -> bytes:
+               mac: FrameMac | None = None, max_size: int = MAX_FRAME,
+               deadline: float | None = None) -> bytes:
     """The next frame's body (MAC checked and removed when ``mac`` is given).
 
     Waits up to ``idle_timeout`` for its first byte (None: for ever), then at most
-    ``frame_timeout`` for the rest of it; a length above ``max_size`` is refused before
-    anything is read past the header."""
-    buf = bytearray()
-    if idle_timeout is not None:
-        _recv_into(sock, buf, 1, time.monotonic() + idle_timeout, "header")
-    else:
-        _recv_into(sock, buf, 1, None, "header")
-    deadline = time.monotonic() + frame_timeout
-    _recv_into(sock, buf, HEADER.size, deadline, "header")
-    (n,) = HEADER.unpack(bytes(buf))
+    ``frame_timeout`` for the rest of it, and never past ``deadline`` (a
+    ``time.monotonic()`` instant for the whole frame, e.g. one request per connection);
+    a length above ``max_size`` is refused before anything is read past the header."""
+    head = memoryview(bytearray(HEADER.size))
+    first = None if idle_timeout is None else time.monotonic() + idle_timeout
+    if deadline is not None:
+        first = deadline if first is None else min(first, deadline)
+    recv_into(sock, head[:1], first, "header")
+    end = time.monotonic() + frame_timeout
+    deadline = end if deadline is None else min(end, deadline)
+    recv_into(sock, head[1:], deadline, "length")
+    (n,) = HEADER.unpack(head)
     if n == 0:
         raise FrameError("empty", "empty frame")
     if n > max_size:
         raise FrameError("oversized", f"frame length {n}: at most {max_size}")
-    body = bytearray()
-    _recv_into(sock, body, n, deadline, "body")
+    body = bytearray(n)
+    recv_into(sock, memoryview(body), deadline, "body")
     return mac.open(bytes(body)) if mac is not None else bytes(body)
 
 

@@ -40,7 +40,7 @@ from raps_slurm.checkpoint.codec import CodecParams, Decoder
 from raps_slurm.checkpoint.local import LocalCheckpoints, Restored, SaveError, Session
 from raps_slurm.checkpoint.logcopy import LogCopier
 from raps_slurm.checkpoint.logstore import LogStore
-from raps_slurm.checkpoint.manifest import Manifest, manifest_digest
+from raps_slurm.checkpoint.manifest import Manifest, check_total, manifest_digest
 from raps_slurm.checkpoint.reader import memory_file
 from raps_slurm.checkpoint.transfer import (
     TokenBucket,
@@ -200,6 +200,9 @@ class CheckpointService:
         self._log_queue = self.logcopy.queue
         self._workers: list[threading.Thread] = []
         self.pushed_bytes = 0
+        # A restore reserves a generation's total size in memory before reading a chunk:
+        # one generation is at most what the job may keep on a node.
+        self.quota = cfg.agent.job_disk_quota_mb << 20
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -284,6 +287,8 @@ class CheckpointService:
         s = self.session(sid)
         try:
             m = Manifest.from_json("manifest from the rank", manifest_raw)
+            # a generation that could never be restored here is refused at once
+            check_total("manifest from the rank", m.total_size, len(m.chunks), self.quota)
             self._log_backed(s.job, s.rank)
             record = self._commit(s, m)
         finally:
@@ -571,6 +576,11 @@ class CheckpointService:
     def _manifest(self, job: str, rank: int, rec: CkptRecord,
                   peers: dict[str, tuple[str, int]], sources: list[str]
                   ) -> tuple[Manifest | None, str]:
+        try:  # before anything is fetched or reserved
+            check_total(f"record of generation {rec.generation}", rec.total_size, rec.chunks,
+                        self.quota)
+        except RecordError as exc:
+            return None, str(exc)
         raw = self.chunks.manifest_bytes(job, rank, rec.generation)
         candidates: list[tuple[str, bytes | None]] = [(self.node, raw)]
         for src in sources:
@@ -592,7 +602,9 @@ class CheckpointService:
                             "the digest in etcd", job, rank, rec.generation, holder)
                 continue
             try:
-                return Manifest.from_json(f"manifest from {holder}", data), ""
+                m = Manifest.from_json(f"manifest from {holder}", data)
+                check_total(f"manifest from {holder}", m.total_size, len(m.chunks), self.quota)
+                return m, ""
             except RecordError as exc:
                 log.warning("%s", exc)
         return None, "no holder has a manifest matching the record"
@@ -689,7 +701,7 @@ class CheckpointService:
             bad: list[str] = []
             stored = 0
             try:
-                m = cold.load_manifest(directory, job, rank, gen, records.get(gen))
+                m = cold.load_manifest(directory, job, rank, gen, records.get(gen), self.quota)
                 need = set(self.chunks.missing(job, m.digests()))
                 for batch in cold.verified_chunks(directory, m, need, bad):
                     stored += self.chunks.put_many(job, batch)[0]

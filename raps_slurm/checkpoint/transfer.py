@@ -16,6 +16,13 @@ kept), ``put_manifest`` (store a manifest once all its chunks are here), ``get``
 generation here), ``log_put``/``log_have``/``log_get``/``log_trim`` (message-log segments of a rank
 whose log backup this node is). Anything malformed closes the connection after one error line in the
 log; the server never trusts a digest it did not compute.
+
+Bounds: the whole handshake must arrive within ``handshake_timeout`` of the connection;
+a request may wait ``idle_timeout`` for its first byte, then all of it (length, payload,
+MAC) must arrive within ``request_timeout`` plus its length at ``min_rate`` bytes/s: a
+deadline per request, not per ``recv``. At most ``max_connections`` are served at once,
+one thread each (:mod:`raps_slurm.gate`: a new connection evicts the oldest one still in
+its handshake; only when every slot holds an authenticated peer is it refused).
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ import json
 import logging
 import os
 import socket
-import socketserver
 import struct
 import threading
 import time
@@ -38,6 +44,7 @@ from typing import Any
 
 import blake3
 
+from raps_slurm import framing
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.codec import ChunkError, Decoder, hasher
 from raps_slurm.checkpoint.logstore import LogStore
@@ -45,13 +52,19 @@ from raps_slurm.checkpoint.manifest import Manifest, is_hex_digest
 from raps_slurm.checkpoint.pack import HEADER, MAX_CHUNK, STORED_SLACK
 from raps_slurm.checkpoint.reader import read_into
 from raps_slurm.errors import RapsError, RecordError
+from raps_slurm.framing import FrameError
+from raps_slurm.gate import BoundedServer, Gate
 from raps_slurm.logquota import LogQuota
 
 log = logging.getLogger("raps.transfer")
 
 MAX_FRAME = 64 << 20
 BATCH_BYTES = 16 << 20  # chunk bytes per put/get frame
-TIMEOUT = 30.0
+TIMEOUT = 30.0  # idle wait for a request (server) or a reply (client)
+HANDSHAKE_TIMEOUT = 5.0  # the whole handshake, from the connection on
+REQUEST_TIMEOUT = 10.0  # one whole frame, plus its length at MIN_RATE
+MIN_RATE = 1 << 20  # bytes/s a peer must at least keep up within a frame
+MAX_CONNECTIONS = 128  # connections (and threads) served at once
 _LEN = struct.Struct(">I")
 _MAC = 32
 
@@ -87,11 +100,19 @@ class TokenBucket:
 class _Channel:
     """One authenticated connection (either side)."""
 
-    def __init__(self, sock: socket.socket, session_key: bytes, client: bool) -> None:
+    def __init__(self, sock: socket.socket, session_key: bytes, client: bool, *,
+                 idle_timeout: float = TIMEOUT, request_timeout: float = REQUEST_TIMEOUT,
+                 min_rate: float = MIN_RATE) -> None:
         self.sock = sock
         self._key = session_key
         self._send_dir, self._recv_dir = (b"c", b"s") if client else (b"s", b"c")
         self._send_seq = self._recv_seq = 0
+        self.idle_timeout, self.request_timeout = idle_timeout, request_timeout
+        self.min_rate = min_rate
+
+    def _allowance(self, n: int) -> float:
+        """Seconds a frame of ``n`` bytes may take."""
+        return self.request_timeout + n / self.min_rate
 
     def _mac(self, direction: bytes, seq: int) -> Any:
         """Keyed blake3 over direction, sequence number and frame: a MAC (the session key
@@ -108,17 +129,28 @@ class _Channel:
         mac.update(prefix)
         mac.update(body)
         self._send_seq += 1
+        self.sock.settimeout(self._allowance(payload_len))
         self.sock.sendall(_LEN.pack(payload_len) + prefix)
         if body:
             self.sock.sendall(body)
         self.sock.sendall(mac.digest())
 
     def recv(self) -> tuple[dict[str, Any], memoryview]:
-        (n,) = _LEN.unpack(_recv_exact(self.sock, _LEN.size))
+        """The next frame: its first byte within ``idle_timeout``, all of it within
+        ``request_timeout`` plus its length at ``min_rate``; TransferError (its cause a
+        FrameError when the stream failed, ``timeout`` for a deadline)."""
+        head = memoryview(bytearray(_LEN.size))
+        _recv(self.sock, head[:1], time.monotonic() + self.idle_timeout, "header")
+        deadline = time.monotonic() + self.request_timeout
+        _recv(self.sock, head[1:], deadline, "length")
+        (n,) = _LEN.unpack(head)
         if not _LEN.size <= n <= MAX_FRAME:
             raise TransferError(f"frame length {n} outside {_LEN.size}..{MAX_FRAME}")
-        payload = _recv_exact(self.sock, n)
-        mac = _recv_exact(self.sock, _MAC)
+        deadline += n / self.min_rate
+        payload = bytearray(n)
+        _recv(self.sock, memoryview(payload), deadline, "payload")
+        mac = bytearray(_MAC)
+        _recv(self.sock, memoryview(mac), deadline, "mac")
         check = self._mac(self._recv_dir, self._recv_seq)
         check.update(payload)
         if not hmac.compare_digest(bytes(mac), check.digest()):
@@ -142,29 +174,29 @@ def _split(payload: bytes | bytearray) -> tuple[dict[str, Any], memoryview]:
     return header, memoryview(payload)[_LEN.size + hlen:]
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if not k:
-            raise TransferError("connection closed by the peer")
-        got += k
-    return buf
+def _recv(sock: socket.socket, view: memoryview, deadline: float, what: str) -> None:
+    try:
+        framing.recv_into(sock, view, deadline, what)
+    except FrameError as exc:
+        raise TransferError(str(exc)) from exc
 
 
-def _plain_send(sock: socket.socket, obj: dict[str, Any]) -> None:
+def _plain_send(sock: socket.socket, obj: dict[str, Any], deadline: float) -> None:
     data = json.dumps(obj).encode()
+    sock.settimeout(max(0.001, deadline - time.monotonic()))
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-def _plain_recv(sock: socket.socket) -> dict[str, Any]:
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+def _plain_recv(sock: socket.socket, deadline: float) -> dict[str, Any]:
+    head = memoryview(bytearray(_LEN.size))
+    _recv(sock, head, deadline, "header")
+    (n,) = _LEN.unpack(head)
     if not 1 <= n <= 4096:
         raise TransferError(f"handshake message of {n} bytes")
+    body = bytearray(n)
+    _recv(sock, memoryview(body), deadline, "handshake")
     try:
-        obj = json.loads(_recv_exact(sock, n))
+        obj = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         raise TransferError("handshake message is not JSON") from None
     if not isinstance(obj, dict):
@@ -270,26 +302,15 @@ class _Pins:
         self._store.pin_chunk(job, self._sets[job], digest)
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    block_on_close = False
-    owner: TransferServer
-
-
-class _Handler(socketserver.BaseRequestHandler):
-    server: _Server
-
-    def handle(self) -> None:
-        self.server.owner.serve(self.request)
-
-
 class TransferServer:
     """Serves this node's chunk store to other agents (and to root's ``rapsctl verify``)."""
 
     def __init__(self, store: ChunkStore, key: bytes, node: str, address: tuple[str, int],
                  *, digest_algo: str = "blake3", limiter: TokenBucket | None = None,
-                 max_generations: int = 5, accepted_key: bytes | None = None) -> None:
+                 max_generations: int = 5, accepted_key: bytes | None = None,
+                 max_connections: int = MAX_CONNECTIONS,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT, idle_timeout: float = TIMEOUT,
+                 request_timeout: float = REQUEST_TIMEOUT, min_rate: float = MIN_RATE) -> None:
         self.store, self.node = store, node
         self.logs = LogStore(store.root)
         self.max_generations = max_generations
@@ -298,11 +319,19 @@ class TransferServer:
         self._address = address
         self._algo = digest_algo
         self._limiter = limiter or TokenBucket(0)
-        self._server: _Server | None = None
+        self._server: BoundedServer | None = None
         self.errors = 0
         self.rejected: Counter[str] = Counter()  # kind -> connections refused (see serve)
         self._quota = LogQuota(log)
         self._lock = threading.Lock()
+        self.gate = Gate(max_connections, self._refused)
+        self.handshake_timeout = handshake_timeout
+        self._timeouts = {"idle_timeout": idle_timeout, "request_timeout": request_timeout,
+                          "min_rate": min_rate}
+
+    def _refused(self, kind: str) -> None:
+        with self._lock:
+            self.rejected[kind] += 1
 
     @property
     def address(self) -> tuple[str, int]:
@@ -314,8 +343,7 @@ class TransferServer:
 
     def start(self) -> None:
         """Bind and serve in daemon threads; OSError if the address is taken."""
-        server = _Server(self._address, _Handler)
-        server.owner = self
+        server = BoundedServer(self._address, self.serve, self.gate)
         self._server = server
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                          name="raps-transfer", daemon=True).start()
@@ -337,12 +365,13 @@ class TransferServer:
         """Serve one connection until it closes; never raises. A connection that ends
         badly is counted in ``rejected`` by kind: ``handshake`` (malformed hello),
         ``authentication`` (wrong proof, or a frame whose MAC fails), ``frame`` (a
-        malformed or refused request), ``io`` (reset, timeout)."""
-        sock.settimeout(TIMEOUT)
+        malformed or refused request), ``timeout`` (a handshake or request not in by its
+        deadline), ``io`` (reset); the gate counts ``busy`` and ``evicted``."""
+        deadline = time.monotonic() + self.handshake_timeout
         peer = "?"
         stage = "handshake"
         try:
-            hello = _plain_recv(sock)
+            hello = _plain_recv(sock, deadline)
             peer, nc = _name(hello), _nonce(hello)
             ns = os.urandom(16)
             keys = [k for k in (self._key, self._also) if k is not None]
@@ -350,8 +379,8 @@ class TransferServer:
             _plain_send(sock, {"node": self.node, "nonce": ns.hex(),
                                "proof": _proof(self._key, b"s", nc, ns, peer, self.node),
                                "proofs": [_proof(k, b"s", nc, ns, peer, self.node)
-                                          for k in keys]})
-            answer = _plain_recv(sock)
+                                          for k in keys]}, deadline)
+            answer = _plain_recv(sock, deadline)
             given = str(answer.get("proof", ""))
             used = next((k for k in keys if hmac.compare_digest(
                 given, _proof(k, b"c", nc, ns, peer, self.node))), None)
@@ -359,18 +388,23 @@ class TransferServer:
                 stage = "authentication"
                 raise TransferError(f"{peer} failed authentication")
             chan = _Channel(sock, hmac.new(used, b"k" + nc + ns, hashlib.sha256).digest(),
-                            client=False)
+                            client=False, **self._timeouts)
+            self.gate.settled(sock)
             stage = "frame"
             with contextlib.ExitStack() as stack:
                 self._loop(chan, _Pins(self.store, stack))
         except (TransferError, OSError, ValueError, RecordError) as exc:
             self.errors += 1
-            closed = isinstance(exc, TransferError) and "closed by the peer" in str(exc)
-            if not (closed and stage == "frame"):  # a clean end after requests is no error
+            cause = exc.__cause__ if isinstance(exc.__cause__, FrameError) else None
+            closed = cause is not None and cause.kind == "closed" and \
+                "closed by the peer" in str(exc)
+            if self.gate.evicted(sock):
+                closed = True  # counted by the gate
+            elif not (closed and stage == "frame"):  # a clean end after requests is no error
                 kind = ("io" if isinstance(exc, OSError) else
+                        "timeout" if cause is not None and cause.kind == "timeout" else
                         "authentication" if "authentication failed" in str(exc) else stage)
-                with self._lock:
-                    self.rejected[kind] += 1
+                self._refused(kind)
             if not closed:
                 self._quota.log(stage, logging.WARNING, "chunk transfer with %s ended: %s",
                                 peer, exc)
@@ -383,7 +417,9 @@ class TransferServer:
             try:
                 header, body = chan.recv()
             except TransferError as exc:
-                if "closed by the peer" in str(exc):
+                cause = exc.__cause__
+                if isinstance(cause, FrameError) and cause.kind == "closed" and \
+                        "closed by the peer" in str(exc):
                     return
                 raise
             op = header.get("op")
@@ -528,7 +564,8 @@ class TransferClient:
     """One authenticated connection to a peer's transfer server."""
 
     def __init__(self, key: bytes, node: str, address: tuple[str, int], *,
-                 limiter: TokenBucket | None = None, timeout: float = TIMEOUT) -> None:
+                 limiter: TokenBucket | None = None, timeout: float = TIMEOUT,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
         self.peer = ""
         self.address = address
         self._limiter = limiter or TokenBucket(0)
@@ -537,19 +574,19 @@ class TransferClient:
         except OSError as exc:
             raise TransferError(f"cannot connect to {address[0]}:{address[1]}: {exc}") from exc
         try:
-            sock.settimeout(timeout)
+            deadline = time.monotonic() + handshake_timeout
             nc = os.urandom(16)
-            _plain_send(sock, {"node": node, "nonce": nc.hex()})
-            hello = _plain_recv(sock)
+            _plain_send(sock, {"node": node, "nonce": nc.hex()}, deadline)
+            hello = _plain_recv(sock, deadline)
             self.peer, ns = _name(hello), _nonce(hello)
             want = _proof(key, b"s", nc, ns, node, self.peer)
             offered = hello.get("proofs")
             offered = offered if isinstance(offered, list) else [hello.get("proof", "")]
             if not any(hmac.compare_digest(str(p), want) for p in offered[:2]):
                 raise TransferError(f"{address[0]}:{address[1]} failed authentication")
-            _plain_send(sock, {"proof": _proof(key, b"c", nc, ns, node, self.peer)})
+            _plain_send(sock, {"proof": _proof(key, b"c", nc, ns, node, self.peer)}, deadline)
             self._chan = _Channel(sock, hmac.new(key, b"k" + nc + ns, hashlib.sha256).digest(),
-                                  client=True)
+                                  client=True, idle_timeout=timeout)
         except (OSError, TransferError) as exc:
             sock.close()
             raise TransferError(f"handshake with {address[0]}:{address[1]}: {exc}") from exc

@@ -12,6 +12,12 @@ vouches for the uid; the rule is the agent's: root, or the job's registered owne
 
 Ops (read-only): ``job`` (the job as ``rapsctl show job --json`` prints it) and
 ``recoveries`` (its recovery plans as ``rapsctl show recoveries --json`` prints them).
+
+Bounds: the whole request must arrive within ``TIMEOUT`` of the connection (a deadline,
+not a per-``recv`` timeout: one byte a second does not keep it open), and at most
+``MAX_CONNECTIONS`` are served at once, one thread each (:mod:`raps_slurm.gate`: a new
+connection evicts the oldest one still sending its request). Refusals are counted like
+the others: ``timeout``, ``evicted``, ``busy``.
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ import hashlib
 import json
 import logging
 import socket
-import socketserver
 import struct
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +37,8 @@ from raps_slurm.coordinator.recovery import plans_in_order, read_plans
 from raps_slurm.core.jobs import JobRecord, authorize
 from raps_slurm.core.planner import plan_dict
 from raps_slurm.errors import RecordError, Refused, StoreError
+from raps_slurm.framing import FrameError, read_frame
+from raps_slurm.gate import BoundedServer, Gate
 from raps_slurm.munge import Credential, MungeError
 from raps_slurm.registry import UnknownJob, job_view
 from raps_slurm.store import Keys, StateStore
@@ -38,7 +46,9 @@ from raps_slurm.store import Keys, StateStore
 log = logging.getLogger("raps.coordinator")
 
 MAX_REQUEST = 16384  # bytes: a MUNGE credential is about 200, the rest a few dozen
-TIMEOUT = 10.0  # seconds for a client to send its request
+TIMEOUT = 5.0  # seconds for a client to send its whole request
+MAX_CONNECTIONS = 32  # connections (and threads) served at once
+REPLY_TIMEOUT = 5.0  # seconds for the reply to leave
 OPS = ("job", "recoveries")
 _LEN = struct.Struct(">I")
 
@@ -74,22 +84,15 @@ class UserDoor:
 
     def __init__(self, store: StateStore, keys: Keys, address: tuple[str, int],
                  decode: Callable[[str], Credential],
-                 on_result: Callable[[str], None] = lambda _: None) -> None:
+                 on_result: Callable[[str], None] = lambda _: None, *,
+                 timeout: float = TIMEOUT, max_connections: int = MAX_CONNECTIONS) -> None:
         self.store, self.keys = store, keys
         self._decode, self._on_result = decode, on_result
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
-        door = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                door.serve(self.request)
-
-        class Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = Server(address, Handler)
+        self.timeout = timeout
+        self.gate = Gate(max_connections, self._count)
+        self._server = BoundedServer(address, self.serve, self.gate)
         self.address: tuple[str, int] = self._server.server_address[:2]  # type: ignore[assignment]
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.2}, name="user-door",
@@ -113,10 +116,13 @@ class UserDoor:
 
     def serve(self, conn: socket.socket) -> None:
         """One connection: read the request, answer, close; never raises."""
-        conn.settimeout(TIMEOUT)
         try:
-            reply = self.answer(_read(conn))
+            body = _read(conn, self.timeout)
+            self.gate.settled(conn)
+            reply = self.answer(body)
         except Refused as exc:
+            if self.gate.evicted(conn):
+                return  # counted by the gate; nobody to answer
             self._count(exc.kind)
             reply = {"ok": False, "error": str(exc), "kind": exc.kind}
         except OSError:
@@ -124,6 +130,7 @@ class UserDoor:
             return
         try:
             data = json.dumps(reply, default=str).encode()
+            conn.settimeout(REPLY_TIMEOUT)
             conn.sendall(_LEN.pack(len(data)) + data)
         except OSError:
             self._count("io")
@@ -163,19 +170,14 @@ class UserDoor:
                 for p in plans_in_order(p for p, _ in book.plans.values() if p.job == job)]
 
 
-def _read(conn: socket.socket) -> bytes:
-    head = _exact(conn, _LEN.size)
-    (n,) = _LEN.unpack(head)
-    if not 1 <= n <= MAX_REQUEST:
-        raise Refused("size", f"request length {n} outside 1..{MAX_REQUEST}")
-    return _exact(conn, n)
+_KINDS = {"oversized": "size", "empty": "size", "timeout": "timeout", "closed": "truncated",
+          "truncated": "truncated"}
 
 
-def _exact(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = conn.recv(n - len(buf))
-        if not chunk:
-            raise Refused("truncated", f"connection closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return bytes(buf)
+def _read(conn: socket.socket, timeout: float) -> bytes:
+    """The request body, all of it within ``timeout`` seconds; Refused by kind."""
+    try:
+        return read_frame(conn, frame_timeout=timeout, idle_timeout=timeout,
+                          max_size=MAX_REQUEST, deadline=time.monotonic() + timeout)
+    except FrameError as exc:
+        raise Refused(_KINDS.get(exc.kind, "io"), f"request refused: {exc}") from None

@@ -23,6 +23,7 @@ from raps_slurm.checkpoint.service import CheckpointService, RestoreError
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.config import Config
 from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json
+from raps_slurm.errors import RecordError
 from raps_slurm.model import BackupGroup
 from raps_slurm.store import Keys, MemoryStore
 
@@ -138,3 +139,18 @@ def test_collection_keeps_the_record_of_the_newest_cold_generation(tmp_path: Pat
     assert result is not None and result.generation == "cold 2"
     assert np.array_equal(materialize(result.restored.manifest, result.restored.buffer), a + 1)
     result.restored.close()
+
+
+def test_a_generation_above_the_job_quota_is_neither_committed_nor_restored(
+        pair: Pair) -> None:
+    a = field()
+    pair.saver.quota = a.nbytes - 1
+    with pytest.raises(RecordError, match=f"above the job's quota of {a.nbytes - 1} bytes"):
+        pair.save(a)
+    pair.saver.quota = a.nbytes
+    pair.save(a)
+    pair.spare.quota = a.nbytes - 1  # a restore checks it again, hot and cold
+    with pytest.raises(RestoreError, match=r"1: record of generation 1: total_size \d+ is "
+                                           r"above the job's quota.*cold 1: .*above the job's"):
+        pair.restore()
+    assert not pair.spare.chunks.manifest_bytes(JOB, 0, 1)
