@@ -67,7 +67,7 @@ if [ -z "$py" ]; then
 fi
 [ -n "$py" ] || usage "no python3 on PATH; pass --python PY"
 py=$(realpath -s "$py")
-"$py" -c 'import raps_slurm.hooks' 2>/dev/null || die "$py cannot import raps_slurm (install the package into it, or pass --python)"
+"$py" -I -c 'import raps_slurm.hooks' 2>/dev/null || die "$py cannot import raps_slurm (install the package into it, or pass --python)"
 
 changed=0
 tmp=$(mktemp -d)

@@ -14,6 +14,7 @@ from raps_slurm.cli import jobs as _jobs  # noqa: F401  (adds show job, show gro
 from raps_slurm.cli import plans as _plans  # noqa: F401  (adds show plan, show recoveries)
 from raps_slurm.cli import racks as _racks  # noqa: F401  (adds show racks)
 from raps_slurm.cli import status as _status  # noqa: F401  (adds show status)
+from raps_slurm.cli.output import echo
 from raps_slurm.errors import ConfigError, RapsError
 
 
@@ -50,17 +51,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except click.UsageError as exc:
         where = f" {exc.ctx.command_path.removeprefix('rapsctl').strip()}" if exc.ctx else ""
-        click.echo(f"rapsctl{where}: {exc.format_message()} (see --help)", err=True)
+        echo(f"rapsctl{where}: {exc.format_message()} (see --help)", err=True)
         sys.exit(2)
+    except click.ClickException as exc:
+        echo(f"rapsctl: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
     except click.Abort:
         click.echo("rapsctl: aborted", err=True)
         sys.exit(1)
     except ConfigError as exc:
         for line in exc.errors:
-            click.echo(f"rapsctl: {line}", err=True)
+            echo(f"rapsctl: {line}", err=True)
         sys.exit(2)
     except RapsError as exc:
-        click.echo(f"rapsctl: {exc}", err=True)
+        echo(f"rapsctl: {exc}", err=True)
         sys.exit(1)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

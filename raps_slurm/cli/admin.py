@@ -19,7 +19,7 @@ import time
 import click
 
 from raps_slurm import config as cfgmod
-from raps_slurm.cli.output import table
+from raps_slurm.cli.output import echo, table
 from raps_slurm.cli.show import show
 from raps_slurm.core.planner import CANCELLED, Plan, PlanEvent
 from raps_slurm.errors import RapsError
@@ -199,5 +199,5 @@ def show_audit(ctx: click.Context, last: int, as_json: bool) -> None:
                              "nodes": ",".join(d["nodes"]), "plan": str(d.get("plan", "")),
                              "reason": str(d.get("reason", "")), "host": str(d.get("host", ""))})
             except (ValueError, KeyError, TypeError):
-                click.echo(f"rapsctl: skipping malformed {kv.key}", err=True)
+                echo(f"rapsctl: skipping malformed {kv.key}", err=True)
     table(rows, as_json, ["at", "who", "uid", "verb", "nodes", "plan", "reason", "host"])

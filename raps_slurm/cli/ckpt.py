@@ -32,7 +32,7 @@ from raps_slurm import config as cfgmod
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.service import CheckpointService, RestoreError, peers_from_store
 from raps_slurm.checkpoint.transfer import TransferClient, TransferError
-from raps_slurm.cli.output import table
+from raps_slurm.cli.output import echo, table
 from raps_slurm.cli.show import show
 from raps_slurm.config import Config
 from raps_slurm.core.checkpoints import CkptRecord, restore_order
@@ -66,7 +66,7 @@ def _records(store: StateStore, keys: Keys, job: str, rank: int | None
         try:
             out.append(CkptRecord.from_json(kv.key, kv.value))
         except RecordError as exc:
-            click.echo(f"rapsctl: skipping malformed record: {exc}", err=True)
+            echo(f"rapsctl: skipping malformed record: {exc}", err=True)
     return sorted(out, key=lambda r: (r.rank, r.generation))
 
 
@@ -182,7 +182,7 @@ def restore(ctx: click.Context, job_id: str, rank: int, out: str, manifest_out: 
             Path(manifest_out).write_bytes(r.manifest.to_json())
         r.close()
         for fb in result.fallbacks:
-            click.echo(f"rapsctl: generation {fb.generation} skipped: {fb.reason}", err=True)
+            echo(f"rapsctl: generation {fb.generation} skipped: {fb.reason}", err=True)
         click.echo(f"restored rank {rank} of job {job} from generation {result.generation}: "
                    f"{r.manifest.total_size} bytes to {out}")
     except RapsError as exc:

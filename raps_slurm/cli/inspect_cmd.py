@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from raps_slurm import config as cfgmod
-from raps_slurm.cli.output import table
+from raps_slurm.cli.output import echo, table
 from raps_slurm.store import open_store
 
 
@@ -34,7 +34,7 @@ def _from_store(ctx: click.Context, job: str) -> dict[int, dict[str, Any]]:
                 value = json.loads(kv.value)
                 out[int(rank)] = {**value["stats"], "age": time.time() - float(value["at"])}
             except (ValueError, KeyError, TypeError):
-                click.echo(f"rapsctl: skipping malformed {kv.key}", err=True)
+                echo(f"rapsctl: skipping malformed {kv.key}", err=True)
     return out
 
 
@@ -46,7 +46,7 @@ def _from_dir(directory: str) -> dict[int, dict[str, Any]]:
                 out[int(p.stem)] = {**json.loads(p.read_text()),
                                     "age": time.time() - p.stat().st_mtime}
             except (OSError, ValueError):
-                click.echo(f"rapsctl: skipping unreadable {p}", err=True)
+                echo(f"rapsctl: skipping unreadable {p}", err=True)
     return out
 
 

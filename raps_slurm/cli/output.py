@@ -1,4 +1,10 @@
-"""Output shapes shared by rapsctl commands: tables, scontrol-style Key=Value, JSON."""
+"""Output shapes shared by rapsctl commands: tables, scontrol-style Key=Value, JSON.
+
+Text that users chose (job names, reasons, what a rank reported) reaches an admin's
+terminal through these: every control character in table and text output is shown
+escaped (``\\x1b``), so a job name cannot move the cursor, recolour or clear the
+screen, or forge lines. JSON output is escaped by ``json.dumps`` already.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,39 @@ from typing import Any
 import click
 
 MISSING = "-"  # what a table prints for a value that is not there (JSON keeps null)
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (C0 and C1 controls, DEL,
+    Unicode format and line separators) shown as an escape: ``\\x1b``, ``\\n``,
+    ``\\u202e``. Text without them prints unchanged; in text with them a backslash is
+    doubled, so an escape there cannot be mistaken for a literal one."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() or ch == " ":
+            out.append("\\\\" if ch == "\\" else ch)
+        elif ch in _NAMED:
+            out.append(_NAMED[ch])
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else
+                       f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def echo(text: str, err: bool = False) -> None:
+    """``click.echo`` of one line (or several) whose values may hold control characters."""
+    click.echo("\n".join(printable(line) for line in text.split("\n")), err=err)
 
 
 def cell_text(value: Any) -> str:
     """A table cell: ``-`` for a missing value (None, '', an empty list), else its text."""
     if value is None or value == "" or value == [] or value == ():
         return MISSING
-    return str(value)
+    return printable(str(value))
 
 
 def table(rows: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
@@ -34,10 +66,11 @@ def value_text(value: Any) -> str:
     if value is None or value == "" or value == []:
         return "(null)"
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
+        return printable(",".join(str(v) for v in value))
     if isinstance(value, float):
         return f"{value:.3f}"
-    return str(value).replace(" ", "_") if isinstance(value, str) and "\n" in value else str(value)
+    return printable(str(value).replace(" ", "_") if isinstance(value, str) and "\n" in value
+                     else str(value))
 
 
 def records(blocks: Sequence[Sequence[Sequence[tuple[str, Any]]]], one_liner: bool) -> None:

@@ -13,7 +13,7 @@ import click
 
 from raps_slurm import config as cfgmod
 from raps_slurm.cli.jobs import _store
-from raps_slurm.cli.output import table
+from raps_slurm.cli.output import echo, table
 from raps_slurm.cli.show import show
 from raps_slurm.cli.userdoor import as_user, ask
 from raps_slurm.coordinator.recovery import plans_in_order, read_plans
@@ -73,8 +73,8 @@ def show_plan(ctx: click.Context, plan_id: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(d, indent=2))
         return
-    click.echo(f"Plan {plan.plan_id}: job {plan.job} run {plan.run} rank {plan.rank} "
-               f"{plan.source} -> {plan.target} epoch {plan.epoch}: {plan.state}")
+    echo(f"Plan {plan.plan_id}: job {plan.job} run {plan.run} rank {plan.rank} "
+         f"{plan.source} -> {plan.target} epoch {plan.epoch}: {plan.state}")
     for row in d["timeline"]:
-        click.echo(f"  {_clock(row['at'])}  +{row['after_s']:7.3f}s  {row['phase']:<13}  "
-                   f"{row['what']}")
+        echo(f"  {_clock(row['at'])}  +{row['after_s']:7.3f}s  {row['phase']:<13}  "
+             f"{row['what']}")

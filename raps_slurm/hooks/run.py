@@ -9,6 +9,12 @@
 - ``epilog`` (root, each node): records in the hook log what the job leaves on the
   node. Deletes nothing.
 
+The wrappers run ``python -I`` (isolated: no ``PYTHON*`` variables, no user site, no
+current directory on the path), so nothing a user left in the environment or a
+directory is imported by a hook that runs as root or SlurmUser. The hook log is opened
+with ``O_NOFOLLOW`` and must be a regular file: a symlink planted in its place is
+refused with one line on stderr, where the hook then logs.
+
 Failure policy: a node hook always exits 0 (a failing node prolog drains the node).
 ``prolog-slurmctld`` exits 0 when etcd is unreachable or the budget runs out, unless
 ``hooks.fail_open`` is false: then it exits 1 and Slurm requeues the job held.
@@ -18,14 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import logging
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import FrameType
+from typing import TextIO
 
 from raps_slurm.config import Config, load_config, node_dir
 from raps_slurm.core.jobs import JobRecord, record_from_env, registration
@@ -96,14 +106,44 @@ def _deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+LOG_MODE = 0o600
+
+
+def open_log(path: Path) -> TextIO:
+    """``path`` opened to append (created with mode 0600), never through a symlink and
+    only if it is a regular file; OSError naming what is wrong otherwise."""
+    # O_NONBLOCK: a FIFO planted in its place must not hang the hook until its budget.
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | \
+        os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, LOG_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(exc.errno, f"refusing hook log {path}: it is a symbolic link "
+                                     "(opened with O_NOFOLLOW; remove it)") from None
+        raise OSError(exc.errno, f"cannot open hook log {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"refusing hook log {path}: not a regular file "
+                                        "(remove it)")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _setup_log(log_dir: str | None, hook: str, job: str) -> None:
-    """Log lines to ``<log_dir>/<hook>.log``, or stderr when that cannot be written."""
+    """Log lines to ``<log_dir>/<hook>.log``, or stderr when that cannot be written
+    (saying why on stderr when the file is there but refused)."""
     handler: logging.Handler
     try:
         if not log_dir:
-            raise OSError("no log dir")
-        handler = logging.FileHandler(Path(log_dir) / f"{hook}.log")
-    except OSError:
+            raise FileNotFoundError("no log dir")
+        handler = logging.StreamHandler(open_log(Path(log_dir) / f"{hook}.log"))
+    except OSError as exc:
+        if exc.errno not in (None, errno.ENOENT, errno.EACCES, errno.EROFS):
+            print(f"raps {hook}: {exc.strerror}; logging to stderr", file=sys.stderr)
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(
         f"%(asctime)s raps {hook}[%(process)d] job={job}: %(message)s", "%Y-%m-%dT%H:%M:%S"))

@@ -1,4 +1,6 @@
-"""rapsctl's table printer: aligned columns, ``-`` for missing values, JSON untouched."""
+"""rapsctl's table printer: aligned columns, ``-`` for missing values, JSON untouched;
+control characters a user put in a job name or a reason shown escaped, never sent to the
+terminal."""
 
 from __future__ import annotations
 
@@ -6,7 +8,10 @@ import json
 
 import pytest
 
-from raps_slurm.cli.output import table
+from raps_slurm.cli import main
+from raps_slurm.cli.output import printable, records, table
+
+ESC = "\x1b"
 
 
 def test_missing_values_print_a_dash(capsys: pytest.CaptureFixture[str]) -> None:
@@ -29,3 +34,41 @@ def test_json_keeps_null(capsys: pytest.CaptureFixture[str]) -> None:
     rows = [{"domain": "rack1", "last_failure_age_s": None}]
     table(rows, True, ["domain", "last_failure_age_s"])
     assert json.loads(capsys.readouterr().out) == rows
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    ("plain name-1_ok", "plain name-1_ok"),          # unchanged, backslashes too
+    ("C:\\dir", "C:\\dir"),
+    (f"{ESC}[2Jwiped", "\\x1b[2Jwiped"),
+    ("two\nlines\r\tx", "two\\nlines\\r\\tx"),
+    ("bell\x07del\x7fcsi\x9b", "bell\\x07del\\x7fcsi\\x9b"),
+    ("evil\u202etxt.exe", "evil\\u202etxt.exe"),   # right-to-left override
+    ("line\u2028sep", "line\\u2028sep"),
+    ("a\\x1b and \x1b", "a\\\\x1b and \\x1b"),      # a literal escape stays tellable
+    ("snow ☃ é", "snow ☃ é"),
+])
+def test_printable_escapes_what_a_terminal_acts_on(raw: str, shown: str) -> None:
+    assert printable(raw) == shown
+    assert all(ch.isprintable() for ch in printable(raw))
+
+
+def test_tables_and_records_escape_user_text(capsys: pytest.CaptureFixture[str]) -> None:
+    name = f"job{ESC}]0;owned{chr(7)}{ESC}[2K"
+    table([{"job": "5", "name": name}], False, ["job", "name"])
+    records([[[("JobId", "5"), ("Name", name)], [("Reason", ["a\nb", "c"])]]], False)
+    out = capsys.readouterr().out
+    assert ESC not in out and chr(7) not in out
+    assert "job\\x1b]0;owned\\x07\\x1b[2K" in out
+    assert "Reason=a\\nb,c" in out
+    lines = out.splitlines()
+    assert lines[1].split() == ["5", printable(name)] and len(lines) == 5  # nothing forged
+    table([{"job": "5", "name": name}], True, ["job", "name"])  # JSON: json.dumps escapes
+    assert json.loads(capsys.readouterr().out) == [{"job": "5", "name": name}]
+
+
+def test_an_error_line_is_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["config", "check", f"/nonexistent/{ESC}[31mred"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "rapsctl: /nonexistent/\\x1b[31mred: cannot read: No such file or directory\n"
