@@ -185,11 +185,12 @@ def test_agent_doors_survive_a_flood(
                     contextlib.suppress(OSError, TransferError):  # the server may hang up
                 if how == "wrong_proof":
                     nc = os.urandom(16)
-                    _plain_send(conn, {"node": "flooder", "nonce": nc.hex()})
-                    hello = _plain_recv(conn)
+                    deadline = time.monotonic() + 10
+                    _plain_send(conn, {"node": "flooder", "nonce": nc.hex()}, deadline)
+                    hello = _plain_recv(conn, deadline)
                     ns = bytes.fromhex(hello["nonce"])
                     _plain_send(conn, {"proof": _proof(data, b"c", nc, ns, "flooder",
-                                                       hello["node"])})
+                                                       hello["node"])}, deadline)
                 else:
                     conn.sendall(data)
                 conn.shutdown(socket.SHUT_WR)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +32,7 @@ from raps_slurm.testing.jobs import (
     job_state,
     node_dead,
     rank_entries,
+    rank_pids,
 )
 
 HEAT = ["--steps", "160", "--every", "20", "--step-sec", "0.05"]
@@ -55,6 +58,13 @@ def mapped(rapsctl: Any, job: str) -> dict[str, Any]:
 def batch_host(cluster: LocalCluster, job: str) -> str:
     return wait_until("the batch host", lambda: cluster.slurm().job(int(job)).batch_host,
                       bool, 20)
+
+
+def layout(cluster: LocalCluster, rapsctl: Any, job: str
+           ) -> tuple[dict[str, Any], dict[int, str], str]:
+    """The mapped job, its rank -> node, and the batch script's node."""
+    data = mapped(rapsctl, job)
+    return data, {r["rank"]: r["node"] for r in data["ranks"]}, batch_host(cluster, job)
 
 
 def finish_counting_replays(cluster: LocalCluster, store: tuple[StateStore, Keys], job: str,
@@ -83,10 +93,8 @@ def test_a_dead_nodes_ranks_move_together_to_one_spare(
     clean = heat_reference(tmp_path, 4 * per_node, HEAT[:4])
     with leading(f"rpn{per_node}"), heat_job(
             cluster, "--raps-spares=2", f"--raps-ranks-per-node={per_node}", "-N6") as (job, out):
-        data = mapped(rapsctl, job)
-        ranks = {r["rank"]: r["node"] for r in data["ranks"]}
+        data, ranks, host = layout(cluster, rapsctl, job)
         assert len(ranks) == 4 * per_node and len(set(ranks.values())) == 4
-        host = batch_host(cluster, job)
         node = max(n for n in ranks.values() if n != host)
         victims = sorted(r for r, n in ranks.items() if n == node)
         # The node's ranks share one backup group.
@@ -126,9 +134,7 @@ def test_two_nodes_of_a_rack_lost_together_are_two_moves(
     clean = heat_reference(tmp_path, 8, HEAT[:4])
     with leading("rack2"), heat_job(cluster, "--raps-spares=2", "--raps-ranks-per-node=2",
                                     "-N6") as (job, out):
-        data = mapped(rapsctl, job)
-        ranks = {r["rank"]: r["node"] for r in data["ranks"]}
-        host = batch_host(cluster, job)
+        data, ranks, host = layout(cluster, rapsctl, job)
         topo = cluster.slurm().topology()
         rack = next(r for r, members in topo.racks().items()
                     if set(members) <= set(ranks.values()) and host not in members)
@@ -202,10 +208,8 @@ def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
     clean = heat_reference(tmp_path, 8, HEAT[:4])
     with leading("logbackup"), heat_job(cluster, "--raps-spares=2", "--raps-ranks-per-node=2",
                                         "-N6") as (job, out):
-        data = mapped(rapsctl, job)
-        ranks = {r["rank"]: r["node"] for r in data["ranks"]}
+        data, ranks, host = layout(cluster, rapsctl, job)
         backup = {r["node"]: r["group"]["log_backup"] for r in data["ranks"]}
-        host = batch_host(cluster, job)
         # a working node whose log backup is not the batch host (losing that escalates)
         node = next(n for n in sorted(backup, reverse=True)
                     if n != host and backup[n] and backup[n] != host)
@@ -227,3 +231,39 @@ def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
             for n in lost:
                 cluster.restart(n)
             back_in_service(cluster, *store, *lost)
+
+
+def test_a_stopped_rank_among_four_on_a_node_is_restarted_alone_in_place(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any], tmp_path: Path) -> None:
+    """SIGSTOP one of a node's 4 ranks: its node supervisor restarts it there with a new
+    epoch (no new Slurm step); its 3 neighbours on the node keep running untouched."""
+    clean = heat_reference(tmp_path, 16, HEAT[:4])
+    with leading("stop4"), heat_job(cluster, "--raps-spares=2", "--raps-ranks-per-node=4",
+                                    "-N6") as (job, out):
+        _, ranks, host = layout(cluster, rapsctl, job)
+        node = max(n for n in ranks.values() if n != host)
+        mine = sorted(r for r, n in ranks.items() if n == node)
+        victim, others = mine[-1], mine[:-1]
+        wait_until(f"rank {victim} committed", lambda: committed(*store, job, victim), bool, 90)
+        before = {r: wait_until(f"rank {r} running", lambda r=r: rank_pids(job, r, 1), bool, 30)
+                  for r in mine}
+        [pid] = before[victim]
+        os.kill(pid, signal.SIGSTOP)  # alive, silent: HUNG, its node ALIVE
+        try:
+            wait_until(f"rank {victim} restarted", lambda: job_plans(*store, job),
+                       lambda ps: any(p.rank == victim and p.state == "done" for p in ps), 90)
+            # the neighbours are the same processes, still in their first epoch
+            assert {r: rank_pids(job, r, 1) for r in others} == \
+                {r: before[r] for r in others}
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        text = finish(cluster, job, out, clean, timeout=240)
+        every = job_plans(*store, job)
+        assert all(p.source == p.target for p in every), every  # nothing moved
+        mine_plans = [p for p in every if p.rank == victim]
+        assert [(p.source, p.epoch, p.state) for p in mine_plans] == [(node, 2, "done")], \
+            f"{every}\n{text[-3000:]}"
+        assert "hung" in mine_plans[0].reason
+        assert cluster.slurm().job(int(job)).restart_count == 0

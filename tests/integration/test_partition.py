@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -136,8 +138,13 @@ def heat_job(cluster: LocalCluster, *sbatch: str) -> Iterator[tuple[str, Path]]:
     try:
         yield job, out
     except BaseException:
-        print(f"job {job}: {cluster.slurm().job(int(job)).state}; its output:\n"
-              f"{out.read_text()[-3000:] if out.exists() else '(none)'}")
+        # the cluster's run dir goes with the module: keep its logs for the diagnosis
+        kept = Path(tempfile.mkdtemp(prefix=f"raps-partition-job{job}-"))
+        with contextlib.suppress(OSError):
+            shutil.copytree(cluster.run_dir / "log", kept / "log")
+            shutil.copytree(cluster.run_dir / "jobs", kept / "jobs")
+        print(f"job {job}: {cluster.slurm().job(int(job)).state}; logs kept in {kept}; "
+              f"its output:\n{out.read_text()[-3000:] if out.exists() else '(none)'}")
         raise
     finally:
         with contextlib.suppress(SlurmCommandError):
@@ -166,7 +173,7 @@ def gone(pids: list[int]) -> bool:
     return True
 
 
-@pytest.mark.skip(reason="quarantined 2026-12-02: failed 2 of 5 runs: the partitioned node's rack neighbour lost its agent's word, its rank was restarted in place, and Slurm dropped that node from the allocation; issue 23 note")
+@pytest.mark.skip(reason="quarantined 2026-12-02 (issue 23): of 10 runs on 2026-12-02 (second session), 8 passed; the two failures were (a) an unrelated rank fenced under load and restarted in place (now tolerated: the test judges moves only) and (b) the victim node lost etcd and its rank was found HUNG 30 s before the test cut its link, cause not found (logs kept by the test)")
 def test_partitioned_node_is_dead_its_rank_moves_and_its_copy_fenced_itself_first(
         ns_cluster: LocalCluster, ns_store: Store, ns_leader: CoordinatorProcess,
         tmp_path: Path) -> None:
@@ -212,29 +219,39 @@ def test_partitioned_node_is_dead_its_rank_moves_and_its_copy_fenced_itself_firs
                        lambda st: bool(st) and st[0] in ("restored", "done"), 60)
         finally:
             cluster.heal(node)
-        # Healed: the node is heard from again, the old copy stays gone, the job ends
-        # with the failure-free result (nothing done twice).
-        wait_until(f"{node} ALIVE again", lambda: verdict(ns_store, node),
-                   lambda v: v is not None and v["kind"] == "ALIVE", timeout=30)
-        assert not rank_pids(job, rank, 1)
-        finish(cluster, job, out, clean)
-        [plan] = job_plans(s, keys, job)
-        assert (plan.rank, plan.source, plan.epoch, plan.state) == (rank, node, 2, "done")
-        assert plan.target != node
-        # Nothing the old epoch wrote was committed after the new one existed.
-        late = [json.loads(kv.value) for kv in s.get_prefix(keys.ckpt_prefix(job, rank))
-                if kv.create_revision > moved_rev]
-        assert late and all(r["epoch"] == 2 for r in late), late
-    back_in_service(cluster, s, keys, node)
+        try:
+            # Healed: the node is heard from again, the old copy stays gone, the job ends
+            # with the failure-free result (nothing done twice).
+            wait_until(f"{node} ALIVE again", lambda: verdict(ns_store, node),
+                       lambda v: v is not None and v["kind"] == "ALIVE", timeout=30)
+            assert not rank_pids(job, rank, 1)
+            finish(cluster, job, out, clean)
+            every = job_plans(s, keys, job)
+            # One move. Anything else is a rank restarted in place after a HUNG verdict:
+            # on this loaded 2-core machine a rank's agent can answer late enough for the
+            # test profile's 0.6 s validity to lapse (its rank then fences itself).
+            [plan] = [p for p in every if p.source != p.target]
+            assert (plan.rank, plan.source, plan.epoch, plan.state) == (rank, node, 2, "done")
+            assert all(p.state == "done" for p in every), every
+            # Nothing the old epoch wrote was committed after the new one existed.
+            late = [json.loads(kv.value) for kv in s.get_prefix(keys.ckpt_prefix(job, rank))
+                    if kv.create_revision > moved_rev]
+            assert late and all(r["epoch"] >= 2 for r in late), late
+        finally:
+            # drained by its DEAD verdict: the next test needs all four nodes
+            back_in_service(cluster, s, keys, node)
 
 
-@pytest.mark.skip(reason="quarantined 2026-12-02: passes when the test before it does (3 of 5 runs), fails after it (no job mapped in 60 s); issue 23 note")
+@pytest.mark.skip(reason="quarantined 2026-12-02 (issue 23): failed after a failure of the test before it (that test now puts its node back in service in a finally) and once when a half-miss-window blip let a rank's validity lapse under load (the blip is now a quarter window); 7 of 10 runs passed")
 def test_partition_shorter_than_the_miss_window_gives_no_verdict_and_no_move(
         ns_cluster: LocalCluster, ns_store: Store, ns_leader: CoordinatorProcess,
         tmp_path: Path) -> None:
     cluster, (s, keys) = ns_cluster, ns_store
     d = detection(cluster)
-    blip = miss_window(d) / 2
+    # A quarter of the window: the node's ranks stay valid for one miss window after its
+    # last acknowledgement, and on this loaded 2-core machine the first acknowledgement
+    # after the heal can take a few hundred ms (a half-window blip fenced a rank 1 run in 4)
+    blip = miss_window(d) / 4
     clean = heat_reference(tmp_path, 3, HEAT)
     with heat_job(cluster, "--raps-spares=1", "-N4") as (job, out):
         rank, node = victim_of(cluster, ns_store, job, 3)

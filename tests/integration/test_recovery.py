@@ -30,6 +30,7 @@ from raps_slurm.testing.jobs import (
     heat_reference,
     job_plans,
     job_state,
+    node_dead,
     rank_entries,
     rank_pids,
 )
@@ -408,3 +409,51 @@ def test_a_spare_that_cannot_start_the_rank_is_passed_over(
         assert "before it restored" in got[0].note
         assert entries(store, job)[victim].epoch == 3
         assert text.count(f"rank {victim} epoch 3 started on ") == 1
+
+
+def test_a_requeue_whose_node_count_cannot_be_met_runs_with_fewer_spares(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any], tmp_path: Path) -> None:
+    """-N5 with one spare: the spare dies, then a working node. No spare is left, the job
+    is requeued, and only 4 of the cluster's 6 nodes are alive: the requeued run asks
+    Slurm for 4 nodes, runs without a spare, and ends with the failure-free result."""
+    clean = reference(tmp_path, 4)
+    with leading("fewer"), raps_job(cluster, "--raps-spares=1", "-N5",
+                                    "--open-mode=append") as (job, out):
+        data, ranks, victim = layout(cluster, rapsctl, job)
+        [spare] = data["spares"]
+        for r in ranks:
+            wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r), bool, 60)
+        with crashed(cluster, store, spare):
+            wait_until(f"{spare} held DEAD", lambda: node_dead(*store, spare), bool, 30)
+            with crashed(cluster, store, ranks[victim]):
+                again = mapped(rapsctl, job, run=1)
+                text = finish(cluster, job, out, clean, timeout=180)
+        s, k = store
+        esc = json.loads(s.get(k.job_escalation(job)).value)  # type: ignore[union-attr]
+        assert esc["run"] == 0 and "no usable spare" in esc["reason"], esc
+        assert again["spares"] == [] and len(again["ranks"]) == 4, again
+        assert {r["node"] for r in again["ranks"]}.isdisjoint({spare, ranks[victim]})
+        assert cluster.slurm().job(int(job)).restart_count == 1, text[-3000:]
+
+
+def test_raps_gives_up_after_max_requeues_and_says_why(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        tmp_path: Path) -> None:
+    """recovery.max_requeues 0: the first escalation is one too many. The job fails, and
+    the reason is in its output and in ``rapsctl show job``; Slurm does not requeue it."""
+    with leading_with(cluster, rapsctl, "giveup", tmp_path, max_requeues=0), \
+            raps_job(cluster, "--raps-spares=0", "-N4") as (job, out):
+        _, ranks, victim = layout(cluster, rapsctl, job)
+        wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
+        with crashed(cluster, store, ranks[victim]):
+            wait_until(f"job {job} to end", lambda: job_state(cluster, job),
+                       lambda st: st in ("FAILED", "CANCELLED", "COMPLETED", "NODE_FAIL",
+                                         "TIMEOUT"), 120)
+            shown = rapsctl("show", "job", job, check=False).stdout
+        text = out.read_text()
+        assert job_state(cluster, job) != "COMPLETED", text[-3000:]
+        assert f"RAPS gave up on job {job}" in text, text[-3000:]
+        assert "no usable spare" in text, text[-3000:]
+        assert "GaveUp" in shown and "max_requeues=0" in shown, shown
+        assert cluster.slurm().job(int(job)).restart_count == 0
