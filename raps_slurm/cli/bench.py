@@ -1,8 +1,8 @@
 """``rapsctl bench``: the options of each benchmark and its one JSON object on stdout.
 
 The measuring code is in ``raps_slurm.bench`` (one module per benchmark); this module
-only parses options and prints. ``detect``, ``loss``, ``recovery``, ``efficiency`` and
-``launch`` bring up their own private 6-node cluster (scripts/cluster.sh wiring, ports
+only parses options and prints. ``detect``, ``loss``, ``recovery``, ``efficiency``, ``faults``
+and ``launch`` bring up their own private 6-node cluster (scripts/cluster.sh wiring, ports
 from ``--port``, run dir in /tmp) and take it down at the end; ``heartbeats`` and ``churn``
 start a throw-away etcd; ``checkpoint``, ``messaging`` and ``simulate`` run on this
 machine alone; ``mpi`` runs the same mpi4py program under RAPS and under Open MPI
@@ -20,6 +20,7 @@ import click
 
 from raps_slurm import config as cfgmod
 from raps_slurm.bench import checkpoint, churn, detect, heartbeats, loss, messaging, mpi, recovery
+from raps_slurm.bench.faults import run_faults
 from raps_slurm.bench.launch import run_launch
 from raps_slurm.bench.simulate import run_simulate
 from raps_slurm.checkpoint.codec import CodecParams
@@ -214,6 +215,19 @@ def bench_launch(nodes: int, ranks_per_node: int, repeats: int, port: int,
                  as_json: bool) -> None:
     """raps-run against plain srun: seconds until every rank runs, batch-host processes."""
     _echo(run_launch(nodes, ranks_per_node, repeats, port, quiet=as_json))
+
+
+@bench.command("faults")
+@click.option("--runs", default=30, show_default=True, type=click.IntRange(1, 1000),
+              help="Jobs, each with 1-3 nodes crashed or frozen.")
+@click.option("--seed", default=1, show_default=True, type=int,
+              help="Draws the programs, the nodes, the kinds and the times.")
+@_port(20800)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_faults(runs: int, seed: int, port: int, as_json: bool) -> None:
+    """A seeded fault campaign: heat_ring and random programs under node faults, judged
+    against their failure-free results."""
+    _echo(run_faults(runs, seed, port, quiet=as_json))
 
 
 @bench.command("simulate")

@@ -1,0 +1,33 @@
+"""A short seeded fault campaign (``rapsctl bench faults``' runs) on the session cluster:
+heat_ring and random programs under crashed and frozen nodes (a working node, a node with
+its log backup, a whole rack, a rack and one more node) end with their failure-free
+results, and a job is requeued only when no spare remained."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from raps_slurm.bench.faults import campaign
+from raps_slurm.testing.cluster import LocalCluster
+
+RUNS, SEED = 5, 20
+
+
+# five jobs of 20-60 s each on a loaded 2-core machine, and their failure-free references
+@pytest.mark.timeout(540)
+def test_a_seeded_fault_campaign_loses_no_data_and_computes_no_wrong_result(
+        cluster: LocalCluster, leading: Callable[[str], Any]) -> None:
+    with leading("faults"):
+        result = campaign(cluster, RUNS, SEED, say=print)
+    totals, runs = result["totals"], result["runs"]
+    report = json.dumps(runs, indent=1)
+    assert totals["runs"] == RUNS
+    assert totals["errors"] == 0, report
+    assert totals["wrong_results"] == 0, report
+    assert totals["lost_data"] == 0, report
+    assert totals["requeued_with_spare_left"] == 0, report
+    assert totals["recovered"] + totals["requeued"] == RUNS, report

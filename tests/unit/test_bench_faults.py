@@ -1,0 +1,57 @@
+"""``rapsctl bench faults`` without a cluster: the drawn fault plans and the totals."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from raps_slurm.bench.faults import COMBOS, draw_faults, totals
+
+RACKS: dict[str, tuple[str, ...]] = {"s1": ("n1", "n2"), "s2": ("n3", "n4"), "s3": ("n5", "n6")}
+
+
+def view(nodes: list[str], backups: list[str], spares: list[str]) -> dict[str, Any]:
+    return {"spares": spares,
+            "ranks": [{"rank": r, "node": n, "group": {"log_backup": b, "ckpt_mirrors": [b]}}
+                      for r, (n, b) in enumerate(zip(nodes, backups, strict=True))]}
+
+
+def test_drawn_plans_have_one_to_three_victims_and_never_the_batch_host() -> None:
+    v = view(["n1", "n3", "n5", "n6"], ["n3", "n5", "n2", "n1"], ["n2", "n4"])
+    rng = random.Random(3)
+    seen = set()
+    for _ in range(300):
+        combo, faults = draw_faults(rng, v, "n1", RACKS)
+        seen.add(combo)
+        nodes = [f.node for f in faults]
+        assert 1 <= len(nodes) <= 3 and len(set(nodes)) == len(nodes)
+        assert "n1" not in nodes
+        assert all(f.kind in ("crash", "freeze") for f in faults)
+        assert all((f.hold_s is not None) == (f.kind == "freeze") for f in faults)
+        assert [f.at_s for f in faults] == sorted(f.at_s for f in faults)
+        if combo == "primary+backup":
+            [p] = [f.node for f in faults if f.role == "primary"]
+            assert {f.node for f in faults if f.role == "backup"} == {
+                r["group"]["log_backup"] for r in v["ranks"] if r["node"] == p}
+        if combo.startswith("rack"):
+            assert tuple(sorted(f.node for f in faults if f.role == "rack")) in RACKS.values()
+    assert seen == set(COMBOS)
+
+
+def test_the_same_seed_draws_the_same_plans() -> None:
+    v = view(["n1", "n3", "n5", "n6"], ["n3", "n5", "n2", "n1"], ["n2", "n4"])
+    a, b = random.Random(9), random.Random(9)
+    assert [draw_faults(a, v, "n1", RACKS) for _ in range(20)] == \
+        [draw_faults(b, v, "n1", RACKS) for _ in range(20)]
+
+
+def test_totals_count_outcomes_and_a_requeue_with_a_spare_left_misses_the_goal() -> None:
+    ok = {"recovered": True, "faults": [{"kind": "crash"}]}
+    requeued = {"requeued": True, "spares_left": 0, "faults": [{"kind": "freeze"}]}
+    t = totals([ok, requeued])
+    assert (t["runs"], t["recovered"], t["requeued"], t["crashes"], t["freezes"]) == \
+        (2, 1, 1, 1, 1)
+    assert t["goals_met"]
+    assert not totals([ok, {**requeued, "spares_left": 1}])["goals_met"]
+    assert not totals([ok, {"lost_data": True}])["goals_met"]
+    assert not totals([ok, {"error": "boom"}])["goals_met"]
