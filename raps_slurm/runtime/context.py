@@ -58,8 +58,9 @@ log = logging.getLogger("raps.runtime")
 
 STATE_ITEM = "\0raps/state"
 LARGE_PREFIX = "\0raps/large/"
-# The small messages of the log that receivers may still ask for, inside the checkpoint:
-# a node lost together with its log backup leaves them in the checkpoint's copies.
+# The log entries receivers may still ask for, inside the checkpoint (small ones with
+# their bodies, large ones as headers): a node lost together with its log backup, or a
+# log pulled only in part, leaves them in the checkpoint's copies.
 LOG_ITEM = "\0raps/log"
 
 
@@ -372,11 +373,15 @@ class Context:
         finally:
             self.port.blocked(None)
 
-    def _log_records(self, small: list[tuple[Entry, bytes | memoryview | None]]) -> bytes:
-        """Log-store records (with bodies) of the small entries a checkpoint carries."""
+    def _log_records(self, logged: list[tuple[Entry, bytes | memoryview | None]]) -> bytes:
+        """Log-store records of the entries a checkpoint carries: small ones with their
+        bodies, large ones as headers (their bodies are the checkpoint's large items)."""
         parts: list[bytes | memoryview] = []
         spilled: dict[tuple[int, int], bytes] | None = None
-        for e, body in small:
+        for e, body in logged:
+            if e.large:
+                parts += e.record(False)
+                continue
             if body is None:  # spilled under memory pressure: its body is in the log store
                 spilled = self._persisted() if spilled is None else spilled
                 body = spilled.get((e.dst, e.seq))
@@ -393,10 +398,10 @@ class Context:
             sent = self.log.sent_vector()
             floors = dict(self.log.floors)
             large = [(e.dst, e.seq, e.body) for e in self.log.large_uncovered()]
-            small = [(e, e.body) for q in self.log.entries.values() for e in q if not e.large]
+            logged = [(e, e.body) for q in self.log.entries.values() for e in q]
         items: dict[str, Any] = dict(state) if isinstance(state, dict) and all(
             isinstance(k, str) and not k.startswith("\0") for k in state) else {STATE_ITEM: state}
-        items[LOG_ITEM] = self._log_records(small)
+        items[LOG_ITEM] = self._log_records(logged)
         missing = [(d, s) for d, s, b in large if b is None]
         if missing:
             spilled = self._persisted()

@@ -155,8 +155,9 @@ def test_two_neighbours_killed_with_their_logs_lost_replay_from_their_checkpoint
         tmp_path: Path) -> None:
     # Each needs messages the other sent before its own checkpoint and after the other's:
     # with both logs lost (node and log backup gone), only the checkpoints carry them.
+    # (small and large messages: a large body travels as a checkpoint item of its own)
     prog = Program(4, [[[(r + 1) % 4, (r - 1) % 4] for r in range(4)] for _ in range(10)],
-                   [{2, 6}, {3, 7}, {4, 8}, {5}], [100] * 10)
+                   [{2, 6}, {3, 7}, {4, 8}, {5}], [100, 1000] * 5)
     clean = run(prog, tmp_path / "clean")
     assert run(prog, tmp_path / "faulty", {1: 9, 2: 9}, lose_log=True) == clean
 
