@@ -79,7 +79,7 @@ class Recovery:
     def __init__(self, cfg: Config, store: StateStore, keys: Keys, leadership: Leadership, *,
                  job_info: Callable[[str], JobInfo], requeue: Callable[[str], None],
                  start_now: Callable[[str], None] = lambda job: None,
-                 update_pending: Callable[[str, list[str], int | None], None]
+                 update_pending: Callable[[str, list[str] | None, int | None], None]
                  = lambda job, exclude, num_nodes: None,
                  cancel: Callable[[str], None] = lambda job: None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -116,7 +116,7 @@ class Recovery:
         done.extend(self._follow(book))
         for job, view in sorted(views.items(), key=lambda kv: int(kv[0])):
             if view.escalation is not None:
-                done.extend(self._release(job, view.escalation))
+                done.extend(self._release(job, view.escalation, view))
             rec, m = view.record, view.rank_map
             if rec is None or m is None or rec.state != "running" or m.error or \
                     m.restart_count != rec.restart_count:
@@ -533,18 +533,43 @@ class Recovery:
         log.error("job %s cancelled: %s", job, rec.gave_up)
         return f"job {job}: cancelled (raps gave up)"
 
-    def _release(self, job: str, kv: KeyValue) -> list[str]:
+    def _lift(self, job: str, kv: KeyValue, rec: EscalationRecord, view: JobView
+              ) -> list[str]:
+        """A released run that has not started, excluded from nodes that are back (their
+        DEAD verdict cleared): Slurm may be holding it for want of them (a count that
+        needs them), and would for ever: the exclusion shrinks to the nodes still dead."""
+        back = [n for n in rec.exclude if n not in self._dead]
+        started = view.rank_map is not None and view.rank_map.restart_count > rec.run
+        if not back or started:
+            return []
+        still = [n for n in rec.exclude if n in self._dead]
+        try:
+            if self._job_info(job).state != "PENDING":
+                return []
+            self._update_pending(job, still, None)
+            self._start_now(job)
+        except SlurmCommandError as exc:
+            return [f"job {job}: cannot lift the requeued run's exclusions yet ({exc})"]
+        self.leadership.commit([Guard(kv.key, kv.mod_revision)], [Put(
+            kv.key, dataclasses.replace(rec, exclude=tuple(still)).to_json())])
+        log.warning("job %s: %s back, no longer excluded from the requeued run", job,
+                    ",".join(back))
+        return [f"job {job}: requeued run may use {','.join(back)} again"]
+
+    def _release(self, job: str, kv: KeyValue, view: JobView) -> list[str]:
         """A job requeued by an escalation waits out Slurm's requeue delay (BeginTime):
         once Slurm shows it pending again, apply what the run asks for (dead nodes
         excluded, fewer nodes) and start it."""
         rec = _decode(kv)
-        if rec is None or rec.requeued_at is None or rec.released_at is not None:
+        if rec is None or rec.requeued_at is None:
             return []
+        if rec.released_at is not None:
+            return self._lift(job, kv, rec, view)
         try:
             if self._job_info(job).state != "PENDING":
                 return []  # still completing; next cycle
             if rec.exclude or rec.num_nodes is not None:
-                self._update_pending(job, list(rec.exclude), rec.num_nodes)
+                self._update_pending(job, list(rec.exclude) or None, rec.num_nodes)
             self._start_now(job)
         except SlurmCommandError as exc:
             return [f"job {job}: cannot start the requeued job yet ({exc})"]

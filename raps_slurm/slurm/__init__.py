@@ -63,8 +63,10 @@ class SlurmClient:
         """Let a pending (requeued) job start at once."""
         self.runner.run(commands.start_now(job_id))
 
-    def update_pending(self, job_id: int, exclude: list[str], num_nodes: int | None) -> None:
-        """Exclude nodes from a pending job and/or change its node count."""
+    def update_pending(self, job_id: int, exclude: list[str] | None,
+                       num_nodes: int | None) -> None:
+        """Exclude nodes from a pending job (None: leave its exclusions; empty: clear
+        them) and/or change its node count."""
         self.runner.run(commands.update_pending(job_id, exclude, num_nodes))
 
     def cancel(self, job_id: int, signal: str | None = None) -> None:

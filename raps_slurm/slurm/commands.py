@@ -80,12 +80,14 @@ def start_now(job_id: int) -> list[str]:
     return ["scontrol", "update", f"JobId={int(job_id)}", "StartTime=now"]
 
 
-def update_pending(job_id: int, exclude: Iterable[str], num_nodes: int | None) -> list[str]:
-    """Reshape a pending (requeued) job: nodes it must not get, and its node count."""
+def update_pending(job_id: int, exclude: Iterable[str] | None,
+                   num_nodes: int | None) -> list[str]:
+    """Reshape a pending (requeued) job: nodes it must not get (None: leave them; empty:
+    none any more), and its node count."""
     argv = ["scontrol", "update", f"JobId={int(job_id)}"]
-    nodes = list(exclude)
-    if nodes:
-        argv.append(f"ExcNodeList={fold(nodes)}")
+    if exclude is not None:
+        nodes = list(exclude)
+        argv.append(f"ExcNodeList={fold(nodes) if nodes else ''}")
     if num_nodes is not None:
         if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
             raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")

@@ -107,9 +107,11 @@ def test_escalation_records_round_trip_and_bad_ones_are_named() -> None:
 def test_update_pending_argv() -> None:
     assert commands.update_pending(7, ["n6", "n5"], 4) == [
         "scontrol", "update", "JobId=7", "ExcNodeList=n[5-6]", "NumNodes=4"]
-    assert commands.update_pending(7, [], 4) == ["scontrol", "update", "JobId=7", "NumNodes=4"]
+    assert commands.update_pending(7, None, 4) == ["scontrol", "update", "JobId=7", "NumNodes=4"]
+    assert commands.update_pending(7, [], None) == [
+        "scontrol", "update", "JobId=7", "ExcNodeList="]  # no node excluded any more
     with pytest.raises(ValueError, match="nothing to change"):
-        commands.update_pending(7, [], None)
+        commands.update_pending(7, None, None)
     with pytest.raises(ValueError, match="num_nodes"):
         commands.update_pending(7, ["n1"], 0)
 
@@ -174,6 +176,20 @@ def test_a_dead_node_in_the_allocation_is_never_mapped_and_the_requeue_excludes_
     world.state = "PENDING"
     step(c, world, 2)
     assert world.updated == [("7", ["n1", "n3"], 4)] and world.released == ["7"]
+    # Slurm holds the run (too few nodes once both are excluded). n3's agent comes back:
+    # the exclusion shrinks to n1, then to nothing once n1 is back too; started once.
+    world.dead = {"n1"}
+    step(c, world, 3)
+    assert world.updated[1:] == [("7", ["n1"], None)] and world.released == ["7", "7"]
+    assert world.escalation().exclude == ("n1",)
+    world.dead = set()
+    step(c, world, 3)
+    assert world.updated[2:] == [("7", [], None)] and world.escalation().exclude == ()
+    # once the requeued run is mapped, nothing more is asked of Slurm
+    world.register(1)
+    world.state = "RUNNING"
+    step(c, world, 3)
+    assert len(world.updated) == 3 and len(world.released) == 3
 
 
 def test_raps_gives_up_after_max_requeues_and_the_job_fails(world: World) -> None:
