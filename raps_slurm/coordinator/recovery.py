@@ -623,6 +623,9 @@ def plans_in_order(plans: Iterable[Plan]) -> list[Plan]:
     return sorted(plans, key=lambda p: (int(p.job), p.created_at, p.plan_id))
 
 
+CANNOT_REPLAY = " cannot replay to rank "  # the runtime's words for a sender's log hole
+
+
 def _asked_to_escalate(view: JobView) -> str:
     """The reason of the first ESCALATE verdict that speaks for this run: from the rank's
     current epoch on its current node, after the run registered ('' if none). A runtime
@@ -633,6 +636,12 @@ def _asked_to_escalate(view: JobView) -> str:
     for rank, (at, epoch, node, reason) in sorted(view.escalated.items()):
         entry = view.entries.get(rank)
         if entry is None or at < view.record.registered_at:
+            continue
+        if CANNOT_REPLAY in reason:
+            # The sender is not stuck, and a request it could not serve may be a stale
+            # one that a later request from the same receiver supersedes (seen: a run
+            # requeued while its replay went on to succeed). A real hole leaves the
+            # receiver's plan short of caught_up: recovery_timeout_sec escalates that.
             continue
         if epoch == entry[0].epoch and node == entry[0].node:
             return f"rank {rank} on {node} escalated: {reason}"
