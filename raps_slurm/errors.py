@@ -49,6 +49,10 @@ class LeaseExpired(StoreError):
     """A lease was refreshed or used after it expired or was revoked."""
 
 
+class StorePermissionDenied(StoreError):
+    """The store refused an operation this identity has no right to (etcd RBAC role)."""
+
+
 class RecordError(StoreError):
     """A value read from the store is malformed (names the key and the field)."""
 

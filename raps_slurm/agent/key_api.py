@@ -6,7 +6,9 @@
 
 PrologSlurmctld writes the key at registration (``jobs/<id>/secret``, a new one every
 run). A job registered without one (by a RAPS version before the key existed) gets one
-here, created once with create-if-absent so that every agent hands out the same key.
+here, created once with create-if-absent so that every agent hands out the same key;
+where the agent's etcd role may not write ``jobs/`` (docs/store.md, Roles) that job's
+ranks are refused ``no_key`` instead.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from raps_slurm.agent.local_api import (
     registered_epoch,
     require_owner,
 )
+from raps_slurm.errors import StorePermissionDenied
 from raps_slurm.store import Keys, StateStore
 
 log = logging.getLogger("raps.agent")
@@ -65,8 +68,12 @@ class JobKeyOps:
         name = self.keys.job_secret(job)
         kv = self.store.get(name)
         if kv is None and self._owner_of(job) is not None:
-            if self.store.create(name, os.urandom(KEY_BYTES).hex().encode()):
-                log.info("job %s had no key for its ranks' traffic: made one", job)
+            try:
+                if self.store.create(name, os.urandom(KEY_BYTES).hex().encode()):
+                    log.info("job %s had no key for its ranks' traffic: made one", job)
+            except StorePermissionDenied as exc:
+                raise Refused("no_key", f"job {job} was registered without a key for its "
+                              "ranks' traffic, and this agent may not make one") from exc
             kv = self.store.get(name)
         key = parse_key(kv.value) if kv is not None else None
         if key is None:

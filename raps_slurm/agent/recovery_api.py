@@ -52,7 +52,7 @@ _DETAIL: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 4096,
 
 def record_event(store: StateStore, keys: Keys, node: str, pid: str, phase: str,
                  detail: dict[str, object], at: float | None = None) -> bool:
-    """Write ``plans/<pid>/<phase>`` if the plan exists and the phase is not yet reported.
+    """Write ``reports/plans/<pid>/<phase>`` if the plan exists and the phase is not yet reported.
 
     Returns True when written. An etcd failure is logged, not raised: a report must never
     fail the rank's restore or launch (the leader then times the plan out).

@@ -155,6 +155,7 @@ def run_churn(days: float, nodes: int, jobs_per_day: float, job_nodes: int,
                     w.flush()
                     try:
                         store.delete_prefix(keys.job_prefix(jid))
+                        store.delete_prefix(keys.job_reports_prefix(jid))
                         store.delete(keys.job(jid))
                         store.put(keys.purged(jid), json.dumps({"at": t}).encode())
                     except StoreError as exc:

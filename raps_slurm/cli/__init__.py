@@ -9,7 +9,17 @@ import sys
 
 import click
 
-from raps_slurm.cli import admin, bench, ckpt, config_cmd, inspect_cmd, ping, show, simulate
+from raps_slurm.cli import (
+    admin,
+    bench,
+    ckpt,
+    config_cmd,
+    etcd_roles,
+    inspect_cmd,
+    ping,
+    show,
+    simulate,
+)
 from raps_slurm.cli import jobs as _jobs  # noqa: F401  (adds show job, show groups)
 from raps_slurm.cli import plans as _plans  # noqa: F401  (adds show plan, show recoveries)
 from raps_slurm.cli import racks as _racks  # noqa: F401  (adds show racks)
@@ -36,6 +46,7 @@ cli.add_command(admin.drain)
 cli.add_command(admin.resume)
 cli.add_command(admin.cancel_plan)
 cli.add_command(admin.update)
+cli.add_command(etcd_roles.etcd_roles)
 cli.add_command(ckpt.verify)
 cli.add_command(ckpt.restore)
 cli.add_command(inspect_cmd.inspect)

@@ -1,7 +1,7 @@
 """``rapsctl inspect --job J --message-log``: the message layer of a running job, per rank pair.
 
 Ranks report their figures through their agents every ``messagelog.stats_interval_sec``
-(``jobs/<id>/msgstats/<rank>``); ``--local DIR`` reads those of a local run
+(``reports/jobs/<id>/msgstats/<rank>``); ``--local DIR`` reads those of a local run
 (``python -m raps_slurm.runtime.local --dir DIR``). For each pair ``s->d``: messages
 ``s`` sent to ``d``, what ``d`` delivered from ``s``, the range ``s`` still has in its
 log, up to where ``s`` collected (``d``'s oldest kept checkpoint covers it), and a gap

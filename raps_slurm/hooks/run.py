@@ -181,6 +181,7 @@ def _prolog_slurmctld(cfg: Config, env: Mapping[str, str], budget: float) -> int
                 ops.append(Delete(keys.job_map(record.job_id)))  # the leader maps the new run
             elif action == "reuse" and kv is not None:
                 ops.append(Delete(keys.job_prefix(record.job_id), prefix=True))
+                ops.append(Delete(keys.job_reports_prefix(record.job_id), prefix=True))
             if action in ("create", "reuse"):
                 ops.append(Delete(keys.purged(record.job_id)))  # a new job with an old id
             # The job's key for rank-to-rank traffic (docs/messaging.md, Authentication),

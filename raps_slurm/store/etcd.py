@@ -37,7 +37,7 @@ import urllib3.exceptions
 from etcd3gw import exceptions as gw_exc
 from etcd3gw.client import Etcd3Client
 
-from raps_slurm.errors import LeaseExpired, StoreError, StoreUnavailable
+from raps_slurm.errors import LeaseExpired, StoreError, StorePermissionDenied, StoreUnavailable
 from raps_slurm.store.base import (
     Guard,
     KeyValue,
@@ -235,6 +235,9 @@ class EtcdStore(StateStore):
                     raise LeaseExpired(f"etcd: {message}") from exc
                 if "user name is empty" in message:
                     message += " (etcd has auth enabled: configure a user and password)"
+                if "permission denied" in message:  # this user's roles (docs/store.md, Roles)
+                    raise StorePermissionDenied(f"etcd {client.base_url}{path}: {message} "
+                                                f"for user {self._user!r}") from exc
                 raise StoreError(f"etcd {client.base_url}{path}: {message}") from exc
         raise AssertionError("unreachable")
 

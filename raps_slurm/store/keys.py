@@ -6,22 +6,28 @@ Layout under the prefix (default ``/raps/v1/``)::
     leader
     nodes/<node>                  nodes/<node>/health           nodes/<node>/verdict
     nodes/<node>/health-verdict
-    jobs/<jobid>                  jobs/<jobid>/map
+    jobs/<jobid>                  jobs/<jobid>/map              jobs/<jobid>/secret
     jobs/<jobid>/ranks/<rank>     jobs/<jobid>/groups/<rank>
-    jobs/<jobid>/ckpt/<rank>/<gen>  jobs/<jobid>/verdicts/<rank>
-    jobs/<jobid>/peers/<rank>       jobs/<jobid>/msgstats/<rank>
     jobs/<jobid>/escalation
-    plans/<id>                    plans/<id>/<phase>   (launched, restored, running)
+    plans/<id>
+    reports/jobs/<jobid>/ckpt/<rank>/<gen>   reports/jobs/<jobid>/verdicts/<rank>
+    reports/jobs/<jobid>/peers/<rank>        reports/jobs/<jobid>/msgstats/<rank>
+    reports/plans/<id>/<phase>    (launched, restored, running, cancelled)
     purged/<jobid>                a finished job's keys are gone; agents delete its local data
     weights/<node>                a Slurm Weight the leader set (and the one it found before)
     weight-pins/<node>            an admin's pinned Weight (rapsctl update node): left alone
     audit/<time>-<host>-<pid>     one admin action (rapsctl drain/resume/...): who, what, when
 
+What the node agents write lives under ``nodes/`` and ``reports/`` only, so that etcd
+roles can keep an agent's credential away from everything else (``roles.py``,
+docs/store.md, Roles): keep it so when adding a key.
+
 Numbers are written in decimal without padding, so a prefix listing is sorted
 as text (``10`` before ``9``): sort numerically after reading.
-Prefix methods (``*_prefix``) end with ``/`` so that listing ``n1`` never also
-returns ``n10``: list with them, never with a leaf key (``job_plans_prefix`` ends with
-``-``: plan ids are ``<job>-<rank>-<epoch>``, so job 12's never match job 123's).
+Prefix methods (``*_prefix``, ``*_root``) end with ``/`` so that listing ``n1`` never also
+returns ``n10``: list with them, never with a leaf key (``job_plans_prefix`` and
+``job_plan_events_prefix`` end with ``-``: plan ids are ``<job>-<rank>-<epoch>``, so job
+12's never match job 123's).
 """
 
 from __future__ import annotations
@@ -132,9 +138,22 @@ class Keys:
         """Backup group of one rank."""
         return self.job_groups_prefix(job_id) + _number(rank, "rank")
 
+    def reports_prefix(self) -> str:
+        """Prefix of what agents report (and the leader's rank verdicts): the one subtree
+        besides ``nodes/`` the agent role may write."""
+        return f"{self._prefix}reports/"
+
+    def job_reports_root(self) -> str:
+        """Prefix of the reports of every job."""
+        return self.reports_prefix() + "jobs/"
+
+    def job_reports_prefix(self, job_id: int | str) -> str:
+        """Everything reported about one job's ranks (verdicts, peers, msgstats, ckpt)."""
+        return self.job_reports_root() + _component(job_id, "job id") + "/"
+
     def job_rank_verdict(self, job_id: int | str, rank: int) -> str:
-        """The last failure-detector verdict about one rank (HUNG), with its evidence."""
-        return self.job_prefix(job_id) + "verdicts/" + _number(rank, "rank")
+        """The last verdict about one rank (the leader's HUNG, an agent's ESCALATE)."""
+        return self.job_reports_prefix(job_id) + "verdicts/" + _number(rank, "rank")
 
     def job_escalation(self, job_id: int | str) -> str:
         """A whole-job requeue the leader decided for one run of the job, and when Slurm
@@ -143,7 +162,7 @@ class Keys:
 
     def job_peer(self, job_id: int | str, rank: int) -> str:
         """Where a rank listens for its peers (host, port, epoch), published by its agent."""
-        return self.job_prefix(job_id) + "peers/" + _number(rank, "rank")
+        return self.job_reports_prefix(job_id) + "peers/" + _number(rank, "rank")
 
     def job_secret(self, job_id: int | str) -> str:
         """The job's key for rank-to-rank traffic (hex), made at registration; daemons
@@ -152,15 +171,19 @@ class Keys:
 
     def job_msgstats_prefix(self, job_id: int | str) -> str:
         """Prefix of the ranks' message-log figures."""
-        return self.job_prefix(job_id) + "msgstats/"
+        return self.job_reports_prefix(job_id) + "msgstats/"
 
     def job_msgstats(self, job_id: int | str, rank: int) -> str:
         """One rank's message-log figures (sent, delivered, logged, collected per peer)."""
         return self.job_msgstats_prefix(job_id) + _number(rank, "rank")
 
+    def job_ckpts_prefix(self, job_id: int | str) -> str:
+        """Prefix of the checkpoint records of every rank of one job."""
+        return self.job_reports_prefix(job_id) + "ckpt/"
+
     def ckpt_prefix(self, job_id: int | str, rank: int) -> str:
         """Prefix of the checkpoint generations of one rank."""
-        return self.job_prefix(job_id) + "ckpt/" + _number(rank, "rank") + "/"
+        return self.job_ckpts_prefix(job_id) + _number(rank, "rank") + "/"
 
     def ckpt(self, job_id: int | str, rank: int, gen: int) -> str:
         """One checkpoint generation: manifest digest, size, holders, verified."""
@@ -207,9 +230,18 @@ class Keys:
         """One recovery plan and its state."""
         return self.plans_prefix() + _component(plan_id, "plan id")
 
+    def plan_events_prefix(self) -> str:
+        """Prefix of what nodes (and admins) reported about the phases of plans."""
+        return self.reports_prefix() + "plans/"
+
     def plan_event(self, plan_id: str, phase: str) -> str:
         """What a node reported about one phase of a plan."""
-        return self.plan(plan_id) + "/" + _component(phase, "phase")
+        return (self.plan_events_prefix() + _component(plan_id, "plan id") + "/"
+                + _component(phase, "phase"))
+
+    def job_plan_events_prefix(self, job_id: int | str) -> str:
+        """Prefix of the phase reports of every plan of one job (as ``job_plans_prefix``)."""
+        return self.plan_events_prefix() + _component(job_id, "job id") + "-"
 
     def job_plans_prefix(self, job_id: int | str) -> str:
         """Prefix of every plan of one job (plan ids start with the job id and '-')."""

@@ -552,8 +552,10 @@ def test_keys_layout_and_validation() -> None:
     assert k.job(42) == k.job("42") == "/raps/v1/jobs/42"
     assert k.job_rank(42, 3) == "/raps/v1/jobs/42/ranks/3"
     assert k.job_group(42, 3) == "/raps/v1/jobs/42/groups/3"
-    assert k.ckpt(42, 3, 7) == "/raps/v1/jobs/42/ckpt/3/7"
+    assert k.ckpt(42, 3, 7) == "/raps/v1/reports/jobs/42/ckpt/3/7"
     assert k.plan("p-1") == "/raps/v1/plans/p-1"
+    assert k.plan_event("p-1", "running") == "/raps/v1/reports/plans/p-1/running"
+    assert k.job_peer(42, 3).startswith(k.job_reports_prefix(42))  # what agents write
     assert k.ckpt(42, 3, 7).startswith(k.ckpt_prefix(42, 3))
     assert k.job_rank(42, 3).startswith(k.job_prefix(42))
     assert not k.job(420).startswith(k.job_prefix(42))  # prefixes end with '/'
