@@ -67,17 +67,32 @@ static void hmac_tag(const hmac_key *k, const unsigned char *body, size_t len,
     SHA256_Final(out, &c);
 }
 
-/* Keys from a tuple of bytes (1..MAX_KEYS); returns the count or -1. */
+/* Keys from a tuple of bytes (0..MAX_KEYS); returns the count or -1. */
 static int prepare_keys(hmac_key *keys, PyObject *tuple) {
     Py_ssize_t n = PyTuple_GET_SIZE(tuple);
-    if (n < 1 || n > MAX_KEYS) {
-        PyErr_Format(PyExc_ValueError, "need 1..%d keys, got %zd", MAX_KEYS, n);
+    if (n > MAX_KEYS) {
+        PyErr_Format(PyExc_ValueError, "need 0..%d keys, got %zd", MAX_KEYS, n);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++)
         if (prepare_key(&keys[i], PyTuple_GET_ITEM(tuple, i)) < 0)
             return -1;
     return (int)n;
+}
+
+/* The hmac_key inside a bytes object made by hmac_state(), or NULL (ValueError). The bytes
+ * are only read: copying them out keeps the alignment of the SHA-256 states right. */
+static const hmac_key *state_of(PyObject *obj) {
+    static __thread hmac_key states[MAX_BATCH + 1];
+    static __thread int next;
+    if (!PyBytes_Check(obj) || PyBytes_GET_SIZE(obj) != (Py_ssize_t)sizeof(hmac_key)) {
+        PyErr_SetString(PyExc_ValueError, "not an HMAC state from hmac_state()");
+        return NULL;
+    }
+    hmac_key *k = &states[next];
+    next = (next + 1) % (MAX_BATCH + 1);
+    memcpy(k, PyBytes_AS_STRING(obj), sizeof *k);
+    return k;
 }
 
 static PyObject *address_tuple(const struct sockaddr_storage *sa) {
@@ -104,7 +119,9 @@ PyDoc_STRVAR(recv_batch_doc,
 "(GIL released) until one arrives, wait=False returns [] when none is pending. For each\n"
 "datagram that starts with prefix and is min_size..max_size bytes long, signed is the\n"
 "index in keys of the key whose HMAC-SHA256 matches its last 32 bytes, or -1; for any\n"
-"other datagram it is -2 (not checked). Longer datagrams are truncated to 1024 bytes.");
+"other datagram, and for every one when keys is empty (the caller verifies, e.g. with the\n"
+"key of the node a datagram names), it is -2 (not checked). Longer datagrams are\n"
+"truncated to 1024 bytes.");
 
 static PyObject *recv_batch(PyObject *self, PyObject *args) {
     int fd, wait;
@@ -159,7 +176,7 @@ static PyObject *recv_batch(PyObject *self, PyObject *args) {
         const unsigned char *data = bufs[i];
         size_t len = msgs[i].msg_len;
         int signed_by = -2;
-        if ((Py_ssize_t)len >= min_size && (Py_ssize_t)len <= max_size &&
+        if (nkeys > 0 && (Py_ssize_t)len >= min_size && (Py_ssize_t)len <= max_size &&
             memcmp(data, prefix, (size_t)prefix_len) == 0) {
             unsigned char tag[TAG];
             signed_by = -1;
@@ -212,7 +229,9 @@ static int parse_address(PyObject *host, int port, struct sockaddr_storage *sa,
 PyDoc_STRVAR(sign_send_doc,
 "sign_send(fd, key, items) -> int\n\n"
 "Append the HMAC-SHA256 tag under key to each body of items, a list of\n"
-"(body, (host, port)) with numeric addresses, and send them from the UDP socket fd with\n"
+"(body, (host, port)) or (body, (host, port), state) with numeric addresses (state, from\n"
+"hmac_state(), signs that item; key may then be None), and send them from the UDP socket\n"
+"fd with\n"
 "sendmmsg, never blocking. Returns how many the kernel refused (a full send buffer loses\n"
 "a datagram, as a network would). Bodies longer than 992 bytes raise ValueError.");
 
@@ -226,16 +245,21 @@ static PyObject *sign_send(PyObject *self, PyObject *args) {
     struct sockaddr_storage addrs[MAX_BATCH];
     long failures = 0;
 
-    if (!PyArg_ParseTuple(args, "iSO!", &fd, &key_obj, &PyList_Type, &items))
+    if (!PyArg_ParseTuple(args, "iOO!", &fd, &key_obj, &PyList_Type, &items))
         return NULL;
-    if (prepare_key(&key, key_obj) < 0)
+    if (key_obj != Py_None && !PyBytes_Check(key_obj)) {
+        PyErr_SetString(PyExc_TypeError, "key must be bytes or None");
+        return NULL;
+    }
+    if (key_obj != Py_None && prepare_key(&key, key_obj) < 0)
         return NULL;
     Py_ssize_t total = PyList_GET_SIZE(items);
     for (Py_ssize_t start = 0; start < total; start += MAX_BATCH) {
         int n = (int)(total - start < MAX_BATCH ? total - start : MAX_BATCH);
         memset(msgs, 0, sizeof msgs);
         for (int i = 0; i < n; i++) {
-            PyObject *item = PyList_GET_ITEM(items, start + i), *body, *host;
+            PyObject *item = PyList_GET_ITEM(items, start + i), *body, *host, *state = NULL;
+            const hmac_key *signer = &key;
             int port;
             char *data;
             Py_ssize_t len;
@@ -244,8 +268,15 @@ static PyObject *sign_send(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_TypeError, "items must be (body, (host, port)) tuples");
                 return NULL;
             }
-            if (!PyArg_ParseTuple(item, "S(Ui)", &body, &host, &port))
+            if (!PyArg_ParseTuple(item, "S(Ui)|S", &body, &host, &port, &state))
                 return NULL;
+            if (state != NULL) {
+                if ((signer = state_of(state)) == NULL)
+                    return NULL;
+            } else if (key_obj == Py_None) {
+                PyErr_SetString(PyExc_TypeError, "an item without its own key needs a key");
+                return NULL;
+            }
             if (PyBytes_AsStringAndSize(body, &data, &len) < 0)
                 return NULL;
             if (len > SLOT - TAG) {
@@ -255,7 +286,7 @@ static PyObject *sign_send(PyObject *self, PyObject *args) {
             if (parse_address(host, port, &addrs[i], &addr_len) < 0)
                 return NULL;
             memcpy(bufs[i], data, (size_t)len);
-            hmac_tag(&key, bufs[i], (size_t)len, bufs[i] + len);
+            hmac_tag(signer, bufs[i], (size_t)len, bufs[i] + len);
             iov[i].iov_base = bufs[i];
             iov[i].iov_len = (size_t)len + TAG;
             msgs[i].msg_hdr.msg_iov = &iov[i];
@@ -281,6 +312,45 @@ static PyObject *sign_send(PyObject *self, PyObject *args) {
     return PyLong_FromLong(failures);
 }
 
+PyDoc_STRVAR(hmac_state_doc,
+"hmac_state(key) -> bytes\n\n"
+"The precomputed HMAC-SHA256 state of key (its two padded blocks hashed), for verify()\n"
+"and as a sign_send item's signer: a per-node key then costs no key schedule per\n"
+"datagram. As secret as the key.");
+
+static PyObject *hmac_state(PyObject *self, PyObject *args) {
+    PyObject *key_obj;
+    hmac_key key;
+    if (!PyArg_ParseTuple(args, "S", &key_obj))
+        return NULL;
+    if (prepare_key(&key, key_obj) < 0)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize((const char *)&key, sizeof key);
+    OPENSSL_cleanse(&key, sizeof key);
+    return out;
+}
+
+PyDoc_STRVAR(verify_doc,
+"verify(state, data) -> bool\n\n"
+"True if the last 32 bytes of data are the HMAC-SHA256, under the key of state\n"
+"(hmac_state()), of the bytes before them (constant-time compare).");
+
+static PyObject *verify(PyObject *self, PyObject *args) {
+    PyObject *state;
+    const char *data;
+    Py_ssize_t len;
+    const hmac_key *k;
+    unsigned char tag[TAG];
+    if (!PyArg_ParseTuple(args, "Sy#", &state, &data, &len))
+        return NULL;
+    if ((k = state_of(state)) == NULL)
+        return NULL;
+    if (len < TAG)
+        Py_RETURN_FALSE;
+    hmac_tag(k, (const unsigned char *)data, (size_t)(len - TAG), tag);
+    return PyBool_FromLong(CRYPTO_memcmp(tag, data + len - TAG, TAG) == 0);
+}
+
 PyDoc_STRVAR(tag_doc, "tag(key, body) -> bytes\n\nHMAC-SHA256 of body under key (for tests).");
 
 static PyObject *tag(PyObject *self, PyObject *args) {
@@ -301,6 +371,8 @@ static PyMethodDef methods[] = {
     {"recv_batch", recv_batch, METH_VARARGS, recv_batch_doc},
     {"sign_send", sign_send, METH_VARARGS, sign_send_doc},
     {"tag", tag, METH_VARARGS, tag_doc},
+    {"hmac_state", hmac_state, METH_VARARGS, hmac_state_doc},
+    {"verify", verify, METH_VARARGS, verify_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -100,9 +100,13 @@ class DetectionConfig:
     fence_margin_sec: float = _f(0.5, "extra wait, after the miss window, before a DEAD verdict",
                                  0, 600)
     cluster_key_file: str = _f("/etc/raps/raps.key",
-                               "HMAC key signing heartbeats (mode 0600, same on every node)")
+                               "cluster key (mode 0600): node keys derive from it; chunk "
+                               "transfer handshakes")
     accepted_key_file: str = _f("", "during a key rollover, a second key whose signatures "
                                 "are accepted, never used to sign ('' = none)")
+    node_key_file: str = _f("", "the agent's own node key signing its heartbeats, %n = node "
+                            "(mode 0600, rapsctl config node-key; '' = derive it from "
+                            "cluster_key_file)")
     max_clock_skew_sec: float = _f(5.0, "heartbeats timestamped further from the receiver's "
                                    "clock are dropped", 0.1, 3600)
     smart_temperature_c: float = _f(70.0, "NVMe temperature that marks a node DEGRADED", 20, 150)

@@ -1,4 +1,4 @@
-"""Kernel heartbeat wire format between agents and the coordinator, signed with the cluster key.
+"""Kernel heartbeat wire format between agents and the coordinator, signed with node keys.
 
 Every datagram is one message, big-endian, no padding::
 
@@ -19,7 +19,7 @@ Every datagram is one message, big-endian, no padding::
     6+n     L     node name, ASCII subset of UTF-8: [A-Za-z0-9][A-Za-z0-9._-]*
     6+n+L   20c   AppReport only: count entries of job u32, rank u32, step u64,
                   blocked_on i32 (-1 = not blocked); at most MAX_APP_ENTRIES
-    ...     32    HMAC-SHA256(cluster key, every byte before the tag)
+    ...     32    HMAC-SHA256(key of the node named, every byte before the tag)
 
 ``decode`` drops anything bad with ``BadDatagram(reason)``, checking in this order:
 
@@ -39,9 +39,16 @@ beyond those four bytes is interpreted until the signature holds. NaN/inf timest
 own reason ("field") rather than "length" so that metrics tell a broken sender from a
 truncated datagram.
 
-The key is shared by every node (like ``munge.key``): the signature proves "a RAPS daemon
-sent this", not which node; the replay guard and the coordinator's view of node addresses do
-the rest (docs/architecture.md, Trust boundaries).
+Every datagram is signed with the key of the node it names: ``node_key(cluster key, name)``
+= HMAC-SHA256(cluster key, b"raps-node-key\\x00" + name). An agent holds only its own node key
+(``detection.node_key_file``, made on the head node by ``rapsctl config node-key``); the
+coordinator holds the cluster key and derives every node's key (``NodeKeys``). So a heartbeat
+or app report verifies only with the key of the node it names, and acks and probes to a node
+are signed with that node's key: root on one compute node cannot speak for another. To pick
+the key, the coordinator reads the name (``claimed_node``) before the tag; anything whose name
+cannot be read is dropped as "signature" (it cannot be verified). The replay guard refuses
+stale, replayed and impossible (incarnation in the future, counter beyond what the
+incarnation's age allows) sequence numbers (docs/architecture.md, Trust boundaries).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from raps_slurm import _udp
 from raps_slurm.errors import BadDatagram, ConfigError
 
 MAX_DATAGRAM = 512  # bytes; anything longer is dropped unread
@@ -277,6 +285,31 @@ def decode(data: bytes, key: bytes, also: bytes | None = None) -> Message:
     return _parse(data)
 
 
+def claimed_node(data: bytes) -> str:
+    """The node name a datagram claims, read before its tag to choose the key that must have
+    signed it. Frame errors as ``decode``; a datagram where no well-formed name can be found
+    cannot be verified: BadDatagram("signature")."""
+    _check_frame(data)
+    body_end = len(data) - TAG_BYTES
+    fixed = _FIXED.get(data[4])
+    len_at = _NAME_START + fixed.size if fixed is not None else body_end
+    if len_at >= body_end:
+        raise BadDatagram("signature", "no node name to choose a key by")
+    name_end = len_at + 1 + data[len_at]
+    raw = data[len_at + 1:name_end]
+    if name_end > body_end or _NAME_RE.fullmatch(raw) is None:
+        raise BadDatagram("signature", "no node name to choose a key by")
+    return raw.decode("ascii")
+
+
+def decode_from_node(data: bytes, keys: NodeKeys) -> Message:
+    """``decode`` on the coordinator: the datagram must be signed with the key of the node it
+    names (or that node's key under the rollover's accepted key)."""
+    if keys.verified(claimed_node(data), data) is None:
+        raise BadDatagram("signature")
+    return _parse(data)
+
+
 # What _udp.recv_batch needs to check the tag exactly where decode would.
 FRAME = (_PREFIX, _MIN_DATAGRAM, MAX_DATAGRAM)
 
@@ -383,12 +416,96 @@ def ack_body(raw_name: bytes, incarnation: int, counter: int, sent_at: float,
                                            acked_at), bytes((len(raw_name),)), raw_name))
 
 
+NODE_KEY_CONTEXT = b"raps-node-key\x00"  # domain separation: no other use of the key collides
+NODE_KEY_CACHE = 1 << 16  # node keys a coordinator keeps derived (a larger cluster re-derives)
+
+
+def node_key(cluster_key: bytes, node: str) -> bytes:
+    """Node ``node``'s key: HMAC-SHA256(cluster key, b"raps-node-key\\x00" + name), 32 bytes.
+
+    The only key a compute node needs for heartbeats: it proves which node signed, and it
+    gives nothing about the cluster key or another node's key. BadDatagram("name") if
+    ``node`` is not a node name."""
+    return hmac.digest(cluster_key, NODE_KEY_CONTEXT + _check_name(node), "sha256")
+
+
+class NodeKeys:
+    """The coordinator's node keys: derived from the cluster key (and from the rollover's
+    accepted key, ``detection.accepted_key_file``), for verifying and signing.
+
+    Each node's keys are kept as precomputed HMAC states (``_udp.hmac_state``): verifying
+    a datagram or signing an ack then costs two SHA-256 blocks of the message, no key
+    schedule. A node's keys are kept only once a datagram verified with them (or to sign
+    for the node), so a flood of made-up names costs a derivation each but evicts nobody;
+    at most ``max_nodes`` names are kept, the oldest dropped first. Thread-safe.
+    """
+
+    def __init__(self, key: bytes, also: bytes | None = None,
+                 max_nodes: int = NODE_KEY_CACHE) -> None:
+        self._roots = (key,) if also is None else (key, also)
+        self._max = max_nodes
+        # node -> (signing key, its HMAC state, the HMAC states of every accepted key)
+        self._cache: dict[str, tuple[bytes, bytes, tuple[bytes, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def _derive(self, node: str) -> tuple[bytes, bytes, tuple[bytes, ...]]:
+        keys = [node_key(root, node) for root in self._roots]
+        states = tuple(_udp.hmac_state(k) for k in keys)
+        return keys[0], states[0], states
+
+    def _keep(self, node: str, entry: tuple[bytes, bytes, tuple[bytes, ...]]) -> None:
+        with self._lock:
+            while len(self._cache) >= self._max:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[node] = entry
+
+    def _entry(self, node: str) -> tuple[bytes, bytes, tuple[bytes, ...]]:
+        entry = self._cache.get(node)
+        if entry is None:
+            entry = self._derive(node)
+            self._keep(node, entry)
+        return entry
+
+    def key(self, node: str) -> bytes:
+        """The key acks and probes to ``node`` are signed with."""
+        return self._entry(node)[0]
+
+    def verified(self, node: str, data: bytes) -> bytes | None:
+        """The HMAC state that signs for ``node`` (an ``_udp.sign_send`` item's signer) if
+        the last 32 bytes of ``data`` are the HMAC of the rest under one of ``node``'s
+        keys, else None."""
+        entry = self._cache.get(node)
+        known = entry is not None
+        if entry is None:
+            entry = self._derive(node)
+        for state in entry[2]:
+            if _udp.verify(state, data):
+                if not known:
+                    self._keep(node, entry)
+                return entry[1]
+        return None
+
+
+# A real agent sends one heartbeat per interval (>= 0.05 s), one resend and its probe replies:
+# far below this many per second of its incarnation's life. A counter above the bound is a
+# forgery or a bug, and accepting it would make every later heartbeat of the node a "replay".
+MAX_COUNTER_RATE = 1000
+COUNTER_SLACK = 1000
+
+
 class ReplayGuard:
     """Accepts a node's heartbeats only in strictly increasing (incarnation, counter) order.
 
     The signature says a RAPS daemon made a datagram, not that it is fresh: without this guard
     a captured heartbeat, re-sent after the node died, would keep the node alive. The skew
     window bounds how long a captured datagram stays usable even after ``forget``.
+
+    Incarnations are wall-clock nanoseconds (``new_incarnation``): one later than this
+    clock + the skew window ("future"), or a counter beyond ``MAX_COUNTER_RATE`` per second
+    of the incarnation's age ("counter"), is refused without being remembered, so no single
+    datagram can lock a node out. The coordinator forgets a node when its lease expires,
+    when it registers a new incarnation and when it is declared DEAD: an agent restarted
+    after its clock stepped back (a smaller incarnation) is accepted again.
     """
 
     def __init__(self, max_skew: float) -> None:
@@ -400,7 +517,8 @@ class ReplayGuard:
         self._last: dict[str, tuple[int, int]] = {}
 
     def check(self, hb: Heartbeat, now: float) -> str | None:
-        """None if accepted (and remembered), else "skew" or "replay"; a rejection changes nothing.
+        """None if accepted (and remembered), else "skew", "future", "counter" or "replay";
+        a rejection changes nothing.
 
         Skew is checked first: a node with a bad clock then reports the cause to fix. An older
         incarnation is a replay (a restarted agent always has a larger one); a newer one
@@ -414,6 +532,11 @@ class ReplayGuard:
         # Written as "not <=" so a NaN clock reading also counts as skew.
         if not abs(now - sent_at) <= self.max_skew:
             return "skew"
+        latest = now + self.max_skew  # the newest incarnation any agent can have made
+        if incarnation > latest * 1e9:
+            return "future"
+        if counter > (latest - incarnation / 1e9) * MAX_COUNTER_RATE + COUNTER_SLACK:
+            return "counter"
         seen = (incarnation, counter)
         last = self._last.get(node)
         if last is not None and seen <= last:
@@ -456,11 +579,12 @@ def accepted_key(path: str) -> bytes | None:
     return load_key(path) if path else None
 
 
-def load_key(path: str) -> bytes:
-    """Read the cluster key; ConfigError (one line) unless a private regular file of >= 32 bytes."""
+def load_key(path: str, node: str | None = None) -> bytes:
+    """Read the cluster key (``node``'s key if given); ConfigError (one line) unless a
+    private regular file of >= 32 bytes."""
 
     def bad(problem: str) -> ConfigError:
-        return ConfigError([f"cluster key {path}: {problem}"])
+        return ConfigError([f"{'cluster' if node is None else 'node'} key {path}: {problem}"])
 
     # O_NOFOLLOW + fstat check the very file we read (no lstat-then-open race); O_NONBLOCK
     # keeps a FIFO planted at the path from hanging the daemon.
@@ -468,6 +592,9 @@ def load_key(path: str) -> bytes:
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
+        if node is not None:
+            raise bad(f"missing; make it on the head node (rapsctl config node-key {node} "
+                      f"--out FILE) and install it at {path} on {node} only") from None
         raise bad(f"missing; create it once (rapsctl config create-key {path}) and "
                   "copy it to every node, like munge.key") from None
     except OSError as exc:
@@ -504,11 +631,50 @@ def load_key(path: str) -> bytes:
     return key
 
 
+def agent_keys(node: str, node_key_file: str, cluster_key: bytes,
+               accepted: bytes | None) -> tuple[bytes, bytes | None]:
+    """An agent's (node key, rollover's node key or None): its ``detection.node_key_file``
+    (``%n`` already replaced), or derived from the cluster key when that is ''. A node key
+    file that is not this node's under either cluster key is refused (a key installed on the
+    wrong node would only make every heartbeat fail)."""
+    try:
+        derived = node_key(cluster_key, node)
+        other = node_key(accepted, node) if accepted is not None else None
+    except BadDatagram as exc:
+        raise ConfigError([f"node {node!r}: {exc}"]) from None
+    if not node_key_file:
+        return derived, other
+    mine = load_key(node_key_file, node=node)
+    if mine == derived:
+        return mine, other
+    if mine == other:  # a rollover: the new node key installed first
+        return mine, derived
+    raise ConfigError([f"node key {node_key_file}: not the key of {node} under "
+                       "detection.cluster_key_file (made for another node or another "
+                       f"cluster key? rapsctl config node-key {node} --out FILE)"])
+
+
 def create_key(path: str) -> None:
     """Write a new random cluster key atomically with mode 0600; ConfigError if ``path`` exists."""
+    _write_key(path, secrets.token_bytes(CREATED_KEY_BYTES), "cluster key",
+               "every node must share the same key")
+
+
+def create_node_key(path: str, cluster_key: bytes, node: str) -> None:
+    """Write ``node``'s key (``node_key``) atomically with mode 0600, for its agent's
+    ``detection.node_key_file``; ConfigError if ``path`` exists or ``node`` is no node name."""
+    try:
+        key = node_key(cluster_key, node)
+    except BadDatagram as exc:
+        raise ConfigError([f"node key for {node!r}: {exc}"]) from None
+    _write_key(path, key, "node key", "remove it first to replace it")
+
+
+def _write_key(path: str, key: bytes, what: str, why: str) -> None:
+    """Write ``key`` to ``path`` atomically with mode 0600, never over an existing file."""
     if os.path.lexists(path):
-        raise ConfigError([f"cluster key {path}: already exists; refusing to overwrite it "
-                           "(every node must share the same key)"])
+        raise ConfigError([f"{what} {path}: already exists; refusing to overwrite it "
+                           f"({why})"])
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
     try:
@@ -516,12 +682,12 @@ def create_key(path: str) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600)
     except OSError as exc:
-        raise ConfigError([f"cluster key {path}: cannot create in {directory}: "
+        raise ConfigError([f"{what} {path}: cannot create in {directory}: "
                            f"{exc.strerror or exc}"]) from None
     try:
         try:
             os.fchmod(fd, 0o600)  # the umask may have narrowed it, never widened; be exact
-            data = memoryview(secrets.token_bytes(CREATED_KEY_BYTES))
+            data = memoryview(key)
             while data:
                 data = data[os.write(fd, data):]
             os.fsync(fd)
@@ -531,10 +697,10 @@ def create_key(path: str) -> None:
         # another process, and nodes would disagree on the key; link fails with EEXIST.
         os.link(tmp, path)
     except FileExistsError:
-        raise ConfigError([f"cluster key {path}: already exists; refusing to overwrite "
+        raise ConfigError([f"{what} {path}: already exists; refusing to overwrite "
                            "it"]) from None
     except OSError as exc:
-        raise ConfigError([f"cluster key {path}: cannot write: {exc.strerror or exc}"]) from None
+        raise ConfigError([f"{what} {path}: cannot write: {exc.strerror or exc}"]) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

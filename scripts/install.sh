@@ -23,6 +23,9 @@
 #     --key FILE        cluster key to install at detection.cluster_key_file (mode 0600);
 #                       without it an installed key is kept, else the controller creates one
 #                       and a compute node stops (every node must share the controller's)
+#                       Node keys are not installed here: on the controller run
+#                       `rapsctl config node-key NODE --out NODE.key` and copy it (0600) to
+#                       NODE's detection.node_key_file (docs/install.md)
 #     --spank FILE      a built raps_spank.so (default: build spank/ with make)
 #     --enable          systemctl enable the role's unit (needs systemd running here)
 set -euo pipefail

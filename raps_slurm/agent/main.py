@@ -43,7 +43,7 @@ from raps_slurm.checkpoint.transfer import TransferServer
 from raps_slurm.config import load_config, node_dir
 from raps_slurm.core.jobs import JobRecord
 from raps_slurm.errors import RapsError, StoreError
-from raps_slurm.heartbeat import accepted_key, load_key
+from raps_slurm.heartbeat import accepted_key, agent_keys, load_key
 from raps_slurm.store import Keys, StateStore, open_store
 
 log = logging.getLogger("raps.agent")
@@ -94,13 +94,22 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
               help="Test knob: delay each heartbeat by up to SEC seconds.")
 @click.option("--transfer-address", default=None, metavar="HOST:PORT",
               help="Override agent.transfer_address (chunk transfer between agents).")
+@click.option("--incarnation-offset", default=0.0, type=click.FloatRange(0, 10 ** 8),
+              metavar="SEC", help="Test knob: take an incarnation SEC seconds older than "
+                                  "the clock says (an agent restarted after its clock stepped "
+                                  "back).")
 def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_loss: float,
-        heartbeat_jitter: float, transfer_address: str | None) -> None:
+        heartbeat_jitter: float, transfer_address: str | None,
+        incarnation_offset: float) -> None:
     """Run the raps-slurm agent of one node."""
     try:
         cfg = load_config(config_path)
+        # The cluster key still authenticates chunk transfer between agents; heartbeats and
+        # app reports are signed with the node's own key.
         key = load_key(cfg.detection.cluster_key_file)
         also = accepted_key(cfg.detection.accepted_key_file)
+        mine, mine_also = agent_keys(node, node_dir(cfg.detection.node_key_file, node), key,
+                                     also)
         store, keys = open_store(cfg.store)
     except RapsError as exc:
         raise click.ClickException(str(exc)) from None
@@ -109,8 +118,9 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    agent = NodeAgent(cfg, store, keys, node, key, loss=heartbeat_loss, jitter=heartbeat_jitter,
-                      accepted_key=also)
+    agent = NodeAgent(cfg, store, keys, node, mine, loss=heartbeat_loss,
+                      jitter=heartbeat_jitter, accepted_key=mine_also,
+                      incarnation_offset=incarnation_offset)
     root = Path(node_dir(cfg.checkpoint.local_dir, node))
     chunks = ChunkStore(root)
     checkpoints = CheckpointService(cfg, store, keys, node, key, chunks)
@@ -133,7 +143,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                                      **JobKeyOps(store, keys, ranks, owner_of).extensions()},
                          size_of=lambda job: job_size(store, keys, job),
                          quotas=quotas)
-    supervisor = RankSupervisor(agent, api.ranks, store, keys, key)
+    supervisor = RankSupervisor(agent, api.ranks, store, keys, mine)
     try:
         host, port = parse_address(transfer_address or cfg.agent.transfer_address)
         transfer = TransferServer(chunks, key, node, (host, port),

@@ -56,14 +56,17 @@ class NodeAgent:
 
     def __init__(self, cfg: Config, store: StateStore, keys: Keys, node: str, key: bytes, *,
                  loss: float = 0.0, jitter: float = 0.0,
-                 accepted_key: bytes | None = None) -> None:
+                 accepted_key: bytes | None = None, incarnation_offset: float = 0.0) -> None:
+        """``key``: this node's key (``heartbeat.node_key``), which signs its heartbeats and
+        the leader's acks and probes; ``incarnation_offset``: a test knob, seconds taken off
+        the incarnation (an agent restarted after its clock stepped back)."""
         self.cfg, self.store, self.keys, self.node, self._key = cfg, store, keys, node, key
         self._also = accepted_key  # a rollover's other key: accepted, never used to sign
         d = cfg.detection
         self.interval = d.kernel_heartbeat_interval_sec
         self.miss_window = d.kernel_heartbeat_interval_sec * d.miss_threshold
         self._loss, self._jitter = loss, jitter
-        self.hb = HeartbeatState(incarnation=new_incarnation())
+        self.hb = HeartbeatState(incarnation=new_incarnation() - int(incarnation_offset * 1e9))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("0.0.0.0", 0))  # the leader answers to the source address
         self.sock.settimeout(0.2)

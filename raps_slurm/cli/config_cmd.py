@@ -87,3 +87,34 @@ def create_key_cmd(ctx: click.Context, file: str | None) -> None:
     path = file or cfgmod.load_config(ctx.obj.get("config_path")).detection.cluster_key_file
     create_key(path)
     click.echo(f"created {path}")
+
+
+@config.command("node-key")
+@click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
+@click.option("--out", "out", required=True, metavar="FILE",
+              help="Where to write the key (mode 0600; never over an existing file); %n "
+                   "becomes the node name (needed for more than one node).")
+@click.option("--cluster-key", "cluster_key", default=None, metavar="FILE",
+              help="The cluster key to derive from (default: detection.cluster_key_file; "
+                   "during a rollover, the new key).")
+@click.pass_context
+def node_key_cmd(ctx: click.Context, nodes: tuple[str, ...], out: str,
+                 cluster_key: str | None) -> None:
+    """Write each NODE's own heartbeat key, derived from the cluster key (on the head node).
+
+    Install it on that node only, at its detection.node_key_file (mode 0600): the agent
+    of NODE then signs with a key that no other node holds.
+    """
+    from raps_slurm.config import node_dir
+    from raps_slurm.errors import ConfigError
+    from raps_slurm.heartbeat import create_node_key, load_key
+
+    if len(nodes) > 1 and "%n" not in out:
+        raise ConfigError([f"--out {out}: name the node with %n when writing "
+                           f"{len(nodes)} keys"])
+    path = cluster_key or cfgmod.load_config(ctx.obj.get("config_path")).detection.cluster_key_file
+    key = load_key(path)
+    for node in nodes:
+        create_node_key(node_dir(out, node), key, node)
+        click.echo(f"created {node_dir(out, node)} (the key of {node}; install it on "
+                   f"{node} only)")

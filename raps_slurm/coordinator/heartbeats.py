@@ -7,7 +7,7 @@ coordinator that leads by its own clock acknowledges: an ack is a promise that t
 may go on until ``sent_at + miss window``, and a deposed leader must not make it.
 
 The thread reads batches of up to 64 datagrams with one ``recvmmsg`` and acknowledges
-them with one ``sendmmsg`` (raps_slurm/_udp.c, which also computes the HMACs), then lets
+them with one ``sendmmsg`` (raps_slurm/_udp.c, which also signs the acks), then lets
 the next ones gather for 2 ms: about 8 µs of CPU per heartbeat with its ack, against
 22-32 µs for a ``recvfrom``/``sendto`` loop and twice that for an asyncio endpoint
 (``rapsctl bench heartbeats``, docs/benchmarks.md). The receive buffer is enlarged so
@@ -15,6 +15,11 @@ that the main loop holding the GIL for a while (a large etcd read) delays heartb
 instead of dropping them. ``coordinator.heartbeat_receivers`` > 1 adds receiver
 processes on the same port (coordinator/receivers.py); they forward what they accepted,
 and this server's replay guard, the one every heartbeat passes, decides.
+
+Every datagram must be signed with the key of the node it names (``NodeKeys``, derived
+from the cluster key): the tag is checked here with that node's precomputed HMAC state
+(one ``_udp.verify`` call), and acks and probes are signed with the same node's key.
+The detector takes a node's address only from these verified heartbeats.
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from raps_slurm.heartbeat import (
     FRAME,
     AppReport,
     Heartbeat,
+    NodeKeys,
     Probe,
     RankProgress,
     ReplayGuard,
     ack_body,
-    decode_checked,
+    decode_from_node,
     encode,
     parse_heartbeat,
 )
@@ -80,15 +86,17 @@ COALESCE_SEC = 0.002
 
 
 class HeartbeatServer:
-    """Receives on ``address``; ``leader_revision()`` > 0 while this coordinator may ack."""
+    """Receives on ``address``; ``leader_revision()`` > 0 while this coordinator may ack.
+    ``key``: the cluster key, from which every node's key is derived."""
 
     def __init__(self, address: tuple[str, int], key: bytes, max_skew: float,
                  leader_revision: Callable[[], int],
                  clock: Callable[[], float] = time.time,
                  on_result: Callable[[str, int], None] | None = None,
                  accepted_key: bytes | None = None, reuse_port: bool = False) -> None:
-        self.address, self._key, self._clock = address, key, clock
-        self._also = accepted_key  # a rollover's other key: accepted, never used to sign
+        self.address, self._clock = address, clock
+        # Node keys from the cluster key; a rollover's other key: accepted, never used to sign
+        self.keys = NodeKeys(key, accepted_key)
         self._leader_revision = leader_revision
         self._reuse_port = reuse_port  # receiver processes share the port
         # Replay guards; the lock: forwarded heartbeats are checked from another thread.
@@ -105,6 +113,8 @@ class HeartbeatServer:
         self.send_errors = 0  # acks and probes the kernel refused (send buffer full)
         self.rejected: Counter[str] = Counter()  # reason -> count
         self._on_result = on_result or (lambda result, count: None)  # metrics, thread-safe
+        # Called by forget(): receiver processes forget too (set by the ReceiverPool).
+        self.on_forget: Callable[[str], None] = lambda node: None
 
     def start(self) -> None:
         """Bind and serve in a thread; raises OSError if the address cannot be bound."""
@@ -118,11 +128,11 @@ class HeartbeatServer:
         """Read, check, queue and ack until stopped or ``go_on()`` is false (checked
         after every batch and on a receive timeout)."""
         self._sock = sock
-        fd, keys = sock.fileno(), (self._key,) if self._also is None else (self._key, self._also)
+        fd = sock.fileno()
         prefix, min_size, max_size = FRAME
         while True:
             try:  # up to 64 datagrams per call, the GIL released while it waits
-                batch = recv_batch(fd, keys, prefix, min_size, max_size, True)
+                batch = recv_batch(fd, (), prefix, min_size, max_size, True)  # unverified
             except OSError:
                 if self._stopping or not go_on():
                     return
@@ -164,21 +174,35 @@ class HeartbeatServer:
         except OSError:
             self.send_errors += 1
 
+    def forget(self, node: str) -> None:
+        """Forget the sequence numbers of ``node`` (its lease expired, it registered a new
+        incarnation, it was declared DEAD): its next heartbeat starts afresh, whatever its
+        incarnation. Receiver processes forget too."""
+        with self._guard_lock:
+            self._guard.forget(node)
+            self._app_guard.forget(node)
+        self.on_forget(node)
+
     def handle_batch(self, batch: list[tuple[bytes, tuple[str, int], int]]) -> None:
-        """Datagrams from ``recv_batch`` (in the server thread): verify, check replay and
-        skew, queue, then acknowledge them all with one ``sendmmsg``."""
+        """Datagrams from ``recv_batch`` (in the server thread, unverified): verify with the
+        key of the node each names, check replay and skew, queue, then acknowledge them all
+        with one ``sendmmsg``."""
         now = self._clock()
         revision = self._leader_revision()
         queued: list[Received | ReceivedApp] = []
-        acks: list[tuple[bytes, tuple[str, int]]] = []
+        acks: list[tuple[bytes, tuple[str, int], bytes]] = []
         rejected: list[str] = []
-        check, ack = self._guard.check_fields, revision > 0
+        check, ack, verified = self._guard.check_fields, revision > 0, self.keys.verified
         with self._guard_lock:  # one acquire per batch
-            for data, addr, signed in batch:
-                fields = parse_heartbeat(data) if signed >= 0 else None
+            for data, addr, _ in batch:
+                fields = parse_heartbeat(data)
                 if fields is not None:  # the common case, without message objects
                     raw, incarnation, counter, sent_at, probe_reply = fields
                     node = raw.decode("ascii")
+                    signer = verified(node, data)  # nothing read is used before this
+                    if signer is None:
+                        rejected.append("signature")
+                        continue
                     problem = check(node, incarnation, counter, sent_at, now)
                     if problem is not None:
                         rejected.append(problem)
@@ -187,10 +211,10 @@ class HeartbeatServer:
                                            incarnation, counter))
                     if ack:
                         acks.append((ack_body(raw, incarnation, counter, sent_at, revision, now),
-                                     addr))
+                                     addr, signer))
                     continue
                 try:
-                    msg = decode_checked(data, signed)
+                    msg = decode_from_node(data, self.keys)
                 except BadDatagram as exc:
                     rejected.append(exc.reason)
                     continue
@@ -211,7 +235,7 @@ class HeartbeatServer:
         self.deliver(queued, rejected)
         if acks and self._sock is not None:
             try:
-                self.send_errors += sign_send(self._sock.fileno(), self._key, acks)
+                self.send_errors += sign_send(self._sock.fileno(), None, acks)
             except (OSError, ValueError) as exc:  # e.g. the socket closed under us
                 self.send_errors += len(acks)
                 log.warning("acks not sent: %s", exc)
@@ -258,8 +282,9 @@ class HeartbeatServer:
                 return out
 
     def send_probe(self, node: str, address: tuple[str, int], nonce: int) -> None:
-        """Ask a node's agent to answer at once (thread-safe: one sendto on the socket)."""
-        self._send(encode(Probe(node, nonce, self._clock()), self._key), address)
+        """Ask a node's agent to answer at once (thread-safe: one sendto on the socket),
+        signed with that node's key."""
+        self._send(encode(Probe(node, nonce, self._clock()), self.keys.key(node)), address)
 
 
 def bind(address: tuple[str, int], reuse_port: bool = False) -> socket.socket:

@@ -14,13 +14,16 @@ monotonic clock, which is the host's, in shared memory after every loop step; a
 receiver acks only while that says it leads, and a deposed leader's receivers stop at
 the same instant as its own thread. The coordinator's replay guard checks every
 forwarded heartbeat again: a receiver only knows the nodes hashed to it, and a replay
-sent from another source port would land elsewhere. A receiver that dies is started
+sent from another source port would land elsewhere. When the coordinator forgets a
+node's sequence numbers (``HeartbeatServer.forget``), every receiver is told through a
+second pipe and forgets too. A receiver that dies is started
 again; its agents are meanwhile hashed to the other sockets by the kernel. A receiver
 exits when its coordinator is gone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -57,6 +60,7 @@ class ReceiverPool:
         self._leader: Any = self._ctx.Array("d", 2)  # a synchronized array of 2 doubles
         self._procs: list[BaseProcess | None] = [None] * (count - 1)
         self._conns: list[Connection | None] = [None] * (count - 1)
+        self._forgets: list[Connection | None] = [None] * (count - 1)  # to each receiver
         self._started_at = [0.0] * (count - 1)
         self._lock = threading.Lock()  # one reader of the pipes at a time
         self._stopping = False
@@ -78,21 +82,39 @@ class ReceiverPool:
                 self.stop()
                 raise OSError(f"heartbeat receiver {i + 1} did not start (see its log above)")
         self.server.collect = self.collect
+        self.server.on_forget = self.forget
         self._thread = threading.Thread(target=self._read_loop, name="receiver-pipes",
                                         daemon=True)
         self._thread.start()
 
     def _spawn(self, i: int) -> None:
         ours, theirs = self._ctx.Pipe(duplex=False)
+        forgets_in, forgets_out = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(
             target=_receiver_main, name=f"raps-receiver-{i + 1}",
-            args=(self.server.address, *self._args, self._leader, theirs, os.getpid()),
+            args=(self.server.address, *self._args, self._leader, theirs, os.getpid(),
+                  forgets_in),
             daemon=True)
         proc.start()
         theirs.close()
-        self._procs[i], self._conns[i] = proc, ours
+        forgets_in.close()
+        # Never blocks the coordinator: a receiver too busy to read loses a forget (its
+        # guard then waits for the next one); a name fits one atomic pipe write.
+        os.set_blocking(forgets_out.fileno(), False)
+        old = self._forgets[i]
+        if old is not None:
+            old.close()
+        self._procs[i], self._conns[i], self._forgets[i] = proc, ours, forgets_out
         self._started_at[i] = time.monotonic()
         os.write(self._wake_w, b"x")  # the reader thread picks up the new pipe
+
+    def forget(self, node: str) -> None:
+        """Tell every receiver to forget ``node``'s sequence numbers."""
+        for conn in self._forgets:
+            if conn is not None:
+                # full (BlockingIOError) or the receiver is gone
+                with contextlib.suppress(OSError):
+                    conn.send_bytes(node.encode("ascii"))
 
     def publish(self, revision: int, valid_until: float) -> None:
         """This coordinator leads with ``revision`` until ``valid_until`` (monotonic);
@@ -160,7 +182,7 @@ class ReceiverPool:
                     proc.join(timeout=5)
         if self._thread is not None:
             self._thread.join(timeout=5)
-        for conn in self._conns:
+        for conn in (*self._conns, *self._forgets):
             if conn is not None:
                 conn.close()
         os.close(self._wake_r)
@@ -169,7 +191,7 @@ class ReceiverPool:
 
 def _receiver_main(address: tuple[str, int], key: bytes, accepted_key: bytes | None,
                    max_skew: float, leader: Any,
-                   conn: Connection, parent: int) -> None:
+                   conn: Connection, parent: int, forgets: Connection) -> None:
     """Entry of a receiver process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator stops us with SIGTERM
     logging.basicConfig(level=logging.WARNING,
@@ -185,7 +207,16 @@ def _receiver_main(address: tuple[str, int], key: bytes, accepted_key: bytes | N
     sock = bind(address, reuse_port=True)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEOUT)
     conn.send_bytes(READY)
-    server.serve(sock, go_on=lambda: os.getppid() == parent)
+
+    def go_on() -> bool:
+        try:
+            while forgets.poll(0):  # what the coordinator forgot, we forget
+                server.forget(forgets.recv_bytes().decode("ascii"))
+        except (EOFError, OSError):
+            return False  # the coordinator is gone
+        return os.getppid() == parent
+
+    server.serve(sock, go_on=go_on)
 
 
 class _Forwarding(HeartbeatServer):

@@ -38,7 +38,17 @@ from raps_slurm.core.health import HealthPolicy, HealthSettings, door_rejections
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap
 from raps_slurm.core.planner import Plan, PlanEvent
 from raps_slurm.errors import BadDatagram, ConfigError, RecordError, ScenarioError
-from raps_slurm.heartbeat import Heartbeat, decode, encode, parse_heartbeat, sign
+from raps_slurm.heartbeat import (
+    Heartbeat,
+    NodeKeys,
+    claimed_node,
+    decode,
+    decode_from_node,
+    encode,
+    node_key,
+    parse_heartbeat,
+    sign,
+)
 from raps_slurm.runtime.msglog import Entry, MessagingError, parse_records
 from raps_slurm.runtime.transport import DATA, FrameError
 from raps_slurm.runtime.transport import decode as decode_frame
@@ -46,6 +56,7 @@ from raps_slurm.runtime.transport import encode as encode_frame
 from raps_slurm.sim.scenario import load_scenario
 
 KEY = bytes(range(32))  # a fixed cluster key: seeds signed with it reach past the MAC
+_NODE_KEYS = NodeKeys(KEY)  # the coordinator's view: the key of the node a datagram names
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,23 @@ def _heartbeat(data: bytes) -> None:
             isinstance(msg, Heartbeat) and fast != (msg.node.encode(), msg.incarnation,
                                                     msg.counter, msg.sent_at, msg.probe_reply)):
         raise AssertionError(f"fast path {fast!r} but decode {msg!r}")
+    # The coordinator's path: the name is read before the tag to choose the node's key;
+    # signed with that key, it must read what decode reads.
+    with contextlib.suppress(BadDatagram):
+        decode_from_node(data, _NODE_KEYS)
+    try:
+        mine = sign(data, node_key(KEY, claimed_node(signed)))
+    except BadDatagram:
+        return
+    outcomes: list[object] = []
+    for with_key in (None, node_key(KEY, claimed_node(mine))):
+        try:
+            outcomes.append(decode_from_node(mine, _NODE_KEYS) if with_key is None
+                            else decode(mine, with_key))
+        except BadDatagram as exc:
+            outcomes.append(exc.reason)
+    if outcomes[0] != outcomes[1]:
+        raise AssertionError(f"coordinator read {outcomes[0]!r} but decode {outcomes[1]!r}")
 
 
 def _agent_request(data: bytes) -> None:

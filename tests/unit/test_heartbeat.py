@@ -31,6 +31,7 @@ from raps_slurm.heartbeat import (
     encode,
     load_key,
     new_incarnation,
+    node_key,
     parse_heartbeat,
     sign,
 )
@@ -548,11 +549,13 @@ def test_key_rollover_accepts_a_second_key_and_signs_with_the_first() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.settimeout(2.0)
     try:
-        sock.sendto(encode(Heartbeat("n1", 1, 2, time.time()), old), server.address)
+        # node keys from either cluster key are accepted; acks use the signing one's
+        sock.sendto(encode(Heartbeat("n1", 1, 2, time.time()), node_key(old, "n1")),
+                    server.address)
         ack = sock.recvfrom(512)[0]
-        assert isinstance(decode(ack, new), Ack)  # acks are signed with the signing key
+        assert isinstance(decode(ack, node_key(new, "n1")), Ack)
         with pytest.raises(BadDatagram, match="signature"):
-            decode(ack, old)
+            decode(ack, node_key(old, "n1"))
     finally:
         sock.close()
         server.stop()

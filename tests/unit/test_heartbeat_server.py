@@ -9,10 +9,16 @@ from collections.abc import Iterator
 import pytest
 
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
-from raps_slurm.heartbeat import Ack, Heartbeat, decode, encode
+from raps_slurm.errors import BadDatagram
+from raps_slurm.heartbeat import Ack, Heartbeat, Probe, decode, encode, node_key
 
-KEY = b"k" * 32
+KEY = b"k" * 32  # the cluster key; agents sign with their node keys
+U64 = (1 << 64) - 1
 OTHER = b"o" * 32
+
+
+def nk(node: str) -> bytes:
+    return node_key(KEY, node)
 
 
 @pytest.fixture
@@ -51,8 +57,8 @@ def wait_for(probe: object, timeout: float = 2.0) -> None:
 def test_valid_heartbeat_is_acked_and_queued(server: HeartbeatServer,
                                              agent: socket.socket) -> None:
     hb = Heartbeat("n1", 1, 1, time.time())
-    agent.sendto(encode(hb, KEY), server.address)
-    ack = decode(agent.recvfrom(512)[0], KEY)
+    agent.sendto(encode(hb, nk("n1")), server.address)
+    ack = decode(agent.recvfrom(512)[0], nk("n1"))
     assert isinstance(ack, Ack)
     assert (ack.node, ack.counter, ack.sent_at, ack.leader_revision) == ("n1", 1, hb.sent_at, 7)
     got = server.drain()
@@ -61,13 +67,13 @@ def test_valid_heartbeat_is_acked_and_queued(server: HeartbeatServer,
 
 def test_forged_replayed_and_stale_heartbeats_are_dropped_and_counted(
         server: HeartbeatServer, agent: socket.socket) -> None:
-    good = encode(Heartbeat("n1", 1, 5, time.time()), KEY)
+    good = encode(Heartbeat("n1", 1, 5, time.time()), nk("n1"))
     agent.sendto(good, server.address)
     agent.recvfrom(512)
     agent.sendto(good, server.address)                                           # replay
-    agent.sendto(encode(Heartbeat("n1", 1, 4, time.time()), KEY), server.address)  # older
+    agent.sendto(encode(Heartbeat("n1", 1, 4, time.time()), nk("n1")), server.address)  # older
     agent.sendto(encode(Heartbeat("n1", 1, 9, time.time()), OTHER), server.address)  # forged
-    agent.sendto(encode(Heartbeat("n1", 1, 9, time.time() - 60), KEY), server.address)  # stale
+    agent.sendto(encode(Heartbeat("n1", 1, 9, time.time() - 60), nk("n1")), server.address)  # stale
     agent.sendto(b"\x00" * 100, server.address)                                  # garbage
     wait_for(lambda: sum(server.rejected.values()) == 5)
     assert server.rejected == {"replay": 2, "signature": 1, "skew": 1, "magic": 1}
@@ -80,9 +86,48 @@ def test_forged_replayed_and_stale_heartbeats_are_dropped_and_counted(
 def test_no_ack_unless_leading(server: HeartbeatServer, agent: socket.socket,
                                leading: list[int]) -> None:
     leading[0] = 0
-    agent.sendto(encode(Heartbeat("n2", 1, 1, time.time()), KEY), server.address)
+    agent.sendto(encode(Heartbeat("n2", 1, 1, time.time()), nk("n2")), server.address)
     wait_for(lambda: server.accepted == 1)
     agent.settimeout(0.3)
     with pytest.raises(TimeoutError):
         agent.recvfrom(512)
     assert [r.acked for r in server.drain()] == [False]
+
+
+
+def test_the_server_refuses_another_nodes_key_and_acks_with_the_nodes_key(
+        server: HeartbeatServer, agent: socket.socket) -> None:
+    mine, other = nk("n5"), nk("n6")
+    now = time.time()
+    inc = time.time_ns()
+    # n6 (or anyone holding the cluster key alone) speaks for n5 with absurd numbers
+    agent.sendto(encode(Heartbeat("n5", U64, U64, now), other), server.address)
+    agent.sendto(encode(Heartbeat("n5", U64, U64, now), KEY), server.address)
+    wait_for(lambda: server.rejected["signature"] == 2)
+    agent.sendto(encode(Heartbeat("n5", inc, 1, now), mine), server.address)
+    ack = decode(agent.recvfrom(512)[0], mine)
+    assert isinstance(ack, Ack) and (ack.node, ack.incarnation, ack.counter) == ("n5", inc, 1)
+    with pytest.raises(BadDatagram, match="signature"):
+        decode(encode(ack, mine), other)
+    assert [r.node for r in server.drain()] == ["n5"]
+    server.send_probe("n5", agent.getsockname(), 9)
+    probe = decode(agent.recvfrom(512)[0], mine)
+    assert isinstance(probe, Probe) and probe.nonce == 9
+
+
+def test_the_server_forgets_a_node_and_then_accepts_a_smaller_incarnation(
+        server: HeartbeatServer, agent: socket.socket) -> None:
+    mine = nk("n1")
+    now = time.time()
+    big = time.time_ns()
+    small = big - 3600 * 10**9  # a clock stepped back an hour before the restart
+    agent.sendto(encode(Heartbeat("n1", big, 1, now), mine), server.address)
+    agent.recvfrom(512)
+    agent.sendto(encode(Heartbeat("n1", small, 1, now), mine), server.address)
+    wait_for(lambda: server.rejected["replay"] == 1)
+    forgotten: list[str] = []
+    server.on_forget = forgotten.append
+    server.forget("n1")
+    assert forgotten == ["n1"]
+    agent.sendto(encode(Heartbeat("n1", small, 2, now), mine), server.address)
+    assert decode(agent.recvfrom(512)[0], mine).incarnation == small  # type: ignore[union-attr]

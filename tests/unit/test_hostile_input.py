@@ -19,10 +19,11 @@ from raps_slurm.agent.local_api import LocalApiServer, RankTable
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.transfer import TransferClient, TransferError, TransferServer
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
-from raps_slurm.heartbeat import MAX_DATAGRAM, Ack, Heartbeat, decode, encode
+from raps_slurm.heartbeat import MAX_DATAGRAM, Ack, Heartbeat, decode, encode, node_key
 from raps_slurm.runtime.agent_client import encode_frame, read_reply
 
 KEY, OTHER = b"k" * 32, b"o" * 32
+N1 = node_key(KEY, "n1")  # n1's heartbeats verify only with its node key
 
 
 def wait_for(what: str, probe: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -34,7 +35,7 @@ def wait_for(what: str, probe: Callable[[], bool], timeout: float = 10.0) -> Non
 
 def garbage_datagrams(rng: random.Random, n: int) -> Iterator[bytes]:
     """Random bytes, truncated and extended valid heartbeats, other-key signatures."""
-    good = encode(Heartbeat("n1", 1, 1, time.time()), KEY)
+    good = encode(Heartbeat("n1", 1, 1, time.time()), N1)
     for i in range(n):
         kind = i % 5
         if kind == 0:
@@ -76,8 +77,8 @@ def test_heartbeat_port_survives_10000_garbage_datagrams() -> None:
             server.rejected
         assert server.drain() == []
         hb = Heartbeat("n1", 1, 99_999, time.time())
-        sock.sendto(encode(hb, KEY), server.address)
-        ack = decode(sock.recvfrom(512)[0], KEY)
+        sock.sendto(encode(hb, N1), server.address)
+        ack = decode(sock.recvfrom(512)[0], N1)
         assert isinstance(ack, Ack) and ack.counter == 99_999
     finally:
         sock.close()

@@ -15,10 +15,14 @@ import pytest
 from raps_slurm.coordinator import receivers
 from raps_slurm.coordinator.heartbeats import HeartbeatServer, Received
 from raps_slurm.coordinator.receivers import ReceiverPool
-from raps_slurm.heartbeat import Ack, Heartbeat, decode, encode
+from raps_slurm.heartbeat import Ack, Heartbeat, claimed_node, decode, encode, node_key
 
-KEY = b"k" * 32
+KEY = b"k" * 32  # the cluster key; agents sign with their node keys
 SENDERS = 24  # source ports: the kernel hashes them over the receivers
+
+
+def nk(node: str) -> bytes:
+    return node_key(KEY, node)
 
 
 @pytest.fixture
@@ -55,7 +59,8 @@ def _acks(sock: socket.socket) -> list[Ack]:
     out = []
     while True:
         try:
-            msg = decode(sock.recv(512), KEY)
+            data = sock.recv(512)
+            msg = decode(data, nk(claimed_node(data)))
         except TimeoutError:
             return out
         assert isinstance(msg, Ack)
@@ -76,7 +81,7 @@ def test_every_receiver_acks_and_forwards(pool: ReceiverPool,
                                           senders: list[socket.socket]) -> None:
     now = time.time()
     for i, s in enumerate(senders):
-        s.sendto(encode(Heartbeat(f"n{i}", 1, 1, now), KEY), pool.server.address)
+        s.sendto(encode(Heartbeat(f"n{i}", 1, 1, now), nk(f"n{i}")), pool.server.address)
     got = _drain_until(pool, SENDERS)
     assert sorted(r.node for r in got) == sorted(f"n{i}" for i in range(SENDERS))
     assert all(r.acked for r in got)
@@ -90,7 +95,7 @@ def test_every_receiver_acks_and_forwards(pool: ReceiverPool,
 
 def test_a_replay_from_other_ports_never_reaches_the_detector(
         pool: ReceiverPool, senders: list[socket.socket]) -> None:
-    datagram = encode(Heartbeat("n1", 1, 1, time.time()), KEY)
+    datagram = encode(Heartbeat("n1", 1, 1, time.time()), nk("n1"))
     senders[0].sendto(datagram, pool.server.address)
     assert [r.node for r in _drain_until(pool, 1)] == ["n1"]
     for s in senders[1:]:  # the same bytes from every other port: every receiver sees some
@@ -110,7 +115,7 @@ def test_no_ack_unless_the_published_leadership_holds(pool: ReceiverPool,
     pool.server._leader_revision = lambda: 0  # and the coordinator's own thread agrees
     now = time.time()
     for i, s in enumerate(senders):
-        s.sendto(encode(Heartbeat(f"n{i}", 1, 1, now), KEY), pool.server.address)
+        s.sendto(encode(Heartbeat(f"n{i}", 1, 1, now), nk(f"n{i}")), pool.server.address)
     got = _drain_until(pool, SENDERS)
     assert not any(r.acked for r in got)
     assert all(_acks(s) == [] for s in senders)
@@ -133,7 +138,35 @@ def test_a_receiver_that_dies_is_replaced(pool: ReceiverPool, senders: list[sock
     # while it was down; the new one takes its share again).
     now = time.time()
     for i, s in enumerate(senders):
-        s.sendto(encode(Heartbeat(f"n{i}", 1, 2, now), KEY), pool.server.address)
+        s.sendto(encode(Heartbeat(f"n{i}", 1, 2, now), nk(f"n{i}")), pool.server.address)
     got = _drain_until(pool, SENDERS)
     assert sorted(r.node for r in got) == sorted(f"n{i}" for i in range(SENDERS))
     assert all(len(_acks(s)) == 1 for s in senders)
+
+
+
+def test_a_forget_reaches_every_receiver(pool: ReceiverPool,
+                                         senders: list[socket.socket]) -> None:
+    """An agent restarted after its clock stepped back (a smaller incarnation): once the
+    coordinator forgets the node, every receiver process accepts it again (a receiver
+    reads the forgets before each batch it handles)."""
+    big, small = time.time_ns(), time.time_ns() - 3600 * 10**9
+    for i, s in enumerate(senders):  # n1 from every port: every receiver learns ``big``
+        s.sendto(encode(Heartbeat("n1", big, i + 1, time.time()), nk("n1")),
+                 pool.server.address)
+        assert [r.counter for r in _drain_until(pool, 1)] == [i + 1]
+    for s in senders:
+        s.sendto(encode(Heartbeat("n1", small, 1, time.time()), nk("n1")),
+                 pool.server.address)
+    deadline = time.monotonic() + 10
+    while pool.server.rejected["replay"] < SENDERS:
+        assert time.monotonic() < deadline, pool.server.rejected
+        assert pool.server.drain() == []
+        time.sleep(0.02)
+    assert pool.forwarded > 0
+    pool.server.forget("n1")
+    for i, s in enumerate(senders):
+        s.sendto(encode(Heartbeat("n1", small, i + 2, time.time()), nk("n1")),
+                 pool.server.address)
+        got = _drain_until(pool, 1)
+        assert [(r.incarnation, r.counter) for r in got] == [(small, i + 2)]

@@ -94,6 +94,28 @@ def test_sign_send_signs_and_sends_more_than_one_batch(
     assert [decode(d, KEY) for d, _, _ in got] == [Heartbeat("n1", 1, i, 5.0) for i in range(n)]
 
 
+def test_per_item_keys_and_an_unchecked_receive(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """Acks are signed with each node's key (its HMAC state); the coordinator receives
+    unchecked (keys ()) and verifies with the key of the node each datagram names."""
+    rx, tx = pair
+    items = [(body(Heartbeat(f"n{i % 3}", 1, i, 5.0)), rx.getsockname(),
+              _udp.hmac_state(KEY if i % 3 else OTHER)) for i in range(7)]
+    assert _udp.sign_send(tx.fileno(), None, items) == 0
+    got: list[tuple[bytes, tuple[str, int], int]] = []
+    while len(got) < len(items):
+        got += _udp.recv_batch(rx.fileno(), (), *FRAME, True)
+    assert {s for _, _, s in got} == {-2}  # nothing checked
+    for i, (d, _, _) in enumerate(got):
+        assert _udp.verify(_udp.hmac_state(KEY if i % 3 else OTHER), d)
+        assert not _udp.verify(_udp.hmac_state(OTHER if i % 3 else KEY), d)
+    assert not _udp.verify(_udp.hmac_state(KEY), b"short")
+    with pytest.raises(ValueError, match="HMAC state"):
+        _udp.verify(KEY, got[0][0])
+    assert [decode(d, KEY if i % 3 else OTHER) for i, (d, _, _) in enumerate(got)] == [
+        Heartbeat(f"n{i % 3}", 1, i, 5.0) for i in range(7)]
+
+
 def test_sign_send_counts_what_the_kernel_refused(
         pair: tuple[socket.socket, socket.socket]) -> None:
     rx, tx = pair
@@ -124,8 +146,8 @@ def test_sign_send_refuses_what_it_cannot_send(pair: tuple[socket.socket, socket
 
 def test_bad_arguments_are_refused(pair: tuple[socket.socket, socket.socket]) -> None:
     fd = pair[0].fileno()
-    with pytest.raises(ValueError, match=r"need 1\.\.2 keys"):
-        _udp.recv_batch(fd, (), *FRAME, False)
+    with pytest.raises(ValueError, match=r"need 0\.\.2 keys"):
+        _udp.recv_batch(fd, (KEY, KEY, KEY), *FRAME, False)
     with pytest.raises(ValueError, match="empty HMAC key"):
         _udp.recv_batch(fd, (b"",), *FRAME, False)
     with pytest.raises(ValueError, match="min_size"):
@@ -134,4 +156,6 @@ def test_bad_arguments_are_refused(pair: tuple[socket.socket, socket.socket]) ->
         _udp.recv_batch(-1, (KEY,), *FRAME, False)
     with pytest.raises(TypeError, match="tuples"):
         _udp.sign_send(fd, KEY, [[b"x", ("127.0.0.1", 1)]])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="needs a key"):
+        _udp.sign_send(fd, None, [(b"x", ("127.0.0.1", 1))])
     assert struct.calcsize(">5sQQdBB") == 31  # the layout parse_heartbeat reads at once
