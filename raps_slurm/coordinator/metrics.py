@@ -45,6 +45,9 @@ class Metrics:
             "checkpoint has fewer copies than wanted", registry=self.registry)
         self.escalations = Counter("raps_coordinator_escalations", "recoveries escalated to a "
                                    "whole-job requeue (one per job run)", registry=self.registry)
+        self.malformed = Counter("raps_coordinator_malformed_values", "job values the leader "
+                                 "skipped as malformed (each counted once)",
+                                 registry=self.registry)
         self.agent_rejected = Gauge(
             "raps_agent_rejected", "what an agent's door (transfer, local_api, heartbeat) "
             "refused since the agent started, by kind, from its last health sample",

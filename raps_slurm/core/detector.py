@@ -279,6 +279,7 @@ class Detector:
         self._tokens_at = now
         self._timers: list[tuple[float, int, str, int]] = []    # (wake, seq, node, episode)
         self._ranks: dict[RankKey, _Rank] = {}
+        self._finished: frozenset[RankKey] = frozenset()  # never watched while in it
         self._rank_timers: list[tuple[float, int, RankKey, int]] = []  # (due, seq, key, gen)
         self._parked: dict[str, set[tuple[RankKey, int]]] = {}  # overdue ranks, node not ALIVE
         self._seq = itertools.count()
@@ -364,6 +365,8 @@ class Detector:
         """An app heartbeat of ``(job, rank)`` running on ``node`` (relayed by its agent)."""
         now = self._clock(now)
         key = (job, rank)
+        if key in self._finished:
+            return  # a finished rank heartbeats until it closes: not watched
         r = self._ranks.get(key)
         if r is None:
             r = self._ranks[key] = _Rank(node, step, blocked_on, now, next(self._seq),
@@ -390,9 +393,14 @@ class Detector:
     def _judged_by_progress(r: _Rank) -> bool:
         return r.step > 0 and r.blocked_on is None and r.stalled != r.progress_at
 
-    def rank_gone(self, job: str, rank: int) -> None:
-        """Stop watching a rank (finished, or relaunched under a new epoch elsewhere)."""
-        self._ranks.pop((job, rank), None)
+    def ranks_finished(self, ranks: frozenset[RankKey]) -> None:
+        """The ranks that finished their program in their current epoch (the whole set each
+        time): one new in it stops being watched, once, and its heartbeats are ignored; one
+        that left it (relaunched) is watched again from its next heartbeat."""
+        if ranks is not self._finished:
+            for key in ranks - self._finished:
+                self._ranks.pop(key, None)
+            self._finished = ranks
 
     # ------------------------------------------------------------------ decisions
 

@@ -22,6 +22,13 @@ finished, else the exit code of a rank that failed with no recovery coming.
 ``SIGUSR1`` (``sbatch --signal=B:USR1@120`` with ``exec raps-run`` in the script) is
 forwarded to every rank: the runtime checkpoints at the next ``checkpoint_due()`` and
 exits; raps-run then requeues the job, which resumes from those checkpoints.
+
+``SIGTERM`` (Slurm ending the job: a requeue, a cancel, the time limit) kills every srun
+raps-run started at once, with the helper each forks, and raps-run exits 143: none of
+them may outlive this run. Left to wait out ``KillWait`` (an srun whose step had a task on
+a dead node does), an srun cancels its step by number, and after a requeue that number
+is the requeued run's. An srun is also killed by the kernel if raps-run dies any other
+way (:meth:`raps_slurm.slurm.runner.CommandRunner.spawn`).
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ from raps_slurm.mpi import shim_env
 from raps_slurm.runtime.agent_client import AgentError
 from raps_slurm.runtime.checkpoint import CheckpointClient
 from raps_slurm.slurm import SlurmClient, commands
-from raps_slurm.slurm.runner import CommandRunner
+from raps_slurm.slurm.runner import CommandRunner, kill_step
 
 POLL_SEC = 0.25
 # A supervisor whose step still runs but who has not connected after this long: the
@@ -120,6 +127,7 @@ class Launcher:
         self.moving: dict[int, int] = {}  # rank -> epoch of its planned move (asked to stop)
         self.not_followed: set[str] = set()  # plans left alone while the job is requeued
         self.gave_up = ""  # why the coordinator stopped requeueing this job, once it did
+        self.terminated = False  # Slurm is ending this run (SIGTERM): no srun may outlive it
         # A rank that failed on a node the detector still calls alive gets this long for
         # a verdict and a plan before raps-run gives up on the job.
         self.grace = 3 * cfg.detection.lease_duration_sec + 2 * cfg.coordinator.cycle_interval_sec
@@ -154,6 +162,8 @@ class Launcher:
             self.ctl.expect(n)
         proc = self.slurm.runner.spawn(argv, {**os.environ, **self.ctl.env()})
         self.steps.append((nodes, proc))
+        if self.terminated:
+            kill_step(proc)  # SIGTERM came while it started
         now = time.monotonic()
         for n in nodes:
             self.awaiting[n] = (proc, now)
@@ -314,6 +324,12 @@ class Launcher:
         for proc in list(self.procs.values()):
             proc.kill()
 
+    def terminate(self) -> None:
+        """Slurm ends this run (SIGTERM): kill every srun (see the module docstring)."""
+        self.terminated = True
+        for _, proc in self.steps:
+            kill_step(proc)
+
     def end_steps(self) -> None:
         """Tell every supervisor to exit and let the steps end (killed after a while)."""
         self.ctl.close()
@@ -457,7 +473,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         # only a flag: the main loop may be in the middle of a command on the channel
         launcher.preempt_asked = True
 
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        say("SIGTERM: Slurm ends this run; killing its sruns so that none outlives it")
+        launcher.terminate()
+        raise SystemExit(128 + signum)
+
     signal.signal(signal.SIGUSR1, on_usr1)
+    signal.signal(signal.SIGTERM, on_term)
     try:
         code = launcher.run_job(MAP_TIMEOUT_SEC)
     except (RapsError, AgentError, SlurmCommandError) as exc:

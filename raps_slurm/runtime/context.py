@@ -660,7 +660,13 @@ class Context:
                 entries = None
         if entries is None:
             log.error("rank %d: %s", self.rank, err)
-            self.port.escalate(f"rank {self.rank} cannot replay to rank {dst}: {err}")
+            # Recorded, but no requeue asked: this sender is not stuck, and the request it
+            # could not serve may be a stale one that a later request from the same
+            # receiver supersedes (seen: a run requeued while its replay went on to
+            # succeed). A real hole leaves the receiver's plan short of caught_up, and
+            # recovery_timeout_sec escalates that.
+            self.port.escalate(f"rank {self.rank} cannot replay to rank {dst}: {err}",
+                               requeue=False)
             return
         for e in entries:
             if last is not None and e.seq > last:

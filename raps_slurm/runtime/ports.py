@@ -42,7 +42,7 @@ class Port(Protocol):
     def restore(self) -> tuple[dict[str, Any], int, dict[str, Any]] | None: ...
     def heartbeat(self, step: int, items: int) -> None: ...
     def blocked(self, peer: int | None) -> None: ...
-    def escalate(self, reason: str) -> None: ...
+    def escalate(self, reason: str, requeue: bool = True) -> None: ...
     def report(self, stats: dict[str, Any]) -> None: ...
     def recovery_event(self, phase: str, detail: dict[str, Any]) -> None: ...
     def close(self) -> None: ...
@@ -176,10 +176,10 @@ class LocalPort:
             f.write(json.dumps({"rank": self.rank, "epoch": self.epoch, "phase": phase,
                                 "detail": detail}) + "\n")
 
-    def escalate(self, reason: str) -> None:
+    def escalate(self, reason: str, requeue: bool = True) -> None:
         (self.root / "escalations").mkdir(exist_ok=True)
         with open(self.root / "escalations" / f"{self.rank}.log", "a") as f:
-            f.write(reason + "\n")
+            f.write(reason + ("" if requeue else " (no requeue asked)") + "\n")
 
     def close(self) -> None:
         return None
@@ -281,10 +281,10 @@ class AgentPort:
             self._call({"op": "recovery_event", "job": self.job, "rank": self.rank,
                         "epoch": self.epoch, "phase": phase, "detail": detail})
 
-    def escalate(self, reason: str) -> None:
+    def escalate(self, reason: str, requeue: bool = True) -> None:
         with contextlib.suppress(AgentError):
             self._call({"op": "escalate", "job": self.job, "rank": self.rank,
-                        "reason": reason[:500]})
+                        "reason": reason[:500], "requeue": requeue})
 
     def close(self) -> None:
         self.ckpt.close()

@@ -513,7 +513,7 @@ def test_gone_ranks_and_ranks_on_unknown_nodes_are_never_hung() -> None:
     steady(lead, "n1", 200.0)
     lead.app(0.0, "7", 0, "n1")
     lead.app(0.0, "7", 1, "elsewhere")
-    lead.at(10.0, lambda: lead.det.rank_gone("7", 0))
+    lead.at(10.0, lambda: lead.det.ranks_finished(frozenset({("7", 0)})))
     lead.run(200.0)
     assert lead.verdicts == []
 
@@ -705,5 +705,43 @@ def test_a_rank_gone_after_its_last_heartbeat_gets_no_verdict() -> None:
     steady(lead, "n1", 100.0)
     for t in range(0, 20, 1):
         lead.app(float(t), "7", 1, "n1", step=t + 1)
-    lead.at(19.5, lambda: lead.det.rank_gone("7", 1))   # finished its program
+    lead.at(19.5, lambda: lead.det.ranks_finished(frozenset({("7", 1)})))  # finished
     assert lead.run(100.0) == []
+
+
+def test_a_finished_rank_is_dropped_once_and_its_last_heartbeats_ignored() -> None:
+    """The leader hands the whole finished set every tick: each rank new in it is dropped
+    once; heartbeats it sends until it closes do not make it watched (nor HUNG) again."""
+    lead = Leader()
+    steady(lead, "n1", 200.0)
+    done = frozenset({("7", 1)})
+    dropped: list[tuple[str, int]] = []
+
+    class Watched(dict):  # type: ignore[type-arg]
+        def pop(self, key: Any, *default: Any) -> Any:
+            dropped.append(key)
+            return super().pop(key, *default)
+
+    lead.det._ranks = Watched()
+    for t in range(0, 30):
+        lead.app(float(t), "7", 1, "n1", step=t + 1)
+        lead.app(float(t), "7", 2, "n1", step=t + 1)
+    for t in range(10, 200):
+        lead.at(float(t) + 0.5, lambda: lead.det.ranks_finished(done))
+    verdicts = lead.run(200.0)
+    assert dropped == [("7", 1)]
+    assert [(v.kind, v.rank) for v in verdicts] == [("HUNG", 2)], verdicts
+
+
+def test_a_rank_that_leaves_the_finished_set_is_watched_again() -> None:
+    """Relaunched under a new epoch: no longer finished, watched from its next heartbeat."""
+    lead = Leader()
+    steady(lead, "n1", 200.0)
+    lead.app(0.0, "7", 1, "n1")
+    lead.at(1.0, lambda: lead.det.ranks_finished(frozenset({("7", 1)})))
+    lead.app(2.0, "7", 1, "n1")  # ignored: finished
+    lead.at(3.0, lambda: lead.det.ranks_finished(frozenset()))
+    lead.app(20.0, "7", 1, "n1")
+    assert lead.run(69.0) == []
+    (v,) = lead.run(200.0)
+    assert v.kind == "HUNG" and v.at == 70.0

@@ -327,3 +327,25 @@ def test_an_unlogged_first_message_waits_for_a_peer_that_starts_later(tmp_path: 
     receiver.finalize(timeout=20)
     t.join(30)
     assert got == [b"go"]
+
+
+def test_which_escalations_ask_for_a_requeue(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sender that cannot serve a replay records it without asking for a requeue (it is
+    not stuck; a real hole times the receiver's plan out); a receive that timed out asks."""
+    ctx = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, SMALL)
+    asked: list[tuple[str, bool]] = []
+    monkeypatch.setattr(ctx.port, "escalate",
+                        lambda reason, requeue=True: asked.append((reason, requeue)))
+
+    def hole(dst: int, after: int) -> list[object]:
+        raise MessagingError("seq 14..20 were collected (floor 1)")
+
+    monkeypatch.setattr(ctx.log, "after", hole)
+    ctx._resend(1, 13)
+    assert asked == [("rank 0 cannot replay to rank 1: seq 14..20 were collected (floor 1)",
+                      False)]
+    with pytest.raises(MessagingError):
+        ctx.recv(1, timeout=0.2)
+    assert asked[1][1] is True and "waited" in asked[1][0]
+    ctx.close()

@@ -116,7 +116,7 @@ def test_every_etcd_writing_op_takes_from_the_bucket(agent: Agent) -> None:
     asks = [dict(op="peer_publish", job="5", rank=0, epoch=1, host="n1", port=9000,
                  done=False),
             dict(op="msg_stats", job="5", rank=0, stats={}),
-            dict(op="escalate", job="5", rank=0, reason="hole in replay"),
+            dict(op="escalate", job="5", rank=0, reason="hole in replay", requeue=True),
             dict(op="recovery_event", job="5", rank=0, epoch=1, phase="running", detail={}),
             dict(op="register", job="5", rank=1, epoch=1, pid=PID[ALICE])]
     assert all(agent.ask(ALICE, **a)["ok"] for a in asks)
@@ -198,3 +198,23 @@ def test_quotas_from_the_config() -> None:
     assert (q.rate, q.burst, q.max_value_bytes, q.disk_quota_bytes) == \
         (50.0, 1000, 64 << 10, 100 << 30)
     assert q.write("msg_stats", "5", 0, json.dumps({}).encode()) == b"{}"
+
+
+def test_escalate_records_whether_the_runtime_asks_for_a_requeue(agent: Agent) -> None:
+    """(Driven through the same agent: the ESCALATE verdict carries ``requeue`` as the
+    runtime set it; anything but true or false is refused, nothing written.)"""
+    key = agent.keys.job_rank_verdict("5", 0)
+    for bad in ("no", 0, None):
+        got = agent.ask(ALICE, op="escalate", job="5", rank=0, reason="r", requeue=bad)
+        assert got["kind"] == "schema" and "'requeue'" in str(got["error"]), got
+    got = agent.ask(ALICE, op="escalate", job="5", rank=0, reason="r")
+    assert got["kind"] == "schema" and "missing field 'requeue'" in str(got["error"]), got
+    assert agent.store.get(key) is None
+    for requeue in (False, True):
+        assert agent.ask(ALICE, op="escalate", job="5", rank=0, reason="rank 0 cannot replay",
+                         requeue=requeue) == {"ok": True}
+        kv = agent.store.get(key)
+        assert kv is not None
+        value = json.loads(kv.value)
+        assert value["kind"] == "ESCALATE" and value["requeue"] is requeue
+        assert value["evidence"] == {"reason": "rank 0 cannot replay"}

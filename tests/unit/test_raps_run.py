@@ -1,8 +1,13 @@
-"""raps-run's decisions that need no cluster: --mpi4py in the ranks' environment, and a
-job RAPS gave up on stopped with the reason in the job's output."""
+"""raps-run's decisions that need no cluster: --mpi4py in the ranks' environment, a
+job RAPS gave up on stopped with the reason in the job's output, and no srun left behind
+when Slurm ends the run."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -85,3 +90,36 @@ def test_an_escalation_alone_keeps_waiting_for_slurm(
     run.procs[(0, 1)] = proc  # type: ignore[assignment]
     assert run.follow_plans() is False
     assert run.gave_up == "" and not proc.killed
+
+
+class Runner:
+    """Spawns a stand-in for each srun (a sleeping process)."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        assert argv[0] == "srun"
+        self.procs.append(subprocess.Popen([sys.executable, "-c", "import time; "
+                                            "time.sleep(60)"]))
+        return self.procs[-1]
+
+
+def test_sigterm_kills_every_srun_at_once_and_any_started_after(ctl: ControlServer) -> None:
+    """Slurm ends the run (a requeue): no srun of it may wait out KillWait and then
+    cancel a step by its number, by then the requeued run's."""
+    runner = Runner()
+    run = launcher(Agent({}), ctl)
+    run.slurm = SimpleNamespace(runner=runner)  # type: ignore[assignment]
+    run.start_step(["n1", "n2"], 1, "raps-7-run1")
+    run.start_step(["n3"], 1, "raps-7-n3-e2")
+    try:
+        assert all(p.poll() is None for p in runner.procs)
+        run.terminate()
+        assert [p.returncode for p in runner.procs] == [-signal.SIGKILL] * 2
+        run.start_step(["n4"], 1, "raps-7-n4-e3")  # racing the signal
+        assert runner.procs[-1].returncode == -signal.SIGKILL
+    finally:
+        for p in runner.procs:
+            if p.poll() is None:
+                p.kill()

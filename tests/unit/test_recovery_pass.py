@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
+import pytest
 from leader_world import World, step
 
 from raps_slurm.coordinator.cycle import Coordinator
@@ -216,12 +218,19 @@ def test_cancelled_lists_only_active_plans_with_a_request() -> None:
     assert cancelled([queued], {}) == []
 
 
+_ABSENT = object()
+
+
 def _escalate_verdict(world: World, rank: int, node: str, epoch: int | None,
                       at: float | None = None,
-                      reason: str = "rank 3 waited 60s for seq 4 from rank 2") -> None:
-    """What the agent's ``escalate`` op writes for a rank's runtime."""
+                      reason: str = "rank 3 waited 60s for seq 4 from rank 2",
+                      requeue: object = True) -> None:
+    """What the agent's ``escalate`` op writes for a rank's runtime (``requeue`` as the
+    runtime asked; ``_ABSENT``: as an agent before the field wrote it)."""
     value = {"kind": "ESCALATE", "node": node, "job": "7", "rank": rank, "epoch": epoch,
              "at": world.clock() if at is None else at, "evidence": {"reason": reason}}
+    if requeue is not _ABSENT:
+        value["requeue"] = requeue
     world.store.put(world.keys.job_rank_verdict("7", rank), json.dumps(value).encode())
 
 
@@ -262,12 +271,48 @@ def test_escalate_verdicts_of_another_epoch_node_or_run_are_not_acted_on(
         _escalate_verdict(world, rank, node, epoch, at)
         step(c, world, 3)
         assert world.requeued == [] and world.plans() == {}, (node, epoch, at)
-    # a sender that could not serve one replay request is not stuck (its receiver's plan
-    # times out if the hole is real)
+    # one the runtime wrote without asking for a requeue (a sender that could not serve
+    # one replay request is not stuck: its receiver's plan times out if the hole is real)
     _escalate_verdict(world, 3, entry.node, entry.epoch,
-                      reason="rank 3 cannot replay to rank 2: seq 1..20 were collected")
+                      reason="rank 3 cannot replay to rank 2: seq 1..20 were collected",
+                      requeue=False)
     step(c, world, 3)
     assert world.requeued == []
+
+
+@pytest.mark.parametrize("requeue", [True, _ABSENT])
+def test_the_leader_decides_on_the_requeue_field_not_on_the_reason(
+        world: World, requeue: object) -> None:
+    """(Absent: written by an agent from before the field, when every escalation asked
+    for a requeue.)"""
+    c = world.coordinator("c1")
+    step(c, world)
+    entry = world.entry(3)
+    _escalate_verdict(world, 3, entry.node, entry.epoch, requeue=False)
+    step(c, world, 3)
+    assert world.requeued == []
+    _escalate_verdict(world, 3, entry.node, entry.epoch, requeue=requeue,
+                      reason="rank 3 cannot replay to rank 2: seq 1..20 were collected")
+    step(c, world, 3)
+    assert world.requeued == ["7"]
+    assert "cannot replay to rank 2" in world.escalation().reason
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None, {"x": 1}])
+def test_a_malformed_requeue_field_is_one_error_ignored_and_counted(
+        world: World, bad: object, caplog: pytest.LogCaptureFixture) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    entry = world.entry(3)
+    before = c.metrics.malformed._value.get()
+    _escalate_verdict(world, 3, entry.node, entry.epoch, requeue=bad)
+    with caplog.at_level(logging.ERROR, logger="raps.coordinator"):
+        step(c, world, 4)
+    assert world.requeued == []
+    lines = [r.getMessage() for r in caplog.records if "field 'requeue'" in r.getMessage()]
+    assert len(lines) == 1 and "expected true or false" in lines[0], lines
+    assert "\n" not in lines[0]
+    assert c.metrics.malformed._value.get() == before + 1
 
 
 def test_a_plan_that_stalls_past_the_recovery_timeout_escalates_its_job(world: World) -> None:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm import CommandRunner, commands
+from raps_slurm.slurm.runner import kill_step
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
@@ -63,3 +71,83 @@ def test_runner_missing_binary() -> None:
 def test_runner_timeout() -> None:
     with pytest.raises(SlurmCommandError, match=r"timed out after 0\.3s"):
         CommandRunner(timeout=0.3).run(["sleep", "5"])
+
+
+# An "srun" that forks a helper like srun's shepherd: the helper waits for its parent to
+# go (EOF on a pipe) and then "cancels the step" (writes a file), unless told goodbye.
+_FAKE_SRUN = """
+import os, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(w)
+    if os.read(r, 1) == b"":
+        open(sys.argv[1], "w").write("step cancelled by number")
+    os._exit(0)
+os.close(r)
+open(sys.argv[2], "w").write(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+def _wait_for(path: Path, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return path.read_text()
+        time.sleep(0.02)
+    raise AssertionError(f"{path} not written")
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_kill_step_kills_srun_helpers_first_so_none_cancels_a_step(tmp_path: Path) -> None:
+    cancelled, started = tmp_path / "cancelled", tmp_path / "started"
+    proc = CommandRunner().spawn([sys.executable, "-c", _FAKE_SRUN, str(cancelled),
+                                  str(started)], dict(os.environ))
+    _wait_for(started)
+    kill_step(proc)
+    assert proc.returncode == -signal.SIGKILL
+    time.sleep(0.3)
+    assert not cancelled.exists()
+    kill_step(proc)  # already gone: nothing to do
+
+
+def test_plain_kill_lets_the_helper_cancel_the_step(tmp_path: Path) -> None:
+    """What kill_step avoids (and the fake srun models): srun killed alone."""
+    cancelled, started = tmp_path / "cancelled", tmp_path / "started"
+    proc = CommandRunner().spawn([sys.executable, "-c", _FAKE_SRUN, str(cancelled),
+                                  str(started)], dict(os.environ))
+    _wait_for(started)
+    proc.kill()
+    proc.wait(5)
+    assert _wait_for(cancelled) == "step cancelled by number"
+
+
+def test_a_spawned_srun_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """raps-run killed outright (no SIGTERM handler run): its srun does not linger."""
+    started = tmp_path / "started"
+    starter = ("import os, sys, time\n"
+               "from raps_slurm.slurm import CommandRunner\n"
+               "CommandRunner().spawn([sys.executable, '-c', sys.argv[1], '/dev/null',"
+               " sys.argv[2]], dict(os.environ))\n"
+               "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", starter, _FAKE_SRUN, str(started)])
+    try:
+        srun = int(_wait_for(started))
+        parent.kill()
+        parent.wait(5)
+        assert _gone(srun), "the srun outlived the process that started it"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
