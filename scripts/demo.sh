@@ -5,8 +5,10 @@
 # (a 1-D heat stencil over 4 ranks exchanging halos through the runtime, 2 spare nodes);
 # crashes the node of one rank in the middle of the run; shows that only that rank came
 # back, on a spare, restored and replayed, with the recovery's timeline; and checks the
-# final field against a failure-free run. Exit 0 only when the checksums match.
-# Then takes the cluster down (--keep leaves it up).
+# final field against a failure-free run. Then the same with an mpi4py program
+# (examples/mpi_master_worker.py under raps-run --mpi4py), checked against Open MPI's
+# mpirun. Exit 0 only when both results match. Then takes the cluster down (--keep
+# leaves it up).
 #   scripts/demo.sh [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +19,8 @@ keep=0
 
 ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make procps \
   python3-dev libssl-dev \
-  python3 python3-venv
+  python3 python3-venv \
+  openmpi-bin python3-mpi4py python3-numpy
 ensure_venv ""
 make -s -C spank
 
@@ -28,6 +31,35 @@ HEAT=(examples/heat_ring.py --steps "$STEPS" --every 20 --step-sec 0.05)
 json() { "$PY" -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
 step() { printf '\n== %s\n' "$*"; }
+wait_mapped() { # JOB: until the leader has mapped its ranks
+  for _ in $(seq 1 100); do
+    [ "$(rapsctl show job "$1" --json 2>/dev/null | json 'd["state"]' 2>/dev/null || true)" = mapped ] && return
+    sleep 0.2
+  done
+}
+victim() { # JOB: "RANK NODE" of the highest rank > 0 not on the batch host
+  local batch
+  batch=$(scontrol -o show job "$1" | tr ' ' '\n' | sed -n 's/^BatchHost=//p')
+  rapsctl show job "$1" --json | json \
+    "' '.join(max(([str(r['rank']), r['node']] for r in d['ranks'] if r['node'] != '$batch' and r['rank'] > 0), key=lambda x: int(x[0])))"
+}
+wait_committed() { # JOB RANK N: until N generations of RANK are committed on its group
+  local n
+  for _ in $(seq 1 300); do
+    n=$(rapsctl show checkpoints "$1" --json | json "sum(1 for r in d if r['rank'] == $2 and r['state'] == 'committed')")
+    ((n >= $3)) && return
+    sleep 0.2
+  done
+}
+wait_end() { # JOB: prints its final state
+  local state
+  for _ in $(seq 1 900); do
+    state=$(scontrol -o show job "$1" | tr ' ' '\n' | sed -n 's/^JobState=//p')
+    case $state in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
+    sleep 0.2
+  done
+  echo "$state"
+}
 step "bringing up 6 nodes in 3 racks + etcd + agents + raps-coordinator in $RAPS_CLUSTER_DIR"
 scripts/cluster.sh up
 # shellcheck disable=SC1090
@@ -53,30 +85,17 @@ exec $(command -v raps-run) -- $PY $(pwd)/${HEAT[0]} ${HEAT[*]:1}
 EOF
 job=$(sbatch --parsable --raps --raps-spares=2 --no-kill -N6 -J raps-demo -o "$out" \
   "$RAPS_CLUSTER_DIR/demo-job.sh")
-for _ in $(seq 1 100); do
-  [ "$(rapsctl show job "$job" --json 2>/dev/null | json 'd["state"]' 2>/dev/null || true)" = mapped ] && break
-  sleep 0.2
-done
+wait_mapped "$job"
 rapsctl show groups "$job"
 
-batch=$(scontrol -o show job "$job" | tr ' ' '\n' | sed -n 's/^BatchHost=//p')
-read -r victim node < <(rapsctl show job "$job" --json | json \
-  "' '.join(max(([str(r['rank']), r['node']] for r in d['ranks'] if r['node'] != '$batch'), key=lambda x: int(x[0])))")
-echo "rank $victim runs on $node (the batch script on $batch)"
-for _ in $(seq 1 300); do
-  n=$(rapsctl show checkpoints "$job" --json | json "sum(1 for r in d if r['rank'] == $victim and r['state'] == 'committed')")
-  ((n >= 2)) && break
-  sleep 0.2
-done
+read -r victim node < <(victim "$job")
+echo "rank $victim runs on $node"
+wait_committed "$job" "$victim" 2
 rapsctl show checkpoints "$job" | awk -v r="$victim" 'NR == 1 || $1 == r'
 
 step "a node dies mid-run: scripts/cluster.sh crash $node (its slurmd, rank and raps-agent at once)"
 scripts/cluster.sh crash "$node"
-for _ in $(seq 1 900); do
-  state=$(scontrol -o show job "$job" | tr ' ' '\n' | sed -n 's/^JobState=//p')
-  case $state in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
-  sleep 0.2
-done
+state=$(wait_end "$job")
 echo "job $job: $state"
 
 step "what raps-run did (from the job's output)"
@@ -105,11 +124,50 @@ step "result: the final field against the failure-free run"
 final=$(grep '^final ' "$out" || true)
 echo "reference: $reference"
 echo "with crash: ${final:-<no result>}"
+rc=0
 if [ "$state" = COMPLETED ] && [ "$final" = "$reference" ]; then
   echo "demo: checksums equal: the job survived the node loss with the same result"
-  rc=0
 else
   echo "demo: FAILED: job state $state, result differs or missing; see $out and $RAPS_CLUSTER_DIR/log" >&2
+  rc=1
+fi
+
+# --- part 2: an mpi4py program, unchanged but for its two checkpoint lines ---------------
+MW=(examples/mpi_master_worker.py --tasks 240)
+step "part 2: an mpi4py master-worker (recv from ANY_SOURCE), first under Open MPI's mpirun"
+# Debian's mpi4py is built for the system Python; as root, mpirun must be told it may run.
+mpi_reference=$(mpirun --allow-run-as-root --oversubscribe --mca btl self,tcp -n 4 \
+  /usr/bin/python3 "${MW[@]}" | grep '^tasks ')
+echo "$mpi_reference"
+
+step "the same program under raps-run --mpi4py (from mpi4py import MPI resolves to raps_slurm.mpi)"
+mout=$RAPS_CLUSTER_DIR/demo-mpi.out
+printf '#!/bin/bash\nexec %s --mpi4py -- %s %s %s --every 5 --work-sec 0.1\n' \
+  "$(command -v raps-run)" "$PY" "$(pwd)/${MW[0]}" "${MW[*]:1}" >"$RAPS_CLUSTER_DIR/demo-mpi.sh"
+mjob=$(sbatch --parsable --raps --raps-spares=1 --no-kill -N5 -J raps-demo-mpi -o "$mout" \
+  "$RAPS_CLUSTER_DIR/demo-mpi.sh")
+wait_mapped "$mjob"
+read -r mvictim mnode < <(victim "$mjob")
+echo "worker rank $mvictim runs on $mnode"
+wait_committed "$mjob" "$mvictim" 1
+
+step "its node dies: scripts/cluster.sh crash $mnode"
+scripts/cluster.sh crash "$mnode"
+mstate=$(wait_end "$mjob")
+echo "job $mjob: $mstate"
+grep '^raps-run: ' "$mout" | grep -v ' started on ' || true
+rapsctl show recoveries "$mjob"
+scripts/cluster.sh restart "$mnode"
+scontrol update NodeName="$mnode" State=RESUME
+
+step "result: raps-run --mpi4py with a crash against mpirun without one"
+mfinal=$(grep '^tasks ' "$mout" || true)
+echo "mpirun:     $mpi_reference"
+echo "with crash: ${mfinal:-<no result>}"
+if [ "$mstate" = COMPLETED ] && [ -n "$mfinal" ] && [ "$mfinal" = "$mpi_reference" ]; then
+  echo "demo: the mpi4py job survived the node loss and printed what Open MPI printed"
+else
+  echo "demo: FAILED: mpi4py job state $mstate, result differs or missing; see $mout" >&2
   rc=1
 fi
 if ((keep)); then

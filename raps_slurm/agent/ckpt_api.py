@@ -38,7 +38,8 @@ from raps_slurm.agent.quota import JobQuotas
 from raps_slurm.agent.recovery_api import record_event
 from raps_slurm.checkpoint.manifest import MAX_MANIFEST
 from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
-from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked, RestoreError
+from raps_slurm.checkpoint.restore import RestoreError
+from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked
 from raps_slurm.core.planner import plan_id
 from raps_slurm.errors import RapsError, RecordError, StoreUnavailable
 

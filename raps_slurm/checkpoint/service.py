@@ -11,12 +11,8 @@ acknowledgements. :meth:`repair` re-replicates a rank's newest generation whenev
 targets and its live holders differ: a partner that was down, or a new holder the
 coordinator chose after a node died.
 
-:meth:`restore` tries generations newest first: the manifest from this node or a holder
-(checked against the digest in etcd), the chunks this node lacks pulled from live
-holders and each checked, then every chunk decoded and checked. A bad or missing chunk
-is fetched from another holder; when no holder has a good copy, the restore falls back
-to the previous generation, then to the cold copy. Every fallback is logged, returned
-to the caller and noted in the generation's record (``bad`` holders).
+:meth:`restore` (:mod:`raps_slurm.checkpoint.restore`) brings a generation back on any
+node.
 """
 
 from __future__ import annotations
@@ -24,29 +20,25 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import replace
 
 from raps_slurm.checkpoint import cold
 from raps_slurm.checkpoint.chunkstore import ChunkStore
-from raps_slurm.checkpoint.codec import CodecParams, Decoder
-from raps_slurm.checkpoint.local import LocalCheckpoints, Restored, SaveError, Session
+from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.checkpoint.local import LocalCheckpoints, SaveError, Session
 from raps_slurm.checkpoint.logcopy import LogCopier
 from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest, check_total, manifest_digest
-from raps_slurm.checkpoint.reader import memory_file
+from raps_slurm.checkpoint.restore import Restorer
 from raps_slurm.checkpoint.transfer import (
     TokenBucket,
     TransferClient,
     TransferError,
-    verify_chunk,
 )
 from raps_slurm.config import Config
 from raps_slurm.core import checkpoints as decide
@@ -70,73 +62,9 @@ class LogUnbacked(RapsError):
     """A generation not committed: its log has not reached the rank's log backup."""
 
 
-class RestoreError(RapsError):
-    """No generation of the rank could be restored (every fallback failed)."""
-
-
-@dataclass
-class Fallback:
-    """One generation a restore gave up on, and why."""
-
-    generation: int | str
-    reason: str
-    bad: list[dict[str, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON shape."""
-        return {"generation": self.generation, "reason": self.reason, "bad": self.bad}
-
-
-@dataclass
-class RestoreResult:
-    """A verified restore: the data, the generation it came from, what was skipped."""
-
-    restored: Restored
-    generation: int | str
-    fallbacks: list[Fallback]
-    pulled_chunks: int
-    pulled_bytes: int = 0  # as stored (compressed), what crossed the network
-    sources: tuple[str, ...] = ()  # holders chunks were pulled from
-    pull_s: float = 0.0  # pulling missing chunks (network, verification, storing)
-    local_s: float = 0.0  # decoding and verifying the state into memory
-
-
-def prefetch(batches: Iterator[list[Any]], depth: int = 2) -> Iterator[list[Any]]:
-    """The batches of ``batches``, read ahead by a thread (up to ``depth`` waiting)."""
-    q: queue.Queue[tuple[str, Any]] = queue.Queue(depth)
-    stop = threading.Event()
-
-    def put(item: tuple[str, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for b in batches:
-                if not put(("batch", b)):
-                    return  # the consumer gave up
-            put(("end", None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            put(("error", exc))
-
-    t = threading.Thread(target=produce, name="raps-prefetch", daemon=True)
-    t.start()
-    try:
-        while True:
-            kind, item = q.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise item
-            yield item
-    finally:
-        stop.set()
-        t.join(timeout=60)
+class CopiesBehind(LogUnbacked):
+    """The rank's group holds no recent generation and the copies did not catch up in time:
+    the new generation is not committed (the rank goes on; the next one may commit)."""
 
 
 def peers_from_store(store: StateStore, keys: Keys) -> Callable[[], dict[str, tuple[str, int]]]:
@@ -171,7 +99,7 @@ def peers_from_store(store: StateStore, keys: Keys) -> Callable[[], dict[str, tu
     return read
 
 
-class CheckpointService:
+class CheckpointService(Restorer):
     """One node's checkpoint service (the agent owns one)."""
 
     def __init__(self, cfg: Config, store: StateStore, keys: Keys, node: str, key: bytes,
@@ -194,6 +122,12 @@ class CheckpointService:
         self._queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
         self._log_queue: queue.Queue[Callable[[], object] | None] = queue.Queue()
         self._pending: set[tuple[str, int, int]] = set()  # generations queued for copying
+        # The newest generation queued per (job, rank): an older one still queued when a
+        # newer one arrives is skipped, so replication never falls behind a rank that
+        # checkpoints faster than its copies go (the newer generation is the one restored).
+        self._newest: dict[tuple[str, int], int] = {}
+        self._copied = threading.Condition()  # notified after every replication
+        self.skipped_copies = 0
         self.logs = LogStore(chunks.root)
         self.logcopy = LogCopier(node, key, self.logs, self.group, self._peers, self.limiter,
                                  cfg.messagelog.backup_max_lag_ms / 1000)
@@ -241,10 +175,21 @@ class CheckpointService:
             if key in self._pending:
                 return  # already queued (a repair pass found it short again)
             self._pending.add(key)
+            if gen > self._newest.get((job, rank), -1):
+                self._newest[(job, rank)] = gen
 
         def copy() -> None:
             with self._lock:
                 self._pending.discard(key)
+                stale = self._newest.get((job, rank), gen) > gen
+                if stale:
+                    self.skipped_copies += 1
+                else:
+                    self._newest.pop((job, rank), None)
+            if stale:
+                log.info("job %s rank %d generation %d: copy skipped, a newer generation is "
+                         "queued", job, rank, gen)
+                return
             self.replicate(job, rank, gen)
         self._queue.put(copy)
 
@@ -290,6 +235,7 @@ class CheckpointService:
             # a generation that could never be restored here is refused at once
             check_total("manifest from the rank", m.total_size, len(m.chunks), self.quota)
             self._log_backed(s.job, s.rank)
+            self._copies_caught_up(s.job, s.rank)
             record = self._commit(s, m)
         finally:
             self.abort(sid)
@@ -309,6 +255,27 @@ class CheckpointService:
             raise LogUnbacked(f"rank {rank} of job {job}: its log backup holds segments up to "
                               f"{held} of {upto} after {timeout:g}s; generation not committed "
                               "(it commits only once its log is on the log backup)")
+
+    def _copies_caught_up(self, job: str, rank: int) -> None:
+        """Backpressure on a rank that checkpoints faster than its copies go: wait until
+        one more generation keeps a whole one among the newest kept (CopiesBehind after
+        the lease); no wait when no copy target is alive (nothing would change)."""
+        keep = self.cfg.checkpoint.max_generations
+        timeout = self.cfg.detection.lease_duration_sec
+        deadline = time.monotonic() + timeout
+        while decide.copies_behind(self.records(job, rank), keep):
+            peers = self._peers()
+            targets = decide.replica_targets(self.group(job, rank), self.node,
+                                             self.wanted_replicas(job))
+            if not any(t in peers for t in targets):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CopiesBehind(f"rank {rank} of job {job}: no generation among its newest "
+                                   f"{keep} is whole on its group after {timeout:g}s; "
+                                   "generation not committed (copies are behind)")
+            with self._copied:
+                self._copied.wait(min(left, 0.5))
 
     def _commit(self, s: Session, m: Manifest) -> CkptRecord:
         rank_key = self.keys.job_rank(s.job, s.rank)
@@ -346,13 +313,8 @@ class CheckpointService:
             log.warning("job %s: manifests %s unreadable; their chunks are kept", job,
                         result.unreadable)
         # Records of generations no holder keeps any more: only the primary deletes them.
-        records = decide.restore_order(self.records(job, rank))
-        # The newest cold generation keeps its record: a cold copy is restored only
-        # against it, and it is the last fallback.
-        newest_cold = next((r.generation for r in records if r.cold), None)
-        for old in records[keep:]:
-            if old.primary == self.node and old.generation != newest_cold:
-                self.store.delete(self.keys.ckpt(job, rank, old.generation))
+        for gen in decide.expired_records(self.records(job, rank), keep, self.node):
+            self.store.delete(self.keys.ckpt(job, rank, gen))
 
     # --- records and groups --------------------------------------------------------------
 
@@ -438,7 +400,11 @@ class CheckpointService:
                                       | added)
             return r.with_holders(set(r.holders) | added)
 
-        return self._update_holders(job, rank, gen, change)
+        try:
+            return self._update_holders(job, rank, gen, change)
+        finally:
+            with self._copied:
+                self._copied.notify_all()
 
     def repair(self) -> int:
         """Re-replicate the newest generation of every rank this node is primary for whose
@@ -488,241 +454,6 @@ class CheckpointService:
             self._update_holders(m.job, m.rank, m.generation, lambda r: _with_cold(r))
             log.info("job %s rank %d generation %d copied to %s", m.job, m.rank,
                      m.generation, directory)
-
-    # --- restore -------------------------------------------------------------------------
-
-    def restore(self, job: str, rank: int) -> RestoreResult | None:
-        """The newest restorable generation, verified; None if the rank never committed.
-        RestoreError if generations exist but none (nor the cold copy) is whole."""
-        records = decide.restore_order(self.records(job, rank))
-        fallbacks: list[Fallback] = []
-        for rec in records:
-            result, failure = self._restore_one(job, rank, rec)
-            if result is not None:
-                result.fallbacks = fallbacks
-                return result
-            assert failure is not None
-            fallbacks.append(failure)
-            log.warning("job %s rank %d: generation %d not restorable (%s); falling back",
-                        job, rank, rec.generation, failure.reason)
-        cold = self._restore_cold(job, rank, fallbacks)
-        if cold is not None:
-            return cold
-        if not records and not fallbacks:
-            return None
-        raise RestoreError(f"no generation of rank {rank} of job {job} could be restored: "
-                           + "; ".join(f"{f.generation}: {f.reason}" for f in fallbacks))
-
-    def _restore_one(self, job: str, rank: int, rec: CkptRecord
-                     ) -> tuple[RestoreResult | None, Fallback | None]:
-        peers = self._peers()
-        sources = [h for h in rec.holders if h != self.node and h in peers]
-        with self.chunks.pinned(job, gens=[(rank, rec.generation)]):
-            m, why = self._manifest(job, rank, rec, peers, sources)
-            if m is None:
-                return None, Fallback(rec.generation, why)
-            pulled = 0
-            pull_s = local_s = 0.0
-            traffic: dict[str, int] = {}  # holder -> bytes pulled from it
-            bad_holders: dict[str, str] = {}
-            tried_local = False
-            for attempt in range(len(sources) + 2):
-                missing = self.chunks.missing(job, m.digests())
-                if not self.cfg.recovery.use_delta_transfer and attempt == 0:
-                    # measured comparison: pull every chunk, held here or not
-                    missing = sorted(m.digests())
-                t0 = time.perf_counter()
-                memory = None
-                if missing:
-                    # The memory file's pages are allocated while the chunks travel.
-                    with ThreadPoolExecutor(1, thread_name_prefix="raps-alloc") as pool:
-                        pending = pool.submit(memory_file, m.total_size)
-                        try:
-                            pulled += self._pull(job, m, missing, sources, peers, bad_holders,
-                                                 traffic)
-                        except BaseException:
-                            fd, buf = pending.result()
-                            if buf is not None:
-                                buf.close()
-                            os.close(fd)
-                            raise
-                        memory = pending.result()
-                t1 = time.perf_counter()
-                restored, bad = self.local.restore_manifest(m, memory)
-                pull_s, local_s = pull_s + t1 - t0, local_s + time.perf_counter() - t1
-                if restored is not None:
-                    if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
-                        self.chunks.put_manifest(m)
-                    self._note(job, rank, rec, bad_holders, holder=self.node)
-                    if pulled:
-                        self._queue.put(self.chunks.sync_pending)  # after the decode
-                    return RestoreResult(restored, rec.generation, [], pulled,
-                                         sum(traffic.values()),
-                                         tuple(h for h in sources if traffic.get(h)),
-                                         round(pull_s, 3), round(local_s, 3)), None
-                # A chunk stored here is bad: drop it and pull a good copy.
-                if not tried_local and self.node in rec.holders:
-                    for b in bad:
-                        bad_holders.setdefault(b.digest, self.node)
-                tried_local = True
-                self.chunks.drop(job, [b.digest for b in bad])
-                if attempt >= len(sources):
-                    break
-            self._note(job, rank, rec, bad_holders)
-            return None, Fallback(rec.generation, "no holder has a good copy of every chunk",
-                                  [{"digest": d, "holder": h}
-                                   for d, h in sorted(bad_holders.items())])
-
-    def _manifest(self, job: str, rank: int, rec: CkptRecord,
-                  peers: dict[str, tuple[str, int]], sources: list[str]
-                  ) -> tuple[Manifest | None, str]:
-        try:  # before anything is fetched or reserved
-            check_total(f"record of generation {rec.generation}", rec.total_size, rec.chunks,
-                        self.quota)
-        except RecordError as exc:
-            return None, str(exc)
-        raw = self.chunks.manifest_bytes(job, rank, rec.generation)
-        candidates: list[tuple[str, bytes | None]] = [(self.node, raw)]
-        for src in sources:
-            candidates.append((src, None))
-        for holder, data in candidates:
-            if data is None and holder != self.node:
-                try:
-                    with TransferClient(self._key, self.node, peers[holder],
-                                        limiter=self.limiter) as client:
-                        data = client.manifest(job, rank, rec.generation)
-                except TransferError as exc:
-                    log.warning("manifest of job %s rank %d gen %d from %s: %s", job, rank,
-                                rec.generation, holder, exc)
-                    continue
-            if data is None:
-                continue
-            if manifest_digest(data) != rec.manifest_digest:
-                log.warning("job %s rank %d generation %d: %s's manifest does not match "
-                            "the digest in etcd", job, rank, rec.generation, holder)
-                continue
-            try:
-                m = Manifest.from_json(f"manifest from {holder}", data)
-                check_total(f"manifest from {holder}", m.total_size, len(m.chunks), self.quota)
-                return m, ""
-            except RecordError as exc:
-                log.warning("%s", exc)
-        return None, "no holder has a manifest matching the record"
-
-    def _pull(self, job: str, m: Manifest, missing: list[str], sources: list[str],
-              peers: dict[str, tuple[str, int]], bad_holders: dict[str, str],
-              traffic: dict[str, int]) -> int:
-        """Pull ``missing`` chunks into the store; how many were written. With two or
-        more holders the first pass splits the work between the first two (two agents
-        serve at once); whatever is still missing is then asked of each holder in turn."""
-        sizes = dict(m.chunks)
-        want = set(missing)
-        pulled = 0
-        lock = threading.Lock()
-
-        def from_source(src: str, part: set[str]) -> None:
-            nonlocal pulled
-            dec = Decoder()
-            try:
-                with TransferClient(self._key, self.node, peers[src],
-                                    limiter=self.limiter) as client:
-                    # The next batch is on its way while this one is checked and stored.
-                    for batch in prefetch(client.fetch_batches(job, sorted(part), sizes,
-                                                               urgent=True)):
-                        good = []
-                        for digest, raw, stored in batch:
-                            if digest not in part:
-                                continue
-                            reason = verify_chunk(m.digest_algo, digest, raw, stored, dec)
-                            if reason is not None or raw != sizes.get(digest):
-                                with lock:
-                                    bad_holders.setdefault(digest, src)
-                                log.warning("chunk %s of job %s from %s is bad: %s",
-                                            digest[:16], job, src, reason or "wrong size")
-                                continue
-                            good.append((digest, raw, stored))
-                        # Not fsync'ed here: the rank waits for this restore; the
-                        # replication lane syncs the packs once it is over.
-                        written, _ = self.chunks.put_many(job, good, durable=False)
-                        with lock:
-                            pulled += written
-                            traffic[src] = traffic.get(src, 0) + sum(len(g[2]) for g in good)
-                            want.difference_update(g[0] for g in good)
-            except TransferError as exc:
-                log.warning("pull from %s failed: %s", src, exc)
-
-        if len(sources) >= 2 and len(want) >= 2:
-            ordered = sorted(want)
-            halves = [set(ordered[0::2]), set(ordered[1::2])]
-            threads = [threading.Thread(target=from_source, args=(src, part),
-                                        name=f"raps-pull-{src}")
-                       for src, part in zip(sources[:2], halves, strict=True)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        for src in sources:
-            with lock:
-                rest = {d for d in want if bad_holders.get(d) != src}
-            if rest:
-                from_source(src, rest)
-        return pulled
-
-    def _note(self, job: str, rank: int, rec: CkptRecord, bad_holders: dict[str, str],
-              holder: str | None = None) -> None:
-        bad = set(bad_holders.values())
-        if not bad and (holder is None or holder in rec.holders):
-            return
-        for d, h in sorted(bad_holders.items()):
-            log.warning("job %s rank %d generation %d: chunk %s on %s was bad", job, rank,
-                        rec.generation, d[:16], h)
-
-        def change(r: CkptRecord) -> CkptRecord:
-            holders = set(r.holders) - bad
-            if holder is not None:
-                holders.add(holder)
-            out = r.with_holders(holders) if holders else r
-            return replace(out, bad=tuple(sorted(set(r.bad) | bad)))
-
-        with contextlib.suppress(StoreError):
-            self._update_holders(job, rank, rec.generation, change)
-
-    def _restore_cold(self, job: str, rank: int, fallbacks: list[Fallback]
-                      ) -> RestoreResult | None:
-        """The newest cold copy that matches its record in etcd and whose every chunk is
-        good (see :mod:`raps_slurm.checkpoint.cold`); each refused one is a fallback."""
-        c = self.cfg.checkpoint
-        if not c.cold_dir:
-            return None
-        directory = cold.cold_path(c.cold_dir, job, rank)
-        gens = cold.generations(directory)
-        records = {r.generation: r for r in self.records(job, rank)} if gens else {}
-        for gen in gens:
-            bad: list[str] = []
-            stored = 0
-            try:
-                m = cold.load_manifest(directory, job, rank, gen, records.get(gen), self.quota)
-                need = set(self.chunks.missing(job, m.digests()))
-                for batch in cold.verified_chunks(directory, m, need, bad):
-                    stored += self.chunks.put_many(job, batch)[0]
-            except RapsError as exc:
-                log.warning("job %s rank %d: cold copy %d refused: %s", job, rank, gen, exc)
-                fallbacks.append(Fallback(f"cold {gen}", str(exc)))
-                continue
-            if bad:  # never restored from, even where the store holds good copies
-                log.warning("job %s rank %d: cold copy %d has %d bad chunk(s)", job, rank,
-                            gen, len(bad))
-                fallbacks.append(Fallback(f"cold {gen}", "cold copy is damaged",
-                                          [{"digest": d, "holder": "cold"} for d in bad]))
-                continue
-            restored, damaged = self.local.restore_manifest(m)
-            if restored is not None:
-                log.warning("job %s rank %d restored from the cold copy of generation %d",
-                            job, rank, gen)
-                return RestoreResult(restored, f"cold {gen}", fallbacks, stored)
-            fallbacks.append(Fallback(f"cold {gen}", "cold copy is damaged",
-                                      [{"digest": b.digest, "holder": "cold"} for b in damaged]))
-        return None
 
 
 def _with_cold(r: CkptRecord) -> CkptRecord:

@@ -283,9 +283,11 @@ class AgentClient:
                 continue
             if self._stop.is_set():
                 return
-            # Never wait past validity: the watchdog must not be late because a frozen
-            # agent holds the request.
-            reason = self._beat(max(0.01, min(self.interval, self.valid_until - now)))
+            # Wait for the reply as long as validity lasts, not one interval: an agent busy
+            # restoring a node's ranks (its threads taking turns at the GIL) answers late
+            # but answers. Never past validity: the watchdog must not be late because a
+            # frozen agent holds the request.
+            reason = self._beat(max(0.01, self.valid_until - now))
             if reason is not None:
                 self._fence(reason)
                 return

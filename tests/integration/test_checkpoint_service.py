@@ -20,7 +20,8 @@ import pytest
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.logstore import LogStoreError
 from raps_slurm.checkpoint.reader import materialize
-from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked, RestoreError
+from raps_slurm.checkpoint.restore import RestoreError
+from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked
 from raps_slurm.checkpoint.transfer import TransferServer
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.config import Config

@@ -26,6 +26,7 @@ from raps_slurm.testing.jobs import (
     HEAT_RING,
     back_in_service,
     committed,
+    crashed,
     finish,
     heat_reference,
     job_plans,
@@ -103,8 +104,7 @@ def test_a_dead_nodes_ranks_move_together_to_one_spare(
         assert len(groups) == 1, groups
         for r in victims:
             wait_until(f"rank {r} committed", lambda r=r: committed(*store, job, r), bool, 90)
-        cluster.crash(node)
-        try:
+        with crashed(cluster, store, node):
             # the crash falls between two checkpoints with messages in flight: the peers
             # send the moved ranks again what they had sent since those ranks' checkpoints
             text, resent = finish_counting_replays(cluster, store, job, out, clean, 240)
@@ -123,9 +123,6 @@ def test_a_dead_nodes_ranks_move_together_to_one_spare(
             now = rank_entries(*store, job)
             assert {r for r, e in now.items() if e.node == target} == set(victims)
             assert cluster.slurm().job(int(job)).restart_count == 0, text[-3000:]
-        finally:
-            cluster.restart(node)
-            back_in_service(cluster, *store, node)
 
 
 def test_two_nodes_of_a_rack_lost_together_are_two_moves(
@@ -143,9 +140,7 @@ def test_two_nodes_of_a_rack_lost_together_are_two_moves(
         assert len(victims) == 4
         for r in victims:
             wait_until(f"rank {r} committed", lambda r=r: committed(*store, job, r), bool, 90)
-        for n in lost:
-            cluster.crash(n)
-        try:
+        with crashed(cluster, store, *lost):
             finish(cluster, job, out, clean, timeout=240)
             every = job_plans(*store, job)
             got = [p for p in every if p.source in lost]
@@ -160,10 +155,6 @@ def test_two_nodes_of_a_rack_lost_together_are_two_moves(
             assert all(len(t) == 1 for t in by_source.values())
             assert set().union(*by_source.values()) == set(data["spares"])
             assert cluster.slurm().job(int(job)).restart_count == 0
-        finally:
-            for n in lost:
-                cluster.restart(n)
-            back_in_service(cluster, *store, *lost)
 
 
 def test_a_dead_node_resumed_in_slurm_gets_no_ranks_and_no_requeue_loop(
@@ -217,9 +208,7 @@ def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
         victims = sorted(r for r, n in ranks.items() if n in lost)
         for r in victims:
             wait_until(f"rank {r} committed", lambda r=r: committed(*store, job, r), bool, 90)
-        for n in lost:
-            cluster.crash(n)
-        try:
+        with crashed(cluster, store, *lost):
             text = finish(cluster, job, out, clean, timeout=240)
             every = job_plans(*store, job)
             got = [p for p in every if p.source in lost]
@@ -227,10 +216,6 @@ def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
             assert {p.state for p in got} <= {"done"}, f"{every}\n{text[-4000:]}"
             assert all(p.source == p.target for p in every if p.source not in lost), every
             assert cluster.slurm().job(int(job)).restart_count == 0, text[-3000:]
-        finally:
-            for n in lost:
-                cluster.restart(n)
-            back_in_service(cluster, *store, *lost)
 
 
 def test_a_stopped_rank_among_four_on_a_node_is_restarted_alone_in_place(

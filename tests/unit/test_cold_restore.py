@@ -19,7 +19,8 @@ from raps_slurm.checkpoint import cold
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.pack import HEADER, MAGIC
 from raps_slurm.checkpoint.reader import materialize
-from raps_slurm.checkpoint.service import CheckpointService, RestoreError
+from raps_slurm.checkpoint.restore import RestoreError
+from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.config import Config
 from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json

@@ -1,0 +1,372 @@
+"""Restore of a rank's checkpoint on any node, as a part of the agent's checkpoint service.
+
+:meth:`Restorer.restore` tries generations newest first: the manifest from this node or
+a holder (checked against the digest in etcd), the chunks this node lacks pulled from
+live holders and each checked, then every chunk decoded and checked. A bad or missing
+chunk is fetched from another holder; when no holder has a good copy, the restore falls
+back to the previous generation, then to the cold copy. Every fallback is logged,
+returned to the caller and noted in the generation's record (``bad`` holders).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from raps_slurm.checkpoint import cold
+from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.codec import Decoder
+from raps_slurm.checkpoint.local import LocalCheckpoints, Restored
+from raps_slurm.checkpoint.manifest import Manifest, check_total, manifest_digest
+from raps_slurm.checkpoint.reader import memory_file
+from raps_slurm.checkpoint.transfer import TokenBucket, TransferClient, TransferError, verify_chunk
+from raps_slurm.config import Config
+from raps_slurm.core import checkpoints as decide
+from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.errors import RapsError, RecordError, StoreError
+
+log = logging.getLogger("raps.checkpoint")
+
+RESTORES_AT_ONCE = 2  # per agent process; each restore pulls from two holders at once
+_RESTORES = threading.BoundedSemaphore(RESTORES_AT_ONCE)
+
+
+class RestoreError(RapsError):
+    """No generation of the rank could be restored (every fallback failed)."""
+
+
+@dataclass
+class Fallback:
+    """One generation a restore gave up on, and why."""
+
+    generation: int | str
+    reason: str
+    bad: list[dict[str, str]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape."""
+        return {"generation": self.generation, "reason": self.reason, "bad": self.bad}
+
+
+@dataclass
+class RestoreResult:
+    """A verified restore: the data, the generation it came from, what was skipped."""
+
+    restored: Restored
+    generation: int | str
+    fallbacks: list[Fallback]
+    pulled_chunks: int
+    pulled_bytes: int = 0  # as stored (compressed), what crossed the network
+    sources: tuple[str, ...] = ()  # holders chunks were pulled from
+    pull_s: float = 0.0  # pulling missing chunks (network, verification, storing)
+    local_s: float = 0.0  # decoding and verifying the state into memory
+
+
+def prefetch(batches: Iterator[list[Any]], depth: int = 2) -> Iterator[list[Any]]:
+    """The batches of ``batches``, read ahead by a thread (up to ``depth`` waiting)."""
+    q: queue.Queue[tuple[str, Any]] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for b in batches:
+                if not put(("batch", b)):
+                    return  # the consumer gave up
+            put(("end", None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(("error", exc))
+
+    t = threading.Thread(target=produce, name="raps-prefetch", daemon=True)
+    t.start()
+    try:
+        while True:
+            kind, item = q.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join(timeout=60)
+
+
+class Restorer:
+    """The restore half of :class:`~raps_slurm.checkpoint.service.CheckpointService`
+    (which sets these attributes and provides ``records`` and ``_update_holders``)."""
+
+    cfg: Config
+    node: str
+    chunks: ChunkStore
+    local: LocalCheckpoints
+    limiter: TokenBucket
+    quota: int
+    _key: bytes
+    _peers: Callable[[], dict[str, tuple[str, int]]]
+    _queue: queue.Queue[Callable[[], object] | None]
+
+    def records(self, job: str, rank: int) -> list[CkptRecord]:
+        """The rank's generation records in etcd."""
+        raise NotImplementedError
+
+    def _update_holders(self, job: str, rank: int, gen: int,
+                        change: Callable[[CkptRecord], CkptRecord]) -> CkptRecord | None:
+        raise NotImplementedError
+
+    def restore(self, job: str, rank: int) -> RestoreResult | None:
+        """The newest restorable generation, verified; None if the rank never committed.
+        RestoreError if generations exist but none (nor the cold copy) is whole.
+
+        At most RESTORES_AT_ONCE run at a time: a dead node's ranks all restore on one
+        spare, and eight threads decoding at once starve the agent's other threads
+        (the ranks' heartbeats) of the GIL for seconds while finishing no sooner."""
+        with _RESTORES:
+            return self._restore(job, rank)
+
+    def _restore(self, job: str, rank: int) -> RestoreResult | None:
+        records = decide.restore_order(self.records(job, rank))
+        fallbacks: list[Fallback] = []
+        for rec in records:
+            result, failure = self._restore_one(job, rank, rec)
+            if result is not None:
+                result.fallbacks = fallbacks
+                return result
+            assert failure is not None
+            fallbacks.append(failure)
+            log.warning("job %s rank %d: generation %d not restorable (%s); falling back",
+                        job, rank, rec.generation, failure.reason)
+        cold = self._restore_cold(job, rank, fallbacks)
+        if cold is not None:
+            return cold
+        if not records and not fallbacks:
+            return None
+        raise RestoreError(f"no generation of rank {rank} of job {job} could be restored: "
+                           + "; ".join(f"{f.generation}: {f.reason}" for f in fallbacks))
+
+    def _restore_one(self, job: str, rank: int, rec: CkptRecord
+                     ) -> tuple[RestoreResult | None, Fallback | None]:
+        peers = self._peers()
+        sources = [h for h in rec.holders if h != self.node and h in peers]
+        with self.chunks.pinned(job, gens=[(rank, rec.generation)]):
+            m, why = self._manifest(job, rank, rec, peers, sources)
+            if m is None:
+                return None, Fallback(rec.generation, why)
+            pulled = 0
+            pull_s = local_s = 0.0
+            traffic: dict[str, int] = {}  # holder -> bytes pulled from it
+            bad_holders: dict[str, str] = {}
+            tried_local = False
+            for attempt in range(len(sources) + 2):
+                missing = self.chunks.missing(job, m.digests())
+                if not self.cfg.recovery.use_delta_transfer and attempt == 0:
+                    # measured comparison: pull every chunk, held here or not
+                    missing = sorted(m.digests())
+                t0 = time.perf_counter()
+                memory = None
+                if missing:
+                    # The memory file's pages are allocated while the chunks travel.
+                    with ThreadPoolExecutor(1, thread_name_prefix="raps-alloc") as pool:
+                        pending = pool.submit(memory_file, m.total_size)
+                        try:
+                            pulled += self._pull(job, m, missing, sources, peers, bad_holders,
+                                                 traffic)
+                        except BaseException:
+                            fd, buf = pending.result()
+                            if buf is not None:
+                                buf.close()
+                            os.close(fd)
+                            raise
+                        memory = pending.result()
+                t1 = time.perf_counter()
+                restored, bad = self.local.restore_manifest(m, memory)
+                pull_s, local_s = pull_s + t1 - t0, local_s + time.perf_counter() - t1
+                if restored is not None:
+                    if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
+                        self.chunks.put_manifest(m)
+                    self._note(job, rank, rec, bad_holders, holder=self.node)
+                    if pulled:
+                        self._queue.put(self.chunks.sync_pending)  # after the decode
+                    return RestoreResult(restored, rec.generation, [], pulled,
+                                         sum(traffic.values()),
+                                         tuple(h for h in sources if traffic.get(h)),
+                                         round(pull_s, 3), round(local_s, 3)), None
+                # A chunk stored here is bad: drop it and pull a good copy.
+                if not tried_local and self.node in rec.holders:
+                    for b in bad:
+                        bad_holders.setdefault(b.digest, self.node)
+                tried_local = True
+                self.chunks.drop(job, [b.digest for b in bad])
+                if attempt >= len(sources):
+                    break
+            self._note(job, rank, rec, bad_holders)
+            return None, Fallback(rec.generation, "no holder has a good copy of every chunk",
+                                  [{"digest": d, "holder": h}
+                                   for d, h in sorted(bad_holders.items())])
+
+    def _manifest(self, job: str, rank: int, rec: CkptRecord,
+                  peers: dict[str, tuple[str, int]], sources: list[str]
+                  ) -> tuple[Manifest | None, str]:
+        try:  # before anything is fetched or reserved
+            check_total(f"record of generation {rec.generation}", rec.total_size, rec.chunks,
+                        self.quota)
+        except RecordError as exc:
+            return None, str(exc)
+        raw = self.chunks.manifest_bytes(job, rank, rec.generation)
+        candidates: list[tuple[str, bytes | None]] = [(self.node, raw)]
+        for src in sources:
+            candidates.append((src, None))
+        for holder, data in candidates:
+            if data is None and holder != self.node:
+                try:
+                    with TransferClient(self._key, self.node, peers[holder],
+                                        limiter=self.limiter) as client:
+                        data = client.manifest(job, rank, rec.generation)
+                except TransferError as exc:
+                    log.warning("manifest of job %s rank %d gen %d from %s: %s", job, rank,
+                                rec.generation, holder, exc)
+                    continue
+            if data is None:
+                continue
+            if manifest_digest(data) != rec.manifest_digest:
+                log.warning("job %s rank %d generation %d: %s's manifest does not match "
+                            "the digest in etcd", job, rank, rec.generation, holder)
+                continue
+            try:
+                m = Manifest.from_json(f"manifest from {holder}", data)
+                check_total(f"manifest from {holder}", m.total_size, len(m.chunks), self.quota)
+                return m, ""
+            except RecordError as exc:
+                log.warning("%s", exc)
+        return None, "no holder has a manifest matching the record"
+
+    def _pull(self, job: str, m: Manifest, missing: list[str], sources: list[str],
+              peers: dict[str, tuple[str, int]], bad_holders: dict[str, str],
+              traffic: dict[str, int]) -> int:
+        """Pull ``missing`` chunks into the store; how many were written. With two or
+        more holders the first pass splits the work between the first two (two agents
+        serve at once); whatever is still missing is then asked of each holder in turn."""
+        sizes = dict(m.chunks)
+        want = set(missing)
+        pulled = 0
+        lock = threading.Lock()
+
+        def from_source(src: str, part: set[str]) -> None:
+            nonlocal pulled
+            dec = Decoder()
+            try:
+                with TransferClient(self._key, self.node, peers[src],
+                                    limiter=self.limiter) as client:
+                    # The next batch is on its way while this one is checked and stored.
+                    for batch in prefetch(client.fetch_batches(job, sorted(part), sizes,
+                                                               urgent=True)):
+                        good = []
+                        for digest, raw, stored in batch:
+                            if digest not in part:
+                                continue
+                            reason = verify_chunk(m.digest_algo, digest, raw, stored, dec)
+                            if reason is not None or raw != sizes.get(digest):
+                                with lock:
+                                    bad_holders.setdefault(digest, src)
+                                log.warning("chunk %s of job %s from %s is bad: %s",
+                                            digest[:16], job, src, reason or "wrong size")
+                                continue
+                            good.append((digest, raw, stored))
+                        # Not fsync'ed here: the rank waits for this restore; the
+                        # replication lane syncs the packs once it is over.
+                        written, _ = self.chunks.put_many(job, good, durable=False)
+                        with lock:
+                            pulled += written
+                            traffic[src] = traffic.get(src, 0) + sum(len(g[2]) for g in good)
+                            want.difference_update(g[0] for g in good)
+            except TransferError as exc:
+                log.warning("pull from %s failed: %s", src, exc)
+
+        if len(sources) >= 2 and len(want) >= 2:
+            ordered = sorted(want)
+            halves = [set(ordered[0::2]), set(ordered[1::2])]
+            threads = [threading.Thread(target=from_source, args=(src, part),
+                                        name=f"raps-pull-{src}")
+                       for src, part in zip(sources[:2], halves, strict=True)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        for src in sources:
+            with lock:
+                rest = {d for d in want if bad_holders.get(d) != src}
+            if rest:
+                from_source(src, rest)
+        return pulled
+
+    def _note(self, job: str, rank: int, rec: CkptRecord, bad_holders: dict[str, str],
+              holder: str | None = None) -> None:
+        bad = set(bad_holders.values())
+        if not bad and (holder is None or holder in rec.holders):
+            return
+        for d, h in sorted(bad_holders.items()):
+            log.warning("job %s rank %d generation %d: chunk %s on %s was bad", job, rank,
+                        rec.generation, d[:16], h)
+
+        def change(r: CkptRecord) -> CkptRecord:
+            holders = set(r.holders) - bad
+            if holder is not None:
+                holders.add(holder)
+            out = r.with_holders(holders) if holders else r
+            return replace(out, bad=tuple(sorted(set(r.bad) | bad)))
+
+        with contextlib.suppress(StoreError):
+            self._update_holders(job, rank, rec.generation, change)
+
+    def _restore_cold(self, job: str, rank: int, fallbacks: list[Fallback]
+                      ) -> RestoreResult | None:
+        """The newest cold copy that matches its record in etcd and whose every chunk is
+        good (see :mod:`raps_slurm.checkpoint.cold`); each refused one is a fallback."""
+        c = self.cfg.checkpoint
+        if not c.cold_dir:
+            return None
+        directory = cold.cold_path(c.cold_dir, job, rank)
+        gens = cold.generations(directory)
+        records = {r.generation: r for r in self.records(job, rank)} if gens else {}
+        for gen in gens:
+            bad: list[str] = []
+            stored = 0
+            try:
+                m = cold.load_manifest(directory, job, rank, gen, records.get(gen), self.quota)
+                need = set(self.chunks.missing(job, m.digests()))
+                for batch in cold.verified_chunks(directory, m, need, bad):
+                    stored += self.chunks.put_many(job, batch)[0]
+            except RapsError as exc:
+                log.warning("job %s rank %d: cold copy %d refused: %s", job, rank, gen, exc)
+                fallbacks.append(Fallback(f"cold {gen}", str(exc)))
+                continue
+            if bad:  # never restored from, even where the store holds good copies
+                log.warning("job %s rank %d: cold copy %d has %d bad chunk(s)", job, rank,
+                            gen, len(bad))
+                fallbacks.append(Fallback(f"cold {gen}", "cold copy is damaged",
+                                          [{"digest": d, "holder": "cold"} for d in bad]))
+                continue
+            restored, damaged = self.local.restore_manifest(m)
+            if restored is not None:
+                log.warning("job %s rank %d restored from the cold copy of generation %d",
+                            job, rank, gen)
+                return RestoreResult(restored, f"cold {gen}", fallbacks, stored)
+            fallbacks.append(Fallback(f"cold {gen}", "cold copy is damaged",
+                                      [{"digest": b.digest, "holder": "cold"} for b in damaged]))
+        return None

@@ -1,0 +1,94 @@
+"""The replication lane skips a generation when a newer one of the same rank is queued.
+
+A rank that checkpoints faster than its copies go (8 ranks of 128 MiB on one node) would
+otherwise have every generation wait behind older ones and stay under-replicated for ever.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+from pathlib import Path
+
+from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.service import CheckpointService
+from raps_slurm.config import Config
+from raps_slurm.core.checkpoints import CkptRecord, copies_behind, expired_records
+from raps_slurm.store import Keys, MemoryStore
+
+
+def drain(svc: CheckpointService) -> None:
+    """Run the queued copies in order, as the background worker would."""
+    while True:
+        try:
+            item = svc._queue.get_nowait()
+        except queue.Empty:
+            return
+        assert item is not None
+        item()
+        svc._queue.task_done()
+
+
+def service(root: Path, copied: list[tuple[str, int, int]]) -> CheckpointService:
+    svc = CheckpointService(Config(), MemoryStore(), Keys(), "n1", secrets.token_bytes(32),
+                            ChunkStore(root), peers=dict)
+
+    def replicate(job: str, rank: int, gen: int) -> None:
+        copied.append((job, rank, gen))
+    svc.replicate = replicate  # type: ignore[method-assign,assignment]
+    return svc
+
+
+def test_only_the_newest_queued_generation_of_a_rank_is_copied(tmp_path: Path) -> None:
+    copied: list[tuple[str, int, int]] = []
+    svc = service(tmp_path, copied)
+    for gen in (1, 2, 3):
+        svc._later("7", 0, gen)
+    svc._later("7", 1, 1)  # another rank's generation is not affected
+    drain(svc)
+    assert copied == [("7", 0, 3), ("7", 1, 1)]
+    assert svc.skipped_copies == 2
+
+
+def test_a_generation_queued_after_the_copy_ran_is_copied_too(tmp_path: Path) -> None:
+    copied: list[tuple[str, int, int]] = []
+    svc = service(tmp_path, copied)
+    svc._later("7", 0, 1)
+    drain(svc)
+    svc._later("7", 0, 2)
+    svc._later("7", 0, 2)  # a repair pass finding it short again queues nothing more
+    drain(svc)
+    assert copied == [("7", 0, 1), ("7", 0, 2)]
+    assert svc.skipped_copies == 0
+
+
+def record(gen: int, state: str = "under_replicated", primary: str = "n1",
+           cold: bool = False) -> CkptRecord:
+    return CkptRecord(0, gen, 1, "d", 10, 10, 1, "w", primary, (primary,), 2, state, 0.0,
+                      cold=cold)
+
+
+def test_the_newest_whole_generation_keeps_its_record_behind_newer_uncopied_ones() -> None:
+    """A rank that commits faster than its copies go: the primary must not delete the
+    record of the last generation its group holds, or a crash leaves nothing to restore."""
+    records = [record(1, "committed"), record(2, "committed"), *map(record, range(3, 9))]
+    assert expired_records(records, 5, "n1") == [3, 1]
+    # once a newer generation is whole, the older whole one goes like any other
+    records[7] = record(8, "committed")
+    assert expired_records(records, 5, "n1") == [3, 2, 1]
+
+
+def test_only_the_primary_deletes_and_the_newest_cold_record_stays() -> None:
+    records = [record(1, cold=True), record(2, primary="n2"), *map(record, range(3, 9))]
+    assert expired_records(records, 5, "n1") == [3]
+    assert expired_records(records, 5, "n2") == [2]
+
+
+def test_a_commit_waits_while_no_recent_generation_is_whole() -> None:
+    whole = [record(1, "committed")]
+    assert not copies_behind([*whole, *map(record, range(2, 5))], 5)  # 3 newer: one more fits
+    assert copies_behind([*whole, *map(record, range(2, 6))], 5)  # 4 newer: it would not
+    assert copies_behind([*map(record, range(1, 5))], 5)  # nothing whole yet, 4 kept
+    assert not copies_behind([], 5)
+    assert not copies_behind([record(3, "committed")], 1)
+    assert copies_behind([record(3)], 1)
