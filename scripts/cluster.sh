@@ -27,6 +27,10 @@
 # RAPS_CLUSTER_INSTALL=script: the hooks, the SPANK plugin, its plugstack.conf and the
 # slurm.conf lines come from scripts/install.sh (--role controller, then compute, with
 # --prefix/--sysconfdir $RUN/inst), as on a real cluster; unset: the cluster's own wiring.
+# RAPS_CLUSTER_ETCD_AUTH=1: etcd with authentication and the least-privilege users of
+# `rapsctl etcd-roles` (docs/store.md, Roles): $RUN/etc/raps.yaml (rapsctl, tests) is
+# raps-admin's, agents, coordinators and the hooks read raps-{agent,coordinator,hooks}.yaml;
+# passwords in $RUN/etc/etcd-pw. Not with RAPS_CLUSTER_INSTALL=script.
 # RAPS_CLUSTER_NET: lo (default) runs everything on 127.0.0.1; ns gives each node a network
 # namespace of its own (its slurmd, agent and ranks), each rack a bridge and each etcd
 # member a namespace on the core bridge, which joins the racks and carries the root
@@ -43,6 +47,9 @@ CTLD_PORT=$((BASE + 817))
 ETCD_MEMBERS=${RAPS_CLUSTER_ETCD_MEMBERS:-1}
 INSTALL=${RAPS_CLUSTER_INSTALL:-}
 [[ "$INSTALL" =~ ^(|script)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_INSTALL must be 'script' or unset, got '$INSTALL'" >&2; exit 2; }
+ETCD_AUTH=${RAPS_CLUSTER_ETCD_AUTH:-0}
+[[ "$ETCD_AUTH" =~ ^(0|1)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_AUTH must be 1 or 0, got '$ETCD_AUTH'" >&2; exit 2; }
+[ "$ETCD_AUTH" = 0 ] || [ -z "$INSTALL" ] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_AUTH=1 does not go with RAPS_CLUSTER_INSTALL=script" >&2; exit 2; }
 [[ "$ETCD_MEMBERS" =~ ^(1|3)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_MEMBERS must be 1 or 3, got '$ETCD_MEMBERS'" >&2; exit 2; }
 NET=${RAPS_CLUSTER_NET:-lo}
 [ "$NET" = lo ] || [ "$NET" = ns ] || { echo "cluster.sh: RAPS_CLUSTER_NET must be 'lo' or 'ns', got '$NET'" >&2; exit 2; }
@@ -188,6 +195,39 @@ export RAPS_CLUSTER_NET=$NET
 EOF
 }
 
+# The config a RAPS process of WHO (agent, coordinator, hooks) reads.
+raps_conf() { if [ "$ETCD_AUTH" = 1 ]; then echo "$RUN/etc/raps-$1.yaml"; else echo "$RUN/etc/raps.yaml"; fi; }
+
+# RAPS_CLUSTER_ETCD_AUTH=1: one config per etcd user (docs/store.md, Roles), raps.yaml the
+# admin's; the passwords come with etcd_auth_on.
+write_auth_confs() {
+  local who
+  for who in agent coordinator hooks admin; do
+    sed -e "/^store:/a\\  user: raps-$who" \
+        -e "/^store:/a\\  password_file: $RUN/etc/etcd-pw/raps-$who.password" \
+        "$RUN/etc/raps.yaml" >"$RUN/etc/raps-$who.yaml"
+    chmod 0644 "$RUN/etc/raps-$who.yaml"
+  done
+  mv "$RUN/etc/raps-admin.yaml" "$RUN/etc/raps.yaml"
+}
+
+# Root and auth on, then the RAPS roles and users as root (passwords into $RUN/etc/etcd-pw,
+# readable by all: SlurmUser's hooks read theirs; a test cluster only).
+etcd_auth_on() {
+  local pw="$RUN/etc/etcd-pw" ctl=(etcdctl --endpoints "$(etcd_urls)")
+  mkdir -p "$pw"
+  [ -s "$pw/root.password" ] || "$RAPS_PYTHON" -c 'import secrets; print(secrets.token_hex(24))' >"$pw/root.password"
+  chmod 0600 "$pw/root.password"
+  ETCDCTL_API=3 "${ctl[@]}" user add root --interactive=false <"$pw/root.password" >/dev/null
+  ETCDCTL_API=3 "${ctl[@]}" user grant-role root root >/dev/null
+  ETCDCTL_API=3 "${ctl[@]}" auth enable >/dev/null
+  "$RAPS_PYTHON" -m raps_slurm.cli --config "$RUN/etc/raps.yaml" etcd-roles --apply --user root \
+    --password-file "$pw/root.password" --password-dir "$pw" >>"$RUN/log/etcd-roles.log" \
+    || die "rapsctl etcd-roles --apply failed (log: $RUN/log/etcd-roles.log)"
+  chmod 0755 "$pw" && chmod 0644 "$pw"/raps-*.password
+  log "etcd auth on: users raps-agent, raps-coordinator, raps-hooks, raps-admin ($pw)"
+}
+
 # The RAPS side: config, hook wrappers, checkpoint and hook log dirs.
 write_raps_conf() {
   mkdir -p "$RUN/ckpt" "$RUN/log/raps"
@@ -202,10 +242,12 @@ write_raps_conf() {
     echo "store:"
     echo "  endpoints: ['$(etcd_urls | sed "s/,/', '/g")']"
   } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" \
+        -e "/^detection:/a\\  node_key_file: $RUN/etc/nodekeys/%n.key" \
         -e "/^agent:/a\\  socket_path: $RUN/sock/%n/agent.sock" \
         -e "/^coordinator:/a\\  addresses: ['$HOST:$((BASE + 470))']" \
         -e "$ns_sed" >"$RUN/etc/raps.yaml"
   chmod 0644 "$RUN/etc/raps.yaml"
+  if [ "$ETCD_AUTH" = 1 ]; then write_auth_confs; fi
   if id slurm >/dev/null 2>&1 && ! runuser -u slurm -- "$RAPS_PYTHON" -c 'import raps_slurm.hooks.run' 2>/dev/null; then
     die "SlurmUser 'slurm' cannot run $RAPS_PYTHON with raps_slurm (PrologSlurmctld would fail every job): set RAPS_PYTHON, e.g. to the venv scripts/test.sh creates"
   fi
@@ -218,10 +260,22 @@ write_raps_conf() {
         --python "$RAPS_PYTHON" --config "$RUN/etc/raps.yaml" >>"$RUN/log/install.log" \
         || die "scripts/install.sh --role $role failed (log: $RUN/log/install.log)"
     done
+    make_node_keys
     return
   fi
   [ -f "$RUN/etc/raps.key" ] || "$RAPS_PYTHON" -m raps_slurm.cli config create-key "$RUN/etc/raps.key" >/dev/null
-  bash "$REPO/scripts/install-hooks.sh" --python "$RAPS_PYTHON" --config "$RUN/etc/raps.yaml" "$RUN/hooks" >/dev/null
+  make_node_keys
+  bash "$REPO/scripts/install-hooks.sh" --python "$RAPS_PYTHON" --config "$(raps_conf hooks)" "$RUN/hooks" >/dev/null
+}
+
+# Each fake node's own heartbeat key ($RUN/etc/nodekeys/nI.key, detection.node_key_file),
+# made as an admin makes them on the head node; the coordinator keeps the cluster key.
+make_node_keys() {
+  rm -rf "$RUN/etc/nodekeys" # derived from the cluster key: made again every time
+  mkdir -m 0700 "$RUN/etc/nodekeys"
+  # shellcheck disable=SC2046 # one argument per node name
+  "$RAPS_PYTHON" -m raps_slurm.cli config node-key $(node_names) --cluster-key "$RUN/etc/raps.key" \
+    --out "$RUN/etc/nodekeys/%n.key" >/dev/null || die "cannot make the node keys in $RUN/etc/nodekeys"
 }
 
 # --- Namespace mode (RAPS_CLUSTER_NET=ns) ---------------------------------------------
@@ -428,7 +482,7 @@ cmd_slurmd_start() {
 start_agent() {
   local n=$1 pidf="$RUN/pids/agent-$1.pid"
   if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then die "the agent of $n already runs"; fi
-  local cmd="exec '$RAPS_PYTHON' -m raps_slurm.agent --node '$n' --config '$RUN/etc/raps.yaml' ${RAPS_AGENT_ARGS:-}"
+  local cmd="exec '$RAPS_PYTHON' -m raps_slurm.agent --node '$n' --config '$(raps_conf agent)' ${RAPS_AGENT_ARGS:-}"
   [ "$NET" = ns ] && cmd="$cmd --transfer-address '$(node_addr "$n"):0'"
   if cgroups_usable; then
     cmd="echo \$\$ > '$CG_DIR/$n/cgroup.procs' && $cmd"
@@ -447,6 +501,7 @@ cmd_up() {
   [ "$NET" = ns ] && net_up
   start_munge
   start_etcd
+  if [ "$ETCD_AUTH" = 1 ]; then etcd_auth_on; fi
   export SLURM_CONF="$RUN/etc/slurm.conf"
   "$SLURM_SBIN/slurmctld" -f "$SLURM_CONF" -c -i </dev/null >>"$RUN/log/slurmctld.out" 2>&1 \
     || die "slurmctld failed to start: $(tail -5 "$RUN/log/slurmctld.log" 2>/dev/null)"
@@ -618,7 +673,7 @@ cmd_coordinator_start() {
   local pidf="$RUN/pids/coordinator.pid"
   if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then die "a coordinator already runs"; fi
   SLURM_CONF="$RUN/etc/slurm.conf" nohup "$RAPS_PYTHON" -m raps_slurm.coordinator \
-    --config "$RUN/etc/raps.yaml" --name coordinator --metrics-address "$HOST:$((BASE + 471))" \
+    --config "$(raps_conf coordinator)" --name coordinator --metrics-address "$HOST:$((BASE + 471))" \
     --heartbeat-address "$HOST:$((BASE + 470))" --user-address "$HOST:$((BASE + 470))" \
     </dev/null >>"$RUN/log/coordinator.log" 2>&1 &
   echo $! >"$pidf"

@@ -5,7 +5,7 @@ peers' through its agent, and it hands its message-log segments to the agent, wh
 keeps them in the node's store and copies them to the rank's log backup. Ops:
 
 ``peer_publish {job, rank, epoch, host, port, done}``  only the uid that registered the
-    rank, with the registered epoch; written to ``jobs/<id>/peers/<rank>`` (``done``: the
+    rank, with the registered epoch; written to ``reports/jobs/<id>/peers/<rank>`` (``done``: the
     rank finished its program and waits for the others at ``finalize``).
 ``peer_lookup {job, rank}``  only the job's owner; ``host``/``port``/``epoch``/``done``
     or nulls.
@@ -15,10 +15,11 @@ keeps them in the node's store and copies them to the rank's log backup. Ops:
     none, as on a spare after a relaunch), as a sealed memory file.
 ``log_trim {job, rank, floors}``  drop segments the receivers' floors cover.
 ``msg_stats {job, rank, stats}``  the rank's message-log figures, for ``rapsctl inspect``.
-``escalate {job, rank, reason}``  a case the runtime cannot serve (a hole in a replay,
-    a message that contradicts the log, a receive that timed out): recorded, with the
-    rank's registered epoch, as the rank's verdict ``ESCALATE``; the leader requeues the
-    job run from its checkpoints (docs/recovery.md).
+``escalate {job, rank, reason, requeue}``  a case the runtime cannot serve (a hole in a
+    replay, a message that contradicts the log, a receive that timed out): recorded, with
+    the rank's registered epoch, as the rank's verdict ``ESCALATE``; if ``requeue`` (the
+    runtime's call), the leader requeues the job run from its checkpoints
+    (docs/recovery.md).
 
 Every etcd write here (``peer_publish``, ``msg_stats``, ``escalate``) and every segment
 ``log_append`` keeps is charged to the job's quotas (:mod:`raps_slurm.agent.quota`):
@@ -57,6 +58,7 @@ _FLOORS: Check = (lambda v: isinstance(v, dict) and len(v) <= 1 << 20 and all(
 _STATS: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 1 << 16,
                  "an object of at most 64 KiB")
 _REASON: Check = (lambda v: isinstance(v, str) and 0 < len(v) <= 1000, "a text of 1..1000")
+_REQUEUE: Check = (lambda v: isinstance(v, bool), "true or false")
 
 
 class MessagingOps:
@@ -83,8 +85,8 @@ class MessagingOps:
                                   self.log_trim),
             "msg_stats": Extension({"job": JOB, "rank": RANK, "stats": _STATS},
                                    self.stats),
-            "escalate": Extension({"job": JOB, "rank": RANK, "reason": _REASON},
-                                  self.escalate),
+            "escalate": Extension({"job": JOB, "rank": RANK, "reason": _REASON,
+                                   "requeue": _REQUEUE}, self.escalate),
         }
 
     def _own(self, peer: Peer, job: str, rank: int, epoch: int | None = None) -> None:
@@ -177,7 +179,8 @@ class MessagingOps:
         # superseded, or from a rank not registered here, is not acted on
         epoch = registered_epoch(self.ranks, peer, job, rank)
         value = {"kind": "ESCALATE", "node": self.service.node, "job": job, "rank": rank,
-                 "epoch": epoch, "at": time.time(), "evidence": {"reason": f["reason"]}}
+                 "epoch": epoch, "at": time.time(), "requeue": f["requeue"],
+                 "evidence": {"reason": f["reason"]}}
         self.store.put(self.keys.job_rank_verdict(job, rank),
                        self.quotas.write("escalate", job, peer.uid, json.dumps(value).encode()))
         return {"ok": True}, []

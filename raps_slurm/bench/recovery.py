@@ -5,10 +5,10 @@
 ``--ranks-per-node`` ranks each; every rank of the last node carries ``--state`` bytes of
 extra state (random, so nothing compresses). Right after the last rank's newest
 checkpoint is committed on its whole group, that node is crashed (cgroup kill) and all
-its ranks move to one spare. ``total_s`` runs from the crash to the last moved rank's
-first progress report after its replay ended; the phases come from the plans'
-timelines (the slowest rank for each). ``caught_up_s`` (pre-fault progress regained) is
-not measured yet and is null.
+its ranks move to one spare. ``total_s`` (= ``caught_up_s``) runs from the crash until
+the last moved rank has regained its pre-fault progress (it has sent again everything it
+had sent before the crash); ``running_s`` ends at its first step after the restore. The
+phases come from the plans' timelines (the slowest rank for each).
 
 ``efficiency``: the same application and the same failure twice in one command: once
 recovered by raps-slurm (spares), once by a whole-job restart from each rank's last
@@ -110,17 +110,14 @@ class JobBench:
 
     def plans(self) -> dict[int, tuple[Plan, dict[str, PlanEvent]]]:
         """rank -> its newest plan and that plan's reported phases."""
-        prefix = self.keys.plans_prefix()
         plans: dict[str, Plan] = {}
         events: dict[str, dict[str, PlanEvent]] = {}
         for kv in self.store.get_prefix(self.keys.job_plans_prefix(self.job)):
-            rest = kv.key[len(prefix):]
-            if "/" in rest:
-                e = PlanEvent.from_json(kv.key, kv.value)
-                events.setdefault(e.plan_id, {})[e.phase] = e
-            else:
-                p = Plan.from_json(kv.key, kv.value)
-                plans[p.plan_id] = p
+            p = Plan.from_json(kv.key, kv.value)
+            plans[p.plan_id] = p
+        for kv in self.store.get_prefix(self.keys.job_plan_events_prefix(self.job)):
+            e = PlanEvent.from_json(kv.key, kv.value)
+            events.setdefault(e.plan_id, {})[e.phase] = e
         newest: dict[int, Plan] = {}
         for p in plans.values():
             if p.rank not in newest or p.epoch > newest[p.rank].epoch:

@@ -30,7 +30,8 @@ import click
 
 from raps_slurm import config as cfgmod
 from raps_slurm.checkpoint.chunkstore import ChunkStore
-from raps_slurm.checkpoint.service import CheckpointService, RestoreError, peers_from_store
+from raps_slurm.checkpoint.restore import RestoreError
+from raps_slurm.checkpoint.service import CheckpointService, peers_from_store
 from raps_slurm.checkpoint.transfer import TransferClient, TransferError
 from raps_slurm.cli.output import echo, table
 from raps_slurm.cli.show import show
@@ -58,7 +59,7 @@ def _job(job_id: str) -> str:
 
 def _records(store: StateStore, keys: Keys, job: str, rank: int | None
              ) -> list[CkptRecord]:
-    prefix = keys.job_prefix(job) + "ckpt/"
+    prefix = keys.job_ckpts_prefix(job)
     if rank is not None:
         prefix = keys.ckpt_prefix(job, rank)
     out = []

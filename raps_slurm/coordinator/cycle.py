@@ -66,8 +66,9 @@ class JobView:
     escalation: KeyValue | None = None
     hung: dict[int, float] = field(default_factory=dict)  # rank -> time of its HUNG verdict
     hung_last: dict[int, float] = field(default_factory=dict)  # rank -> its last heartbeat then
-    # rank -> an ESCALATE verdict its runtime asked for: (at, epoch, node, reason)
-    escalated: dict[int, tuple[float, int | None, str, str]] = field(default_factory=dict)
+    # rank -> an ESCALATE verdict its runtime wrote: (at, epoch, node, reason, requeue)
+    escalated: dict[int, tuple[float, int | None, str, str, bool]] = field(
+        default_factory=dict)
     # rank -> the epoch that finished its program (``peers/<rank>`` says ``done``): its
     # silence after that is the end of the job, not a hang
     done: dict[int, int] = field(default_factory=dict)
@@ -81,18 +82,28 @@ class Snapshot:
     bad: list[str]
 
 
+_REPORTS = ("verdicts", "peers", "ckpt", "msgstats")  # kinds under reports/jobs/<job>/
+
+
 def _members(g: BackupGroup) -> list[str]:
     return [m for m in (g.primary, g.log_backup, *g.ckpt_mirrors) if m]
 
 
 def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
-    """Decode every job key under the prefix from one consistent read."""
+    """Decode every job key under the prefix from one consistent read, then the job
+    reports (``reports/jobs/``) from a second one.
+
+    Reports are what agents may write (docs/store.md, Roles): only report kinds are read
+    there (verdicts, peers, ckpt), never a record, map, rank or group an agent put there.
+    """
     jobs: dict[str, JobView] = {}
     bad: list[str] = []
-    for kv in store.get_prefix(keys.jobs_prefix()):
-        parts = keys.split(kv.key)
-        if len(parts) < 2:
-            continue
+    own = [(kv, keys.split(kv.key), False) for kv in store.get_prefix(keys.jobs_prefix())]
+    reported = [(kv, keys.split(kv.key)[1:], True)
+                for kv in store.get_prefix(keys.job_reports_root())]
+    for kv, parts, report in own + reported:
+        if len(parts) < 2 or ((parts[2] if len(parts) > 2 else "") in _REPORTS) != report:
+            continue  # a report kind only under reports/, the job's own keys only under jobs/
         if not (parts[1].isascii() and parts[1].isdigit()):
             bad.append(f"{kv.key}: job id {parts[1]!r} is not a number")
             continue
@@ -122,11 +133,14 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
                         if isinstance(last, (int, float)):
                             view.hung_last[int(parts[3])] = float(last)
                     elif v.get("kind") == "ESCALATE":
-                        epoch = v.get("epoch")
+                        epoch, requeue = v.get("epoch"), v.get("requeue", True)
+                        if not isinstance(requeue, bool):  # (absent: an older agent's)
+                            raise RecordError(f"{kv.key}: field 'requeue': expected true "
+                                              f"or false, got {requeue!r:.40}")
                         view.escalated[int(parts[3])] = (
                             float(v["at"]), epoch if isinstance(epoch, int) else None,
                             str(v.get("node", "")),
-                            str((v.get("evidence") or {}).get("reason", ""))[:300])
+                            str((v.get("evidence") or {}).get("reason", ""))[:300], requeue)
             elif parts[2] == "peers" and len(parts) == 4 and parts[3].isdigit():
                 with contextlib.suppress(ValueError, AttributeError, TypeError):
                     p = json.loads(kv.value)
@@ -217,6 +231,7 @@ class Coordinator:
             if line not in self._reported_bad:
                 log.error("skipping malformed value: %s", line)
                 self._reported_bad.add(line)
+                self.metrics.malformed.inc()
         records = {j: v for j, v in snap.jobs.items() if v.record is not None}
         now = self._mono()
         for job_id in records:
@@ -450,11 +465,14 @@ class Coordinator:
             tombstone = json.dumps({"job_id": job_id, "nodes": list(view.record.nodes),
                                     "purged_at": now,
                                     "recoveries": self._plan_summary(job_id)}).encode()
-            if self.leadership.commit([guard], [Delete(self.keys.job_prefix(job_id), prefix=True),
-                                                Delete(self.keys.job(job_id)),
-                                                Delete(self.keys.job_plans_prefix(job_id),
+            k = self.keys
+            if self.leadership.commit([guard], [Delete(k.job_prefix(job_id), prefix=True),
+                                                Delete(k.job(job_id)),
+                                                Delete(k.job_reports_prefix(job_id), prefix=True),
+                                                Delete(k.job_plans_prefix(job_id), prefix=True),
+                                                Delete(k.job_plan_events_prefix(job_id),
                                                        prefix=True),
-                                                Put(self.keys.purged(job_id), tombstone)]):
+                                                Put(k.purged(job_id), tombstone)]):
                 self._final_since.pop(job_id, None)
                 log.info("job %s finished for good (%s): keys deleted after %gs grace",
                          job_id, state or "gone from Slurm", grace)
@@ -465,10 +483,7 @@ class Coordinator:
     def _plan_summary(self, job_id: str) -> dict[str, Any]:
         """The job's plans summed up for its tombstone (malformed ones skipped)."""
         plans = []
-        prefix = self.keys.plans_prefix()
         for kv in self.store.get_prefix(self.keys.job_plans_prefix(job_id)):
-            if "/" in kv.key[len(prefix):]:
-                continue  # a phase report
             with contextlib.suppress(RecordError):
                 plans.append(Plan.from_json(kv.key, kv.value))
         return planner_summarize(plans)

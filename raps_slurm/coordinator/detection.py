@@ -9,6 +9,11 @@ module feeds them and applies their verdicts:
 - a DEAD node is drained in Slurm at once (``Reason="raps: dead: ..."``), after
   checking the leader lease by the local clock, in a worker thread so that a slow
   ``scontrol`` never delays the next tick. A node an admin drained is left alone.
+The heartbeat server's replay guard forgets a node when its registration goes (the
+membership lease expired), when it registers a new incarnation and when it is declared
+DEAD, so no sequence number, not even a wrong one, keeps a node out for ever. A node's
+address is the source of its last heartbeat verified with its own key (the registration's
+address serves only until then).
 A coordinator that stops leading drops its detector: the next leader starts a fresh
 one, which gives no DEAD verdict before a miss window + fence margin has passed.
 """
@@ -56,6 +61,7 @@ class Detection:
         self.settings = DetectorSettings.from_config(cfg.detection)
         self.detector: Detector | None = None
         self._addresses: dict[str, tuple[str, int]] = {}
+        self._incarnations: dict[str, object] = {}  # node -> incarnation it registered
         self._outstanding: dict[str, list[float]] = {}  # node -> send times of open probes
         self._nonce = 0
         # Node registrations and health samples are read together, at most as often as
@@ -126,8 +132,7 @@ class Detection:
             if r.probe_reply:
                 self._outstanding.pop(r.node, None)  # one answer settles every open probe
                 det.probe_result(r.node, True, now)
-        for job, rank in self._finished:  # a finished rank heartbeats until it closes
-            det.rank_gone(job, rank)
+        det.ranks_finished(self._finished)  # a finished rank heartbeats until it closes
         timeout = self.settings.probe_timeout
         for node, sent in list(self._outstanding.items()):
             while sent and now - sent[0] >= timeout:
@@ -161,6 +166,10 @@ class Detection:
         for event in changes.events if changes is not None else ():
             if event.kind == "put":
                 self._node_key(det, event.key, event.value, now)
+            else:
+                parts = self.keys.split(event.key)
+                if len(parts) == 2 and self._incarnations.pop(parts[1], None) is not None:
+                    self.server.forget(parts[1])  # its membership lease expired
 
     def _node_key(self, det: Detector, key: str, value: bytes, now: float) -> None:
         """A registration (watch the node, learn its address) or a health sample."""
@@ -171,9 +180,16 @@ class Detection:
             return
         node = parts[1]
         try:
-            host, _, port = str(json.loads(value)["udp"]).rpartition(":")
+            registration = json.loads(value)
+            incarnation = registration.get("incarnation", 0)
+            if self._incarnations.get(node) != incarnation:
+                # A new agent (or its first sight): what the guard knew was another life's.
+                self._incarnations[node] = incarnation
+                self.server.forget(node)
+            host, _, port = str(registration["udp"]).rpartition(":")
+            # Only until a heartbeat verified with the node's key gives its real source.
             self._addresses.setdefault(node, (host, int(port)))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("node registration %s has no usable udp address", key)
         det.watch(node, now)
 
@@ -237,6 +253,7 @@ class Detection:
             if v.kind == "DEAD" and isinstance(last, (int, float)):
                 self.metrics.detect_latency.observe(v.at - last)
         if v.kind == "DEAD":
+            self.server.forget(v.node)  # whatever it sends next starts afresh
             last = v.evidence.get("last_heartbeat_received_at")
             since = time.strftime("%H:%M:%S", time.localtime(
                 last if isinstance(last, (int, float)) else v.at))

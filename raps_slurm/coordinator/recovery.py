@@ -54,23 +54,29 @@ class PlanBook:
 
 
 def read_plans(store: StateStore, keys: Keys) -> PlanBook:
-    """Decode ``plans/`` in one read; malformed values are listed, not fatal."""
+    """Decode ``plans/``, then the phase reports (``reports/plans/``); malformed values
+    are listed, not fatal."""
     book = PlanBook({}, {}, [])
-    prefix = keys.plans_prefix()
-    for kv in store.get_prefix(prefix):
-        rest = kv.key[len(prefix):].split("/")
-        try:
-            if len(rest) == 1:
-                plan = Plan.from_json(kv.key, kv.value)
-                if plan.plan_id != rest[0]:
-                    raise RecordError(f"{kv.key}: field 'plan_id': expected {rest[0]!r}")
-                book.plans[plan.plan_id] = (plan, kv)
-            elif len(rest) == 2:
-                event = PlanEvent.from_json(kv.key, kv.value)
-                book.events.setdefault(rest[0], {})[event.phase] = event
-        except RecordError as exc:
-            book.bad.append(str(exc))
+    plans, events = keys.plans_prefix(), keys.plan_events_prefix()
+    for prefix in (plans, events):
+        for kv in store.get_prefix(prefix):
+            _read_plan_key(book, kv, prefix == events, kv.key[len(prefix):].split("/"))
     return book
+
+
+def _read_plan_key(book: PlanBook, kv: KeyValue, event: bool, rest: list[str]) -> None:
+    """One plan (``plans/<id>``) or phase report (``reports/plans/<id>/<phase>``)."""
+    try:
+        if not event and len(rest) == 1:
+            plan = Plan.from_json(kv.key, kv.value)
+            if plan.plan_id != rest[0]:
+                raise RecordError(f"{kv.key}: field 'plan_id': expected {rest[0]!r}")
+            book.plans[plan.plan_id] = (plan, kv)
+        elif event and len(rest) == 2:
+            ev = PlanEvent.from_json(kv.key, kv.value)
+            book.events.setdefault(rest[0], {})[ev.phase] = ev
+    except RecordError as exc:
+        book.bad.append(str(exc))
 
 
 class Recovery:
@@ -623,25 +629,17 @@ def plans_in_order(plans: Iterable[Plan]) -> list[Plan]:
     return sorted(plans, key=lambda p: (int(p.job), p.created_at, p.plan_id))
 
 
-CANNOT_REPLAY = " cannot replay to rank "  # the runtime's words for a sender's log hole
-
-
 def _asked_to_escalate(view: JobView) -> str:
     """The reason of the first ESCALATE verdict that speaks for this run: from the rank's
     current epoch on its current node, after the run registered ('' if none). A runtime
-    escalates what no single relaunch mends (a hole in a sender's log, a message that
-    contradicts the log, a receive that waited ``recv_timeout_sec``): the run restarts
-    from its checkpoints."""
+    escalates what no single relaunch mends (a message that contradicts the log, a
+    receive that waited ``recv_timeout_sec``): the run restarts from its checkpoints. One
+    written with ``requeue`` false (a sender that could not serve a replay) is not acted
+    on."""
     assert view.record is not None
-    for rank, (at, epoch, node, reason) in sorted(view.escalated.items()):
+    for rank, (at, epoch, node, reason, asks) in sorted(view.escalated.items()):
         entry = view.entries.get(rank)
-        if entry is None or at < view.record.registered_at:
-            continue
-        if CANNOT_REPLAY in reason:
-            # The sender is not stuck, and a request it could not serve may be a stale
-            # one that a later request from the same receiver supersedes (seen: a run
-            # requeued while its replay went on to succeed). A real hole leaves the
-            # receiver's plan short of caught_up: recovery_timeout_sec escalates that.
+        if entry is None or at < view.record.registered_at or not asks:
             continue
         if epoch == entry[0].epoch and node == entry[0].node:
             return f"rank {rank} on {node} escalated: {reason}"

@@ -2,7 +2,7 @@
 
 Pure: no I/O. The agent applies these decisions to its chunk store and to etcd.
 
-A generation of a rank is recorded at ``jobs/<id>/ckpt/<rank>/<gen>`` once its primary
+A generation of a rank is recorded at ``reports/jobs/<id>/ckpt/<rank>/<gen>`` once its primary
 (the node the rank saved on) holds the manifest and every chunk durably. The record
 names the holders; its state is ``committed`` when ``replicas`` copies besides the
 primary acknowledged, ``under_replicated`` while fewer did. Both are restorable:
@@ -46,7 +46,8 @@ def generations_to_drop(gens: Mapping[int, Sequence[int]], keep: int,
 
 @dataclass(frozen=True)
 class CkptRecord:
-    """``jobs/<id>/ckpt/<rank>/<gen>``: one committed generation and where its copies are."""
+    """``reports/jobs/<id>/ckpt/<rank>/<gen>``: one committed generation and where its
+    copies are."""
 
     rank: int
     generation: int
@@ -130,6 +131,29 @@ def needs_copy(record: CkptRecord, targets: Sequence[str], alive: _Coll[str]) ->
 def restore_order(records: Iterable[CkptRecord]) -> list[CkptRecord]:
     """Generations to try, newest first."""
     return sorted(records, key=lambda r: r.generation, reverse=True)
+
+
+def expired_records(records: Iterable[CkptRecord], keep: int, primary: str) -> list[int]:
+    """Generations whose records ``primary`` deletes: those it wrote beyond the newest
+    ``keep``, except the newest cold one (a cold copy is restored only against its record)
+    and the newest ``committed`` one: while newer generations still wait for their copies,
+    it is the only one a restore on another node can use."""
+    ordered = restore_order(records)
+    spared = {next((r.generation for r in ordered if r.cold), None),
+              next((r.generation for r in ordered if r.state == "committed"), None)}
+    return [r.generation for r in ordered[keep:]
+            if r.primary == primary and r.generation not in spared]
+
+
+def copies_behind(records: Iterable[CkptRecord], keep: int) -> bool:
+    """Whether one more generation must wait for copies: it would leave the newest
+    ``committed`` (whole on its group) generation outside the newest ``keep``, where the
+    rank's peers no longer keep the messages a restore from it replays (the rank raises
+    its floors to its ``keep``-th newest generation). With ``keep`` 1: until the newest is
+    whole."""
+    ordered = restore_order(records)
+    newer = next((i for i, r in enumerate(ordered) if r.state == "committed"), len(ordered))
+    return newer >= max(keep - 1, 1)
 
 
 def next_generation(existing: Iterable[int]) -> int:

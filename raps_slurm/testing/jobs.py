@@ -6,7 +6,8 @@ from __future__ import annotations
 import pwd
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from raps_slurm.core.checkpoints import CkptRecord
@@ -67,11 +68,8 @@ def finish(cluster: LocalCluster, job: str, out: Path, clean: str, timeout: floa
     return text
 
 
-def rank_pids(job: str, rank: int, epoch: int) -> list[int]:
-    """Processes of one incarnation of a rank, found by the environment raps-run gave it."""
-    want = {f"RAPS_JOB={job}".encode(), f"RAPS_RANK={rank}".encode(),
-            f"RAPS_EPOCH={epoch}".encode()}
-    found = []
+def processes() -> Iterator[tuple[int, set[bytes], bytes]]:
+    """Every process this host lets us read: (pid, its environment's entries, cmdline)."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -80,9 +78,25 @@ def rank_pids(job: str, rank: int, epoch: int) -> list[int]:
             cmd = (d / "cmdline").read_bytes()
         except OSError:
             continue
-        if want <= env and b"heat_ring.py" in cmd and not cmd.startswith(b"srun"):
-            found.append(int(d.name))
-    return found
+        yield int(d.name), env, cmd
+
+
+def rank_pids(job: str, rank: int, epoch: int) -> list[int]:
+    """Processes of one incarnation of a rank, found by the environment raps-run gave it."""
+    want = {f"RAPS_JOB={job}".encode(), f"RAPS_RANK={rank}".encode(),
+            f"RAPS_EPOCH={epoch}".encode()}
+    return [pid for pid, env, cmd in processes()
+            if want <= env and b"heat_ring.py" in cmd and not cmd.startswith(b"srun")]
+
+
+def sruns_of_run(cluster: LocalCluster, job: str, run: int) -> list[int]:
+    """srun processes of one run of ``job`` on this cluster still alive (found by the
+    environment the batch step gave them: a first run has no SLURM_RESTART_COUNT)."""
+    want = {f"SLURM_CONF={cluster.env['SLURM_CONF']}".encode(), f"SLURM_JOB_ID={job}".encode()}
+    return [pid for pid, env, cmd in processes()
+            if cmd.startswith(b"srun\0") and want <= env
+            and next((e.split(b"=", 1)[1] for e in env if e.startswith(b"SLURM_RESTART_COUNT=")),
+                     b"0") == str(run).encode()]
 
 
 def node_dead(store: StateStore, keys: Keys, node: str) -> bool:
@@ -101,6 +115,20 @@ def back_in_service(cluster: LocalCluster, store: StateStore, keys: Keys, *nodes
         if any(x in state for x in ("DOWN", "DRAIN", "FAIL")):  # RESUME refuses other states
             run.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"])
         _wait_in_service(cluster, store, keys, n)
+
+
+@contextmanager
+def crashed(cluster: LocalCluster, store: tuple[StateStore, Keys], *nodes: str
+            ) -> Iterator[None]:
+    """Nodes crashed at once; restarted and back in service when the block ends."""
+    for n in nodes:
+        cluster.crash(n)
+    try:
+        yield
+    finally:
+        for n in nodes:
+            cluster.restart(n)
+        back_in_service(cluster, *store, *nodes)
 
 
 def _wait_in_service(cluster: LocalCluster, store: StateStore, keys: Keys, node: str) -> None:

@@ -26,6 +26,7 @@ from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_un
 from raps_slurm.testing.jobs import (
     HEAT_RING,
     back_in_service,
+    crashed,
     finish,
     heat_reference,
     job_plans,
@@ -33,6 +34,7 @@ from raps_slurm.testing.jobs import (
     node_dead,
     rank_entries,
     rank_pids,
+    sruns_of_run,
 )
 from raps_slurm.testing.jobs import committed as committed_generations
 
@@ -101,20 +103,6 @@ def leading_with(cluster: LocalCluster, rapsctl: Any, name: str, tmp: Path,
         c.stop()
 
 
-@contextmanager
-def crashed(cluster: LocalCluster, store: tuple[StateStore, Keys], *nodes: str
-            ) -> Iterator[None]:
-    """Nodes crashed at once; restarted and back in service when the block ends."""
-    for n in nodes:
-        cluster.crash(n)
-    try:
-        yield
-    finally:
-        for n in nodes:
-            cluster.restart(n)
-        back_in_service(cluster, *store, *nodes)
-
-
 def mapped(rapsctl: Any, job: str, run: int = 0) -> dict[str, Any]:
     return wait_until(f"job {job} run {run} mapped", lambda: rapsctl.job(int(job)),
                       lambda d: d is not None and d["state"] == "mapped"
@@ -150,8 +138,7 @@ def test_node_crash_relaunches_only_its_rank_and_the_result_is_unchanged(
         wait_until(f"rank {victim} committed two generations",
                    lambda: committed(store, job, victim), lambda g: len(g) >= 2, 60)
         before = [(r.generation, r.state, r.holders) for r in records(store, job, victim)]
-        cluster.crash(node)
-        try:
+        with crashed(cluster, store, node):
             wait_until(f"job {job} completed", lambda: job_state(cluster, job),
                        lambda s: s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 150)
             text = out.read_text()
@@ -176,9 +163,6 @@ def test_node_crash_relaunches_only_its_rank_and_the_result_is_unchanged(
                               "running", "caught_up", "done"], shown
             listing = rapsctl("show", "recoveries", job).stdout
             assert plan.plan_id in listing and "done" in listing
-        finally:
-            cluster.restart(node)
-            back_in_service(cluster, *store, node)
 
 
 def test_two_nodes_of_a_rack_recover_one_after_the_other(
@@ -457,3 +441,37 @@ def test_raps_gives_up_after_max_requeues_and_says_why(
         assert "no usable spare" in text, text[-3000:]
         assert "GaveUp" in shown and "max_requeues=0" in shown, shown
         assert cluster.slurm().job(int(job)).restart_count == 0
+
+
+def test_the_previous_runs_sruns_cannot_cancel_a_requeued_runs_step(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any], tmp_path: Path) -> None:
+    """A run requeued after a node crash: its srun waits for a task on the dead node, and
+    one left behind would cancel the step of the same number ``KillWait`` + 2 s later,
+    by then the requeued run's (the fault campaign's 'STEP 2.0 ON n1 CANCELLED'). No srun
+    outlives the run that started it, and the requeued run (longer than that) finishes."""
+    clean = reference(tmp_path, 4)
+    slow = ["--steps", "240", "--every", "20", "--step-sec", "0.3"]
+    job, out = cluster.submit_raps_run([sys.executable, str(HEAT_RING), *slow],
+                                       ["--raps-spares=0", "-N4", "--open-mode=append"],
+                                       "killwait")
+    try:
+        with leading("killwait"):
+            _, ranks, victim = layout(cluster, rapsctl, job)
+            for r in ranks:
+                wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r),
+                           bool, 60)
+            assert sruns_of_run(cluster, job, 0), "the first run's sruns are not found"
+            with crashed(cluster, store, ranks[victim]):
+                wait_until(f"job {job} requeued", lambda: cluster.slurm().job(int(job)),
+                           lambda j: j.restart_count == 1, 60)
+                wait_until("the first run's sruns gone",
+                           lambda: sruns_of_run(cluster, job, 0), lambda pids: not pids, 15)
+                mapped(rapsctl, job, run=1)
+                text = finish(cluster, job, out, clean, timeout=240)
+        # (the first run's step and job are cancelled "DUE TO JOB REQUEUE": before it)
+        second = text[text.index(f"job {job} run 1:"):]
+        assert " CANCELLED " not in second, second[-4000:]
+    finally:
+        with contextlib.suppress(SlurmCommandError):
+            CommandRunner(timeout=60, env=cluster.env).run(["scancel", job])
