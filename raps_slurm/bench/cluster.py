@@ -23,9 +23,12 @@ def profile(directory: Path, interval: float) -> Path:
     moving gigabytes on a loaded machine can make a healthy rank wait longer for a peer."""
     data = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
     data["messagelog"].pop("recv_timeout_sec", None)
-    data["detection"] = {"kernel_heartbeat_interval_sec": interval, "miss_threshold": 3,
-                         "fence_margin_sec": 0.5,
-                         "lease_duration_sec": max(15.0, 5 * interval)}
+    # Only the node detection changes: the test profile's rank detection (1 s app
+    # heartbeats) stays, so that a rank gone on a live node is HUNG within seconds, well
+    # inside recovery_timeout_sec (raps-run waits that long for a fenced rank's new epoch).
+    data["detection"].update({"kernel_heartbeat_interval_sec": interval, "miss_threshold": 3,
+                              "fence_margin_sec": 0.5,
+                              "lease_duration_sec": max(15.0, 5 * interval)})
     path = directory / "bench-profile.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

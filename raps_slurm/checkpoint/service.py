@@ -62,10 +62,6 @@ class LogUnbacked(RapsError):
     """A generation not committed: its log has not reached the rank's log backup."""
 
 
-class CopiesBehind(LogUnbacked):
-    """The rank's group holds no recent generation and the copies did not catch up in time:
-    the new generation is not committed (the rank goes on; the next one may commit)."""
-
 
 def peers_from_store(store: StateStore, keys: Keys) -> Callable[[], dict[str, tuple[str, int]]]:
     """A function returning the transfer address of every registered (live) node.
@@ -126,7 +122,6 @@ class CheckpointService(Restorer):
         # newer one arrives is skipped, so replication never falls behind a rank that
         # checkpoints faster than its copies go (the newer generation is the one restored).
         self._newest: dict[tuple[str, int], int] = {}
-        self._copied = threading.Condition()  # notified after every replication
         self.skipped_copies = 0
         self.logs = LogStore(chunks.root)
         self.logcopy = LogCopier(node, key, self.logs, self.group, self._peers, self.limiter,
@@ -235,7 +230,6 @@ class CheckpointService(Restorer):
             # a generation that could never be restored here is refused at once
             check_total("manifest from the rank", m.total_size, len(m.chunks), self.quota)
             self._log_backed(s.job, s.rank)
-            self._copies_caught_up(s.job, s.rank)
             record = self._commit(s, m)
         finally:
             self.abort(sid)
@@ -255,27 +249,6 @@ class CheckpointService(Restorer):
             raise LogUnbacked(f"rank {rank} of job {job}: its log backup holds segments up to "
                               f"{held} of {upto} after {timeout:g}s; generation not committed "
                               "(it commits only once its log is on the log backup)")
-
-    def _copies_caught_up(self, job: str, rank: int) -> None:
-        """Backpressure on a rank that checkpoints faster than its copies go: wait until
-        one more generation keeps a whole one among the newest kept (CopiesBehind after
-        the lease); no wait when no copy target is alive (nothing would change)."""
-        keep = self.cfg.checkpoint.max_generations
-        timeout = self.cfg.detection.lease_duration_sec
-        deadline = time.monotonic() + timeout
-        while decide.copies_behind(self.records(job, rank), keep):
-            peers = self._peers()
-            targets = decide.replica_targets(self.group(job, rank), self.node,
-                                             self.wanted_replicas(job))
-            if not any(t in peers for t in targets):
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise CopiesBehind(f"rank {rank} of job {job}: no generation among its newest "
-                                   f"{keep} is whole on its group after {timeout:g}s; "
-                                   "generation not committed (copies are behind)")
-            with self._copied:
-                self._copied.wait(min(left, 0.5))
 
     def _commit(self, s: Session, m: Manifest) -> CkptRecord:
         rank_key = self.keys.job_rank(s.job, s.rank)
@@ -400,11 +373,7 @@ class CheckpointService(Restorer):
                                       | added)
             return r.with_holders(set(r.holders) | added)
 
-        try:
-            return self._update_holders(job, rank, gen, change)
-        finally:
-            with self._copied:
-                self._copied.notify_all()
+        return self._update_holders(job, rank, gen, change)
 
     def repair(self) -> int:
         """Re-replicate the newest generation of every rank this node is primary for whose

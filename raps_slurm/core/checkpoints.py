@@ -145,17 +145,6 @@ def expired_records(records: Iterable[CkptRecord], keep: int, primary: str) -> l
             if r.primary == primary and r.generation not in spared]
 
 
-def copies_behind(records: Iterable[CkptRecord], keep: int) -> bool:
-    """Whether one more generation must wait for copies: it would leave the newest
-    ``committed`` (whole on its group) generation outside the newest ``keep``, where the
-    rank's peers no longer keep the messages a restore from it replays (the rank raises
-    its floors to its ``keep``-th newest generation). With ``keep`` 1: until the newest is
-    whole."""
-    ordered = restore_order(records)
-    newer = next((i for i, r in enumerate(ordered) if r.state == "committed"), len(ordered))
-    return newer >= max(keep - 1, 1)
-
-
 def next_generation(existing: Iterable[int]) -> int:
     """One above the newest recorded generation (1 for the first)."""
     return max(existing, default=0) + 1

@@ -13,7 +13,7 @@ from pathlib import Path
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.config import Config
-from raps_slurm.core.checkpoints import CkptRecord, copies_behind, expired_records
+from raps_slurm.core.checkpoints import CkptRecord, expired_records
 from raps_slurm.store import Keys, MemoryStore
 
 
@@ -83,12 +83,3 @@ def test_only_the_primary_deletes_and_the_newest_cold_record_stays() -> None:
     assert expired_records(records, 5, "n1") == [3]
     assert expired_records(records, 5, "n2") == [2]
 
-
-def test_a_commit_waits_while_no_recent_generation_is_whole() -> None:
-    whole = [record(1, "committed")]
-    assert not copies_behind([*whole, *map(record, range(2, 5))], 5)  # 3 newer: one more fits
-    assert copies_behind([*whole, *map(record, range(2, 6))], 5)  # 4 newer: it would not
-    assert copies_behind([*map(record, range(1, 5))], 5)  # nothing whole yet, 4 kept
-    assert not copies_behind([], 5)
-    assert not copies_behind([record(3, "committed")], 1)
-    assert copies_behind([record(3)], 1)
