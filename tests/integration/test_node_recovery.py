@@ -212,8 +212,12 @@ def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
             text = finish(cluster, job, out, clean, timeout=240)
             every = job_plans(*store, job)
             got = [p for p in every if p.source in lost]
-            assert sorted(p.rank for p in got) == victims, f"{every}\n{text[-4000:]}"
-            assert {p.state for p in got} <= {"done"}, f"{every}\n{text[-4000:]}"
+            assert sorted({p.rank for p in got}) == victims, f"{every}\n{text[-4000:]}"
+            # The log backup may be a spare: planned onto it before its own death was
+            # seen, a move fails ("target ... died") and the next plan takes another spare.
+            assert all(p.state == "done" or (p.state == "failed" and p.target in lost)
+                       for p in got), f"{every}\n{text[-4000:]}"
+            assert {p.rank for p in got if p.state == "done"} == set(victims), every
             assert all(p.source == p.target for p in every if p.source not in lost), every
             assert cluster.slurm().job(int(job)).restart_count == 0, text[-3000:]
 
