@@ -46,34 +46,37 @@ coordinator holds the cluster key and derives every node's key (``NodeKeys``). S
 or app report verifies only with the key of the node it names, and acks and probes to a node
 are signed with that node's key: root on one compute node cannot speak for another. To pick
 the key, the coordinator reads the name (``claimed_node``) before the tag; anything whose name
-cannot be read is dropped as "signature" (it cannot be verified). The replay guard refuses
-stale, replayed and impossible (incarnation in the future, counter beyond what the
-incarnation's age allows) sequence numbers (docs/architecture.md, Trust boundaries).
+cannot be read is dropped as "signature" (it cannot be verified). The replay guard
+(:mod:`raps_slurm.replay_guard`) refuses stale, replayed and impossible (incarnation in the
+future, counter beyond what the incarnation's age allows) sequence numbers
+(docs/architecture.md, Trust boundaries). Key files are read and written by
+:mod:`raps_slurm.keyfile`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import hmac
 import math
-import os
 import re
-import secrets
-import stat
 import struct
 import threading
-import time
 from dataclasses import dataclass
 
 from raps_slurm import _udp
 from raps_slurm.errors import BadDatagram, ConfigError
 
+# re-exported (the "as" ones): the daemons, rapsctl, scripts/install.sh and the tests take
+# them from here
+from raps_slurm.keyfile import KEY_BYTES as KEY_BYTES
+from raps_slurm.keyfile import accepted_key as accepted_key
+from raps_slurm.keyfile import create_key as create_key
+from raps_slurm.keyfile import load_key as load_key
+from raps_slurm.keyfile import write_key
+from raps_slurm.replay_guard import ReplayGuard as ReplayGuard
+from raps_slurm.replay_guard import new_incarnation as new_incarnation
+
 MAX_DATAGRAM = 512  # bytes; anything longer is dropped unread
-KEY_BYTES = 32  # minimum key length: HMAC-SHA256 gains nothing above the 32-byte output
-CREATED_KEY_BYTES = 64  # create_key writes one full SHA-256 block of randomness
-MAX_KEY_FILE = 4096  # a key file larger than this is not a key file
 MAX_NAME = 64
 
 MAGIC = b"RPS"
@@ -486,151 +489,6 @@ class NodeKeys:
         return None
 
 
-# A real agent sends one heartbeat per interval (>= 0.05 s), one resend and its probe replies:
-# far below this many per second of its incarnation's life. A counter above the bound is a
-# forgery or a bug, and accepting it would make every later heartbeat of the node a "replay".
-MAX_COUNTER_RATE = 1000
-COUNTER_SLACK = 1000
-
-
-class ReplayGuard:
-    """Accepts a node's heartbeats only in strictly increasing (incarnation, counter) order.
-
-    The signature says a RAPS daemon made a datagram, not that it is fresh: without this guard
-    a captured heartbeat, re-sent after the node died, would keep the node alive. The skew
-    window bounds how long a captured datagram stays usable even after ``forget``.
-
-    Incarnations are wall-clock nanoseconds (``new_incarnation``): one later than this
-    clock + the skew window ("future"), or a counter beyond ``MAX_COUNTER_RATE`` per second
-    of the incarnation's age ("counter"), is refused without being remembered, so no single
-    datagram can lock a node out. The coordinator forgets a node when its lease expires,
-    when it registers a new incarnation and when it is declared DEAD: an agent restarted
-    after its clock stepped back (a smaller incarnation) is accepted again.
-    """
-
-    def __init__(self, max_skew: float) -> None:
-        """``max_skew``: seconds ``sent_at`` may differ from the receiver's clock."""
-        if not (math.isfinite(max_skew) and max_skew > 0):
-            raise ConfigError([f"heartbeat max_skew {max_skew!r}: must be a positive number "
-                               "of seconds"])
-        self.max_skew = max_skew
-        self._last: dict[str, tuple[int, int]] = {}
-
-    def check(self, hb: Heartbeat, now: float) -> str | None:
-        """None if accepted (and remembered), else "skew", "future", "counter" or "replay";
-        a rejection changes nothing.
-
-        Skew is checked first: a node with a bad clock then reports the cause to fix. An older
-        incarnation is a replay (a restarted agent always has a larger one); a newer one
-        restarts the counter.
-        """
-        return self.check_fields(hb.node, hb.incarnation, hb.counter, hb.sent_at, now)
-
-    def check_fields(self, node: str, incarnation: int, counter: int, sent_at: float,
-                     now: float) -> str | None:
-        """``check`` of a heartbeat given by its fields (the receiver's hot path)."""
-        # Written as "not <=" so a NaN clock reading also counts as skew.
-        if not abs(now - sent_at) <= self.max_skew:
-            return "skew"
-        latest = now + self.max_skew  # the newest incarnation any agent can have made
-        if incarnation > latest * 1e9:
-            return "future"
-        if counter > (latest - incarnation / 1e9) * MAX_COUNTER_RATE + COUNTER_SLACK:
-            return "counter"
-        seen = (incarnation, counter)
-        last = self._last.get(node)
-        if last is not None and seen <= last:
-            return "replay"
-        self._last[node] = seen
-        return None
-
-    def last(self, node: str) -> tuple[int, int] | None:
-        """The last accepted (incarnation, counter) of ``node``, if any."""
-        return self._last.get(node)
-
-    def forget(self, node: str) -> None:
-        """Drop what we know of ``node`` (it left the cluster or its lease expired)."""
-        self._last.pop(node, None)
-
-
-_incarnation_lock = threading.Lock()
-_last_incarnation = 0
-
-
-def new_incarnation() -> int:
-    """A fresh incarnation number for this agent process: wall-clock nanoseconds.
-
-    Wall clock, not ``monotonic``: the monotonic clock restarts at every boot, and an agent
-    restarted after a reboot must still outrank its previous life. A restart takes far longer
-    than the clock's resolution, so the new value is larger unless the clock was stepped back
-    by more than the downtime, which the skew check already forbids in a healthy cluster (and
-    the coordinator forgets a node whose lease expired, which clears a stuck state). Within one
-    process the values are also forced strictly increasing. Fits u64 until the year 2554.
-    """
-    global _last_incarnation
-    with _incarnation_lock:
-        _last_incarnation = max(time.time_ns(), _last_incarnation + 1)
-        return _last_incarnation
-
-
-def accepted_key(path: str) -> bytes | None:
-    """The rollover's second key (``detection.accepted_key_file``), None when not set;
-    checked like the cluster key."""
-    return load_key(path) if path else None
-
-
-def load_key(path: str, node: str | None = None) -> bytes:
-    """Read the cluster key (``node``'s key if given); ConfigError (one line) unless a
-    private regular file of >= 32 bytes."""
-
-    def bad(problem: str) -> ConfigError:
-        return ConfigError([f"{'cluster' if node is None else 'node'} key {path}: {problem}"])
-
-    # O_NOFOLLOW + fstat check the very file we read (no lstat-then-open race); O_NONBLOCK
-    # keeps a FIFO planted at the path from hanging the daemon.
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        if node is not None:
-            raise bad(f"missing; make it on the head node (rapsctl config node-key {node} "
-                      f"--out FILE) and install it at {path} on {node} only") from None
-        raise bad(f"missing; create it once (rapsctl config create-key {path}) and "
-                  "copy it to every node, like munge.key") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP and os.path.islink(path):
-            raise bad("is a symlink; must be a regular file (mode 0600 or 0400)") from None
-        raise bad(f"unreadable: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise bad("not a regular file; must be a regular file (mode 0600 or 0400)")
-        mode = stat.S_IMODE(st.st_mode)
-        if mode not in (0o600, 0o400):
-            raise bad(f"mode {mode:04o} allows more than owner read/write; must be 0600 or "
-                      "0400 (chmod 600)")
-        if st.st_uid not in (0, os.geteuid()):
-            raise bad(f"owned by uid {st.st_uid}; must be owned by root or uid {os.geteuid()}")
-        chunks: list[bytes] = []
-        total = 0
-        while total <= MAX_KEY_FILE:
-            chunk = os.read(fd, MAX_KEY_FILE + 1 - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-    except OSError as exc:
-        raise bad(f"unreadable: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    key = b"".join(chunks)
-    if len(key) > MAX_KEY_FILE:
-        raise bad(f"larger than {MAX_KEY_FILE} bytes; not a key file")
-    if len(key) < KEY_BYTES:
-        raise bad(f"holds {len(key)} bytes; must hold at least {KEY_BYTES} (random bytes)")
-    return key
-
-
 def agent_keys(node: str, node_key_file: str, cluster_key: bytes,
                accepted: bytes | None) -> tuple[bytes, bytes | None]:
     """An agent's (node key, rollover's node key or None): its ``detection.node_key_file``
@@ -654,12 +512,6 @@ def agent_keys(node: str, node_key_file: str, cluster_key: bytes,
                        f"cluster key? rapsctl config node-key {node} --out FILE)"])
 
 
-def create_key(path: str) -> None:
-    """Write a new random cluster key atomically with mode 0600; ConfigError if ``path`` exists."""
-    _write_key(path, secrets.token_bytes(CREATED_KEY_BYTES), "cluster key",
-               "every node must share the same key")
-
-
 def create_node_key(path: str, cluster_key: bytes, node: str) -> None:
     """Write ``node``'s key (``node_key``) atomically with mode 0600, for its agent's
     ``detection.node_key_file``; ConfigError if ``path`` exists or ``node`` is no node name."""
@@ -667,55 +519,4 @@ def create_node_key(path: str, cluster_key: bytes, node: str) -> None:
         key = node_key(cluster_key, node)
     except BadDatagram as exc:
         raise ConfigError([f"node key for {node!r}: {exc}"]) from None
-    _write_key(path, key, "node key", "remove it first to replace it")
-
-
-def _write_key(path: str, key: bytes, what: str, why: str) -> None:
-    """Write ``key`` to ``path`` atomically with mode 0600, never over an existing file."""
-    if os.path.lexists(path):
-        raise ConfigError([f"{what} {path}: already exists; refusing to overwrite it "
-                           f"({why})"])
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
-    try:
-        # O_EXCL: never reuse a file someone else prepared; 0600 from the first byte.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-    except OSError as exc:
-        raise ConfigError([f"{what} {path}: cannot create in {directory}: "
-                           f"{exc.strerror or exc}"]) from None
-    try:
-        try:
-            os.fchmod(fd, 0o600)  # the umask may have narrowed it, never widened; be exact
-            data = memoryview(key)
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        # link(), not rename(): rename would silently replace a key created meanwhile by
-        # another process, and nodes would disagree on the key; link fails with EEXIST.
-        os.link(tmp, path)
-    except FileExistsError:
-        raise ConfigError([f"{what} {path}: already exists; refusing to overwrite "
-                           "it"]) from None
-    except OSError as exc:
-        raise ConfigError([f"{what} {path}: cannot write: {exc.strerror or exc}"]) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    """Make the new directory entry durable; best effort where directories cannot be fsynced."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories; the key file itself is synced
-    finally:
-        os.close(fd)
+    write_key(path, key, "node key", "remove it first to replace it")

@@ -35,8 +35,7 @@ from raps_slurm.errors import RapsError, RecordError, StoreError
 
 log = logging.getLogger("raps.checkpoint")
 
-RESTORES_AT_ONCE = 2  # per agent process; each restore pulls from two holders at once
-_RESTORES = threading.BoundedSemaphore(RESTORES_AT_ONCE)
+RESTORES_AT_ONCE = 2  # per checkpoint service; each restore pulls from two holders at once
 
 
 class RestoreError(RapsError):
@@ -121,6 +120,7 @@ class Restorer:
     _key: bytes
     _peers: Callable[[], dict[str, tuple[str, int]]]
     _queue: queue.Queue[Callable[[], object] | None]
+    _restores: threading.BoundedSemaphore
 
     def records(self, job: str, rank: int) -> list[CkptRecord]:
         """The rank's generation records in etcd."""
@@ -134,10 +134,11 @@ class Restorer:
         """The newest restorable generation, verified; None if the rank never committed.
         RestoreError if generations exist but none (nor the cold copy) is whole.
 
-        At most RESTORES_AT_ONCE run at a time: a dead node's ranks all restore on one
-        spare, and eight threads decoding at once starve the agent's other threads
-        (the ranks' heartbeats) of the GIL for seconds while finishing no sooner."""
-        with _RESTORES:
+        At most RESTORES_AT_ONCE (the service's ``restores_at_once``) run at a time: a
+        dead node's ranks all restore on one spare, and eight threads decoding at once
+        starve the agent's other threads (the ranks' heartbeats) of the GIL for seconds
+        while finishing no sooner."""
+        with self._restores:
             return self._restore(job, rank)
 
     def _restore(self, job: str, rank: int) -> RestoreResult | None:

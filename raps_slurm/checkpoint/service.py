@@ -34,7 +34,7 @@ from raps_slurm.checkpoint.local import LocalCheckpoints, SaveError, Session
 from raps_slurm.checkpoint.logcopy import LogCopier
 from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest, check_total, manifest_digest
-from raps_slurm.checkpoint.restore import Restorer
+from raps_slurm.checkpoint.restore import RESTORES_AT_ONCE, Restorer
 from raps_slurm.checkpoint.transfer import (
     TokenBucket,
     TransferClient,
@@ -101,7 +101,8 @@ class CheckpointService(Restorer):
     def __init__(self, cfg: Config, store: StateStore, keys: Keys, node: str, key: bytes,
                  chunks: ChunkStore, *,
                  peers: Callable[[], dict[str, tuple[str, int]]] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 restores_at_once: int = RESTORES_AT_ONCE) -> None:
         self.cfg, self.store, self.keys, self.node = cfg, store, keys, node
         self.local = LocalCheckpoints(chunks)
         self.chunks = chunks
@@ -132,6 +133,9 @@ class CheckpointService(Restorer):
         # A restore reserves a generation's total size in memory before reading a chunk:
         # one generation is at most what the job may keep on a node.
         self.quota = cfg.agent.job_disk_quota_mb << 20
+        # Per service, not per process: two services in one process (tests, benchmarks)
+        # must not hold up each other's restores.
+        self._restores = threading.BoundedSemaphore(restores_at_once)
 
     # --- lifecycle -----------------------------------------------------------------------
 

@@ -30,27 +30,40 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import blake3
-
-from raps_slurm import framing
 from raps_slurm.checkpoint.chunkstore import ChunkStore
-from raps_slurm.checkpoint.codec import ChunkError, Decoder, hasher
+from raps_slurm.checkpoint.codec import Decoder
 from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest, is_hex_digest
-from raps_slurm.checkpoint.pack import HEADER, MAX_CHUNK, STORED_SLACK
+from raps_slurm.checkpoint.pack import MAX_CHUNK, STORED_SLACK
 from raps_slurm.checkpoint.reader import read_into
+
+# re-exported (the "as" ones): restores, cold copies, the fuzz targets and the tests take
+# them from here
+from raps_slurm.checkpoint.transfer_wire import (
+    MIN_RATE,
+    REQUEST_TIMEOUT,
+    TIMEOUT,
+    Channel,
+    handshake_proof,
+    hello_node,
+    hello_nonce,
+    recv_handshake,
+    send_handshake,
+)
+from raps_slurm.checkpoint.transfer_wire import TransferError as TransferError
+from raps_slurm.checkpoint.transfer_wire import decode_records as decode_records
+from raps_slurm.checkpoint.transfer_wire import encode_records as encode_records
+from raps_slurm.checkpoint.transfer_wire import verify_chunk as verify_chunk
 from raps_slurm.errors import RapsError, RecordError
 from raps_slurm.framing import FrameError
 from raps_slurm.gate import BoundedServer, Gate
@@ -58,19 +71,9 @@ from raps_slurm.logquota import LogQuota
 
 log = logging.getLogger("raps.transfer")
 
-MAX_FRAME = 64 << 20
 BATCH_BYTES = 16 << 20  # chunk bytes per put/get frame
-TIMEOUT = 30.0  # idle wait for a request (server) or a reply (client)
 HANDSHAKE_TIMEOUT = 5.0  # the whole handshake, from the connection on
-REQUEST_TIMEOUT = 10.0  # one whole frame, plus its length at MIN_RATE
-MIN_RATE = 1 << 20  # bytes/s a peer must at least keep up within a frame
 MAX_CONNECTIONS = 128  # connections (and threads) served at once
-_LEN = struct.Struct(">I")
-_MAC = 32
-
-
-class TransferError(RapsError):
-    """A transfer failed: peer unreachable, refused, not authentic, or malformed."""
 
 
 class TokenBucket:
@@ -92,175 +95,6 @@ class TokenBucket:
             self._next = start + n / self.rate
         if start > now:
             time.sleep(start - now)
-
-
-# --- framing ------------------------------------------------------------------------------
-
-
-class _Channel:
-    """One authenticated connection (either side)."""
-
-    def __init__(self, sock: socket.socket, session_key: bytes, client: bool, *,
-                 idle_timeout: float = TIMEOUT, request_timeout: float = REQUEST_TIMEOUT,
-                 min_rate: float = MIN_RATE) -> None:
-        self.sock = sock
-        self._key = session_key
-        self._send_dir, self._recv_dir = (b"c", b"s") if client else (b"s", b"c")
-        self._send_seq = self._recv_seq = 0
-        self.idle_timeout, self.request_timeout = idle_timeout, request_timeout
-        self.min_rate = min_rate
-
-    def _allowance(self, n: int) -> float:
-        """Seconds a frame of ``n`` bytes may take."""
-        return self.request_timeout + n / self.min_rate
-
-    def _mac(self, direction: bytes, seq: int) -> Any:
-        """Keyed blake3 over direction, sequence number and frame: a MAC (the session key
-        is 32 bytes) at several GB/s, where HMAC-SHA256 made every copied GiB cost a second."""
-        return blake3.blake3(direction + seq.to_bytes(8, "big"), key=self._key)
-
-    def send(self, header: dict[str, Any], body: bytes | memoryview = b"") -> None:
-        head = json.dumps(header, separators=(",", ":")).encode()
-        payload_len = _LEN.size + len(head) + len(body)
-        if payload_len > MAX_FRAME:
-            raise TransferError(f"frame of {payload_len} bytes exceeds {MAX_FRAME}")
-        mac = self._mac(self._send_dir, self._send_seq)
-        prefix = _LEN.pack(len(head)) + head
-        mac.update(prefix)
-        mac.update(body)
-        self._send_seq += 1
-        self.sock.settimeout(self._allowance(payload_len))
-        self.sock.sendall(_LEN.pack(payload_len) + prefix)
-        if body:
-            self.sock.sendall(body)
-        self.sock.sendall(mac.digest())
-
-    def recv(self) -> tuple[dict[str, Any], memoryview]:
-        """The next frame: its first byte within ``idle_timeout``, all of it within
-        ``request_timeout`` plus its length at ``min_rate``; TransferError (its cause a
-        FrameError when the stream failed, ``timeout`` for a deadline)."""
-        head = memoryview(bytearray(_LEN.size))
-        _recv(self.sock, head[:1], time.monotonic() + self.idle_timeout, "header")
-        deadline = time.monotonic() + self.request_timeout
-        _recv(self.sock, head[1:], deadline, "length")
-        (n,) = _LEN.unpack(head)
-        if not _LEN.size <= n <= MAX_FRAME:
-            raise TransferError(f"frame length {n} outside {_LEN.size}..{MAX_FRAME}")
-        deadline += n / self.min_rate
-        payload = bytearray(n)
-        _recv(self.sock, memoryview(payload), deadline, "payload")
-        mac = bytearray(_MAC)
-        _recv(self.sock, memoryview(mac), deadline, "mac")
-        check = self._mac(self._recv_dir, self._recv_seq)
-        check.update(payload)
-        if not hmac.compare_digest(bytes(mac), check.digest()):
-            raise TransferError("frame authentication failed")
-        self._recv_seq += 1
-        return _split(payload)
-
-
-def _split(payload: bytes | bytearray) -> tuple[dict[str, Any], memoryview]:
-    if len(payload) < _LEN.size:
-        raise TransferError(f"frame of {len(payload)} bytes has no header length")
-    (hlen,) = _LEN.unpack_from(payload)
-    if hlen > len(payload) - _LEN.size:
-        raise TransferError("frame header longer than the frame")
-    try:
-        header = json.loads(payload[_LEN.size:_LEN.size + hlen])
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TransferError(f"frame header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise TransferError("frame header is not a JSON object")
-    return header, memoryview(payload)[_LEN.size + hlen:]
-
-
-def _recv(sock: socket.socket, view: memoryview, deadline: float, what: str) -> None:
-    try:
-        framing.recv_into(sock, view, deadline, what)
-    except FrameError as exc:
-        raise TransferError(str(exc)) from exc
-
-
-def _plain_send(sock: socket.socket, obj: dict[str, Any], deadline: float) -> None:
-    data = json.dumps(obj).encode()
-    sock.settimeout(max(0.001, deadline - time.monotonic()))
-    sock.sendall(_LEN.pack(len(data)) + data)
-
-
-def _plain_recv(sock: socket.socket, deadline: float) -> dict[str, Any]:
-    head = memoryview(bytearray(_LEN.size))
-    _recv(sock, head, deadline, "header")
-    (n,) = _LEN.unpack(head)
-    if not 1 <= n <= 4096:
-        raise TransferError(f"handshake message of {n} bytes")
-    body = bytearray(n)
-    _recv(sock, memoryview(body), deadline, "handshake")
-    try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise TransferError("handshake message is not JSON") from None
-    if not isinstance(obj, dict):
-        raise TransferError("handshake message is not an object")
-    return obj
-
-
-def _proof(key: bytes, side: bytes, nc: bytes, ns: bytes, client: str, server: str) -> str:
-    msg = side + nc + ns + client.encode() + b"\0" + server.encode()
-    return hmac.new(key, msg, hashlib.sha256).hexdigest()
-
-
-def _nonce(obj: dict[str, Any]) -> bytes:
-    text = obj.get("nonce")
-    if not isinstance(text, str) or len(text) != 32:
-        raise TransferError("handshake without a valid nonce")
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        raise TransferError("handshake without a valid nonce") from None
-
-
-def _name(obj: dict[str, Any]) -> str:
-    name = obj.get("node")
-    if not isinstance(name, str) or not 0 < len(name) <= 255:
-        raise TransferError("handshake without a valid node name")
-    return name
-
-
-def encode_records(chunks: Iterable[tuple[str, int, bytes | memoryview]]) -> bytes:
-    """Chunk records for a frame body."""
-    parts: list[bytes | memoryview] = []
-    for d, raw, s in chunks:
-        parts.append(HEADER.pack(bytes.fromhex(d), raw, len(s)))
-        parts.append(s)
-    return b"".join(parts)
-
-
-def decode_records(body: memoryview) -> Iterator[tuple[str, int, memoryview]]:
-    """(digest, raw size, stored bytes) of each record; TransferError if malformed."""
-    pos = 0
-    while pos < len(body):
-        if len(body) - pos < HEADER.size:
-            raise TransferError("truncated chunk record")
-        digest, raw, stored = HEADER.unpack_from(body, pos)
-        if not (0 < raw <= MAX_CHUNK and 1 <= stored <= raw + STORED_SLACK):
-            raise TransferError(f"chunk record with sizes {raw}/{stored}")
-        start = pos + HEADER.size
-        if start + stored > len(body):
-            raise TransferError("truncated chunk record")
-        yield digest.hex(), raw, body[start:start + stored]
-        pos = start + stored
-
-
-def verify_chunk(algo: str, digest: str, raw: int, stored: bytes | memoryview,
-                 decoder: Decoder) -> str | None:
-    """None if ``stored`` decodes to ``raw`` bytes named ``digest``; else the reason."""
-    try:
-        data = decoder.decode_scratch(stored, raw)
-    except ChunkError as exc:
-        return str(exc)
-    if hasher(algo)(data).hex() != digest:
-        return "content does not match its digest"
-    return None
 
 
 # --- server -------------------------------------------------------------------------------
@@ -371,24 +205,25 @@ class TransferServer:
         peer = "?"
         stage = "handshake"
         try:
-            hello = _plain_recv(sock, deadline)
-            peer, nc = _name(hello), _nonce(hello)
+            hello = recv_handshake(sock, deadline)
+            peer, nc = hello_node(hello), hello_nonce(hello)
             ns = os.urandom(16)
             keys = [k for k in (self._key, self._also) if k is not None]
             # one proof per key this server holds: a peer holding either can check one
-            _plain_send(sock, {"node": self.node, "nonce": ns.hex(),
-                               "proof": _proof(self._key, b"s", nc, ns, peer, self.node),
-                               "proofs": [_proof(k, b"s", nc, ns, peer, self.node)
-                                          for k in keys]}, deadline)
-            answer = _plain_recv(sock, deadline)
+            send_handshake(sock, {"node": self.node, "nonce": ns.hex(),
+                                  "proof": handshake_proof(self._key, b"s", nc, ns, peer,
+                                                           self.node),
+                                  "proofs": [handshake_proof(k, b"s", nc, ns, peer, self.node)
+                                             for k in keys]}, deadline)
+            answer = recv_handshake(sock, deadline)
             given = str(answer.get("proof", ""))
             used = next((k for k in keys if hmac.compare_digest(
-                given, _proof(k, b"c", nc, ns, peer, self.node))), None)
+                given, handshake_proof(k, b"c", nc, ns, peer, self.node))), None)
             if used is None:
                 stage = "authentication"
                 raise TransferError(f"{peer} failed authentication")
-            chan = _Channel(sock, hmac.new(used, b"k" + nc + ns, hashlib.sha256).digest(),
-                            client=False, **self._timeouts)
+            chan = Channel(sock, hmac.new(used, b"k" + nc + ns, hashlib.sha256).digest(),
+                           client=False, **self._timeouts)
             self.gate.settled(sock)
             stage = "frame"
             with contextlib.ExitStack() as stack:
@@ -412,7 +247,7 @@ class TransferServer:
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _loop(self, chan: _Channel, pins: _Pins) -> None:
+    def _loop(self, chan: Channel, pins: _Pins) -> None:
         while True:
             try:
                 header, body = chan.recv()
@@ -576,17 +411,18 @@ class TransferClient:
         try:
             deadline = time.monotonic() + handshake_timeout
             nc = os.urandom(16)
-            _plain_send(sock, {"node": node, "nonce": nc.hex()}, deadline)
-            hello = _plain_recv(sock, deadline)
-            self.peer, ns = _name(hello), _nonce(hello)
-            want = _proof(key, b"s", nc, ns, node, self.peer)
+            send_handshake(sock, {"node": node, "nonce": nc.hex()}, deadline)
+            hello = recv_handshake(sock, deadline)
+            self.peer, ns = hello_node(hello), hello_nonce(hello)
+            want = handshake_proof(key, b"s", nc, ns, node, self.peer)
             offered = hello.get("proofs")
             offered = offered if isinstance(offered, list) else [hello.get("proof", "")]
             if not any(hmac.compare_digest(str(p), want) for p in offered[:2]):
                 raise TransferError(f"{address[0]}:{address[1]} failed authentication")
-            _plain_send(sock, {"proof": _proof(key, b"c", nc, ns, node, self.peer)}, deadline)
-            self._chan = _Channel(sock, hmac.new(key, b"k" + nc + ns, hashlib.sha256).digest(),
-                                  client=True, idle_timeout=timeout)
+            send_handshake(sock, {"proof": handshake_proof(key, b"c", nc, ns, node, self.peer)},
+                           deadline)
+            self._chan = Channel(sock, hmac.new(key, b"k" + nc + ns, hashlib.sha256).digest(),
+                                 client=True, idle_timeout=timeout)
         except (OSError, TransferError) as exc:
             sock.close()
             raise TransferError(f"handshake with {address[0]}:{address[1]}: {exc}") from exc

@@ -33,7 +33,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import requests
-import urllib3.exceptions
 from etcd3gw import exceptions as gw_exc
 from etcd3gw.client import Etcd3Client
 
@@ -54,90 +53,20 @@ from raps_slurm.store.base import (
     check_txn,
     check_value,
 )
-
-_GRPC_NOT_FOUND = 5
-_GRPC_UNAUTHENTICATED = 16
-_GW_TRANSPORT = (gw_exc.ConnectionFailedError, gw_exc.ConnectionTimeoutError)
-_TRANSPORT_ERRORS = (*_GW_TRANSPORT, requests.RequestException)
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _range_end(prefix: bytes) -> bytes:
-    """etcd's end of a prefix range: the prefix with its last byte incremented."""
-    end = bytearray(prefix)
-    while end and end[-1] == 0xFF:
-        end.pop()
-    if not end:
-        return b"\0"  # etcd: every key >= the start
-    end[-1] += 1
-    return bytes(end)
-
-
-def _kv(item: dict[str, Any]) -> KeyValue:
-    # int64 fields arrive as strings; zero values are omitted.
-    lease = int(item.get("lease", 0))
-    return KeyValue(key=base64.b64decode(item["key"]).decode("utf-8", "replace"),
-                    value=base64.b64decode(item.get("value", "")),
-                    mod_revision=int(item.get("mod_revision", 0)),
-                    create_revision=int(item.get("create_revision", 0)),
-                    lease_id=lease or None)
-
-
-def _revision(result: dict[str, Any]) -> int:
-    return int(result.get("header", {}).get("revision", 0))
-
-
-def _detail(exc: gw_exc.Etcd3Exception) -> tuple[int | None, str]:
-    """grpc code and message from the gateway's JSON error body."""
-    text = exc.detail_text or ""
-    try:
-        body = json.loads(text)
-        return body.get("code"), str(body.get("error") or body.get("message") or text)
-    except (ValueError, AttributeError):
-        return None, text.strip() or type(exc).__name__
-
-
-def _never_sent(exc: BaseException) -> bool:
-    """True if the request cannot have reached etcd (refused, unresolved, connect timeout)."""
-    cause = exc if isinstance(exc, requests.RequestException) else exc.__context__
-    if isinstance(cause, requests.ConnectTimeout):
-        return True
-    if isinstance(cause, requests.ConnectionError) and cause.args:
-        reason = getattr(cause.args[0], "reason", None)
-        # NewConnectionError (refused, unresolved) subclasses ConnectTimeoutError
-        return isinstance(reason, urllib3.exceptions.ConnectTimeoutError)
-    return False
-
-
-def _refused(exc: BaseException) -> bool:
-    """True if the connection was refused (nothing listens: the member is not running)."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, ConnectionRefusedError):
-            return True
-        todo += [e.__cause__, e.__context__, getattr(e, "reason", None),
-                 *(a for a in e.args if isinstance(a, BaseException))]
-    return False
-
-
-def _short(exc: BaseException) -> str:
-    """One line for an error message, e.g. ``[Errno 111] Connection refused``."""
-    cause = exc.__context__ if isinstance(exc, gw_exc.Etcd3Exception) else exc
-    if isinstance(cause, requests.RequestException):
-        reason = getattr(cause.args[0], "reason", None) if cause.args else None
-        text = str(reason or cause)
-        return text[text.find("[Errno"):] if "[Errno" in text else text[:200]
-    if isinstance(exc, gw_exc.Etcd3Exception):
-        return _detail(exc)[1][:200]
-    return str(exc)[:200] or type(exc).__name__
+from raps_slurm.store.etcd_gateway import (
+    GRPC_NOT_FOUND,
+    GRPC_UNAUTHENTICATED,
+    GW_TRANSPORT,
+    TRANSPORT_ERRORS,
+    b64,
+    error_detail,
+    header_revision,
+    key_value,
+    never_sent,
+    range_end,
+    refused,
+    short_error,
+)
 
 
 class EtcdStore(StateStore):
@@ -209,10 +138,10 @@ class EtcdStore(StateStore):
                                      json={"name": self._user, "password": self._password},
                                      headers={"Authorization": None})
             except gw_exc.Etcd3Exception as exc:
-                if isinstance(exc, _GW_TRANSPORT):
+                if isinstance(exc, GW_TRANSPORT):
                     raise
                 raise StoreError(f"etcd {client.base_url}: authentication as {self._user!r} "
-                                 f"failed: {_detail(exc)[1]}") from exc
+                                 f"failed: {error_detail(exc)[1]}") from exc
             self._token = str(result["token"])
             self._session.headers["Authorization"] = self._token
 
@@ -225,13 +154,13 @@ class EtcdStore(StateStore):
                 result: dict[str, Any] = client.post(client.get_url(path), json=payload)
                 return result
             except gw_exc.Etcd3Exception as exc:
-                if isinstance(exc, _GW_TRANSPORT):
+                if isinstance(exc, GW_TRANSPORT):
                     raise
-                code, message = _detail(exc)
-                if code == _GRPC_UNAUTHENTICATED and self._user is not None and attempt == 0:
+                code, message = error_detail(exc)
+                if code == GRPC_UNAUTHENTICATED and self._user is not None and attempt == 0:
                     self._authenticate(client, token)
                     continue
-                if code == _GRPC_NOT_FOUND and "lease not found" in message:
+                if code == GRPC_NOT_FOUND and "lease not found" in message:
                     raise LeaseExpired(f"etcd: {message}") from exc
                 if "user name is empty" in message:
                     message += " (etcd has auth enabled: configure a user and password)"
@@ -250,12 +179,12 @@ class EtcdStore(StateStore):
             client = self._clients[i]
             try:
                 result = self._post(client, path, payload)
-            except _TRANSPORT_ERRORS as exc:
-                failures.append(f"{self._endpoints[i]}: {_short(exc)}")
-                if retry_unknown or _never_sent(exc):
+            except TRANSPORT_ERRORS as exc:
+                failures.append(f"{self._endpoints[i]}: {short_error(exc)}")
+                if retry_unknown or never_sent(exc):
                     continue
                 raise StoreUnavailable(
-                    f"etcd {self._endpoints[i]} failed during {path} ({_short(exc)}); "
+                    f"etcd {self._endpoints[i]} failed during {path} ({short_error(exc)}); "
                     "the write may or may not have been applied: read before retrying") from exc
             self._preferred = i
             return result
@@ -281,7 +210,7 @@ class EtcdStore(StateStore):
                                     timeout=(self._timeout, None))
             except requests.RequestException as exc:
                 session.close()
-                failures.append(f"{self._endpoints[i]}: {_short(exc)}")
+                failures.append(f"{self._endpoints[i]}: {short_error(exc)}")
                 continue
             if resp.status_code != 200:
                 text = resp.text[:200]
@@ -296,25 +225,25 @@ class EtcdStore(StateStore):
     # -- StateStore -----------------------------------------------------------
 
     def get(self, key: str) -> KeyValue | None:
-        result = self._call("/kv/range", {"key": _b64(check_key(key).encode())})
+        result = self._call("/kv/range", {"key": b64(check_key(key).encode())})
         kvs = result.get("kvs", [])
-        return _kv(kvs[0]) if kvs else None
+        return key_value(kvs[0]) if kvs else None
 
     def get_prefix(self, prefix: str) -> list[KeyValue]:
         raw = check_key(prefix, "prefix").encode()
-        result = self._call("/kv/range", {"key": _b64(raw), "range_end": _b64(_range_end(raw))})
-        return [_kv(item) for item in result.get("kvs", [])]  # etcd sorts by key
+        result = self._call("/kv/range", {"key": b64(raw), "range_end": b64(range_end(raw))})
+        return [key_value(item) for item in result.get("kvs", [])]  # etcd sorts by key
 
     @staticmethod
     def _put_request(key: str, value: bytes, lease: Lease | None) -> dict[str, Any]:
-        request: dict[str, Any] = {"key": _b64(check_key(key).encode()),
-                                   "value": _b64(check_value(value))}
+        request: dict[str, Any] = {"key": b64(check_key(key).encode()),
+                                   "value": b64(check_value(value))}
         if lease is not None:
             request["lease"] = str(lease.id)
         return request
 
     def put(self, key: str, value: bytes, lease: Lease | None = None) -> int:
-        return _revision(self._call("/kv/put", self._put_request(key, value, lease)))
+        return header_revision(self._call("/kv/put", self._put_request(key, value, lease)))
 
     def create(self, key: str, value: bytes, lease: Lease | None = None) -> bool:
         return self._txn_put(key, value, "CREATE", 0, lease)
@@ -334,7 +263,7 @@ class EtcdStore(StateStore):
 
     def transaction(self, guards: Sequence[Guard], ops: Sequence[TxnOp]) -> bool:
         check_txn(guards, ops)
-        compare = [{"key": _b64(g.key.encode()), "result": "EQUAL", "target": "MOD",
+        compare = [{"key": b64(g.key.encode()), "result": "EQUAL", "target": "MOD",
                     "mod_revision": str(g.mod_revision)} for g in guards]
         success: list[dict[str, Any]] = []
         for op in ops:
@@ -342,22 +271,22 @@ class EtcdStore(StateStore):
                 success.append({"request_put": self._put_request(op.key, op.value, op.lease)})
             else:
                 raw = op.key.encode()
-                request = {"key": _b64(raw)}
+                request = {"key": b64(raw)}
                 if op.prefix:
-                    request["range_end"] = _b64(_range_end(raw))
+                    request["range_end"] = b64(range_end(raw))
                 success.append({"request_delete_range": request})
         txn = {"compare": compare, "success": success, "failure": []}
         return bool(self._call("/kv/txn", txn, retry_unknown=False).get("succeeded", False))
 
     def delete(self, key: str) -> bool:
-        result = self._call("/kv/deleterange", {"key": _b64(check_key(key).encode())},
+        result = self._call("/kv/deleterange", {"key": b64(check_key(key).encode())},
                             retry_unknown=False)
         return int(result.get("deleted", 0)) > 0
 
     def delete_prefix(self, prefix: str) -> int:
         raw = check_key(prefix, "prefix").encode()
         result = self._call("/kv/deleterange",
-                            {"key": _b64(raw), "range_end": _b64(_range_end(raw))},
+                            {"key": b64(raw), "range_end": b64(range_end(raw))},
                             retry_unknown=False)
         return int(result.get("deleted", 0))
 
@@ -382,7 +311,7 @@ class EtcdStore(StateStore):
 
     def watch_prefix(self, prefix: str, start_revision: int | None = None) -> Watch:
         raw = check_key(prefix, "prefix").encode()
-        create: dict[str, Any] = {"key": _b64(raw), "range_end": _b64(_range_end(raw))}
+        create: dict[str, Any] = {"key": b64(raw), "range_end": b64(range_end(raw))}
         if start_revision is not None:
             if start_revision < 1:
                 raise ValueError(f"start_revision must be >= 1, got {start_revision}")
@@ -403,7 +332,7 @@ class EtcdStore(StateStore):
 
     def current_revision(self) -> int:
         # status needs no key permission, unlike a range read
-        return _revision(self._call("/maintenance/status", {}))
+        return header_revision(self._call("/maintenance/status", {}))
 
     def status(self) -> StoreStatus:
         st = self._call("/maintenance/status", {})
@@ -413,7 +342,7 @@ class EtcdStore(StateStore):
             raised = []
         alarms = tuple(sorted({str(a.get("alarm", "?")) for a in raised if isinstance(a, dict)}))
         size = int(st.get("dbSize", 0))
-        return StoreStatus(_revision(st), size, int(st.get("dbSizeInUse", size)),
+        return StoreStatus(header_revision(st), size, int(st.get("dbSizeInUse", size)),
                            str(st.get("version", "")), alarms)
 
     def quorum_lost(self, timeout: float = 1.0) -> bool:
@@ -446,7 +375,7 @@ class EtcdStore(StateStore):
         try:
             st = self._probe(url, "/maintenance/status", timeout)
         except (requests.RequestException, ValueError) as exc:
-            return _refused(exc)  # not running there; a timeout proves nothing
+            return refused(exc)  # not running there; a timeout proves nothing
         errors = " ".join(str(e) for e in st.get("errors") or [])
         return str(st.get("leader", "0")) in ("", "0") or "no leader" in errors
 
@@ -540,7 +469,7 @@ class _EtcdWatch(Watch):
             if self._cancelled.is_set():
                 return
             err = exc if isinstance(exc, StoreError) else StoreUnavailable(
-                f"etcd watch stream lost: {_short(exc)}")
+                f"etcd watch stream lost: {short_error(exc)}")
             if self._created.is_set():
                 self._events.put(err)
             else:

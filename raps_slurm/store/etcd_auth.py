@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from raps_slurm.errors import ConfigError, StoreError
-from raps_slurm.store.etcd import EtcdStore, _range_end
+from raps_slurm.store.etcd import EtcdStore
+from raps_slurm.store.etcd_gateway import range_end
 from raps_slurm.store.roles import Grant, Role
 
 _TYPES = {"read": "READ", "write": "WRITE", "readwrite": "READWRITE"}
@@ -34,7 +35,7 @@ def _b64(text: str | bytes) -> str:
 
 def _perm(g: Grant) -> tuple[str, str, str]:
     """(type, key, range_end) as etcd returns them (base64; '' for a single key)."""
-    end = _b64(_range_end(g.key.encode())) if g.prefix else ""
+    end = _b64(range_end(g.key.encode())) if g.prefix else ""
     return _TYPES[g.permission], _b64(g.key), end
 
 

@@ -25,12 +25,12 @@ from raps_slurm.agent.api_schema import SCHEMAS, Refused, decode_request, parse_
 from raps_slurm.checkpoint.manifest import Manifest
 from raps_slurm.checkpoint.pack import MAGIC as PACK_MAGIC
 from raps_slurm.checkpoint.pack import PackError, iter_records, sealed_bytes
-from raps_slurm.checkpoint.transfer import (
+from raps_slurm.checkpoint.transfer_wire import (
+    Channel,
     TransferError,
-    _Channel,
-    _split,
     decode_records,
     encode_records,
+    split_payload,
 )
 from raps_slurm.config import load_file
 from raps_slurm.core.checkpoints import CkptRecord
@@ -127,12 +127,12 @@ def _chunk_records(data: bytes) -> None:
 
 def _frame_split(data: bytes) -> None:
     with contextlib.suppress(TransferError):
-        _split(data)
+        split_payload(data)
 
 
 def _channel(data: bytes) -> None:
     with fed(data) as sock:
-        chan = _Channel(sock, secrets.token_bytes(32), client=True)
+        chan = Channel(sock, secrets.token_bytes(32), client=True)
         try:
             chan.recv()
         except TransferError:

@@ -3,16 +3,19 @@ result, its rank map, checkpoints and plans in etcd, its end in Slurm."""
 
 from __future__ import annotations
 
+import os
 import pwd
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from raps_slurm.core.checkpoints import CkptRecord
-from raps_slurm.core.jobs import RankEntry
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
 from raps_slurm.core.planner import Plan
+from raps_slurm.model import BackupGroup
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
@@ -31,6 +34,24 @@ def heat_reference(tmp: Path, ranks: int, args: Sequence[str]) -> str:
         raise AssertionError(f"reference run failed: {proc.stderr[-2000:]}")
     [line] = [x for x in proc.stdout.splitlines() if x.startswith("final ")]
     return line
+
+
+def agent_job(store: StateStore, keys: Keys, nodes: Sequence[str], *, spare: str = "n5",
+              backup: str = "n4", owner: int | None = None, user: str = "") -> str:
+    """A new job id and what registration writes for it, for tests that start its ranks by
+    hand on ``nodes`` (one each, epoch 1): the rank map, the ranks' traffic key, each
+    rank's entry and backup group, and with ``owner`` the job record (a user's ranks are
+    served only for a job that names its owner)."""
+    job = str(500000 + uuid.uuid4().int % 100000)
+    if owner is not None:
+        store.put(keys.job(job), JobRecord(job, 0, owner, (*nodes, spare), JobSpec(spares=1),
+                                           user=user).to_json())
+    store.put(keys.job_map(job), RankMap(job, 0, tuple(nodes), (spare,), 1, 0.0).to_json())
+    store.put(keys.job_secret(job), os.urandom(32).hex().encode())
+    for r, node in enumerate(nodes):
+        store.put(keys.job_rank(job, r), RankEntry(r, node, 1, "running", (spare,)).to_json())
+        store.put(keys.job_group(job, r), group_to_json(BackupGroup(r, node, backup, ())))
+    return job
 
 
 def rank_entries(store: StateStore, keys: Keys, job: str) -> dict[int, RankEntry]:

@@ -22,13 +22,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from raps_slurm.checkpoint.transfer import (
-    TransferClient,
-    TransferError,
-    _plain_recv,
-    _plain_send,
-    _proof,
-)
+from raps_slurm.checkpoint.transfer import TransferClient, TransferError
+from raps_slurm.checkpoint.transfer_wire import handshake_proof, recv_handshake, send_handshake
 from raps_slurm.coordinator.election import read_leader
 from raps_slurm.errors import BadDatagram
 from raps_slurm.heartbeat import (
@@ -195,11 +190,11 @@ def test_agent_doors_survive_a_flood(
                 if how == "wrong_proof":
                     nc = os.urandom(16)
                     deadline = time.monotonic() + 10
-                    _plain_send(conn, {"node": "flooder", "nonce": nc.hex()}, deadline)
-                    hello = _plain_recv(conn, deadline)
+                    send_handshake(conn, {"node": "flooder", "nonce": nc.hex()}, deadline)
+                    hello = recv_handshake(conn, deadline)
                     ns = bytes.fromhex(hello["nonce"])
-                    _plain_send(conn, {"proof": _proof(data, b"c", nc, ns, "flooder",
-                                                       hello["node"])}, deadline)
+                    send_handshake(conn, {"proof": handshake_proof(data, b"c", nc, ns, "flooder",
+                                                                   hello["node"])}, deadline)
                 else:
                     conn.sendall(data)
                 conn.shutdown(socket.SHUT_WR)

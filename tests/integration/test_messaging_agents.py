@@ -8,30 +8,22 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 from raps_slurm.config import load_file, node_dir
-from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json
+from raps_slurm.core.jobs import RankEntry, group_to_json
 from raps_slurm.model import BackupGroup
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
+from raps_slurm.testing.jobs import agent_job
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("n1", "n2", "n3")
 
 
 def setup_job(store: tuple[StateStore, Keys]) -> str:
-    s, k = store
-    job = str(600000 + uuid.uuid4().int % 100000)
-    s.put(k.job_map(job), RankMap(job, 0, NODES, ("n5",), 1, 0.0).to_json())
-    # what PrologSlurmctld writes at registration: the key of the ranks' traffic
-    s.put(k.job_secret(job), os.urandom(32).hex().encode())
-    for r, node in enumerate(NODES):
-        s.put(k.job_rank(job, r), RankEntry(r, node, 1, "running", ("n5",)).to_json())
-        s.put(k.job_group(job, r), group_to_json(BackupGroup(r, node, "n4", ())))
-    return job
+    return agent_job(*store, NODES)
 
 
 def start(cluster: LocalCluster, job: str, rank: int, node: str, epoch: int,

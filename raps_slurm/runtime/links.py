@@ -1,0 +1,407 @@
+"""A rank's links to its peers, the half of :class:`~raps_slurm.runtime.context.Context`
+below the application API: connections and HELLOs, logged entries sent and sent again,
+the frames that come in, and the background threads that flush the log to the port and
+tell peers what was delivered."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from raps_slurm.runtime.msglog import (
+    Entry,
+    Inbox,
+    MessagingError,
+    NotDeterministic,
+    SenderLog,
+    parse_records,
+)
+from raps_slurm.runtime.ports import Port
+from raps_slurm.runtime.transport import (
+    COVERED,
+    DATA,
+    DELIVERED,
+    HELLO,
+    RESEND,
+    SENT_FLOOR,
+    Frame,
+    Listener,
+    Outgoing,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from raps_slurm.runtime.context import Settings
+
+log = logging.getLogger("raps.runtime")
+
+
+class PeerLinks:
+    """The links half of :class:`~raps_slurm.runtime.context.Context` (which sets these
+    attributes in its ``__init__`` and provides ``stats``)."""
+
+    port: Port
+    rank: int
+    size: int
+    epoch: int
+    s: Settings
+    log: SenderLog
+    inbox: Inbox
+    listener: Listener
+    refused_hellos: int
+    resent: int
+    drop_every: int
+    _clock: Callable[[], float]
+    _mu: threading.Lock
+    _arrived: threading.Condition
+    _out: dict[int, Outgoing]
+    _out_lock: threading.Lock
+    _peer_epoch: dict[int, int]
+    _hello_cids: dict[int, int]
+    _error: MessagingError | None
+    _work: queue.Queue[Callable[[], None] | None]
+    _started: bool
+    _closed: bool
+    _persisted_bodies: dict[tuple[int, int], bytes] | None
+    _gaps: dict[int, tuple[int, int]]
+    _flush_lock: threading.Lock
+    _blocked: dict[int, float]
+    _acked: dict[int, int]
+    _floor_epoch: dict[int, int]
+    _pending_hellos: dict[int, tuple[int, int]]
+    _confirmed: dict[int, int]
+    _sent_frames: int
+    _peer_had: dict[int, int]
+
+    def stats(self) -> dict[str, Any]:
+        """Sent, delivered, logged and collected ranges per peer (Context)."""
+        raise NotImplementedError
+
+    # --- connections -----------------------------------------------------------------
+
+    def _start(self) -> None:
+        with self._mu:
+            if self._started:
+                return
+            self._started = True
+            pending, self._pending_hellos = self._pending_hellos, {}
+        for p in range(self.size):
+            if p != self.rank:
+                self._work.put(lambda p=p: self._hello(p))  # type: ignore[misc]
+        for src, (seq, epoch) in pending.items():
+            self._work.put(lambda s=src, q=seq, e=epoch: self._resend(s, q, epoch=e))  # type: ignore[misc]
+
+    def _outgoing(self, dst: int) -> Outgoing | None:
+        with self._out_lock:
+            o = self._out.get(dst)
+        if o is not None:
+            return o
+        where = self.port.lookup(dst)
+        if where is None:
+            return None
+        host, port_no, epoch, _ = where
+        if epoch < self._peer_epoch.get(dst, 0):
+            return None  # not published yet by the newer incarnation
+        try:
+            o = self.listener.connect((host, port_no), epoch, dst)
+        except OSError:
+            return None
+        with self._mu:
+            delivered = self.inbox.delivered(dst)
+        try:
+            o.send(encode(HELLO, self.rank, dst, delivered, self.epoch))
+        except OSError:
+            o.close()
+            return None
+        with self._out_lock:
+            old = self._out.get(dst)
+            if old is not None:  # another thread connected first
+                o.close()
+                return old
+            self._out[dst] = o
+        return o
+
+    def _drop_out(self, dst: int, o: Outgoing | None = None) -> None:
+        with self._out_lock:
+            cur = self._out.get(dst)
+            if cur is not None and (o is None or cur is o):
+                del self._out[dst]
+                cur.close()
+
+    def _send_entry(self, e: Entry) -> None:
+        body = e.body
+        if body is None:
+            body = self._persisted().get((e.dst, e.seq))
+            if body is None:
+                raise MessagingError(f"rank {self.rank}: body of seq {e.seq} to rank {e.dst} "
+                                     "is neither in memory nor in the log store")
+        self._sent_frames += 1
+        if self.drop_every and self._sent_frames % self.drop_every == 0:
+            return  # test knob: as if the network lost it
+        o = self._outgoing(e.dst)
+        if o is None:
+            return  # logged; the peer gets it when it (re)connects
+        try:
+            # The frame carries this incarnation's epoch (a resend of an entry an earlier
+            # incarnation logged is sent by this one, and fencing is about the sender).
+            o.send(encode(DATA, self.rank, e.dst, e.seq, self.epoch, body, crc=e.crc))
+        except OSError:
+            self._drop_out(e.dst, o)
+
+    def _send_unlogged(self, e: Entry) -> None:
+        """The unlogged baseline keeps nothing to send again on a (re)connection: a frame
+        goes out only over a connection, waiting for the peer to listen (it may start
+        later than this rank) and sending again over a new one if the old one broke (the
+        receiver drops a duplicate by its seq). MessagingError after ``recv_timeout``."""
+        assert e.body is not None  # the baseline's entries always carry their body
+        deadline = self._clock() + self.s.recv_timeout
+        frame = encode(DATA, self.rank, e.dst, e.seq, self.epoch, e.body, crc=e.crc)
+        while True:
+            o = self._outgoing(e.dst)
+            if o is not None:
+                try:
+                    o.send(frame)
+                    return
+                except OSError:
+                    self._drop_out(e.dst, o)
+            if self._clock() >= deadline:
+                raise MessagingError(f"rank {self.rank}: no connection to rank {e.dst} for "
+                                     f"{self.s.recv_timeout:.0f}s (unlogged: seq {e.seq} "
+                                     "cannot wait in a log)")
+            time.sleep(0.01)
+
+    def _control(self, dst: int, kind: int, seq: int, last: int = 0) -> None:
+        o = self._outgoing(dst)
+        if o is None:
+            return
+        try:
+            o.send(encode(kind, self.rank, dst, seq, self.epoch, length=last, crc=0))
+        except OSError:
+            self._drop_out(dst, o)
+
+    def _hello(self, dst: int) -> None:
+        """Say HELLO to ``dst`` (what we delivered from it): a new connection starts with
+        one; on an existing connection it is sent again, so that a peer that greeted us
+        before it could resend anything (before its own restore) hears from us now."""
+        with self._out_lock:
+            existing = self._out.get(dst)
+        o = self._outgoing(dst)
+        if o is None or o is not existing:
+            return
+        with self._mu:
+            delivered = self.inbox.delivered(dst)
+        try:
+            o.send(encode(HELLO, self.rank, dst, delivered, self.epoch))
+        except OSError:
+            self._drop_out(dst, o)
+
+    def _resend(self, dst: int, after: int, last: int | None = None,
+                epoch: int | None = None) -> None:
+        if not self.s.logging:
+            return  # the unlogged baseline keeps nothing to resend
+        with self._mu:
+            floor = self.log.floors.get(dst, 0)
+            if after < floor and (epoch is None or epoch <= self._floor_epoch.get(dst, 0)):
+                # A request older than the floor the same incarnation reported since (a
+                # HELLO overtaken by its COVERED): nothing below the floor is wanted.
+                after = floor
+            try:
+                entries = self.log.after(dst, after)
+            except MessagingError as exc:
+                err = exc
+                entries = None
+        if entries is None:
+            log.error("rank %d: %s", self.rank, err)
+            # Recorded, but no requeue asked: this sender is not stuck, and the request it
+            # could not serve may be a stale one that a later request from the same
+            # receiver supersedes (seen: a run requeued while its replay went on to
+            # succeed). A real hole leaves the receiver's plan short of caught_up, and
+            # recovery_timeout_sec escalates that.
+            self.port.escalate(f"rank {self.rank} cannot replay to rank {dst}: {err}",
+                               requeue=False)
+            return
+        for e in entries:
+            if last is not None and e.seq > last:
+                break
+            self.resent += 1
+            self._send_entry(e)
+
+    # --- incoming --------------------------------------------------------------------
+
+    def _on_frame(self, f: Frame, cid: int) -> None:
+        if f.dst != self.rank or not 0 <= f.src < self.size:
+            return
+        if f.kind == HELLO:
+            with self._mu:
+                known = self._peer_epoch.get(f.src, 0)
+                if f.epoch < known:
+                    self.refused_hellos += 1
+                    stale = True
+                else:
+                    stale = False
+                    self._peer_epoch[f.src] = f.epoch
+                    self.inbox.set_epoch(f.src, f.epoch)
+                    self._peer_had[f.src] = max(self._peer_had.get(f.src, 0), f.seq)
+                    new_conn = cid not in self._hello_cids
+                    self._hello_cids[cid] = f.src
+                    if new_conn:
+                        self._confirmed.pop(f.src, None)  # tell this incarnation again
+            if stale:
+                log.warning("rank %d: refused rank %d epoch %d (epoch %d is current)",
+                            self.rank, f.src, f.epoch, known)
+                self.listener.drop(cid)
+                return
+            if f.epoch > known and known:
+                self._drop_out(f.src)  # it moved: reconnect to its new address
+            if new_conn and self._started:
+                # Not before restore(): our HELLO says what we delivered, which a restore
+                # is about to change (_start greets every peer afterwards).
+                self._work.put(lambda: self._hello(f.src))
+            with self._mu:
+                if not self._started:
+                    # Our log is not reloaded yet: answer once restore() is done.
+                    self._pending_hellos[f.src] = (f.seq, f.epoch)
+                    return
+            self._work.put(lambda: self._resend(f.src, f.seq, epoch=f.epoch))
+            return
+        with self._mu:
+            if self._hello_cids.get(cid) != f.src:
+                return  # no HELLO on this connection: not a peer we know
+        if f.kind == DATA:
+            with self._arrived:
+                try:
+                    verdict, first, last = self.inbox.offer(f.src, f.seq, f.epoch, f.crc,
+                                                            f.payload)
+                except NotDeterministic as exc:
+                    self._error = exc
+                    self._arrived.notify_all()
+                    log.error("rank %d: %s", self.rank, exc)
+                    reason = str(exc)
+                    self._work.put(lambda: self.port.escalate(reason))
+                    return
+                if verdict == "ok":
+                    self._arrived.notify_all()
+            if verdict == "gap" and self._started:
+                self._work.put(lambda: self._control(f.src, RESEND, first, last))
+        elif f.kind == RESEND:  # length: last seq wanted, 0 = everything after
+            self._work.put(lambda: self._resend(f.src, f.seq - 1, f.length or None))
+        elif f.kind == DELIVERED:
+            with self._arrived:
+                if f.seq > self._acked.get(f.src, 0):
+                    self._acked[f.src] = f.seq
+                    self._arrived.notify_all()
+        elif f.kind == COVERED:
+            with self._mu:
+                self.log.raise_floor(f.src, f.seq)
+                self._floor_epoch[f.src] = max(self._floor_epoch.get(f.src, 0), f.epoch)
+        elif f.kind == SENT_FLOOR:
+            with self._mu:
+                self.inbox.trim_checksums(f.src, f.seq)
+
+    def _on_close(self, cid: int) -> None:
+        with self._mu:
+            self._hello_cids.pop(cid, None)
+
+    # --- background ------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        while (job := self._work.get()) is not None:
+            try:
+                job()
+            except Exception:
+                if not self._closed:
+                    log.exception("rank %d: messaging worker", self.rank)
+
+    def _ticker(self) -> None:
+        period = self.s.flush_ms / 1000
+        next_stats = self._clock() + self.s.stats_interval
+        while not self._closed:
+            if self._clock() >= next_stats:
+                next_stats = self._clock() + self.s.stats_interval
+                try:
+                    self.port.report(self.stats())
+                except Exception as exc:
+                    log.debug("rank %d: stats not reported: %s", self.rank, exc)
+            time.sleep(period)
+            if self._closed:
+                return
+            try:
+                self._flush()
+                if self._started:  # before restore() our delivered vector is not known
+                    self._reask()
+                    self._confirm()
+            except Exception as exc:
+                if not self._closed:
+                    log.warning("rank %d: log flush failed: %s", self.rank, exc)
+
+    def _flush(self) -> None:
+        # The disk write happens outside _mu (sends and the reader threads go on); the
+        # flush lock keeps batches in order. Entries count as persisted once durable.
+        with self._flush_lock:
+            with self._mu:
+                batch, parts = self.log.take_unpersisted()
+            if not parts:
+                return
+            self.port.log_append(parts)
+            with self._mu:
+                self.log.persisted(batch)
+                self._persisted_bodies = None
+
+    def _spill(self) -> None:
+        """Over the high watermark: persist what must be, then drop bodies from memory."""
+        self._flush()
+        with self._flush_lock:
+            with self._mu:
+                plan = self.log.spill_plan()
+                parts = [p for e in plan for p in e.record(with_body=True)]
+            if parts:
+                self.port.log_append(parts)
+            with self._mu:
+                for e in plan:
+                    e.body_persisted = True
+                self._persisted_bodies = None
+                self.log.spill()
+
+    def _persisted(self) -> dict[tuple[int, int], bytes]:
+        if self._persisted_bodies is None:
+            self._persisted_bodies = {(e.dst, e.seq): bytes(e.body) for e in
+                                      parse_records(self.port.log_read()) if e.body is not None}
+        return self._persisted_bodies
+
+    def _confirm(self) -> None:
+        """Tell each source how far this rank has delivered (a sender's finalize waits
+        for it, and it ends a resend of a lost last frame)."""
+        with self._mu:
+            now = self.inbox.delivered_vector()
+            changed = {s: v for s, v in now.items() if self._confirmed.get(s) != v}
+        for src, seq in changed.items():
+            self._control(src, DELIVERED, seq)
+            self._confirmed[src] = seq
+
+    def _reask(self) -> None:
+        # A gap still open one tick after it was seen is asked for again: the first
+        # request (or the resend) may have been lost with a connection.
+        with self._mu:
+            gaps = {src: (s.next, min(s.early) - 1) for src, s in self.inbox.sources.items()
+                    if s.early and s.next not in s.early}
+            again = {src: g for src, g in gaps.items() if self._gaps.get(src) == g}
+            self._gaps = gaps
+            # A recv blocked for a while with no gap in sight may wait for a message whose
+            # frame was the sender's last one and got lost: ask for everything after.
+            now = self._clock()
+            stuck = [(src, self.inbox.delivered(src) + 1) for src, since in self._blocked.items()
+                     if src not in gaps and now - since > 3 * self.s.flush_ms / 1000]
+            for src, _ in stuck:
+                self._blocked[src] = now
+        for src, (first, last) in again.items():
+            self._control(src, RESEND, first, last)
+        for src, first in stuck:
+            self._control(src, RESEND, first, 0)
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
