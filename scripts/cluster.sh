@@ -316,7 +316,15 @@ net_up() {
   ip link set "$core" up
   racks=$(node_rack "n$NODES")
   for ((r = 1; r <= racks; r++)); do
-    ip link add "${NS_PREFIX}r$r" type bridge; net_created link "${NS_PREFIX}r$r"
+    # A rack bridge is a switch, not a host: the root namespace must not answer ARP
+    # through it (it would, for its own core address, with the bridge's MAC), and that MAC
+    # is fixed. Left to the kernel it is the lowest of its ports' MACs, so a partition that
+    # takes a node's port out changes it: a neighbour that had resolved the coordinator's
+    # address to it lost the coordinator until its ARP entry expired (~30 s), and was
+    # found DEAD with the partitioned node.
+    ip link add "${NS_PREFIX}r$r" address "$(printf '02:72:61:%02x:00:%02x' "$NET_OCTET" "$r")" \
+      type bridge; net_created link "${NS_PREFIX}r$r"
+    echo 1 >"/proc/sys/net/ipv4/conf/${NS_PREFIX}r$r/arp_ignore"
     ip link set "${NS_PREFIX}r$r" up
     ip link add "${NS_PREFIX}u$r" type veth peer name "${NS_PREFIX}c$r"; net_created link "${NS_PREFIX}u$r"
     echo 1 >"/proc/sys/net/ipv4/conf/${NS_PREFIX}u$r/arp_ignore" # see cmd_partition
