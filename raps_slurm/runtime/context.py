@@ -106,6 +106,7 @@ class Context(PeerLinks):
         self._persisted_bodies: dict[tuple[int, int], bytes] | None = None
         self._gaps: dict[int, tuple[int, int]] = {}
         self._flush_lock = threading.Lock()
+        self._wake = threading.Event()  # the flush thread's, to spill before its period
         self._blocked: dict[int, float] = {}  # src -> since when a recv waits for it
         self._acked: dict[int, int] = {}      # dst -> what it confirmed delivered
         self._floor_epoch: dict[int, int] = {}  # dst -> epoch that reported its floor
@@ -209,8 +210,11 @@ class Context(PeerLinks):
             return
         with self._mu:
             spill = self.log.over_watermark()
+            early = not spill and self.log.spill_due()
         if spill:
-            self._spill()
+            self._spill()  # the background spill fell behind: this send waits for it
+        elif early:
+            self._wake.set()
         with self._mu:
             e = self.log.append(dst, payload, self.epoch)
         self._send_entry(e)
@@ -487,6 +491,7 @@ class Context(PeerLinks):
     def close(self) -> None:
         """Stop without flushing (what a crash looks like to the peers)."""
         self._closed = True
+        self._wake.set()
         self._work.put(None)
         self.listener.close()
         with self._out_lock:

@@ -69,6 +69,7 @@ class PeerLinks:
     _persisted_bodies: dict[tuple[int, int], bytes] | None
     _gaps: dict[int, tuple[int, int]]
     _flush_lock: threading.Lock
+    _wake: threading.Event
     _blocked: dict[int, float]
     _acked: dict[int, int]
     _floor_epoch: dict[int, int]
@@ -326,11 +327,17 @@ class PeerLinks:
                     self.port.report(self.stats())
                 except Exception as exc:
                     log.debug("rank %d: stats not reported: %s", self.rank, exc)
-            time.sleep(period)
+            self._wake.wait(period)
+            self._wake.clear()
             if self._closed:
                 return
             try:
                 self._flush()
+                with self._mu:
+                    due = self.log.spill_due()
+                if due:
+                    # Off the sender's path: it writes while the application goes on.
+                    self._spill(self.s.high_watermark // 2)
                 if self._started:  # before restore() our delivered vector is not known
                     self._reask()
                     self._confirm()
@@ -351,12 +358,13 @@ class PeerLinks:
                 self.log.persisted(batch)
                 self._persisted_bodies = None
 
-    def _spill(self) -> None:
-        """Over the high watermark: persist what must be, then drop bodies from memory."""
+    def _spill(self, target: int | None = None) -> None:
+        """Persist what must be, then drop bodies from memory down to ``target`` bytes
+        (default: three quarters of the high watermark)."""
         self._flush()
         with self._flush_lock:
             with self._mu:
-                plan = self.log.spill_plan()
+                plan = self.log.spill_plan(target)
                 parts = [p for e in plan for p in e.record(with_body=True)]
             if parts:
                 self.port.log_append(parts)
@@ -364,7 +372,7 @@ class PeerLinks:
                 for e in plan:
                     e.body_persisted = True
                 self._persisted_bodies = None
-                self.log.spill()
+                self.log.spill(target)
 
     def _persisted(self) -> dict[tuple[int, int], bytes]:
         if self._persisted_bodies is None:

@@ -146,13 +146,20 @@ class SenderLog:
         """Bodies held exceed the high watermark: spill before the next send."""
         return self.held > self.high_watermark
 
-    def spill_plan(self) -> list[Entry]:
+    def spill_due(self) -> bool:
+        """Bodies held exceed three quarters of the watermark: the background thread
+        spills down to half of it, so that a steady sender rarely meets the watermark."""
+        return self.held > self.high_watermark * 3 // 4
+
+    def spill_plan(self, target: int | None = None) -> list[Entry]:
         """Large entries whose bodies must be written out before memory can shrink
-        (oldest first) until the held bytes would fall under the watermark."""
+        (oldest first) until the held bytes would fall to ``target`` (default: three
+        quarters of the watermark)."""
+        goal = self.high_watermark * 3 // 4 if target is None else target
         plan = []
         would = self.held
         for e in self._by_age():
-            if would <= self.high_watermark * 3 // 4:
+            if would <= goal:
                 break
             if e.body is not None and e.persisted:
                 if not e.body_persisted:
@@ -160,12 +167,14 @@ class SenderLog:
                 would -= e.size
         return plan
 
-    def spill(self) -> int:
-        """Drop from memory the bodies that are durable (oldest first) until under 3/4 of
-        the watermark; returns the bytes freed."""
+    def spill(self, target: int | None = None) -> int:
+        """Drop from memory the bodies that are durable (oldest first) until at most
+        ``target`` (default: three quarters of the watermark) are held; returns the bytes
+        freed."""
+        goal = self.high_watermark * 3 // 4 if target is None else target
         freed = 0
         for e in self._by_age():
-            if self.held <= self.high_watermark * 3 // 4:
+            if self.held <= goal:
                 break
             if e.body is not None and e.body_persisted:
                 self.held -= e.size

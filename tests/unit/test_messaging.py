@@ -257,6 +257,28 @@ def test_fast_senders_both_ways_spill_and_never_deadlock(tmp_path: Path) -> None
         assert peaks[r] <= tight.buffer_bytes
 
 
+def test_the_flush_thread_spills_before_a_send_meets_the_watermark(tmp_path: Path) -> None:
+    s = Settings(flush_ms=5000, large_threshold=1024, high_watermark=256 << 10,
+                 buffer_bytes=512 << 10, recv_timeout=30.0)
+    a = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, s)
+    b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, s)
+    try:
+        for i in range(50):  # 200 KiB: over 3/4 of the watermark, under the watermark
+            a.send(1, bytes([i]) * 4096)
+        assert not a.log.over_watermark()
+        # The send that passed 3/4 woke the flush thread (its period is 5 s): it spills
+        # down to half the watermark with no further send.
+        deadline = time.monotonic() + 3
+        while a.log.held > s.high_watermark // 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert a.log.held <= s.high_watermark // 2, a.log.held
+        assert a.log.spilled > 0
+        assert [b.recv(0) for _ in range(50)] == [bytes([i]) * 4096 for i in range(50)]
+    finally:
+        for c in (a, b):
+            c.close()
+
+
 def _heat(args: list[str], tmp: Path) -> str:
     import subprocess
     import sys
