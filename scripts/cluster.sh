@@ -241,6 +241,7 @@ write_raps_conf() {
         -e "s#^  log_dir: .*#  log_dir: $RUN/log/raps#" "${RAPS_CLUSTER_PROFILE:-$REPO/configs/test.yaml}"
     echo "store:"
     echo "  endpoints: ['$(etcd_urls | sed "s/,/', '/g")']"
+    if [ -n "${RAPS_CLUSTER_STORE_TIMEOUT:-}" ]; then echo "  timeout_sec: $RAPS_CLUSTER_STORE_TIMEOUT"; fi
   } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" \
         -e "/^detection:/a\\  node_key_file: $RUN/etc/nodekeys/%n.key" \
         -e "/^agent:/a\\  socket_path: $RUN/sock/%n/agent.sock" \

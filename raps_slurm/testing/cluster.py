@@ -27,7 +27,8 @@ class LocalCluster:
 
     def __init__(self, run_dir: Path, nodes: int = 6, racks: int = 3,
                  port_base: int = 17000, script: Path = SCRIPT,
-                 profile: Path | None = None, etcd_members: int = 1, net: str = "lo") -> None:
+                 profile: Path | None = None, etcd_members: int = 1, net: str = "lo",
+                 store_timeout: float | None = None) -> None:
         if not script.exists():
             raise ClusterError(f"{script} not found: run from a raps-slurm checkout")
         self.run_dir = Path(run_dir)
@@ -43,6 +44,7 @@ class LocalCluster:
             raise ClusterError(f"net must be 'lo' (loopback) or 'ns' (network namespaces), "
                                f"got {net!r}")
         self.net = net
+        self.store_timeout = store_timeout  # store.timeout_sec (default: the profile's)
         self.env = {
             "SLURM_CONF": str(self.run_dir / "etc" / "slurm.conf"),
             "RAPS_CLUSTER_DIR": str(self.run_dir),
@@ -90,6 +92,8 @@ class LocalCluster:
                "RAPS_CLUSTER_NET": self.net}
         if self.profile is not None:
             env["RAPS_CLUSTER_PROFILE"] = str(self.profile)
+        if self.store_timeout is not None:
+            env["RAPS_CLUSTER_STORE_TIMEOUT"] = f"{self.store_timeout:g}"
         try:
             proc = subprocess.run(["bash", str(self.script), *args], env=env, text=True,
                                   capture_output=True, timeout=timeout, check=False,
@@ -253,8 +257,8 @@ class CoordinatorProcess:
 
 @contextmanager
 def cluster_for_tests(prefix: str, etcd_members: int = 1, net: str | None = None,
-                      port_offset: int = 0, nodes: int = 6,
-                      racks: int = 3) -> Iterator[LocalCluster]:
+                      port_offset: int = 0, nodes: int = 6, racks: int = 3,
+                      store_timeout: float | None = None) -> Iterator[LocalCluster]:
     """A cluster up in a fresh run dir for the test session (ports from
     ``RAPS_CLUSTER_PORT``, default 17000, plus ``port_offset``; network ``net``, else
     ``RAPS_CLUSTER_NET``, default loopback); always down and removed afterwards."""
@@ -263,7 +267,8 @@ def cluster_for_tests(prefix: str, etcd_members: int = 1, net: str | None = None
     c = LocalCluster(run_dir, nodes=nodes, racks=racks,
                      port_base=int(os.environ.get("RAPS_CLUSTER_PORT", "17000")) + port_offset,
                      etcd_members=etcd_members,
-                     net=net or os.environ.get("RAPS_CLUSTER_NET", "lo"))
+                     net=net or os.environ.get("RAPS_CLUSTER_NET", "lo"),
+                     store_timeout=store_timeout)
     try:
         c.up()
         yield c

@@ -3,8 +3,9 @@ in its own network namespace, racks as bridges, etcd members on the core bridge)
 taken down while everything on both sides keeps running. What a pulled cable or a dead
 switch port does on a real cluster; docs/detection.md says what each case stands for.
 
-The cluster here is this module's own (4 nodes in 2 racks, ports at RAPS_CLUSTER_PORT + 50,
-so it never meets the session's loopback cluster), brought up once and always down."""
+The cluster here is this module's own (4 nodes in 2 racks, 3 etcd members, ports at
+RAPS_CLUSTER_PORT + 50, so it never meets the session's loopback cluster), brought up once
+and always down."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import pytest
 
 from raps_slurm.config import DetectionConfig, load_file
 from raps_slurm.core.jobs import RankEntry
-from raps_slurm.errors import SlurmCommandError
+from raps_slurm.errors import SlurmCommandError, StoreUnavailable
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore, open_store
 from raps_slurm.testing.cluster import (
@@ -71,8 +72,13 @@ def ns_cluster() -> Iterator[LocalCluster]:
     why = _netns_missing()
     if why:
         pytest.skip(why)
+    # Three etcd members, each in a namespace of its own on the core bridge: one of them
+    # can be cut off while the store keeps its quorum. A request to the cut member fails
+    # over to the next one only after store.timeout_sec: at the default 5 s, longer than
+    # the profile's 3 s leader lease, a cut member cost the leader its lead and, without
+    # acks, every agent its ranks (measured). 1 s fits a fail-over in every lease.
     with cluster_for_tests("raps-nscluster-", net="ns", port_offset=PORT_OFFSET,
-                           nodes=4, racks=2) as c:
+                           nodes=4, racks=2, etcd_members=3, store_timeout=1.0) as c:
         yield c
 
 
@@ -345,3 +351,44 @@ def test_a_whole_rack_partitioned_its_ranks_move_and_nothing_runs_twice(
                 assert all(x["epoch"] >= 2 for x in late), (r, late)
         finally:
             back_in_service(cluster, s, keys, *cut)
+
+
+def test_an_etcd_member_partitioned_gives_no_verdict_and_no_move(
+        ns_cluster: LocalCluster, ns_store: Store, ns_leader: CoordinatorProcess,
+        tmp_path: Path) -> None:
+    """One of three etcd members cut off for several miss windows: the store keeps its
+    quorum, so no node is held dead, none is drained, no rank moves, and the job ends
+    with the failure-free result."""
+    cluster, (s, keys) = ns_cluster, ns_store
+    d = detection(cluster)
+    clean = heat_reference(tmp_path, 3, HEAT)
+    with heat_job(cluster, "--raps-spares=1", "-N4") as (job, out):
+        victim_of(cluster, ns_store, job, 3)  # mapped, running, a checkpoint committed
+        before = {n: verdict(ns_store, n) for n in ("n1", "n2", "n3", "n4")}
+        cut = 5 * miss_window(d) + d.fence_margin_sec
+        seen: dict[str, list[str]] = {n: [] for n in before}
+
+        def watch(seconds: float) -> None:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                for n in before:
+                    try:
+                        v = verdict(ns_store, n)
+                    except StoreUnavailable:  # the cut member led etcd: an election runs
+                        continue
+                    if v is not None and v != before[n] and v["kind"] not in seen[n]:
+                        seen[n].append(v["kind"])
+                time.sleep(0.05)
+
+        cluster.partition("e1")
+        try:
+            watch(cut)
+        finally:
+            cluster.heal("e1")
+        watch(miss_window(d) + d.fence_margin_sec + 1)  # a late verdict
+        assert not any("DEAD" in k for k in seen.values()), seen
+        for n in before:
+            assert not cluster.slurm().node(n).reason.startswith("raps: dead"), n
+        assert not [p for p in job_plans(s, keys, job) if p.source != p.target], \
+            job_plans(s, keys, job)
+        finish(cluster, job, out, clean)
