@@ -23,7 +23,8 @@
 # default /opt/raps/venv/bin/python, which scripts/test.sh creates, else python3).
 # The RAPS config of the cluster is $RUN/etc/raps.yaml: RAPS_CLUSTER_PROFILE (default
 # configs/test.yaml) with the cluster's etcd, key, checkpoint dirs ($RUN/ckpt/%n), agent
-# sockets ($RUN/sock/%n/agent.sock) and hook log dir ($RUN/log/raps).
+# sockets ($RUN/sock/%n/agent.sock) and hook log dir ($RUN/log/raps);
+# RAPS_CLUSTER_STORE_TIMEOUT (seconds) sets its store.timeout_sec.
 # RAPS_CLUSTER_INSTALL=script: the hooks, the SPANK plugin, its plugstack.conf and the
 # slurm.conf lines come from scripts/install.sh (--role controller, then compute, with
 # --prefix/--sysconfdir $RUN/inst), as on a real cluster; unset: the cluster's own wiring.
@@ -51,6 +52,8 @@ ETCD_AUTH=${RAPS_CLUSTER_ETCD_AUTH:-0}
 [[ "$ETCD_AUTH" =~ ^(0|1)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_AUTH must be 1 or 0, got '$ETCD_AUTH'" >&2; exit 2; }
 [ "$ETCD_AUTH" = 0 ] || [ -z "$INSTALL" ] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_AUTH=1 does not go with RAPS_CLUSTER_INSTALL=script" >&2; exit 2; }
 [[ "$ETCD_MEMBERS" =~ ^(1|3)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_MEMBERS must be 1 or 3, got '$ETCD_MEMBERS'" >&2; exit 2; }
+STORE_TIMEOUT=${RAPS_CLUSTER_STORE_TIMEOUT:-}
+[[ "$STORE_TIMEOUT" =~ ^([0-9]+(\.[0-9]+)?)?$ ]] || { echo "cluster.sh: RAPS_CLUSTER_STORE_TIMEOUT must be a number of seconds or unset, got '$STORE_TIMEOUT'" >&2; exit 2; }
 NET=${RAPS_CLUSTER_NET:-lo}
 [ "$NET" = lo ] || [ "$NET" = ns ] || { echo "cluster.sh: RAPS_CLUSTER_NET must be 'lo' or 'ns', got '$NET'" >&2; exit 2; }
 # Namespace mode: names carry the port base (two clusters never share one), addresses
@@ -241,7 +244,7 @@ write_raps_conf() {
         -e "s#^  log_dir: .*#  log_dir: $RUN/log/raps#" "${RAPS_CLUSTER_PROFILE:-$REPO/configs/test.yaml}"
     echo "store:"
     echo "  endpoints: ['$(etcd_urls | sed "s/,/', '/g")']"
-    if [ -n "${RAPS_CLUSTER_STORE_TIMEOUT:-}" ]; then echo "  timeout_sec: $RAPS_CLUSTER_STORE_TIMEOUT"; fi
+    if [ -n "$STORE_TIMEOUT" ]; then echo "  timeout_sec: $STORE_TIMEOUT"; fi
   } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" \
         -e "/^detection:/a\\  node_key_file: $RUN/etc/nodekeys/%n.key" \
         -e "/^agent:/a\\  socket_path: $RUN/sock/%n/agent.sock" \

@@ -58,6 +58,7 @@ LARGE_PREFIX = "\0raps/large/"
 # their bodies, large ones as headers): a node lost together with its log backup, or a
 # log pulled only in part, leaves them in the checkpoint's copies.
 LOG_ITEM = "\0raps/log"
+CLOSE_WAIT = 10.0  # seconds close() waits for a flush in progress (one log-store write)
 
 
 @dataclass(frozen=True)
@@ -498,6 +499,12 @@ class Context(PeerLinks):
             outs, self._out = list(self._out.values()), {}
         for o in outs:
             o.close()
+        # A flush the ticker started before this must not write after it: a closed
+        # context is a dead rank, and what it wrote later would land in a log store that
+        # its relaunch (or a test standing for a lost node) is already replacing.
+        ticker = self._threads[1]
+        if ticker is not threading.current_thread():
+            ticker.join(CLOSE_WAIT)
         self.port.close()
 
     def stats(self) -> dict[str, Any]:
