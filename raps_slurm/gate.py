@@ -36,6 +36,7 @@ class Gate:
         self._lock = threading.Lock()
         self._waiting: dict[socket.socket, None] = {}  # oldest first
         self._evicted: set[socket.socket] = set()
+        self._exiting: list[threading.Thread] = []  # slot freed, thread not yet ended
         self._held = 0
 
     def admit(self, sock: socket.socket) -> bool:
@@ -59,6 +60,11 @@ class Gate:
         with self._lock:
             self._waiting[sock] = None
             self._held += 1
+            exiting, self._exiting = self._exiting, []
+        # A thread frees its slot a few instructions before it ends: wait for those, so
+        # that the threads alive never outnumber the cap either.
+        for thread in exiting:
+            thread.join(EVICT_WAIT)
         return True
 
     def settled(self, sock: socket.socket) -> None:
@@ -71,12 +77,15 @@ class Gate:
         with self._lock:
             return sock in self._evicted
 
-    def leave(self, sock: socket.socket) -> None:
-        """``sock``'s thread ends: its slot is free."""
+    def leave(self, sock: socket.socket, thread: threading.Thread | None = None) -> None:
+        """``sock``'s connection ends: its slot is free. ``thread``, if given, is the
+        serving thread, about to end; the next admission waits for it."""
         with self._lock:
             self._waiting.pop(sock, None)
             self._evicted.discard(sock)
             self._held -= 1
+            if thread is not None:
+                self._exiting.append(thread)
         self._slots.release()
 
     def in_use(self) -> int:
@@ -116,4 +125,4 @@ class BoundedServer(socketserver.ThreadingTCPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.gate.leave(request)
+            self.gate.leave(request, threading.current_thread())

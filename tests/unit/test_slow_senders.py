@@ -188,6 +188,9 @@ def test_a_full_house_of_authenticated_peers_refuses_more(tmp_path: Path) -> Non
     server.start()
     try:
         held = [TransferClient(KEY, f"p{i}", server.address) for i in range(2)]
+        for c in held:  # a request answered: the server has settled the connection
+            assert [bytes(s) for _, _, s in c.fetch("1", [DIGEST], {DIGEST: len(RAW)})] \
+                == [b"\x00" + RAW]
         with pytest.raises(TransferError):
             TransferClient(KEY, "late", server.address, handshake_timeout=2.0)
         assert server.rejections().get("busy") == 1
