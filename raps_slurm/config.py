@@ -377,6 +377,16 @@ def _check_pairs(cfg: Config, errors: list[str], failed: frozenset[str] = frozen
         errors.append(
             f"messagelog.buffer_high_watermark_mb: {m.buffer_high_watermark_mb} must be below "
             f"messagelog.buffer_size_mb = {m.buffer_size_mb}")
+    st, lease = cfg.store, cfg.coordinator.leader_lease_sec
+    if (ok("store.timeout_sec", "store.endpoints", "coordinator.leader_lease_sec")
+            and len(st.endpoints) > 1 and st.timeout_sec >= lease * 2 / 3):
+        # A request to a member cut off fails over to the next endpoint only after
+        # timeout_sec; the leader refreshes its lease a third of the way in, so the
+        # refresh that fails over must still land before the lease runs out.
+        errors.append(
+            f"store.timeout_sec: {st.timeout_sec:g} must be under 2/3 of "
+            f"coordinator.leader_lease_sec = {lease:g} (so under {lease * 2 / 3:.3g}) with "
+            f"{len(st.endpoints)} etcd endpoints: a request fails over only after timeout_sec")
     if ok("store.endpoints") and not cfg.store.endpoints:
         errors.append("store.endpoints: expected at least one etcd URL, got []")
     for url in cfg.store.endpoints if ok("store.endpoints") else ():

@@ -11,9 +11,10 @@
 #                                   MEMBER 1..RAPS_CLUSTER_ETCD_MEMBERS, default all)
 #   scripts/cluster.sh coordinator-start | coordinator-stop   (one raps-coordinator)
 #   scripts/cluster.sh agent-start NODE | agent-stop NODE      (the node's raps-agent)
-#   scripts/cluster.sh partition NODE|RACK|eMEMBER [SECONDS] | heal NODE|RACK|eMEMBER
-#                                   (namespace mode: a node, rack rR or etcd member eI
-#                                   is cut off the network, and back; SECONDS: heal then)
+#   scripts/cluster.sh partition TARGET [SECONDS] | heal TARGET
+#                                   (namespace mode: TARGET is a node nI, a rack rR, an
+#                                   etcd member eI or a head hI, cut off the network and
+#                                   back; SECONDS: heal then)
 #
 # Settings (environment): RAPS_CLUSTER_DIR (run dir, default /tmp/raps-cluster),
 # RAPS_CLUSTER_NODES (6), RAPS_CLUSTER_RACKS (3), RAPS_CLUSTER_PORT (base port, 17000:
@@ -65,6 +66,10 @@ etcd_client_port() { echo $((BASE + 377 + 2 * $1)); }
 etcd_peer_port() { echo $((BASE + 378 + 2 * $1)); }
 # Where etcd member I listens: its namespace's address, or loopback.
 etcd_host() { if [ "$NET" = ns ]; then echo "10.$NET_OCTET.0.$((10 + $1))"; else echo 127.0.0.1; fi; }
+# Namespace mode's head namespaces h1..h$HEADS, where tests run coordinators that a
+# partition can cut off (coordinators started by this script stay in the root namespace).
+HEADS=2
+head_host() { echo "10.$NET_OCTET.0.$((20 + $1))"; }
 etcd_urls() {
   local i urls=()
   for ((i = 1; i <= ETCD_MEMBERS; i++)); do urls+=("http://$(etcd_host "$i"):$(etcd_client_port "$i")"); done
@@ -287,7 +292,8 @@ make_node_keys() {
 # one bridge <P>rR per rack through a veth pair <P>uR (rack side) / <P>cR (core side).
 # Node nI lives in namespace <P>nI (eth0 = 10.S.R.I/16, lo up), its veth's other end,
 # <P>nI, in its rack's bridge; etcd member I in namespace <P>eI (10.S.0.(10+I)) on the
-# core bridge. <P> = rc<port base>. Everything created is listed in $RUN/net/created,
+# core bridge; head I in namespace <P>hI (10.S.0.(20+I)) on the core bridge, for a
+# coordinator that a partition can cut off. <P> = rc<port base>. Everything created is listed in $RUN/net/created,
 # which `down` deletes in reverse order.
 net_created() { echo "$1 $2" >>"$RUN/net/created"; }
 
@@ -343,6 +349,9 @@ net_up() {
   for ((i = 1; i <= ETCD_MEMBERS; i++)); do
     net_ns_add "${NS_PREFIX}e$i" "$(etcd_host "$i")" "$core"
   done
+  for ((i = 1; i <= HEADS; i++)); do
+    net_ns_add "${NS_PREFIX}h$i" "$(head_host "$i")" "$core"
+  done
   # Each node's /etc/hosts: this host's name is the node's own address there (what a
   # rank's default listen address resolves), every node's name is its address.
   local me; me=$(uname -n)
@@ -369,8 +378,8 @@ net_down() {
 }
 
 # "LINK BRIDGE": the bridge port that cuts TARGET off: node nI -> its veth in its rack's
-# bridge; rack rR -> the rack's uplink in the rack bridge; etcd member eI -> its veth in
-# the core bridge.
+# bridge; rack rR -> the rack's uplink in the rack bridge; etcd member eI and head hI ->
+# its veth in the core bridge.
 net_link() {
   [ "$NET" = ns ] || die "partition and heal need namespace mode (RAPS_CLUSTER_NET=ns)"
   local t=$1
@@ -380,8 +389,10 @@ net_link() {
     echo "${NS_PREFIX}u${t#r} ${NS_PREFIX}$t"
   elif [[ "$t" =~ ^e[0-9]+$ ]] && ((${t#e} >= 1 && ${t#e} <= ETCD_MEMBERS)); then
     echo "${NS_PREFIX}$t ${NS_PREFIX}core"
+  elif [[ "$t" =~ ^h[0-9]+$ ]] && ((${t#h} >= 1 && ${t#h} <= HEADS)); then
+    echo "${NS_PREFIX}$t ${NS_PREFIX}core"
   else
-    die "unknown target '$t' (expected a node n1..n$NODES, a rack r1..r$(node_rack "n$NODES") or an etcd member e1..e$ETCD_MEMBERS)"
+    die "unknown target '$t' (expected a node n1..n$NODES, a rack r1..r$(node_rack "n$NODES"), an etcd member e1..e$ETCD_MEMBERS or a head h1..h$HEADS)"
   fi
 }
 
@@ -595,7 +606,7 @@ cmd_status() {
   sinfo -N -o '%N %t %E' 2>/dev/null || echo "slurmctld: not answering"
   if [ "$NET" = ns ] && [ -f "$RUN/net/created" ]; then
     local t link bridge cut=()
-    for t in $(node_names) $(seq -f 'r%g' 1 "$(node_rack "n$NODES")") $(seq -f 'e%g' 1 "$ETCD_MEMBERS"); do
+    for t in $(node_names) $(seq -f 'r%g' 1 "$(node_rack "n$NODES")") $(seq -f 'e%g' 1 "$ETCD_MEMBERS") $(seq -f 'h%g' 1 "$HEADS"); do
       read -r link bridge <<<"$(net_link "$t")"
       [ -e "/sys/class/net/$link/master" ] || cut+=("$t")
     done
@@ -721,7 +732,7 @@ case "${1:-}" in
     "cmd_${1//-/_}" "${2:-}" ;;
   coordinator-start) cmd_coordinator_start ;;
   coordinator-stop) cmd_coordinator_stop ;;
-  partition) [ $# -eq 2 ] || [ $# -eq 3 ] || die "usage: scripts/cluster.sh partition NODE|RACK|eMEMBER [SECONDS]"; cmd_partition "$2" "${3:-}" ;;
-  heal) [ $# -eq 2 ] || die "usage: scripts/cluster.sh heal NODE|RACK|eMEMBER"; cmd_heal "$2" ;;
+  partition) [ $# -eq 2 ] || [ $# -eq 3 ] || die "usage: scripts/cluster.sh partition nNODE|rRACK|eMEMBER|hHEAD [SECONDS]"; cmd_partition "$2" "${3:-}" ;;
+  heal) [ $# -eq 2 ] || die "usage: scripts/cluster.sh heal nNODE|rRACK|eMEMBER|hHEAD"; cmd_heal "$2" ;;
   *) echo "usage: scripts/cluster.sh up|down|status|env|crash NODE|freeze NODE|thaw NODE|restart NODE|slurmd-kill NODE|slurmd-start NODE|cgroup NODE|etcd-stop [MEMBER]|etcd-start [MEMBER]|coordinator-start|coordinator-stop|agent-start NODE|agent-stop NODE|partition TARGET|heal TARGET" >&2; exit 2 ;;
 esac

@@ -9,6 +9,8 @@ ranks' log backup), ``rack`` (both nodes of a rack) or ``rack+primary`` (a rack 
 more working node); each node is crashed (cgroup kill) or frozen (cgroup freeze, thawed
 after a drawn hold, which may or may not outlast detection), at a drawn time after the
 first checkpoint of the ranks on the victim nodes is committed on their whole groups.
+On a namespace-mode cluster (``--net ns``) a node may also be partitioned: its link cut
+while everything on it runs on, healed after a drawn hold (``kinds``: the kinds drawn).
 The batch host is never a victim: losing it escalates to a requeue by design.
 
 Three nodes lost on this 6-node cluster leave a job of 4 working nodes and 2 spares
@@ -62,14 +64,16 @@ STEP_SEC = ["--step-sec", "0.05"]  # the pace only: the result does not depend o
 PROGRAMS = {"heat_ring": REPO / "examples" / "heat_ring.py",
             "random_program": REPO / "examples" / "random_program.py"}
 COMBOS = ("primary", "primary+backup", "rack", "rack+primary")
+KINDS_LO = ("crash", "freeze")
+KINDS_NS = ("crash", "freeze", "partition")
 RUN_DEADLINE_S = 300.0
 HELD_S = 10.0  # a requeued run still pending this long after its nodes are back is held
 
 
 @dataclass
 class Fault:
-    """One node's fault: ``kind`` crash or freeze, ``at_s`` after the victims' first
-    commit; a freeze is thawed ``hold_s`` later."""
+    """One node's fault: ``kind`` crash, freeze or partition, ``at_s`` after the victims'
+    first commit; a freeze is thawed, a partition healed, ``hold_s`` later."""
 
     node: str
     role: str
@@ -86,9 +90,9 @@ def program_args(name: str, run_seed: int) -> list[str]:
     return ["--seed", str(run_seed), "--rounds", "120", "--every", "20"]
 
 
-def reference(tmp: Path, program: Path, args: list[str]) -> str:
+def reference(tmp: Path, program: Path, args: list[str], ranks: int = RANKS) -> str:
     """The ``final ...`` line of a failure-free run under the local launcher."""
-    proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(RANKS),
+    proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(ranks),
                            "--dir", str(tmp), "--", sys.executable, str(program), *args],
                           capture_output=True, text=True, timeout=600, check=False)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("final ")]
@@ -98,8 +102,23 @@ def reference(tmp: Path, program: Path, args: list[str]) -> str:
     return lines[0]
 
 
+def draw_kind(rng: random.Random, kinds: tuple[str, ...]) -> str:
+    """One fault's kind: crash 65 % and freeze 35 % of the time (the draw of every
+    campaign before partitions, so that a seed gives the same campaign), or with
+    partitions crash 50 %, freeze 25 %, partition 25 %; one kind alone: that one."""
+    u = rng.random()
+    if len(kinds) == 1:
+        return kinds[0]
+    if kinds == KINDS_LO:
+        return "crash" if u < 0.65 else "freeze"
+    if kinds == KINDS_NS:
+        return "crash" if u < 0.5 else "freeze" if u < 0.75 else "partition"
+    raise BenchError(f"fault kinds {kinds}: one kind, {KINDS_LO} or {KINDS_NS}")
+
+
 def draw_faults(rng: random.Random, view: dict[str, Any], host: str,
-                racks: dict[str, tuple[str, ...]]) -> tuple[str, list[Fault]]:
+                racks: dict[str, tuple[str, ...]], kinds: tuple[str, ...] = KINDS_LO
+                ) -> tuple[str, list[Fault]]:
     """The combination and its faults for one mapped job (never the batch host)."""
     working = sorted({r["node"] for r in view["ranks"]} - {host})
     backup = {r["node"]: r["group"]["log_backup"] for r in view["ranks"]}
@@ -126,9 +145,9 @@ def draw_faults(rng: random.Random, view: dict[str, Any], host: str,
             combo = "rack"
     faults: list[Fault] = []
     for node, role in roles:
-        kind = "crash" if rng.random() < 0.65 else "freeze"
+        kind = draw_kind(rng, kinds)
         faults.append(Fault(node, role, kind, round(rng.uniform(0.0, 3.0), 2),
-                            round(rng.uniform(1.0, 10.0), 2) if kind == "freeze" else None))
+                            round(rng.uniform(1.0, 10.0), 2) if kind != "crash" else None))
     return combo, sorted(faults, key=lambda f: f.at_s)
 
 
@@ -136,8 +155,10 @@ class Campaign:
     """The cluster, its store and the references, shared by the runs of one campaign."""
 
     def __init__(self, cluster: LocalCluster, store: StateStore, keys: Keys, seed: int,
-                 say: Any) -> None:
+                 say: Any, ranks: int = RANKS, sbatch: tuple[str, ...] = tuple(SBATCH),
+                 kinds: tuple[str, ...] = KINDS_LO) -> None:
         self.cluster, self.store, self.keys, self.say = cluster, store, keys, say
+        self.ranks, self.sbatch, self.kinds = ranks, list(sbatch), kinds
         self.rng = random.Random(seed)
         self.run = CommandRunner(timeout=60, env=cluster.env)
         self.references: dict[tuple[str, ...], str] = {}
@@ -147,7 +168,7 @@ class Campaign:
         key = (name, *args)
         if key not in self.references:
             tmp = self.cluster.run_dir / "faults-ref" / f"{len(self.references)}"
-            self.references[key] = reference(tmp, PROGRAMS[name], args)
+            self.references[key] = reference(tmp, PROGRAMS[name], args, self.ranks)
         return self.references[key]
 
     def view(self, job: str) -> dict[str, Any] | None:
@@ -164,18 +185,19 @@ class Campaign:
         row: dict[str, Any] = {"run": index, "program": name, "args": args}
         clean = self.reference(name, args)
         job, out = self.cluster.submit_raps_run(
-            [sys.executable, str(PROGRAMS[name]), *args, *STEP_SEC], SBATCH, f"faults-{index}")
+            [sys.executable, str(PROGRAMS[name]), *args, *STEP_SEC], self.sbatch,
+            f"faults-{index}")
         row["job"] = job
         faults: list[Fault] = []
         applied: list[Fault] = []  # those injected and not yet repaired
         try:
             view = wait_until(f"job {job} mapped", lambda: self.view(job),
                               lambda v: v is not None and v["state"] == "mapped"
-                              and len(v["ranks"]) == RANKS, 120)
+                              and len(v["ranks"]) == self.ranks, 120)
             assert view is not None
             host = wait_until("the batch host",
                               lambda: self.cluster.slurm().job(int(job)).batch_host, bool, 30)
-            combo, faults = draw_faults(self.rng, view, host, self.racks)
+            combo, faults = draw_faults(self.rng, view, host, self.racks, self.kinds)
             row.update(combo=combo, faults=[asdict(f) for f in faults])
             dead = self.inject(job, view, faults, applied, started)
             reasons: list[str] = []
@@ -208,18 +230,21 @@ class Campaign:
                    lambda left: not left, 180, interval=0.1)
         t0 = time.monotonic()
         events = sorted([(f.at_s, "fault", f) for f in faults]
-                        + [(f.at_s + f.hold_s, "thaw", f) for f in faults if f.hold_s],
+                        + [(f.at_s + f.hold_s, "end", f) for f in faults if f.hold_s],
                         key=lambda e: e[:2])
         dead: set[str] = set()
         for at, what, f in events:
             while time.monotonic() - t0 < at:
                 self.note_dead(faults, dead)
                 time.sleep(0.05)
-            if what == "thaw":
-                self.cluster.thaw(f.node)
+            if what == "end":
+                (self.cluster.thaw if f.kind == "freeze" else self.cluster.heal)(f.node)
             else:
                 applied.append(f)
-                (self.cluster.crash if f.kind == "crash" else self.cluster.freeze)(f.node)
+                if f.kind == "partition":
+                    self.cluster.partition(f.node)
+                else:
+                    (self.cluster.crash if f.kind == "crash" else self.cluster.freeze)(f.node)
         self.say(f"  job {job}: {', '.join(f'{f.kind} {f.node} ({f.role})' for f in faults)}"
                  f" {time.monotonic() - started:.0f}s into the run")
         return dead
@@ -298,13 +323,16 @@ class Campaign:
         }
 
     def restore(self, faults: list[Fault]) -> None:
-        """Thaw frozen victims, restart crashed ones (each once: ``faults`` is emptied),
+        """Thaw frozen victims, heal partitioned ones, restart crashed ones (each once:
+        ``faults`` is emptied),
         and wait until every node is back in service (a HUNG or DEAD verdict elsewhere
         may have drained one too)."""
         while faults:
             f = faults.pop()
             if f.kind == "freeze":
                 self.cluster.thaw(f.node)
+            elif f.kind == "partition":
+                self.cluster.heal(f.node)
             else:
                 self.cluster.restart(f.node)
         back_in_service(self.cluster, self.store, self.keys, *self.cluster.node_names)
@@ -322,19 +350,29 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                          if r.get("requeued") and r.get("spares_left", 0) > 0),
          "requeues_held": count("requeue_held"), "errors": count("error"),
          "crashes": sum(1 for r in rows for f in r.get("faults", []) if f["kind"] == "crash"),
-         "freezes": sum(1 for r in rows for f in r.get("faults", []) if f["kind"] == "freeze")}
+         "freezes": sum(1 for r in rows for f in r.get("faults", []) if f["kind"] == "freeze"),
+         "partitions": sum(1 for r in rows for f in r.get("faults", [])
+                           if f["kind"] == "partition")}
     t["goals_met"] = (t["wrong_results"] == 0 and t["lost_data"] == 0
                       and t["requeued_with_spare_left"] == 0 and t["errors"] == 0)
     return t
 
 
-def campaign(cluster: LocalCluster, runs: int, seed: int, say: Any) -> dict[str, Any]:
-    """``runs`` runs on a running cluster with a leading coordinator; the JSON object."""
+def campaign(cluster: LocalCluster, runs: int, seed: int, say: Any, *, ranks: int = RANKS,
+             sbatch: tuple[str, ...] = tuple(SBATCH),
+             kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """``runs`` runs on a running cluster with a leading coordinator; the JSON object.
+    ``kinds``: the fault kinds drawn (default: with partitions on a namespace-mode
+    cluster, without on loopback)."""
+    if kinds is None:
+        kinds = KINDS_NS if cluster.net == "ns" else KINDS_LO
+    if "partition" in kinds and cluster.net != "ns":
+        raise BenchError("partitions need a namespace-mode cluster (--net ns)")
     cfg = load_file(cluster.config_path)
     store, keys = open_store(cfg.store)
     rows: list[dict[str, Any]] = []
     try:
-        c = Campaign(cluster, store, keys, seed, say)
+        c = Campaign(cluster, store, keys, seed, say, ranks, sbatch, kinds)
         for i in range(runs):
             row = c.one(i)
             rows.append(row)
@@ -345,17 +383,19 @@ def campaign(cluster: LocalCluster, runs: int, seed: int, say: Any) -> dict[str,
                 + f" ({row['wall_s']}s)")
     finally:
         store.close()
-    return {"benchmark": "faults", "seed": seed, "ranks": RANKS, "sbatch": SBATCH[:2],
-            "runs": rows, "totals": totals(rows)}
+    return {"benchmark": "faults", "seed": seed, "ranks": ranks, "sbatch": list(sbatch[:2]),
+            "net": cluster.net, "kinds": list(kinds), "runs": rows, "totals": totals(rows)}
 
 
-def run_faults(runs: int, seed: int, port: int, quiet: bool) -> dict[str, Any]:
-    """Bring up the cluster and a coordinator, run the campaign, take it all down."""
+def run_faults(runs: int, seed: int, port: int, quiet: bool, net: str = "lo"
+               ) -> dict[str, Any]:
+    """Bring up the cluster (``net``: loopback, or namespace mode with partitions among
+    the faults) and a coordinator, run the campaign, take it all down."""
     def say(line: str) -> None:
         if not quiet:
             print(line, file=sys.stderr, flush=True)
 
-    with private_cluster("raps-bench-faults-", port, 1.0) as cluster:
+    with private_cluster("raps-bench-faults-", port, 1.0, net=net) as cluster:
         coordinator = cluster.coordinator("bench").start()
         try:
             cfg = load_file(cluster.config_path)

@@ -219,15 +219,18 @@ def bench_launch(nodes: int, ranks_per_node: int, repeats: int, port: int,
 
 @bench.command("faults")
 @click.option("--runs", default=30, show_default=True, type=click.IntRange(1, 1000),
-              help="Jobs, each with 1-3 nodes crashed or frozen.")
+              help="Jobs, each with 1-3 nodes crashed, frozen or (--net ns) partitioned.")
 @click.option("--seed", default=1, show_default=True, type=int,
               help="Draws the programs, the nodes, the kinds and the times.")
+@click.option("--net", type=click.Choice(["lo", "ns"]), default="lo", show_default=True,
+              help="lo: the cluster on loopback; ns: each node in a network namespace, "
+                   "and partitions among the faults.")
 @_port(20800)
 @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
-def bench_faults(runs: int, seed: int, port: int, as_json: bool) -> None:
+def bench_faults(runs: int, seed: int, net: str, port: int, as_json: bool) -> None:
     """A seeded fault campaign: heat_ring and random programs under node faults, judged
     against their failure-free results."""
-    _echo(run_faults(runs, seed, port, quiet=as_json))
+    _echo(run_faults(runs, seed, port, quiet=as_json, net=net))
 
 
 @bench.command("simulate")

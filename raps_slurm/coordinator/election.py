@@ -17,12 +17,14 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from raps_slurm.errors import LeaseExpired, NotLeader, RecordError, StoreUnavailable
 from raps_slurm.store import Guard, Lease, StateStore, TxnOp
 
 log = logging.getLogger("raps.coordinator")
+LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"  # the daemons' %(asctime)s, to the microsecond
 
 
 class Leadership:
@@ -67,7 +69,11 @@ class Leadership:
         assert self._lease is not None
         now = self._clock()
         if now >= self._valid_until:
-            self._lose(f"lease not refreshed for {self._ttl}s (paused or cut off from etcd)")
+            # Said when the loop gets here, which a store call cut off from etcd can delay
+            # by seconds; the leadership ended (ensure() refused) at valid_until already.
+            ended = datetime.fromtimestamp(time.time() - (now - self._valid_until))
+            self._lose(f"lease not refreshed for {self._ttl}s (paused or cut off from etcd); "
+                       f"it ran out at {ended.strftime(LOG_TIME)[:-3]}")
             return
         if now < self._next_refresh:
             return

@@ -72,6 +72,15 @@ class LocalCluster:
         """Where etcd member ``member`` (1..) listens: its namespace's address, or loopback."""
         return f"10.{self.net_octet}.0.{10 + member}" if self.net == "ns" else "127.0.0.1"
 
+    def head_host(self, head: int) -> str:
+        """Namespace mode: the address of head namespace ``head`` (1..2), where a
+        coordinator can run that ``partition(f"h{head}")`` cuts off."""
+        return f"10.{self.net_octet}.0.{20 + head}"
+
+    def head_netns(self, head: int) -> Path:
+        """Namespace mode: the network namespace of head ``head``."""
+        return Path("/run/netns") / f"rc{self.port_base}h{head}"
+
     @property
     def etcd_urls(self) -> list[str]:
         """Client URLs of the cluster's etcd members (member i on base+377+2i)."""
@@ -211,16 +220,24 @@ class CoordinatorProcess:
         self.started = 0.0  # monotonic time of start()
 
     def start(self, metrics_address: str = "", user_address: str = "",
-              receivers: int = 1) -> CoordinatorProcess:
+              receivers: int = 1, head: int | None = None) -> CoordinatorProcess:
         """Start it with the cluster's config, metrics on ``metrics_address`` (HOST:PORT)
         or none, the user door on ``user_address`` or none, ``receivers`` heartbeat
-        receiver processes."""
+        receiver processes; in namespace mode with ``head``, in that head namespace
+        (a partition of ``h<head>`` cuts it off), else in this host's."""
         self.started = time.monotonic()
+        wrap: list[str] = []
+        host = self.cluster.host
+        if head is not None:
+            if self.cluster.net != "ns":
+                raise ClusterError("a coordinator in a head namespace needs namespace mode")
+            wrap = ["nsenter", f"--net={self.cluster.head_netns(head)}"]
+            host = self.cluster.head_host(head)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "raps_slurm.coordinator", "--config",
+                [*wrap, sys.executable, "-m", "raps_slurm.coordinator", "--config",
                  str(self.config), "--name", self.name, "--metrics-address", metrics_address,
-                 "--heartbeat-address", f"{self.cluster.host}:0", "--user-address", user_address,
+                 "--heartbeat-address", f"{host}:0", "--user-address", user_address,
                  "--heartbeat-receivers", str(receivers)],
                 env={**os.environ, **self.cluster.env}, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)

@@ -108,6 +108,14 @@ def test_inconsistent_pairs() -> None:
     assert "detection.lease_duration_sec: 3 must exceed" in err and "= 3" in err
     [err] = errors_of({"messagelog": {"buffer_high_watermark_mb": 256}})
     assert "buffer_high_watermark_mb: 256 must be below messagelog.buffer_size_mb = 256" in err
+    three = ["http://e1:2379", "http://e2:2379", "http://e3:2379"]
+    [err] = errors_of({"store": {"endpoints": three, "timeout_sec": 5},
+                       "coordinator": {"leader_lease_sec": 3}})
+    assert err.startswith("config: store.timeout_sec: 5 must be under 2/3 of "
+                          "coordinator.leader_lease_sec = 3 (so under 2)"), err
+    # one endpoint: nothing to fail over to; the defaults (5 s, 10 s lease) fit
+    cfgmod.parse_config({"store": {"timeout_sec": 5}, "coordinator": {"leader_lease_sec": 3}})
+    cfgmod.parse_config({"store": {"endpoints": three}})
 
 
 def test_every_error_is_reported_at_once() -> None:

@@ -25,11 +25,12 @@ RANK = ["-c", "import os, time\nprint('rank', os.environ['RAPS_RANK'], 'epoch', 
         "flush=True)\ntime.sleep(600)"]
 
 
-def wait(what: str, ok: object, timeout: float = 20.0) -> None:
+def wait(what: str, ok: object, timeout: float = 20.0, seen: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not ok():  # type: ignore[operator]
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            said = seen.read_text(errors="replace")[-2000:] if seen else ""
+            raise AssertionError(f"timed out waiting for {what}; output: {said!r}")
         time.sleep(0.05)
 
 
@@ -74,7 +75,8 @@ def test_four_ranks_one_restarted_in_place_the_others_untouched_then_control_los
     try:
         assert ctl.wait_started(handles, 30), out.read_text()
         pids = [h.pid for h in handles]
-        wait("the ranks' first lines", lambda: out.read_text().count("epoch 1 nokey") == 4)
+        wait("the ranks' first lines", lambda: out.read_text().count("epoch 1 nokey") == 4,
+             seen=out)
         assert all(p is not None and alive(p) for p in pids)
         cpus = sorted(os.sched_getaffinity(0))
         for h in handles:  # pinned as srun would: each slot's share of the task's CPUs
