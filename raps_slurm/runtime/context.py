@@ -132,10 +132,10 @@ class Context(PeerLinks):
                                  Auth(port.job_key(), rank, self.s.max_message))
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)
+        self._flusher = threading.Thread(target=self._ticker, name="raps-msg-flush",
+                                         daemon=True)
         self._threads = [threading.Thread(target=self._worker, name="raps-msg-worker",
-                                          daemon=True),
-                         threading.Thread(target=self._ticker, name="raps-msg-flush",
-                                          daemon=True)]
+                                          daemon=True), self._flusher]
         for t in self._threads:
             t.start()
 
@@ -502,9 +502,8 @@ class Context(PeerLinks):
         # A flush the ticker started before this must not write after it: a closed
         # context is a dead rank, and what it wrote later would land in a log store that
         # its relaunch (or a test standing for a lost node) is already replacing.
-        ticker = self._threads[1]
-        if ticker is not threading.current_thread():
-            ticker.join(CLOSE_WAIT)
+        if self._flusher is not threading.current_thread():
+            self._flusher.join(CLOSE_WAIT)
         self.port.close()
 
     def stats(self) -> dict[str, Any]:

@@ -151,11 +151,14 @@ class SenderLog:
         spills down to half of it, so that a steady sender rarely meets the watermark."""
         return self.held > self.high_watermark * 3 // 4
 
+    def _goal(self, target: int | None) -> int:
+        return self.high_watermark * 3 // 4 if target is None else target
+
     def spill_plan(self, target: int | None = None) -> list[Entry]:
         """Large entries whose bodies must be written out before memory can shrink
         (oldest first) until the held bytes would fall to ``target`` (default: three
         quarters of the watermark)."""
-        goal = self.high_watermark * 3 // 4 if target is None else target
+        goal = self._goal(target)
         plan = []
         would = self.held
         for e in self._by_age():
@@ -171,7 +174,7 @@ class SenderLog:
         """Drop from memory the bodies that are durable (oldest first) until at most
         ``target`` (default: three quarters of the watermark) are held; returns the bytes
         freed."""
-        goal = self.high_watermark * 3 // 4 if target is None else target
+        goal = self._goal(target)
         freed = 0
         for e in self._by_age():
             if self.held <= goal:
