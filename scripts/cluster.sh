@@ -25,7 +25,8 @@
 # The RAPS config of the cluster is $RUN/etc/raps.yaml: RAPS_CLUSTER_PROFILE (default
 # configs/test.yaml) with the cluster's etcd, key, checkpoint dirs ($RUN/ckpt/%n), agent
 # sockets ($RUN/sock/%n/agent.sock) and hook log dir ($RUN/log/raps);
-# RAPS_CLUSTER_STORE_TIMEOUT (seconds) sets its store.timeout_sec.
+# RAPS_CLUSTER_STORE_TIMEOUT (seconds) sets its store.timeout_sec (default: the profile's
+# with one etcd member, 1.5 with three).
 # RAPS_CLUSTER_INSTALL=script: the hooks, the SPANK plugin, its plugstack.conf and the
 # slurm.conf lines come from scripts/install.sh (--role controller, then compute, with
 # --prefix/--sysconfdir $RUN/inst), as on a real cluster; unset: the cluster's own wiring.
@@ -55,6 +56,9 @@ ETCD_AUTH=${RAPS_CLUSTER_ETCD_AUTH:-0}
 [[ "$ETCD_MEMBERS" =~ ^(1|3)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_MEMBERS must be 1 or 3, got '$ETCD_MEMBERS'" >&2; exit 2; }
 STORE_TIMEOUT=${RAPS_CLUSTER_STORE_TIMEOUT:-}
 [[ "$STORE_TIMEOUT" =~ ^([0-9]+(\.[0-9]+)?)?$ ]] || { echo "cluster.sh: RAPS_CLUSTER_STORE_TIMEOUT must be a number of seconds or unset, got '$STORE_TIMEOUT'" >&2; exit 2; }
+# Three members: a request fails over to the next one only after store.timeout_sec, which
+# the config refuses at 2/3 of the leader lease or more (the test profile's lease is 3 s).
+if [ "$ETCD_MEMBERS" = 3 ] && [ -z "$STORE_TIMEOUT" ]; then STORE_TIMEOUT=1.5; fi
 NET=${RAPS_CLUSTER_NET:-lo}
 [ "$NET" = lo ] || [ "$NET" = ns ] || { echo "cluster.sh: RAPS_CLUSTER_NET must be 'lo' or 'ns', got '$NET'" >&2; exit 2; }
 # Namespace mode: names carry the port base (two clusters never share one), addresses
