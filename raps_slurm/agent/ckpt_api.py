@@ -16,7 +16,9 @@ store. Ops, each answered ``{"ok": true, ...}`` or an error with a kind:
 ``ckpt_abort {session}``   drop an unfinished save.
 ``ckpt_restore {job, rank}``   the newest verified generation: answers ``generation``
     (null when the rank never committed), ``fallbacks`` and ``size``, with two
-    descriptors: the data and the manifest.
+    descriptors: the data and the manifest. Generations exist but none is whole (nor
+    the cold copy): refused with kind ``lost``, and the rank's verdict ESCALATE with
+    ``lost`` is written first, for the leader (docs/recovery.md).
 
 A pack counts against the job's disk quota on this node at its full size (before
 chunks already here are skipped) and a commit as one etcd write of the job
@@ -25,6 +27,7 @@ chunks already here are skipped) and a commit as one etcd write of the job
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -41,7 +44,7 @@ from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
 from raps_slurm.checkpoint.restore import RestoreError
 from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked
 from raps_slurm.core.planner import plan_id
-from raps_slurm.errors import RapsError, RecordError, StoreUnavailable
+from raps_slurm.errors import RapsError, RecordError, StoreError, StoreUnavailable
 
 log = logging.getLogger("raps.agent")
 
@@ -190,7 +193,9 @@ class CheckpointOps:
         try:
             result = self.service.restore(job, rank)
         except RestoreError as exc:
-            raise Refused("restore", str(exc)) from None
+            if epoch is not None:
+                self._lost(job, rank, epoch, peer, str(exc))
+            raise Refused("lost", str(exc)) from None
         if result is None:
             if epoch is not None and epoch > 1:
                 self.recovery_event(job, rank, epoch, "restored", {
@@ -214,6 +219,25 @@ class CheckpointOps:
                 "fallbacks": [fb.to_dict() for fb in result.fallbacks],
                 "size": r.manifest.total_size, "pulled_chunks": result.pulled_chunks}, \
             [r.fd, manifest_fd]
+
+    def _lost(self, job: str, rank: int, epoch: int, peer: Peer, reason: str) -> None:
+        """Record the rank's verdict ESCALATE with ``lost``: a relaunch on another spare
+        would find the same broken generations, so the leader requeues the run at once
+        (and gives up if the requeue does not mend it: docs/recovery.md). Written before
+        the refusal reaches the rank, so before raps-run sees it exit."""
+        value = {"kind": "ESCALATE", "node": self.service.node, "job": job, "rank": rank,
+                 "epoch": epoch, "at": time.time(), "requeue": True, "lost": True,
+                 "evidence": {"reason": f"its checkpoint could not be restored: "
+                                        f"{reason}"[:300]}}
+        try:
+            self.service.store.put(self.service.keys.job_rank_verdict(job, rank),
+                                   self.quotas.write("escalate", job, peer.uid,
+                                                     json.dumps(value).encode()))
+        except (StoreError, Refused) as exc:
+            log.error("job %s rank %d: lost checkpoint not reported: %s", job, rank, exc)
+        else:
+            log.error("job %s rank %d epoch %d: no checkpoint generation whole: %s", job,
+                      rank, epoch, reason)
 
     def recovery_event(self, job: str, rank: int, epoch: int, phase: str,
                        detail: dict[str, object]) -> None:

@@ -66,8 +66,9 @@ class JobView:
     escalation: KeyValue | None = None
     hung: dict[int, float] = field(default_factory=dict)  # rank -> time of its HUNG verdict
     hung_last: dict[int, float] = field(default_factory=dict)  # rank -> its last heartbeat then
-    # rank -> an ESCALATE verdict its runtime wrote: (at, epoch, node, reason, requeue)
-    escalated: dict[int, tuple[float, int | None, str, str, bool]] = field(
+    # rank -> an ESCALATE verdict its runtime or agent wrote: (at, epoch, node, reason,
+    # requeue, lost); ``lost``: its agent found no checkpoint generation whole
+    escalated: dict[int, tuple[float, int | None, str, str, bool, bool]] = field(
         default_factory=dict)
     # rank -> the epoch that finished its program (``peers/<rank>`` says ``done``): its
     # silence after that is the end of the job, not a hang
@@ -134,13 +135,16 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
                             view.hung_last[int(parts[3])] = float(last)
                     elif v.get("kind") == "ESCALATE":
                         epoch, requeue = v.get("epoch"), v.get("requeue", True)
-                        if not isinstance(requeue, bool):  # (absent: an older agent's)
-                            raise RecordError(f"{kv.key}: field 'requeue': expected true "
-                                              f"or false, got {requeue!r:.40}")
+                        lost = v.get("lost", False)
+                        for name, flag in (("requeue", requeue), ("lost", lost)):
+                            if not isinstance(flag, bool):  # (absent: an older agent's)
+                                raise RecordError(f"{kv.key}: field {name!r}: expected "
+                                                  f"true or false, got {flag!r:.40}")
                         view.escalated[int(parts[3])] = (
                             float(v["at"]), epoch if isinstance(epoch, int) else None,
                             str(v.get("node", "")),
-                            str((v.get("evidence") or {}).get("reason", ""))[:300], requeue)
+                            str((v.get("evidence") or {}).get("reason", ""))[:300], requeue,
+                            lost)
             elif parts[2] == "peers" and len(parts) == 4 and parts[3].isdigit():
                 with contextlib.suppress(ValueError, AttributeError, TypeError):
                     p = json.loads(kv.value)

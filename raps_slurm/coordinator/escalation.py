@@ -43,9 +43,11 @@ class Escalations:
     _unhealthy: set[str]
     _topology: Topology | None
 
-    def _escalate(self, job: str, run: int, book: PlanBook, reason: str) -> str:
+    def _escalate(self, job: str, run: int, book: PlanBook, reason: str,
+                  lost: int | None = None) -> str:
         """Record the escalation (with what the requeued run asks Slurm for, or why RAPS
-        gives up), mark the run's active plans escalated, then requeue the job."""
+        gives up), mark the run's active plans escalated, then requeue the job. ``lost``:
+        the rank whose checkpoint could not be restored, when that is the reason."""
         now = self._clock()
         key = self.keys.job_escalation(job)
         kv = self.store.get(key)
@@ -53,7 +55,8 @@ class Escalations:
         if prev is None or prev.run != run:
             rec = requeue.escalate(prev, run, reason, now,
                                    max_requeues=self.cfg.recovery.max_requeues,
-                                   window=float(self.cfg.recovery.requeue_window_sec))
+                                   window=float(self.cfg.recovery.requeue_window_sec),
+                                   lost=lost)
             rec = dataclasses.replace(rec, **self._shape(job))
             guard = Guard(key, kv.mod_revision if kv is not None else 0)
             if not self.leadership.commit([guard], [Put(key, rec.to_json())]):

@@ -106,9 +106,9 @@ class Recovery(Escalations):
                                            f"plan {plan.plan_id} cancelled by {who}"
                                            + (f": {why}" if why else "")))
                 continue
-            asked = _asked_to_escalate(view)
+            asked, lost = _asked_to_escalate(view)
             if asked:
-                done.append(self._escalate(job, rec.restart_count, book, asked))
+                done.append(self._escalate(job, rec.restart_count, book, asked, lost))
                 continue
             late = planner.overdue(plans, now, self.cfg.recovery.recovery_timeout_sec)
             if late:
@@ -429,18 +429,20 @@ def _run_of(kv: KeyValue) -> int | None:
     return rec.run if rec is not None else None
 
 
-def _asked_to_escalate(view: JobView) -> str:
+def _asked_to_escalate(view: JobView) -> tuple[str, int | None]:
     """The reason of the first ESCALATE verdict that speaks for this run: from the rank's
-    current epoch on its current node, after the run registered ('' if none). A runtime
+    current epoch on its current node, after the run registered ('' if none), and the rank
+    if its agent found no checkpoint generation of it whole (else None). A runtime
     escalates what no single relaunch mends (a message that contradicts the log, a
-    receive that waited ``recv_timeout_sec``): the run restarts from its checkpoints. One
-    written with ``requeue`` false (a sender that could not serve a replay) is not acted
-    on."""
+    receive that waited ``recv_timeout_sec``): the run restarts from its checkpoints. An
+    agent escalates a restore that found every generation broken: another spare would
+    find the same. One written with ``requeue`` false (a sender that could not serve a
+    replay) is not acted on."""
     assert view.record is not None
-    for rank, (at, epoch, node, reason, asks) in sorted(view.escalated.items()):
+    for rank, (at, epoch, node, reason, asks, lost) in sorted(view.escalated.items()):
         entry = view.entries.get(rank)
         if entry is None or at < view.record.registered_at or not asks:
             continue
         if epoch == entry[0].epoch and node == entry[0].node:
-            return f"rank {rank} on {node} escalated: {reason}"
-    return ""
+            return f"rank {rank} on {node} escalated: {reason}", rank if lost else None
+    return "", None

@@ -24,6 +24,9 @@ OWN_OPTIONS = {
 FENCED_EXIT = 75
 # A rank exits with this code after the checkpoint a SIGUSR1 asked for (preemption).
 PREEMPTED_EXIT = 85
+# A rank exits with this code when its agent found none of its checkpoint generations
+# whole (EX_IOERR): no relaunch on another spare can restore it (docs/recovery.md).
+LOST_EXIT = 74
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -12,7 +12,10 @@ it from looping:
   with fewer spares rather than waiting for the dead nodes to return;
 - after ``recovery.max_requeues`` requeues within ``recovery.requeue_window_sec``, RAPS
   gives up: the job fails with the reason, which ``rapsctl show job`` and the job's
-  output (raps-run) show.
+  output (raps-run) show;
+- a rank whose checkpoint could not be restored (generations exist, none whole) is
+  requeued once, in case its holders were only out of reach; if the same rank's restore
+  fails again in the run right after, RAPS gives up at once.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ class EscalationRecord:
     ``requeues``: when each requeue of the job was asked of Slurm (the window's
     history); ``gave_up``: why RAPS stopped requeueing ("" while it has not);
     ``exclude`` / ``num_nodes``: what the requeued run asks Slurm for (applied while the
-    job is pending, before it is released)."""
+    job is pending, before it is released); ``lost``: the rank whose checkpoint could not
+    be restored, when that is why the run escalated."""
 
     run: int
     reason: str
@@ -44,6 +48,7 @@ class EscalationRecord:
     exclude: tuple[str, ...] = ()
     num_nodes: int | None = None
     cancelled_at: float | None = None
+    lost: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> bytes:
@@ -52,7 +57,7 @@ class EscalationRecord:
                            "requeued_at": self.requeued_at, "released_at": self.released_at,
                            "requeues": list(self.requeues), "gave_up": self.gave_up,
                            "exclude": list(self.exclude), "num_nodes": self.num_nodes,
-                           "cancelled_at": self.cancelled_at}).encode()
+                           "cancelled_at": self.cancelled_at, "lost": self.lost}).encode()
 
     @classmethod
     def from_json(cls, key: str, raw: bytes) -> EscalationRecord:
@@ -86,12 +91,17 @@ class EscalationRecord:
             raise RecordError(f"{key}: field 'exclude': expected a list of node names")
         if nn is not None and (isinstance(nn, bool) or not isinstance(nn, int) or nn < 1):
             raise RecordError(f"{key}: field 'num_nodes': expected an integer >= 1 or null")
+        lost = d.get("lost")
+        if lost is not None and (isinstance(lost, bool) or not isinstance(lost, int)
+                                 or lost < 0):
+            raise RecordError(f"{key}: field 'lost': expected a rank (integer >= 0) or null, "
+                              f"got {lost!r:.40}")
         known = {"run", "reason", "at", "requeued_at", "released_at", "requeues", "gave_up",
-                 "exclude", "num_nodes", "cancelled_at"}
+                 "exclude", "num_nodes", "cancelled_at", "lost"}
         return cls(run, str(d.get("reason") or ""), num("at", False) or 0.0,
                    num("requeued_at"), num("released_at"),
                    tuple(float(t) for t in requeues), str(d.get("gave_up") or ""),
-                   tuple(exclude), nn, num("cancelled_at"),
+                   tuple(exclude), nn, num("cancelled_at"), lost,
                    {k: v for k, v in d.items() if k not in known})
 
 
@@ -101,10 +111,17 @@ def recent(requeues: Iterable[float], now: float, window: float) -> tuple[float,
 
 
 def give_up(previous: EscalationRecord | None, reason: str, now: float, max_requeues: int,
-            window: float) -> str:
+            window: float, run: int | None = None, lost: int | None = None) -> str:
     """Why RAPS stops requeueing this job now ("" when it requeues once more): it already
-    asked Slurm for ``max_requeues`` requeues within ``window`` seconds."""
+    asked Slurm for ``max_requeues`` requeues within ``window`` seconds, or rank ``lost``
+    of ``run`` could not be restored and neither could it in the run before (the requeue
+    that was to find its holders back did not)."""
     history = recent(previous.requeues if previous else (), now, window)
+    if (lost is not None and run is not None and previous is not None
+            and previous.lost == lost and previous.run == run - 1):
+        return (f"rank {lost}'s checkpoint could not be restored, neither in run "
+                f"{previous.run} nor after the requeue: {reason}; its newer state is lost, "
+                "so resubmit the job to start it from the beginning")
     if len(history) < max_requeues:
         return ""
     return (f"raps gave up after {len(history)} whole-job requeue"
@@ -113,12 +130,14 @@ def give_up(previous: EscalationRecord | None, reason: str, now: float, max_requ
 
 
 def escalate(previous: EscalationRecord | None, run: int, reason: str, now: float, *,
-             max_requeues: int, window: float) -> EscalationRecord:
+             max_requeues: int, window: float, lost: int | None = None) -> EscalationRecord:
     """The record of a new escalation of ``run``: the history carried over (inside the
-    window), ``gave_up`` set when the requeue budget is spent."""
+    window), ``gave_up`` set when the requeue budget is spent or a lost checkpoint stays
+    lost after a requeue (``lost``: the rank, when that is why ``run`` escalates)."""
     history = recent(previous.requeues if previous else (), now, window)
-    return EscalationRecord(run, reason, now, requeues=history,
-                            gave_up=give_up(previous, reason, now, max_requeues, window))
+    return EscalationRecord(run, reason, now, requeues=history, lost=lost,
+                            gave_up=give_up(previous, reason, now, max_requeues, window,
+                                            run, lost))
 
 
 def requeued(record: EscalationRecord, now: float) -> EscalationRecord:

@@ -48,6 +48,7 @@ from typing import Any
 from raps_slurm.config import Config, load_config, node_dir
 from raps_slurm.core.launch import (
     FENCED_EXIT,
+    LOST_EXIT,
     PREEMPTED_EXIT,
     Incarnation,
     Relaunch,
@@ -221,6 +222,12 @@ class Launcher:
             elif code == PREEMPTED_EXIT and self.preempted:
                 say(f"rank {rank} epoch {epoch} checkpointed after SIGUSR1 and stopped")
                 self.preempt_exit_at = self.preempt_exit_at or time.monotonic()
+            elif code == LOST_EXIT:
+                # Not a failed launch: another spare would find the same broken
+                # generations. Its agent told the leader, which requeues or gives up.
+                say(f"rank {rank} epoch {epoch} on {inc.node} could not be restored (no "
+                    "checkpoint generation whole); waiting for the coordinator to requeue "
+                    "the job or give up")
             elif code == FENCED_EXIT:
                 say(f"rank {rank} epoch {epoch} stopped as fenced; waiting up to "
                     f"{self.cfg.recovery.recovery_timeout_sec}s for a newer epoch")

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from raps_slurm.core.launch import PREEMPTED_EXIT
+from raps_slurm.core.launch import LOST_EXIT, PREEMPTED_EXIT
 from raps_slurm.errors import RapsError
 from raps_slurm.runtime.links import PeerLinks
 from raps_slurm.runtime.msglog import (
@@ -143,8 +144,21 @@ class Context(PeerLinks):
 
     def restore(self) -> Any:
         """The state of this rank's newest checkpoint (None if it has none), with the
-        message layer put back where that checkpoint left it; then peers replay."""
-        got = self.port.restore()
+        message layer put back where that checkpoint left it; then peers replay.
+
+        If the agent found generations but none whole, the process exits ``LOST_EXIT``
+        (74): its agent has told the leader, which requeues the run or gives up, and no
+        restart from the beginning may pass for a restore."""
+        try:
+            got = self.port.restore()
+        except RapsError as exc:
+            if getattr(exc, "kind", None) != "lost":
+                raise
+            print(f"raps: rank {self.rank} epoch {self.epoch} cannot be restored: {exc}; "
+                  f"exiting {LOST_EXIT}", file=sys.stderr, flush=True)
+            with contextlib.suppress(Exception):
+                self.port.close()
+            os._exit(LOST_EXIT)  # as for PREEMPTED_EXIT: no thread may hold the exit
         if got is None:
             self._replay = ({}, 0)  # nothing to catch up with: running from the start
             if self.epoch > 1:  # relaunched before its first checkpoint: its decisions

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.config import load_file, node_dir
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.core.planner import Plan
@@ -441,6 +443,65 @@ def test_raps_gives_up_after_max_requeues_and_says_why(
         assert "no usable spare" in text, text[-3000:]
         assert "GaveUp" in shown and "max_requeues=0" in shown, shown
         assert cluster.slurm().job(int(job)).restart_count == 0
+
+
+def damage(cluster: LocalCluster, job: str, rank: int, holders: list[str]) -> int:
+    """Flip one byte of every chunk of every generation of ``rank`` that ``holders`` keep;
+    how many chunks were damaged."""
+    cfg = load_file(cluster.config_path)
+    hit = 0
+    for node in holders:
+        chunks = ChunkStore(node_dir(cfg.checkpoint.local_dir, node))
+        for gen in chunks.generations(job, rank):
+            m = chunks.manifest(job, rank, gen)
+            for digest in (m.digests() if m is not None else []):
+                loc = chunks.location(job, digest)
+                if loc is None:
+                    continue
+                with open(chunks.pack_path(job, loc), "r+b") as f:
+                    f.seek(loc.offset + loc.stored_size // 2)
+                    byte = f.read(1)
+                    f.seek(-1, os.SEEK_CUR)
+                    f.write(bytes([byte[0] ^ 0xFF]))
+                hit += 1
+    return hit
+
+
+def test_a_rank_whose_every_copy_is_damaged_is_requeued_once_then_raps_gives_up(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        leading: Callable[[str], Any]) -> None:
+    """The victim's node crashed and every other copy of its generations damaged: the
+    spare's restore finds none whole. No second spare is tried (it would find the same):
+    the run is requeued once, in case the holders were only out of reach; the requeued
+    run's restore fails the same way, and RAPS gives up with the reason in the job's
+    output and in ``rapsctl show job``."""
+    with leading("lost"), raps_job(cluster, "--raps-spares=2", "-N5") as (job, out):
+        _, ranks, victim = layout(cluster, rapsctl, job)
+        wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
+        primary = ranks[victim]
+        with crashed(cluster, store, primary):
+            # the rank is dead with its node: no newer generation can come
+            holders = sorted({h for r in records(store, job, victim) for h in r.holders}
+                             - {primary})
+            assert damage(cluster, job, victim, holders) > 0, holders
+            wait_until(f"job {job} to end", lambda: job_state(cluster, job),
+                       lambda st: st in ("FAILED", "CANCELLED", "COMPLETED", "NODE_FAIL",
+                                         "TIMEOUT"), 180)
+            shown = rapsctl("show", "job", job, check=False).stdout
+        text = out.read_text()
+        assert job_state(cluster, job) != "COMPLETED", text[-3000:]
+        assert "could not be restored (no checkpoint generation whole)" in text, text[-3000:]
+        assert f"RAPS gave up on job {job}" in text, text[-3000:]
+        assert f"rank {victim}'s checkpoint could not be restored, neither in run 0" in text
+        assert "GaveUp" in shown and "resubmit the job" in shown, shown
+        every = plans(store, job)
+        moves = [p for p in every if p.rank == victim and p.source != p.target]
+        # one move to a spare, escalated: no second spare tried
+        assert [p.state for p in moves] == ["escalated"], every
+        s, k = store
+        esc = json.loads(s.get(k.job_escalation(job)).value)  # type: ignore[union-attr]
+        assert esc["run"] == 1 and esc["lost"] == victim, esc
+        assert cluster.slurm().job(int(job)).restart_count == 1
 
 
 def test_the_previous_runs_sruns_cannot_cancel_a_requeued_runs_step(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -83,6 +84,36 @@ def test_no_checkpoint_yet_restores_none(agent: Agent) -> None:
     c = agent.client()
     assert c.restore() is None
     c.close()
+
+
+def test_no_generation_whole_is_refused_as_lost_and_the_leader_is_told(agent: Agent) -> None:
+    """Every chunk of every generation damaged on its only holder: the restore is refused
+    with kind ``lost`` (the runtime exits 74 on it) and the rank's verdict ESCALATE with
+    ``lost`` is in etcd first, with the registered epoch, for the leader to requeue."""
+    c = agent.client()
+    c.save(state())
+    c.save(state(2))
+    chunks = agent.service.chunks
+    for digest in chunks.chunks("5"):
+        loc = chunks.location("5", digest)
+        assert loc is not None
+        with open(chunks.pack_path("5", loc), "r+b") as f:
+            f.seek(loc.offset + loc.stored_size // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    fresh = agent.client()
+    with pytest.raises(AgentError, match="no generation of rank 0 of job 5") as e:
+        fresh.restore()
+    assert e.value.kind == "lost"
+    kv = agent.store.get(agent.keys.job_rank_verdict("5", 0))
+    assert kv is not None
+    verdict = json.loads(kv.value)
+    assert (verdict["kind"], verdict["lost"], verdict["requeue"], verdict["epoch"],
+            verdict["node"]) == ("ESCALATE", True, True, 1, "n1")
+    assert verdict["evidence"]["reason"].startswith("its checkpoint could not be restored")
+    c.close()
+    fresh.close()
 
 
 def test_another_uid_is_refused(agent: Agent) -> None:

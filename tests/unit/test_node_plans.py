@@ -79,6 +79,19 @@ def test_give_up_after_max_requeues_within_the_window() -> None:
     assert requeue.requeued(done, 4000.0) == done
 
 
+def test_a_lost_checkpoint_gives_up_only_when_the_run_right_after_loses_it_too() -> None:
+    first = requeue.escalate(None, 4, "lost", 10.0, max_requeues=3, window=3600, lost=2)
+    assert first.lost == 2 and first.gave_up == ""
+    again = requeue.escalate(first, 5, "lost again", 20.0, max_requeues=3, window=3600,
+                             lost=2)
+    assert again.gave_up.startswith("rank 2's checkpoint could not be restored, neither in "
+                                    "run 4 nor after the requeue: lost again")
+    # another rank, a run between, or a reason other than a lost checkpoint: requeue
+    for run, rank in ((5, 1), (6, 2), (5, None)):
+        rec = requeue.escalate(first, run, "x", 20.0, max_requeues=3, window=3600, lost=rank)
+        assert rec.gave_up == "", (run, rank)
+
+
 def test_requeue_shape_excludes_dead_nodes_and_lowers_the_count_only_when_needed() -> None:
     assert requeue.requeue_shape(NODES, 4, {"n6", "n9"}, available=8) == (("n6",), None)
     assert requeue.requeue_shape(NODES, 4, {"n6"}, available=5) == (("n6",), 5)
@@ -92,12 +105,16 @@ def test_requeue_shape_excludes_dead_nodes_and_lowers_the_count_only_when_needed
 def test_escalation_records_round_trip_and_bad_ones_are_named() -> None:
     rec = EscalationRecord(1, "why", 5.0, 6.0, None, (6.0,), "", ("n6",), 5)
     assert EscalationRecord.from_json("k", rec.to_json()) == rec
+    lost = EscalationRecord(1, "why", 5.0, lost=3)
+    assert EscalationRecord.from_json("k", lost.to_json()).lost == 3
     old = b'{"run": 0, "reason": "r", "at": 1.0, "requeued_at": null}'  # before this version
     assert EscalationRecord.from_json("k", old).requeues == ()
     for raw, field_ in [(b'{"run": -1, "at": 1}', "'run'"), (b'{"run": 0}', "'at'"),
                         (b'{"run": 0, "at": 1, "requeues": ["x"]}', "'requeues'"),
                         (b'{"run": 0, "at": 1, "num_nodes": 0}', "'num_nodes'"),
-                        (b'{"run": 0, "at": 1, "exclude": [1]}', "'exclude'")]:
+                        (b'{"run": 0, "at": 1, "exclude": [1]}', "'exclude'"),
+                        (b'{"run": 0, "at": 1, "lost": true}', "'lost'"),
+                        (b'{"run": 0, "at": 1, "lost": -1}', "'lost'")]:
         with pytest.raises(RecordError, match=field_):
             EscalationRecord.from_json("k", raw)
     with pytest.raises(RecordError, match="not JSON"):

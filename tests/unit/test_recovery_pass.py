@@ -224,13 +224,16 @@ _ABSENT = object()
 def _escalate_verdict(world: World, rank: int, node: str, epoch: int | None,
                       at: float | None = None,
                       reason: str = "rank 3 waited 60s for seq 4 from rank 2",
-                      requeue: object = True) -> None:
+                      requeue: object = True, lost: object = _ABSENT) -> None:
     """What the agent's ``escalate`` op writes for a rank's runtime (``requeue`` as the
-    runtime asked; ``_ABSENT``: as an agent before the field wrote it)."""
+    runtime asked; ``_ABSENT``: as an agent before the field wrote it), or what its
+    ``ckpt_restore`` writes when no generation is whole (``lost`` true)."""
     value = {"kind": "ESCALATE", "node": node, "job": "7", "rank": rank, "epoch": epoch,
              "at": world.clock() if at is None else at, "evidence": {"reason": reason}}
     if requeue is not _ABSENT:
         value["requeue"] = requeue
+    if lost is not _ABSENT:
+        value["lost"] = lost
     world.store.put(world.keys.job_rank_verdict("7", rank), json.dumps(value).encode())
 
 
@@ -332,3 +335,74 @@ def test_a_plan_that_stalls_past_the_recovery_timeout_escalates_its_job(world: W
     step(c, world, 3)
     assert world.requeued == ["7"] and world.plans() == {pid: "escalated"}
     assert "not done within 60s" in world.escalation().reason
+
+
+LOST = "its checkpoint could not be restored: no generation of rank 3 of job 7 could be restored"
+
+
+def test_a_lost_checkpoint_requeues_at_once_and_gives_up_if_the_requeue_finds_it_lost(
+        world: World) -> None:
+    """The spare's agent found no generation whole: no successor plan on another spare
+    (it would find the same), one requeue in case the holders were only out of reach,
+    and when the same rank's restore fails in the run right after, RAPS gives up."""
+    c = started(world, "n6", "7-3-2")
+    spare = world.entry(3)
+    _escalate_verdict(world, 3, spare.node, spare.epoch, reason=LOST, lost=True)
+    step(c, world, 4)
+    assert world.plans() == {"7-3-2": "escalated"} and world.requeued == ["7"]
+    esc = world.escalation()
+    assert esc.lost == 3 and not esc.gave_up and LOST in esc.reason
+    # the requeued run starts, and rank 3's restore fails again
+    world.state = "PENDING"
+    step(c, world, 3)
+    world.clock.advance(5)
+    world.register(1)
+    world.dead = set()
+    world.state = "RUNNING"
+    step(c, world, 3)
+    again = world.entry(3)
+    _escalate_verdict(world, 3, again.node, again.epoch, reason=LOST, lost=True)
+    step(c, world, 3)
+    esc = world.escalation()
+    assert esc.run == 1 and esc.lost == 3
+    assert "neither in run 0 nor after the requeue" in esc.gave_up
+    assert "resubmit the job" in esc.gave_up
+    assert world.requeued == ["7"]  # not requeued a second time
+    world.clock.advance(31)  # raps-run did not end the job within the grace
+    step(c, world, 2)
+    assert world.cancelled == ["7"]
+
+
+def test_a_lost_checkpoint_of_another_rank_after_the_requeue_requeues_again(
+        world: World) -> None:
+    c = started(world, "n6", "7-3-2")
+    spare = world.entry(3)
+    _escalate_verdict(world, 3, spare.node, spare.epoch, reason=LOST, lost=True)
+    step(c, world, 4)
+    world.state = "PENDING"
+    step(c, world, 3)
+    world.clock.advance(5)
+    world.register(1)
+    world.dead = set()
+    world.state = "RUNNING"
+    step(c, world, 3)
+    other = world.entry(2)
+    _escalate_verdict(world, 2, other.node, other.epoch, reason=LOST, lost=True)
+    step(c, world, 3)
+    esc = world.escalation()
+    assert esc.run == 1 and esc.lost == 2 and not esc.gave_up
+    assert world.requeued == ["7", "7"]
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_a_malformed_lost_field_is_one_error_ignored(
+        world: World, bad: object, caplog: pytest.LogCaptureFixture) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    entry = world.entry(3)
+    _escalate_verdict(world, 3, entry.node, entry.epoch, reason=LOST, lost=bad)
+    with caplog.at_level(logging.ERROR, logger="raps.coordinator"):
+        step(c, world, 4)
+    assert world.requeued == []
+    lines = [r.getMessage() for r in caplog.records if "field 'lost'" in r.getMessage()]
+    assert len(lines) == 1 and "expected true or false" in lines[0], lines
