@@ -433,16 +433,22 @@ def test_raps_gives_up_after_max_requeues_and_says_why(
         _, ranks, victim = layout(cluster, rapsctl, job)
         wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
         with crashed(cluster, store, ranks[victim]):
-            wait_until(f"job {job} to end", lambda: job_state(cluster, job),
-                       lambda st: st in ("FAILED", "CANCELLED", "COMPLETED", "NODE_FAIL",
-                                         "TIMEOUT"), 120)
-            shown = rapsctl("show", "job", job, check=False).stdout
+            shown = ended(cluster, rapsctl, job, out, 120)
         text = out.read_text()
-        assert job_state(cluster, job) != "COMPLETED", text[-3000:]
         assert f"RAPS gave up on job {job}" in text, text[-3000:]
         assert "no usable spare" in text, text[-3000:]
         assert "GaveUp" in shown and "max_requeues=0" in shown, shown
         assert cluster.slurm().job(int(job)).restart_count == 0
+
+
+def ended(cluster: LocalCluster, rapsctl: Any, job: str, out: Path, timeout: float) -> str:
+    """Wait until ``job`` ended, not COMPLETED (failing, its output); what ``rapsctl show
+    job`` says then."""
+    state = wait_until(f"job {job} to end", lambda: job_state(cluster, job),
+                       lambda st: st in ("FAILED", "CANCELLED", "COMPLETED", "NODE_FAIL",
+                                         "TIMEOUT"), timeout)
+    assert state != "COMPLETED", out.read_text()[-3000:]
+    return str(rapsctl("show", "job", job, check=False).stdout)
 
 
 def damage(cluster: LocalCluster, job: str, rank: int, holders: list[str]) -> int:
@@ -484,12 +490,8 @@ def test_a_rank_whose_every_copy_is_damaged_is_requeued_once_then_raps_gives_up(
             holders = sorted({h for r in records(store, job, victim) for h in r.holders}
                              - {primary})
             assert damage(cluster, job, victim, holders) > 0, holders
-            wait_until(f"job {job} to end", lambda: job_state(cluster, job),
-                       lambda st: st in ("FAILED", "CANCELLED", "COMPLETED", "NODE_FAIL",
-                                         "TIMEOUT"), 180)
-            shown = rapsctl("show", "job", job, check=False).stdout
+            shown = ended(cluster, rapsctl, job, out, 180)
         text = out.read_text()
-        assert job_state(cluster, job) != "COMPLETED", text[-3000:]
         assert "could not be restored (no checkpoint generation whole)" in text, text[-3000:]
         assert f"RAPS gave up on job {job}" in text, text[-3000:]
         assert f"rank {victim}'s checkpoint could not be restored, neither in run 0" in text

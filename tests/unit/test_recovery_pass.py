@@ -337,6 +337,17 @@ def test_a_plan_that_stalls_past_the_recovery_timeout_escalates_its_job(world: W
     assert "not done within 60s" in world.escalation().reason
 
 
+def next_run(c: Coordinator, world: World) -> None:
+    """The requeued job released by the leader, and its run 1 registered and mapped."""
+    world.state = "PENDING"
+    step(c, world, 3)
+    world.clock.advance(5)
+    world.register(1)
+    world.dead = set()
+    world.state = "RUNNING"
+    step(c, world, 3)
+
+
 LOST = "its checkpoint could not be restored: no generation of rank 3 of job 7 could be restored"
 
 
@@ -353,13 +364,7 @@ def test_a_lost_checkpoint_requeues_at_once_and_gives_up_if_the_requeue_finds_it
     esc = world.escalation()
     assert esc.lost == 3 and not esc.gave_up and LOST in esc.reason
     # the requeued run starts, and rank 3's restore fails again
-    world.state = "PENDING"
-    step(c, world, 3)
-    world.clock.advance(5)
-    world.register(1)
-    world.dead = set()
-    world.state = "RUNNING"
-    step(c, world, 3)
+    next_run(c, world)
     again = world.entry(3)
     _escalate_verdict(world, 3, again.node, again.epoch, reason=LOST, lost=True)
     step(c, world, 3)
@@ -379,13 +384,7 @@ def test_a_lost_checkpoint_of_another_rank_after_the_requeue_requeues_again(
     spare = world.entry(3)
     _escalate_verdict(world, 3, spare.node, spare.epoch, reason=LOST, lost=True)
     step(c, world, 4)
-    world.state = "PENDING"
-    step(c, world, 3)
-    world.clock.advance(5)
-    world.register(1)
-    world.dead = set()
-    world.state = "RUNNING"
-    step(c, world, 3)
+    next_run(c, world)
     other = world.entry(2)
     _escalate_verdict(world, 2, other.node, other.epoch, reason=LOST, lost=True)
     step(c, world, 3)
