@@ -147,7 +147,11 @@ class LocalPort:
             return gen
 
     def restore(self) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
-        for gen in reversed(self._ckpt.store.generations(self.job, self.rank)):
+        """The newest whole generation; None if the rank never saved one; AgentError
+        with kind ``lost`` if it saved some and none is whole (never a silent restart
+        from the beginning: its peers' state depends on what it computed)."""
+        gens = self._ckpt.store.generations(self.job, self.rank)
+        for gen in reversed(gens):
             restored, _ = self._ckpt.restore(self.job, self.rank, gen)
             if restored is None:
                 continue
@@ -159,6 +163,9 @@ class LocalPort:
             extra = restored.manifest.extra
             restored.close()
             return items, gen, extra
+        if gens:
+            raise AgentError(f"no generation of rank {self.rank} could be restored: "
+                             f"generations {gens} all have bad chunks", "lost")
         return None
 
     def heartbeat(self, step: int, items: int) -> None:

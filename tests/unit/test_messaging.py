@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.core.launch import LOST_EXIT
+from raps_slurm.runtime.agent_client import AgentError
 from raps_slurm.runtime.context import Context, Settings
 from raps_slurm.runtime.msglog import MessagingError, NotDeterministic
 from raps_slurm.runtime.ports import LocalPort
@@ -371,3 +375,42 @@ def test_which_escalations_ask_for_a_requeue(tmp_path: Path,
         ctx.recv(1, timeout=0.2)
     assert asked[1][1] is True and "waited" in asked[1][0]
     ctx.close()
+
+
+_RESTORE = """
+import sys
+from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.runtime.context import Context, Settings
+from raps_slurm.runtime.ports import LocalPort
+ctx = Context(LocalPort(sys.argv[1], "1", 0, 2, CodecParams(avg_chunk_kb=4)), 0, 2, 2,
+              Settings(flush_ms=20))
+ctx.restore()
+print("restored")
+"""
+
+
+def test_a_rank_whose_every_generation_is_damaged_exits_74_not_from_the_start(
+        tmp_path: Path) -> None:
+    """Generations saved, each with a damaged chunk: the restore raises kind ``lost`` and
+    a rank that calls it exits 74 (LOST_EXIT) instead of starting from the beginning."""
+    port = LocalPort(tmp_path, "1", 0, 1, PARAMS)
+    for seed in (1, 2):
+        port.save({"x": np.random.default_rng(seed).standard_normal(20_000)}, {})
+    port.close()
+    store = port._ckpt.store
+    for digest in store.chunks("1"):
+        loc = store.location("1", digest)
+        assert loc is not None
+        with open(store.pack_path("1", loc), "r+b") as f:
+            f.seek(loc.offset + loc.stored_size // 2)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(AgentError, match=r"generations \[1, 2\] all have bad chunks") as e:
+        LocalPort(tmp_path, "1", 0, 2, PARAMS).restore()
+    assert e.value.kind == "lost"
+    done = subprocess.run([sys.executable, "-c", _RESTORE, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == LOST_EXIT, done.stderr[-2000:]
+    assert "restored" not in done.stdout
+    assert "rank 0 epoch 2 cannot be restored" in done.stderr, done.stderr[-2000:]
