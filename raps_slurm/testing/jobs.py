@@ -8,10 +8,11 @@ import pwd
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
 from raps_slurm.core.planner import Plan
@@ -169,3 +170,20 @@ def system_user(name: str) -> int:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell",
                         "/usr/sbin/nologin", name], check=True, capture_output=True)
         return pwd.getpwnam(name).pw_uid
+
+
+def damage_chunks(chunks: ChunkStore, job: str, digests: Iterable[str] | None = None) -> int:
+    """Flip one byte in the middle of each stored chunk of ``job`` in ``digests`` (every
+    chunk of the job if None), in place; how many were damaged."""
+    hit = 0
+    for digest in sorted(chunks.chunks(job) if digests is None else set(digests)):
+        loc = chunks.location(job, digest)
+        if loc is None:
+            continue
+        with open(chunks.pack_path(job, loc), "r+b") as f:
+            f.seek(loc.offset + loc.stored_size // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        hit += 1
+    return hit

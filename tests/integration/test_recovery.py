@@ -29,6 +29,7 @@ from raps_slurm.testing.jobs import (
     HEAT_RING,
     back_in_service,
     crashed,
+    damage_chunks,
     finish,
     heat_reference,
     job_plans,
@@ -452,24 +453,17 @@ def ended(cluster: LocalCluster, rapsctl: Any, job: str, out: Path, timeout: flo
 
 
 def damage(cluster: LocalCluster, job: str, rank: int, holders: list[str]) -> int:
-    """Flip one byte of every chunk of every generation of ``rank`` that ``holders`` keep;
-    how many chunks were damaged."""
+    """Flip one byte of every chunk of every generation of ``rank`` that ``holders`` keep
+    (once each: generations share chunks); how many chunks were damaged."""
     cfg = load_file(cluster.config_path)
     hit = 0
     for node in holders:
         chunks = ChunkStore(node_dir(cfg.checkpoint.local_dir, node))
+        digests: set[str] = set()
         for gen in chunks.generations(job, rank):
             m = chunks.manifest(job, rank, gen)
-            for digest in (m.digests() if m is not None else []):
-                loc = chunks.location(job, digest)
-                if loc is None:
-                    continue
-                with open(chunks.pack_path(job, loc), "r+b") as f:
-                    f.seek(loc.offset + loc.stored_size // 2)
-                    byte = f.read(1)
-                    f.seek(-1, os.SEEK_CUR)
-                    f.write(bytes([byte[0] ^ 0xFF]))
-                hit += 1
+            digests.update(m.digests() if m is not None else [])
+        hit += damage_chunks(chunks, job, digests)
     return hit
 
 

@@ -23,6 +23,7 @@ from raps_slurm.core.jobs import RankEntry
 from raps_slurm.runtime.agent_client import AgentError
 from raps_slurm.runtime.checkpoint import CheckpointClient
 from raps_slurm.store import Keys, MemoryStore
+from raps_slurm.testing.jobs import damage_chunks
 
 USER = 1000
 
@@ -93,15 +94,7 @@ def test_no_generation_whole_is_refused_as_lost_and_the_leader_is_told(agent: Ag
     c = agent.client()
     c.save(state())
     c.save(state(2))
-    chunks = agent.service.chunks
-    for digest in chunks.chunks("5"):
-        loc = chunks.location("5", digest)
-        assert loc is not None
-        with open(chunks.pack_path("5", loc), "r+b") as f:
-            f.seek(loc.offset + loc.stored_size // 2)
-            byte = f.read(1)
-            f.seek(-1, os.SEEK_CUR)
-            f.write(bytes([byte[0] ^ 0xFF]))
+    assert damage_chunks(agent.service.chunks, "5") > 0
     fresh = agent.client()
     with pytest.raises(AgentError, match="no generation of rank 0 of job 5") as e:
         fresh.restore()
