@@ -17,8 +17,9 @@ store. Ops, each answered ``{"ok": true, ...}`` or an error with a kind:
 ``ckpt_restore {job, rank}``   the newest verified generation: answers ``generation``
     (null when the rank never committed), ``fallbacks`` and ``size``, with two
     descriptors: the data and the manifest. Generations exist but none is whole (nor
-    the cold copy): refused with kind ``lost``, and the rank's verdict ESCALATE with
-    ``lost`` is written first, for the leader (docs/recovery.md).
+    the cold copy): refused with kind ``lost``, and the rank's verdict ESCALATE is
+    written first, for the leader, with ``lost`` true when every holder answered
+    (docs/recovery.md).
 
 A pack counts against the job's disk quota on this node at its full size (before
 chunks already here are skipped) and a commit as one etcd write of the job
@@ -194,7 +195,7 @@ class CheckpointOps:
             result = self.service.restore(job, rank)
         except RestoreError as exc:
             if epoch is not None:
-                self._lost(job, rank, epoch, peer, str(exc))
+                self._lost(job, rank, epoch, peer, str(exc), not exc.unreached)
             raise Refused("lost", str(exc)) from None
         if result is None:
             if epoch is not None and epoch > 1:
@@ -220,13 +221,15 @@ class CheckpointOps:
                 "size": r.manifest.total_size, "pulled_chunks": result.pulled_chunks}, \
             [r.fd, manifest_fd]
 
-    def _lost(self, job: str, rank: int, epoch: int, peer: Peer, reason: str) -> None:
-        """Record the rank's verdict ESCALATE with ``lost``: a relaunch on another spare
-        would find the same broken generations, so the leader requeues the run at once
-        (and gives up if the requeue does not mend it: docs/recovery.md). Written before
-        the refusal reaches the rank, so before raps-run sees it exit."""
+    def _lost(self, job: str, rank: int, epoch: int, peer: Peer, reason: str,
+              checked: bool) -> None:
+        """Record the rank's verdict ESCALATE: a relaunch on another spare would find the
+        same generations. ``checked`` (every holder answered, every copy is damaged):
+        ``lost``, and the leader gives up; else it requeues the run, which may find the
+        holders back (docs/recovery.md). Written before the refusal reaches the rank, so
+        before raps-run sees it exit."""
         value = {"kind": "ESCALATE", "node": self.service.node, "job": job, "rank": rank,
-                 "epoch": epoch, "at": time.time(), "requeue": True, "lost": True,
+                 "epoch": epoch, "at": time.time(), "requeue": True, "lost": checked,
                  "evidence": {"reason": f"its checkpoint could not be restored: "
                                         f"{reason}"[:300]}}
         try:

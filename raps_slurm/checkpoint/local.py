@@ -143,17 +143,19 @@ class LocalCheckpoints:
             return self.restore_manifest(m)
 
     def restore_manifest(self, m: Manifest,
-                         memory: tuple[int, mmap.mmap | None] | None = None
+                         memory: tuple[int, mmap.mmap | None] | None = None,
+                         fetch: Callable[[str], bytes | memoryview] | None = None
                          ) -> tuple[Restored | None, list[BadChunk]]:
         """Decode and verify ``m`` from this store into a memory file (``memory``: one
         allocated beforehand, e.g. while the missing chunks were pulled; it is closed on
-        failure like one allocated here)."""
+        failure like one allocated here). ``fetch``: where a chunk's stored bytes come
+        from instead (chunks pulled and not yet stored)."""
         t = time.perf_counter()
         fd, buf = memory if memory is not None else memory_file(m.total_size)
         alloc = time.perf_counter() - t
         try:
             view = memoryview(buf) if buf is not None else memoryview(bytearray())
-            bad = read_into(m, lambda d: self.store.read(m.job, d), view,
+            bad = read_into(m, fetch or (lambda d: self.store.read(m.job, d)), view,
                             progress=self.progress)
             view.release()
         except BaseException:

@@ -35,7 +35,7 @@ class BadChunk:
     reason: str
 
 
-def read_into(manifest: Manifest, fetch: Callable[[str], bytes], out: memoryview, *,
+def read_into(manifest: Manifest, fetch: Callable[[str], bytes | memoryview], out: memoryview, *,
               workers: int | None = None, only: set[str] | None = None,
               progress: Callable[[int], None] | None = None) -> list[BadChunk]:
     """Decode and verify every chunk of ``manifest`` into ``out``; the bad ones, by name.

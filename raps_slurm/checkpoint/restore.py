@@ -11,6 +11,7 @@ returned to the caller and noted in the generation's record (``bad`` holders).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -39,7 +40,13 @@ RESTORES_AT_ONCE = 2  # per checkpoint service; each restore pulls from two hold
 
 
 class RestoreError(RapsError):
-    """No generation of the rank could be restored (every fallback failed)."""
+    """No generation of the rank could be restored (every fallback failed).
+    ``unreached``: holders that were down or did not answer (their copies were not
+    checked: the loss may be only for now); empty when every copy was checked."""
+
+    def __init__(self, message: str, unreached: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.unreached = unreached
 
 
 @dataclass
@@ -67,6 +74,13 @@ class RestoreResult:
     sources: tuple[str, ...] = ()  # holders chunks were pulled from
     pull_s: float = 0.0  # pulling missing chunks (network, verification, storing)
     local_s: float = 0.0  # decoding and verifying the state into memory
+
+
+def _held_or_stored(held: dict[str, tuple[int, bytes | memoryview]], chunks: ChunkStore,
+                    job: str, digest: str) -> bytes | memoryview:
+    """A chunk's stored bytes: pulled and held in memory, else from the store."""
+    got = held.get(digest)
+    return got[1] if got is not None else chunks.read(job, digest)
 
 
 def prefetch(batches: Iterator[list[Any]], depth: int = 2) -> Iterator[list[Any]]:
@@ -144,8 +158,9 @@ class Restorer:
     def _restore(self, job: str, rank: int) -> RestoreResult | None:
         records = decide.restore_order(self.records(job, rank))
         fallbacks: list[Fallback] = []
+        unreached: set[str] = set()  # holders down, or a transfer from them failed
         for rec in records:
-            result, failure = self._restore_one(job, rank, rec)
+            result, failure = self._restore_one(job, rank, rec, unreached)
             if result is not None:
                 result.fallbacks = fallbacks
                 return result
@@ -158,24 +173,32 @@ class Restorer:
             return cold
         if not records and not fallbacks:
             return None
+        out = f" (holders out of reach: {','.join(sorted(unreached))})" if unreached else ""
         raise RestoreError(f"no generation of rank {rank} of job {job} could be restored: "
-                           + "; ".join(f"{f.generation}: {f.reason}" for f in fallbacks))
+                           + "; ".join(f"{f.generation}: {f.reason}" for f in fallbacks)
+                           + out, tuple(sorted(unreached)))
 
-    def _restore_one(self, job: str, rank: int, rec: CkptRecord
+    def _restore_one(self, job: str, rank: int, rec: CkptRecord, unreached: set[str]
                      ) -> tuple[RestoreResult | None, Fallback | None]:
         peers = self._peers()
         sources = [h for h in rec.holders if h != self.node and h in peers]
+        unreached.update(h for h in rec.holders if h != self.node and h not in peers)
         with self.chunks.pinned(job, gens=[(rank, rec.generation)]):
-            m, why = self._manifest(job, rank, rec, peers, sources)
+            m, why = self._manifest(job, rank, rec, peers, sources, unreached)
             if m is None:
                 return None, Fallback(rec.generation, why)
             pulled = 0
             pull_s = local_s = 0.0
             traffic: dict[str, int] = {}  # holder -> bytes pulled from it
             bad_holders: dict[str, str] = {}
+            # Pulled chunks stay in memory and are decoded from there: storing them first
+            # (new pack files, 2.5 ms of CPU per MiB on the test machine) would keep the
+            # rank waiting. They are stored after the reply, on the replication lane.
+            # digest -> (raw size, stored bytes: a view of the batch it came in)
+            held: dict[str, tuple[int, bytes | memoryview]] = {}
             tried_local = False
             for attempt in range(len(sources) + 2):
-                missing = self.chunks.missing(job, m.digests())
+                missing = [d for d in self.chunks.missing(job, m.digests()) if d not in held]
                 if not self.cfg.recovery.use_delta_transfer and attempt == 0:
                     # measured comparison: pull every chunk, held here or not
                     missing = sorted(m.digests())
@@ -187,7 +210,7 @@ class Restorer:
                         pending = pool.submit(memory_file, m.total_size)
                         try:
                             pulled += self._pull(job, m, missing, sources, peers, bad_holders,
-                                                 traffic)
+                                                 traffic, held, unreached)
                         except BaseException:
                             fd, buf = pending.result()
                             if buf is not None:
@@ -196,23 +219,31 @@ class Restorer:
                             raise
                         memory = pending.result()
                 t1 = time.perf_counter()
-                restored, bad = self.local.restore_manifest(m, memory)
+                restored, bad = self.local.restore_manifest(m, memory, fetch=functools.partial(
+                    _held_or_stored, held, self.chunks, job))
                 pull_s, local_s = pull_s + t1 - t0, local_s + time.perf_counter() - t1
                 if restored is not None:
-                    if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
-                        self.chunks.put_manifest(m)
-                    self._note(job, rank, rec, bad_holders, holder=self.node)
-                    if pulled:
-                        self._queue.put(self.chunks.sync_pending)  # after the decode
+                    if held:
+                        self._note(job, rank, rec, bad_holders)
+                        self._queue.put(functools.partial(self._keep, job, rank, rec, m,
+                                                          held))
+                    else:
+                        if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
+                            self.chunks.put_manifest(m)
+                        self._note(job, rank, rec, bad_holders, holder=self.node)
                     return RestoreResult(restored, rec.generation, [], pulled,
                                          sum(traffic.values()),
                                          tuple(h for h in sources if traffic.get(h)),
                                          round(pull_s, 3), round(local_s, 3)), None
-                # A chunk stored here is bad: drop it and pull a good copy.
+                # A chunk stored here is bad: drop it and pull a good copy. (A pulled one
+                # was verified as it came; it is dropped too, should it be.)
                 if not tried_local and self.node in rec.holders:
                     for b in bad:
-                        bad_holders.setdefault(b.digest, self.node)
+                        if b.digest not in held:
+                            bad_holders.setdefault(b.digest, self.node)
                 tried_local = True
+                for b in bad:
+                    held.pop(b.digest, None)
                 self.chunks.drop(job, [b.digest for b in bad])
                 if attempt >= len(sources):
                     break
@@ -222,7 +253,7 @@ class Restorer:
                                    for d, h in sorted(bad_holders.items())])
 
     def _manifest(self, job: str, rank: int, rec: CkptRecord,
-                  peers: dict[str, tuple[str, int]], sources: list[str]
+                  peers: dict[str, tuple[str, int]], sources: list[str], unreached: set[str]
                   ) -> tuple[Manifest | None, str]:
         try:  # before anything is fetched or reserved
             check_total(f"record of generation {rec.generation}", rec.total_size, rec.chunks,
@@ -242,6 +273,7 @@ class Restorer:
                 except TransferError as exc:
                     log.warning("manifest of job %s rank %d gen %d from %s: %s", job, rank,
                                 rec.generation, holder, exc)
+                    unreached.add(holder)
                     continue
             if data is None:
                 continue
@@ -257,10 +289,32 @@ class Restorer:
                 log.warning("%s", exc)
         return None, "no holder has a manifest matching the record"
 
+    def _keep(self, job: str, rank: int, rec: CkptRecord, m: Manifest,
+              held: dict[str, tuple[int, bytes | memoryview]]) -> None:
+        """After a restore from pulled chunks (on the replication lane): store them and
+        the manifest, then count this node among the generation's holders."""
+        try:
+            with self.chunks.pinned(job, gens=[(rank, rec.generation)]) as pins:
+                for digest in held:
+                    self.chunks.pin_chunk(job, pins, digest)
+                self.chunks.put_many(job, ((d, raw, stored) for d, (raw, stored)
+                                           in held.items()), durable=False)
+                if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
+                    self.chunks.put_manifest(m)
+                self.chunks.sync_pending()
+        except OSError as exc:
+            log.error("job %s rank %d generation %d: restored, but its pulled chunks were "
+                      "not stored here: %s", job, rank, rec.generation, exc)
+            return
+        finally:
+            held.clear()
+        self._note(job, rank, rec, {}, holder=self.node)
+
     def _pull(self, job: str, m: Manifest, missing: list[str], sources: list[str],
               peers: dict[str, tuple[str, int]], bad_holders: dict[str, str],
-              traffic: dict[str, int]) -> int:
-        """Pull ``missing`` chunks into the store; how many were written. With two or
+              traffic: dict[str, int], held: dict[str, tuple[int, bytes | memoryview]],
+              unreached: set[str]) -> int:
+        """Pull ``missing`` chunks into ``held`` (verified); how many came. With two or
         more holders the first pass splits the work between the first two (two agents
         serve at once); whatever is still missing is then asked of each holder in turn."""
         sizes = dict(m.chunks)
@@ -289,15 +343,16 @@ class Restorer:
                                             digest[:16], job, src, reason or "wrong size")
                                 continue
                             good.append((digest, raw, stored))
-                        # Not fsync'ed here: the rank waits for this restore; the
-                        # replication lane syncs the packs once it is over.
-                        written, _ = self.chunks.put_many(job, good, durable=False)
                         with lock:
-                            pulled += written
+                            for digest, raw, stored in good:
+                                held[digest] = (raw, stored)
+                            pulled += len(good)
                             traffic[src] = traffic.get(src, 0) + sum(len(g[2]) for g in good)
                             want.difference_update(g[0] for g in good)
             except TransferError as exc:
                 log.warning("pull from %s failed: %s", src, exc)
+                with lock:
+                    unreached.add(src)
 
         if len(sources) >= 2 and len(want) >= 2:
             ordered = sorted(want)

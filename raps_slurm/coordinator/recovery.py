@@ -432,12 +432,12 @@ def _run_of(kv: KeyValue) -> int | None:
 def _asked_to_escalate(view: JobView) -> tuple[str, int | None]:
     """The reason of the first ESCALATE verdict that speaks for this run: from the rank's
     current epoch on its current node, after the run registered ('' if none), and the rank
-    if its agent found no checkpoint generation of it whole (else None). A runtime
-    escalates what no single relaunch mends (a message that contradicts the log, a
-    receive that waited ``recv_timeout_sec``): the run restarts from its checkpoints. An
-    agent escalates a restore that found every generation broken: another spare would
-    find the same. One written with ``requeue`` false (a sender that could not serve a
-    replay) is not acted on."""
+    if its agent found its checkpoint damaged on every holder (``lost``: the leader gives
+    up; else None). A runtime escalates what no single relaunch mends (a message that
+    contradicts the log, a receive that waited ``recv_timeout_sec``): the run restarts
+    from its checkpoints. An agent escalates a restore that found no generation whole:
+    another spare would find the same. One written with ``requeue`` false (a sender that
+    could not serve a replay) is not acted on."""
     assert view.record is not None
     for rank, (at, epoch, node, reason, asks, lost) in sorted(view.escalated.items()):
         entry = view.entries.get(rank)

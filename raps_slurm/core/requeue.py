@@ -13,9 +13,10 @@ it from looping:
 - after ``recovery.max_requeues`` requeues within ``recovery.requeue_window_sec``, RAPS
   gives up: the job fails with the reason, which ``rapsctl show job`` and the job's
   output (raps-run) show;
-- a rank whose checkpoint could not be restored (generations exist, none whole) is
-  requeued once, in case its holders were only out of reach; if the same rank's restore
-  fails again in the run right after, RAPS gives up at once.
+- a rank whose checkpoint was found damaged on every holder (generations exist, none
+  whole, every holder answered) makes RAPS give up at once: no requeue can restore it.
+  (One whose holders were out of reach escalates like any other case: a requeue, which
+  may find them back, within the budget above.)
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ class EscalationRecord:
     ``requeues``: when each requeue of the job was asked of Slurm (the window's
     history); ``gave_up``: why RAPS stopped requeueing ("" while it has not);
     ``exclude`` / ``num_nodes``: what the requeued run asks Slurm for (applied while the
-    job is pending, before it is released); ``lost``: the rank whose checkpoint could not
-    be restored, when that is why the run escalated."""
+    job is pending, before it is released); ``lost``: the rank whose checkpoint was found
+    damaged on every holder, when that is why the run escalated."""
 
     run: int
     reason: str
@@ -111,17 +112,14 @@ def recent(requeues: Iterable[float], now: float, window: float) -> tuple[float,
 
 
 def give_up(previous: EscalationRecord | None, reason: str, now: float, max_requeues: int,
-            window: float, run: int | None = None, lost: int | None = None) -> str:
-    """Why RAPS stops requeueing this job now ("" when it requeues once more): it already
-    asked Slurm for ``max_requeues`` requeues within ``window`` seconds, or rank ``lost``
-    of ``run`` could not be restored and neither could it in the run before (the requeue
-    that was to find its holders back did not)."""
+            window: float, lost: int | None = None) -> str:
+    """Why RAPS stops requeueing this job now ("" when it requeues once more): rank
+    ``lost``'s checkpoint is damaged on every holder, or RAPS already asked Slurm for
+    ``max_requeues`` requeues within ``window`` seconds."""
+    if lost is not None:
+        return (f"rank {lost}'s checkpoint is damaged on every holder: {reason}; its state "
+                "since the job began is lost, so resubmit the job to start it again")
     history = recent(previous.requeues if previous else (), now, window)
-    if (lost is not None and run is not None and previous is not None
-            and previous.lost == lost and previous.run == run - 1):
-        return (f"rank {lost}'s checkpoint could not be restored, neither in run "
-                f"{previous.run} nor after the requeue: {reason}; its newer state is lost, "
-                "so resubmit the job to start it from the beginning")
     if len(history) < max_requeues:
         return ""
     return (f"raps gave up after {len(history)} whole-job requeue"
@@ -132,12 +130,12 @@ def give_up(previous: EscalationRecord | None, reason: str, now: float, max_requ
 def escalate(previous: EscalationRecord | None, run: int, reason: str, now: float, *,
              max_requeues: int, window: float, lost: int | None = None) -> EscalationRecord:
     """The record of a new escalation of ``run``: the history carried over (inside the
-    window), ``gave_up`` set when the requeue budget is spent or a lost checkpoint stays
-    lost after a requeue (``lost``: the rank, when that is why ``run`` escalates)."""
+    window), ``gave_up`` set when the requeue budget is spent or ``lost`` (the rank whose
+    checkpoint is damaged on every holder, when that is why ``run`` escalates)."""
     history = recent(previous.requeues if previous else (), now, window)
     return EscalationRecord(run, reason, now, requeues=history, lost=lost,
                             gave_up=give_up(previous, reason, now, max_requeues, window,
-                                            run, lost))
+                                            lost))
 
 
 def requeued(record: EscalationRecord, now: float) -> EscalationRecord:

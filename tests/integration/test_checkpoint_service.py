@@ -168,10 +168,18 @@ def test_restore_on_a_node_holding_nothing_pulls_and_verifies(nodes: Nodes) -> N
     assert n4.chunks.chunks(job) == set()
     result = n4.restore(job, 0)
     assert result is not None and result.generation == 1 and result.fallbacks == []
-    assert result.pulled_chunks == len(n4.chunks.chunks(job)) > 0
     assert materialize(result.restored.manifest, result.restored.buffer).tobytes() == a.tobytes()
     result.restored.close()
+    # decoded from the pulled chunks in memory; stored, and n4 a holder, once the
+    # replication lane has kept them
+    n4.wait_idle()
+    assert result.pulled_chunks == len(n4.chunks.chunks(job)) > 0
     assert "n4" in record(nodes, job, 1).holders
+    assert n4.chunks.manifest(job, 0, 1) is not None
+    again = n4.restore(job, 0)  # from its own store now: nothing pulled
+    assert again is not None and again.pulled_chunks == 0 and again.sources == ()
+    assert materialize(again.restored.manifest, again.restored.buffer).tobytes() == a.tobytes()
+    again.restored.close()
 
 
 def test_flipped_byte_on_every_holder_falls_back_and_names_chunk_and_holders(

@@ -241,9 +241,8 @@ def test_no_spare_left_requeues_the_job_which_resumes_from_checkpoints(
             wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r), bool, 60)
         with crashed(cluster, store, ranks[victim]):
             mapped(rapsctl, job, run=1)
+            esc = escalation(store, job)  # (read while the job runs: purged after it)
             text = finish(cluster, job, out, clean, timeout=180)
-        s, k = store
-        esc = json.loads(s.get(k.job_escalation(job)).value)  # type: ignore[union-attr]
         assert esc["run"] == 0 and "no usable spare" in esc["reason"]
         assert esc["requeued_at"] is not None and esc["released_at"] is not None
         # every rank of the second run resumed from a checkpoint, none from scratch
@@ -415,9 +414,8 @@ def test_a_requeue_whose_node_count_cannot_be_met_runs_with_fewer_spares(
             wait_until(f"{spare} held DEAD", lambda: node_dead(*store, spare), bool, 30)
             with crashed(cluster, store, ranks[victim]):
                 again = mapped(rapsctl, job, run=1)
+                esc = escalation(store, job)  # (read while the job runs: purged after it)
                 text = finish(cluster, job, out, clean, timeout=180)
-        s, k = store
-        esc = json.loads(s.get(k.job_escalation(job)).value)  # type: ignore[union-attr]
         assert esc["run"] == 0 and "no usable spare" in esc["reason"], esc
         assert again["spares"] == [] and len(again["ranks"]) == 4, again
         assert {r["node"] for r in again["ranks"]}.isdisjoint({spare, ranks[victim]})
@@ -440,6 +438,13 @@ def test_raps_gives_up_after_max_requeues_and_says_why(
         assert "no usable spare" in text, text[-3000:]
         assert "GaveUp" in shown and "max_requeues=0" in shown, shown
         assert cluster.slurm().job(int(job)).restart_count == 0
+
+
+def escalation(store: tuple[StateStore, Keys], job: str) -> dict[str, Any]:
+    """The job's escalation record ({} while there is none)."""
+    s, k = store
+    kv = s.get(k.job_escalation(job))
+    return json.loads(kv.value) if kv is not None else {}
 
 
 def ended(cluster: LocalCluster, rapsctl: Any, job: str, out: Path, timeout: float) -> str:
@@ -467,37 +472,41 @@ def damage(cluster: LocalCluster, job: str, rank: int, holders: list[str]) -> in
     return hit
 
 
-def test_a_rank_whose_every_copy_is_damaged_is_requeued_once_then_raps_gives_up(
+def test_a_rank_whose_every_copy_is_damaged_makes_raps_give_up_without_a_requeue(
         cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
         leading: Callable[[str], Any]) -> None:
-    """The victim's node crashed and every other copy of its generations damaged: the
-    spare's restore finds none whole. No second spare is tried (it would find the same):
-    the run is requeued once, in case the holders were only out of reach; the requeued
-    run's restore fails the same way, and RAPS gives up with the reason in the job's
-    output and in ``rapsctl show job``."""
+    """A rank stopped (HUNG) and every copy of its generations damaged on every holder:
+    its relaunch's restore checks them all and finds none whole. Nothing else is tried
+    (another spare, a requeue would find the same): RAPS gives up, with the reason in the
+    job's output and in ``rapsctl show job``."""
     with leading("lost"), raps_job(cluster, "--raps-spares=2", "-N5") as (job, out):
         _, ranks, victim = layout(cluster, rapsctl, job)
         wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
-        primary = ranks[victim]
-        with crashed(cluster, store, primary):
-            # the rank is dead with its node: no newer generation can come
-            holders = sorted({h for r in records(store, job, victim) for h in r.holders}
-                             - {primary})
+        [pid] = wait_until(f"rank {victim} running", lambda: rank_pids(job, victim, 1), bool, 20)
+        os.kill(pid, signal.SIGSTOP)  # no newer generation from now on
+        try:
+            holders = sorted({h for r in records(store, job, victim) for h in r.holders})
+            assert ranks[victim] in holders and len(holders) >= 2, holders
             assert damage(cluster, job, victim, holders) > 0, holders
-            shown = ended(cluster, rapsctl, job, out, 180)
+            # read while the job runs: a finished job's keys are purged 5 s after it
+            esc = wait_until("RAPS to give up", lambda: escalation(store, job),
+                             lambda e: bool(e.get("gave_up")), 90)
+            mine = wait_until("its plan escalated",
+                              lambda: [p for p in plans(store, job) if p.rank == victim],
+                              lambda ps: bool(ps) and ps[-1].state == "escalated", 10)
+            shown = ended(cluster, rapsctl, job, out, 60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         text = out.read_text()
         assert "could not be restored (no checkpoint generation whole)" in text, text[-3000:]
         assert f"RAPS gave up on job {job}" in text, text[-3000:]
-        assert f"rank {victim}'s checkpoint could not be restored, neither in run 0" in text
+        assert f"rank {victim}'s checkpoint is damaged on every holder" in text, text[-3000:]
         assert "GaveUp" in shown and "resubmit the job" in shown, shown
-        every = plans(store, job)
-        moves = [p for p in every if p.rank == victim and p.source != p.target]
-        # one move to a spare, escalated: no second spare tried
-        assert [p.state for p in moves] == ["escalated"], every
-        s, k = store
-        esc = json.loads(s.get(k.job_escalation(job)).value)  # type: ignore[union-attr]
-        assert esc["run"] == 1 and esc["lost"] == victim, esc
-        assert cluster.slurm().job(int(job)).restart_count == 1
+        assert [(p.source, p.target, p.state) for p in mine] == [
+            (ranks[victim], ranks[victim], "escalated")], mine
+        assert esc["run"] == 0 and esc["lost"] == victim, esc
+        assert cluster.slurm().job(int(job)).restart_count == 0
 
 
 def test_the_previous_runs_sruns_cannot_cancel_a_requeued_runs_step(

@@ -19,6 +19,7 @@ from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.pack import PackWriter
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.config import Config
+from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.runtime.agent_client import AgentError
 from raps_slurm.runtime.checkpoint import CheckpointClient
@@ -90,7 +91,7 @@ def test_no_checkpoint_yet_restores_none(agent: Agent) -> None:
 def test_no_generation_whole_is_refused_as_lost_and_the_leader_is_told(agent: Agent) -> None:
     """Every chunk of every generation damaged on its only holder: the restore is refused
     with kind ``lost`` (the runtime exits 74 on it) and the rank's verdict ESCALATE with
-    ``lost`` is in etcd first, with the registered epoch, for the leader to requeue."""
+    ``lost`` is in etcd first, with the registered epoch, for the leader to give up."""
     c = agent.client()
     c.save(state())
     c.save(state(2))
@@ -105,6 +106,15 @@ def test_no_generation_whole_is_refused_as_lost_and_the_leader_is_told(agent: Ag
     assert (verdict["kind"], verdict["lost"], verdict["requeue"], verdict["epoch"],
             verdict["node"]) == ("ESCALATE", True, True, 1, "n1")
     assert verdict["evidence"]["reason"].startswith("its checkpoint could not be restored")
+    # a holder that is down was not checked: the loss may be for now, so not ``lost``
+    for kv in agent.store.get_prefix(agent.keys.ckpt_prefix("5", 0)):
+        rec = CkptRecord.from_json(kv.key, kv.value)
+        agent.store.put(kv.key, rec.with_holders({"n1", "n2"}).to_json())
+    with pytest.raises(AgentError, match=r"holders out of reach: n2") as e:
+        fresh.restore()
+    assert e.value.kind == "lost"
+    verdict = json.loads(agent.store.get(agent.keys.job_rank_verdict("5", 0)).value)  # type: ignore[union-attr]
+    assert (verdict["lost"], verdict["requeue"]) == (False, True)
     c.close()
     fresh.close()
 

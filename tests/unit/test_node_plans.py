@@ -79,17 +79,13 @@ def test_give_up_after_max_requeues_within_the_window() -> None:
     assert requeue.requeued(done, 4000.0) == done
 
 
-def test_a_lost_checkpoint_gives_up_only_when_the_run_right_after_loses_it_too() -> None:
-    first = requeue.escalate(None, 4, "lost", 10.0, max_requeues=3, window=3600, lost=2)
-    assert first.lost == 2 and first.gave_up == ""
-    again = requeue.escalate(first, 5, "lost again", 20.0, max_requeues=3, window=3600,
-                             lost=2)
-    assert again.gave_up.startswith("rank 2's checkpoint could not be restored, neither in "
-                                    "run 4 nor after the requeue: lost again")
-    # another rank, a run between, or a reason other than a lost checkpoint: requeue
-    for run, rank in ((5, 1), (6, 2), (5, None)):
-        rec = requeue.escalate(first, run, "x", 20.0, max_requeues=3, window=3600, lost=rank)
-        assert rec.gave_up == "", (run, rank)
+def test_a_checkpoint_damaged_on_every_holder_gives_up_at_once() -> None:
+    lost = requeue.escalate(None, 4, "damaged", 10.0, max_requeues=3, window=3600, lost=2)
+    assert lost.lost == 2 and lost.gave_up.startswith(
+        "rank 2's checkpoint is damaged on every holder: damaged;")
+    assert "resubmit the job" in lost.gave_up
+    reach = requeue.escalate(None, 4, "out of reach", 10.0, max_requeues=3, window=3600)
+    assert reach.lost is None and reach.gave_up == ""
 
 
 def test_requeue_shape_excludes_dead_nodes_and_lowers_the_count_only_when_needed() -> None:

@@ -337,60 +337,40 @@ def test_a_plan_that_stalls_past_the_recovery_timeout_escalates_its_job(world: W
     assert "not done within 60s" in world.escalation().reason
 
 
-def next_run(c: Coordinator, world: World) -> None:
-    """The requeued job released by the leader, and its run 1 registered and mapped."""
-    world.state = "PENDING"
-    step(c, world, 3)
-    world.clock.advance(5)
-    world.register(1)
-    world.dead = set()
-    world.state = "RUNNING"
-    step(c, world, 3)
-
-
 LOST = "its checkpoint could not be restored: no generation of rank 3 of job 7 could be restored"
 
 
-def test_a_lost_checkpoint_requeues_at_once_and_gives_up_if_the_requeue_finds_it_lost(
+def test_a_checkpoint_damaged_on_every_holder_gives_up_without_a_requeue(
         world: World) -> None:
-    """The spare's agent found no generation whole: no successor plan on another spare
-    (it would find the same), one requeue in case the holders were only out of reach,
-    and when the same rank's restore fails in the run right after, RAPS gives up."""
+    """The spare's agent checked every holder and found no generation whole: no
+    successor plan on another spare (it would find the same), no requeue (the next run
+    would find the same): RAPS gives up, and cancels the job if raps-run does not end it."""
     c = started(world, "n6", "7-3-2")
     spare = world.entry(3)
     _escalate_verdict(world, 3, spare.node, spare.epoch, reason=LOST, lost=True)
+    step(c, world, 4)
+    assert world.plans() == {"7-3-2": "escalated"} and world.requeued == []
+    esc = world.escalation()
+    assert esc.lost == 3 and esc.gave_up.startswith("rank 3's checkpoint is damaged on every "
+                                                    "holder")
+    assert LOST in esc.gave_up and "resubmit the job" in esc.gave_up
+    world.clock.advance(31)  # raps-run did not end the job within the grace
+    step(c, world, 2)
+    assert world.cancelled == ["7"] and world.requeued == []
+
+
+def test_a_checkpoint_whose_holders_were_out_of_reach_requeues_the_run(
+        world: World) -> None:
+    """Some holder did not answer: no other spare is tried, the run is requeued (which may
+    find the holders back), and the requeue budget applies as to any escalation."""
+    c = started(world, "n6", "7-3-2")
+    spare = world.entry(3)
+    _escalate_verdict(world, 3, spare.node, spare.epoch, lost=False,
+                      reason=LOST + " (holders out of reach: n5)")
     step(c, world, 4)
     assert world.plans() == {"7-3-2": "escalated"} and world.requeued == ["7"]
     esc = world.escalation()
-    assert esc.lost == 3 and not esc.gave_up and LOST in esc.reason
-    # the requeued run starts, and rank 3's restore fails again
-    next_run(c, world)
-    again = world.entry(3)
-    _escalate_verdict(world, 3, again.node, again.epoch, reason=LOST, lost=True)
-    step(c, world, 3)
-    esc = world.escalation()
-    assert esc.run == 1 and esc.lost == 3
-    assert "neither in run 0 nor after the requeue" in esc.gave_up
-    assert "resubmit the job" in esc.gave_up
-    assert world.requeued == ["7"]  # not requeued a second time
-    world.clock.advance(31)  # raps-run did not end the job within the grace
-    step(c, world, 2)
-    assert world.cancelled == ["7"]
-
-
-def test_a_lost_checkpoint_of_another_rank_after_the_requeue_requeues_again(
-        world: World) -> None:
-    c = started(world, "n6", "7-3-2")
-    spare = world.entry(3)
-    _escalate_verdict(world, 3, spare.node, spare.epoch, reason=LOST, lost=True)
-    step(c, world, 4)
-    next_run(c, world)
-    other = world.entry(2)
-    _escalate_verdict(world, 2, other.node, other.epoch, reason=LOST, lost=True)
-    step(c, world, 3)
-    esc = world.escalation()
-    assert esc.run == 1 and esc.lost == 2 and not esc.gave_up
-    assert world.requeued == ["7", "7"]
+    assert esc.lost is None and esc.gave_up == "" and "out of reach: n5" in esc.reason
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])
