@@ -240,14 +240,11 @@ class Recovery(Escalations):
             if isinstance(result, Escalation):
                 out.append(self._escalate(job, run, book, result.reason))
                 return out
-            for plan in result:
-                key = self.keys.plan(plan.plan_id)
-                if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
-                    log.warning("plan %s: rank %d of job %s from dead %s to %s, epoch %d",
-                                plan.plan_id, plan.rank, job, node, plan.target, plan.epoch)
-                    out.append(f"plan {plan.plan_id} queued")
-                    book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
-                taken.add(plan.target)
+            for plan in self._queue(book, result):
+                log.warning("plan %s: rank %d of job %s from dead %s to %s, epoch %d",
+                            plan.plan_id, plan.rank, job, node, plan.target, plan.epoch)
+                out.append(f"plan {plan.plan_id} queued")
+            taken.update(plan.target for plan in result)
         return out
 
     def _plan_moves(self, job: str, view: JobView, plans: list[Plan], book: PlanBook,
@@ -272,19 +269,17 @@ class Recovery(Escalations):
         taken = planner.taken_spares(plans, job, run)
         out = []
         for node in sorted({s.node for s in sites}):
-            for plan in planner.plan_migration(
-                    job, node, draining[node][0], sites, dead=dead, unhealthy=unhealthy,
-                    taken=taken, racks=racks,
-                    prefer_original_rack=self.cfg.recovery.prefer_original_rack,
-                    holders=holders, sizes={}, now=now, run=run):
-                key = self.keys.plan(plan.plan_id)
-                if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
-                    log.warning("plan %s: rank %d of job %s moves off %s (drained: %s) to %s",
-                                plan.plan_id, plan.rank, job, node, draining[node][0],
-                                plan.target)
-                    out.append(f"plan {plan.plan_id} queued (planned)")
-                    book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
-                taken.add(plan.target)
+            made = planner.plan_migration(
+                job, node, draining[node][0], sites, dead=dead, unhealthy=unhealthy,
+                taken=taken, racks=racks,
+                prefer_original_rack=self.cfg.recovery.prefer_original_rack,
+                holders=holders, sizes={}, now=now, run=run)
+            for plan in self._queue(book, made):
+                log.warning("plan %s: rank %d of job %s moves off %s (drained: %s) to %s",
+                            plan.plan_id, plan.rank, job, node, draining[node][0],
+                            plan.target)
+                out.append(f"plan {plan.plan_id} queued (planned)")
+            taken.update(plan.target for plan in made)
         return out
 
     def _plan_hung(self, job: str, view: JobView, plans: list[Plan], book: PlanBook,
@@ -316,11 +311,9 @@ class Recovery(Escalations):
             plan = planner.plan_hung_rank(job, RankSite(rank, entry.node, entry.epoch,
                                                         entry.spares),
                                           size, now, view.record.restart_count, detected_at=at)
-            key = self.keys.plan(plan.plan_id)
-            if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
+            if self._queue(book, [plan]):
                 log.warning("plan %s: hung rank %d of job %s relaunched on %s, epoch %d",
                             plan.plan_id, rank, job, entry.node, plan.epoch)
-                book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
                 out.append(f"plan {plan.plan_id} queued")
         return out
 
@@ -361,13 +354,30 @@ class Recovery(Escalations):
                         target, entry.epoch + 1, f"its step could not start on {entry.node}",
                         last.restore_bytes, created_at=now, run=view.record.restart_count,
                         detected_at=last.finished_at)
-            key = self.keys.plan(plan.plan_id)
-            if self.leadership.commit([Guard(key, 0)], [Put(key, plan.to_json())]):
+            if self._queue(book, [plan]):
                 log.warning("plan %s: rank %d of job %s could not start on %s; now %s",
                             plan.plan_id, rank, job, entry.node, target)
-                book.plans[plan.plan_id] = (plan, KeyValue(key, b"", 0, 0, None))
                 out.append(f"plan {plan.plan_id} queued")
         return out
+
+    def _queue(self, book: PlanBook, plans: list[Plan]) -> list[Plan]:
+        """Write new plans, a node's move in as few transactions as the store allows (each
+        guarded on its keys being absent), and book them with the revision they were
+        written at, so that ``_start`` may start them in this same pass."""
+        done: list[Plan] = []
+        step = MAX_TXN_OPS - 1  # the leadership guard takes one place
+        for i in range(0, len(plans), step):
+            chunk = plans[i:i + step]
+            keys = [self.keys.plan(p.plan_id) for p in chunk]
+            puts: list[TxnOp] = [Put(k, p.to_json()) for k, p in zip(keys, chunk, strict=True)]
+            if not self.leadership.commit([Guard(k, 0) for k in keys], puts):
+                break  # a plan of this id exists already: the next pass reads it
+            kv = self.store.get(keys[0])
+            rev = kv.mod_revision if kv is not None else 0  # 0: start it next pass
+            for k, p in zip(keys, chunk, strict=True):
+                book.plans[p.plan_id] = (p, KeyValue(k, p.to_json(), rev, rev, None))
+            done.extend(chunk)
+        return done
 
     # -- starting queued plans -----------------------------------------------------
 

@@ -22,9 +22,7 @@ def test_dead_node_plan_started_followed_and_done(world: World) -> None:
     step(c, world)  # maps the job: ranks on n1 n3 n5 n6, spares n2 n4
     assert world.entry(3).node == "n6"
     world.dead = {"n6"}
-    step(c, world)
-    assert world.plans() == {"7-3-2": "queued"}
-    step(c, world)
+    step(c, world)  # queued and started in the same pass
     assert world.plans() == {"7-3-2": "running"}
     moved = world.entry(3)
     assert (moved.node, moved.epoch) == ("n2", 2) or (moved.node, moved.epoch) == ("n4", 2)
@@ -56,15 +54,19 @@ def test_bound_holds_the_second_plan_until_the_first_restored(world: World) -> N
 
 
 def test_a_second_leader_finishes_the_first_ones_plan(world: World) -> None:
-    first = world.coordinator("c1")
+    first = world.coordinator("c1", max_concurrent=1)
     step(first, world)
-    world.dead = {"n6"}
-    step(first, world)  # queued, then the leader is gone
-    assert world.plans() == {"7-3-2": "queued"}
-    second = world.coordinator("c2")
+    world.dead = {"n5", "n6"}
+    step(first, world)  # one move started, the other held by the bound; the leader is gone
+    states = world.plans()
+    assert sorted(states.values()) == ["queued", "running"], states
+    held = next(p for p, s in states.items() if s == "queued")
+    rank = int(held.split("-")[1])
+    world.report(next(p for p, s in states.items() if s == "running"), "restored", "n2")
+    second = world.coordinator("c2", max_concurrent=1)
     world.clock.advance(11)  # the first leader's lease runs out
     step(second, world, 3)
-    assert world.plans() == {"7-3-2": "running"} and world.entry(3).epoch == 2
+    assert world.plans()[held] == "running" and world.entry(rank).epoch == 2
 
 
 def test_no_spare_escalates_once_and_releases_the_requeued_job(world: World) -> None:
@@ -144,18 +146,17 @@ def test_a_target_that_dies_is_replaced(world: World) -> None:
     step(c, world)
     [(plan, _)] = read_plans(world.store, world.keys).plans.values()
     first = plan.target
-    world.dead = {"n6", first}  # the chosen spare dies before the plan started
+    world.dead = {"n6", first}  # the chosen spare dies while the rank restores there
     step(c, world)
-    [(plan, _)] = read_plans(world.store, world.keys).plans.values()
     other = ({"n2", "n4"} - {first}).pop()
-    assert plan.target == other and plan.state in ("queued", "running")
-    step(c, world, 2)
-    assert world.entry(3).node == other and world.entry(3).epoch == 2
-    # now the second spare dies while the rank restores there: that plan failed, and with
-    # no spare left the job is requeued
+    assert world.plans() == {"7-3-2": "failed", "7-3-3": "running"}
+    assert (world.entry(3).node, world.entry(3).epoch) == (other, 3)
+    # now the second spare dies too: that plan failed, and with no spare left the job is
+    # requeued
     world.dead = {"n6", first, other}
     step(c, world, 3)
-    assert world.plans() == {"7-3-2": "failed"} and world.requeued == ["7"]
+    assert world.plans() == {"7-3-2": "failed", "7-3-3": "failed"}
+    assert world.requeued == ["7"]
 
 
 def started(world: World, dead: str, plan: str) -> Coordinator:
