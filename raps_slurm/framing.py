@@ -231,7 +231,9 @@ class FrameReader:
     ``max_size``, ``mac`` and ``frame_timeout`` may change between frames (a handshake
     in plain small frames, then MAC'd ones): bytes already buffered stay. The deadline of
     a frame is ``frame_timeout`` plus its length over ``min_rate`` bytes/s (0: no
-    allowance), counted from its first byte."""
+    allowance), counted from its first byte. After a :meth:`read`, ``owned`` says whether
+    the body returned lives in a buffer of its own (a frame larger than the buffer),
+    which the caller may keep without a copy."""
 
     def __init__(self, sock: socket.socket, *, max_size: int = MAX_FRAME,
                  frame_timeout: float = 10.0, min_rate: float = 0.0,
@@ -242,6 +244,7 @@ class FrameReader:
         self._view = memoryview(self._buf)
         self._start = self._end = 0
         self._timeout: float | None = -1.0  # the socket's, as last set here
+        self.owned = False
 
     def _settimeout(self, value: float | None) -> None:
         if value != self._timeout:  # each change is a syscall: only when it changes
@@ -302,7 +305,8 @@ class FrameReader:
         self._start += HEADER.size
         if self.min_rate > 0:
             deadline += n / self.min_rate
-        if n <= len(self._buf):
+        self.owned = n > len(self._buf)
+        if not self.owned:
             self._fill(n, deadline, "body")
             payload = self._view[self._start:self._start + n]
             self._start += n

@@ -7,8 +7,13 @@ bytes, 1 MiB and 8 MiB between 2 ranks, and an 8 MiB float64 ``Allreduce`` on 4 
 Each of ``--repeats`` rounds launches both, one after the other (load that comes and
 goes touches both alike); a launch runs untimed warm-up iterations first, and every
 figure is the median of the rounds. Each launch starts with an empty message log and
-stays under the log's high watermark (``messagelog.buffer_high_watermark_mb``): what
-the log costs once it spills to disk is ``bench messaging``'s figure.
+the default config; with no checkpoint to collect it, the 8 MiB ping-pong's log passes
+three quarters of the high watermark (``messagelog.buffer_high_watermark_mb``) and its
+last messages spill to disk, as a real program's do between checkpoints.
+
+Each round also runs the same ping-pong over plain TCP between two processes of this
+interpreter (:mod:`raps_slurm.bench.tcp_floor`): Python's own floor, reported as
+``*_python_tcp_*`` with its ratio to Open MPI.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raps_slurm.bench import tcp_floor
 from raps_slurm.errors import BenchError
 
 PROG = Path(__file__).with_name("mpi_prog.py")
@@ -121,23 +127,40 @@ def assemble(raps: list[dict[str, float]], openmpi: list[dict[str, float]]
     return out
 
 
+def floor_figures(runs: list[dict[str, float]], openmpi: list[dict[str, float]]
+                  ) -> dict[str, Any]:
+    """Medians of the plain-TCP rounds (:mod:`raps_slurm.bench.tcp_floor`) and their
+    ratios to Open MPI: the best a Python rank that sleeps in the kernel could reach."""
+    out: dict[str, Any] = {}
+    for key in ("lat_8B", *BANDWIDTH):
+        unit = UNITS[key]
+        mine = statistics.median(r[key] for r in runs)
+        theirs = statistics.median(r[key] for r in openmpi)
+        out[f"{key}_python_tcp_{unit}"] = round(mine, 1)
+        out[f"{key}_python_tcp_ratio"] = round(mine / theirs, 3)
+    return out
+
+
 def run_mpi(iterations: int, repeats: int, warmup: int,
             say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """The benchmark; its JSON object."""
     load = os.getloadavg()
     version = check_openmpi()
     started = time.monotonic()
-    runs: dict[str, list[dict[str, float]]] = {"raps": [], "openmpi": []}
+    runs: dict[str, list[dict[str, float]]] = {"raps": [], "openmpi": [], "tcp": []}
     for i in range(repeats):
         for who, argv in (("raps", raps_argv), ("openmpi", openmpi_argv)):
             say(f"round {i + 1}/{repeats}: {who}")
             pp = launch(who, argv(2), "pingpong", iterations, warmup)
             ar = launch(who, argv(ALLREDUCE_RANKS), "allreduce", iterations, warmup)
             runs[who].append(figures(pp, ar))
+        say(f"round {i + 1}/{repeats}: python tcp")
+        runs["tcp"].append(tcp_floor.figures(iterations, warmup, LATENCY_FACTOR, BANDWIDTH))
     return {"benchmark": "mpi", "iterations": iterations,
             "latency_round_trips": iterations * LATENCY_FACTOR, "warmup": warmup,
             "repeats": repeats,
             "allreduce_ranks": ALLREDUCE_RANKS, **assemble(runs["raps"], runs["openmpi"]),
+            **floor_figures(runs["tcp"], runs["openmpi"]),
             "openmpi": version, "python": sys.version.split()[0], "cpus": os.cpu_count(),
             "loadavg": [round(x, 2) for x in load],
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],

@@ -37,7 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raps_slurm.checkpoint.manifest import Manifest, is_hex_digest
-from raps_slurm.checkpoint.pack import HEADER, MAGIC, PackEntry, PackError, iter_records
+from raps_slurm.checkpoint.pack import (
+    HEADER,
+    MAGIC,
+    PackEntry,
+    PackError,
+    iter_records,
+    write_all,
+)
 from raps_slurm.core import checkpoints as decide
 from raps_slurm.errors import RapsError
 
@@ -62,7 +69,7 @@ def write_atomic(directory: Path, tmp_dir: Path, name: str, data: Iterable[bytes
     tmp = tmp_dir / f".{name}.{os.getpid()}.{threading.get_ident()}.{next(_counter)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        _write_all(fd, data)
+        write_all(fd, data)
         if durable:
             os.fsync(fd)
     except BaseException:
@@ -74,20 +81,6 @@ def write_atomic(directory: Path, tmp_dir: Path, name: str, data: Iterable[bytes
     os.rename(tmp, directory / name)
     if sync_dir and durable:
         fsync_dir(directory)
-
-
-def _write_all(fd: int, data: Iterable[bytes | memoryview]) -> None:
-    """Write every part with as few system calls as possible (writev, no joining copy)."""
-    pending = [memoryview(p) for p in data if len(p)]
-    limit = 1024  # IOV_MAX on Linux
-    i = 0
-    while i < len(pending):
-        n = os.writev(fd, pending[i:i + limit])
-        while i < len(pending) and n >= len(pending[i]):
-            n -= len(pending[i])
-            i += 1
-        if i < len(pending) and n:
-            pending[i] = pending[i][n:]
 
 
 def fsync_dir(directory: Path) -> None:

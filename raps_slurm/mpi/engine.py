@@ -179,7 +179,7 @@ class Engine:
         for src in range(self.size):
             if src == self.rank:
                 continue
-            while (raw := self.ctx.try_recv(src)) is not None:
+            while (raw := self.ctx.try_recv_buffer(src)) is not None:
                 self._arrived(src, raw)
 
     def wait_any(self, reqs: list[Recv]) -> None:
@@ -257,10 +257,10 @@ class Engine:
         if not sources:
             raise RuntimeError(f"rank {self.rank} waits for a message from itself that "
                                "was never sent (deadlock)")
-        src, raw = self.ctx.recv_any(sources)
+        src, raw = self.ctx.recv_any_buffer(sources)
         self._arrived(src, raw)
 
-    def _arrived(self, src: int, raw: bytes) -> None:
+    def _arrived(self, src: int, raw: bytes | memoryview) -> None:
         kind, ctx_id, tag = ENVELOPE.unpack_from(raw)
         self._incoming(Msg(src, ctx_id, tag, kind, memoryview(raw)[ENVELOPE.size:]))
 

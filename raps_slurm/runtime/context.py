@@ -251,6 +251,12 @@ class Context(PeerLinks):
 
     def try_recv(self, src: int) -> bytes | None:
         """The next message from ``src`` if it has arrived, else None (never waits)."""
+        msg = self.try_recv_buffer(src)
+        return msg if msg is None or isinstance(msg, bytes) else bytes(msg)
+
+    def try_recv_buffer(self, src: int) -> bytes | memoryview | None:
+        """:meth:`try_recv`, but a large message comes as a view of the buffer it was read
+        into (no copy; the MPI layer copies it once, into the application's array)."""
         if not 0 <= src < self.size or src == self.rank:
             raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
         self._start()
@@ -263,10 +269,16 @@ class Context(PeerLinks):
         """The next message from whichever of ``sources`` has one first (the lowest rank
         when several have): ``(src, payload)``. Which one is timing: a caller that lets it
         decide what it sends records the choice (:meth:`record`)."""
+        src, msg = self.recv_any_buffer(sources, timeout)
+        return src, msg if isinstance(msg, bytes) else bytes(msg)
+
+    def recv_any_buffer(self, sources: list[int], timeout: float | None = None
+                        ) -> tuple[int, bytes | memoryview]:
+        """:meth:`recv_any`, a large message as a view (:meth:`try_recv_buffer`)."""
         if not sources or any(not 0 <= s < self.size or s == self.rank for s in sources):
             raise ValueError(f"sources {sources}: expected other ranks in 0..{self.size - 1}")
         if len(sources) == 1:
-            return sources[0], self.recv(sources[0], timeout)
+            return sources[0], self._recv(sources[0], timeout)
         self._start()
         wait = self.s.recv_timeout if timeout is None else timeout
         deadline = self._clock() + wait
@@ -300,6 +312,10 @@ class Context(PeerLinks):
 
     def recv(self, src: int, timeout: float | None = None) -> bytes:
         """The next message from rank ``src``, in order; MessagingError after ``timeout``."""
+        msg = self._recv(src, timeout)
+        return msg if isinstance(msg, bytes) else bytes(msg)
+
+    def _recv(self, src: int, timeout: float | None) -> bytes | memoryview:
         if not 0 <= src < self.size or src == self.rank:
             raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
         self._start()

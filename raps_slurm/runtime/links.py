@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.runtime.msglog import (
     Entry,
     Inbox,
@@ -19,6 +20,7 @@ from raps_slurm.runtime.msglog import (
     NotDeterministic,
     SenderLog,
     parse_records,
+    segments,
 )
 from raps_slurm.runtime.ports import Port
 from raps_slurm.runtime.transport import (
@@ -77,6 +79,7 @@ class PeerLinks:
     _confirmed: dict[int, int]
     _sent_frames: int
     _peer_had: dict[int, int]
+    segment_limit: int = MAX_SEGMENT  # bytes of one log-store write (the store's bound)
 
     def stats(self) -> dict[str, Any]:
         """Sent, delivered, logged and collected ranges per peer (Context)."""
@@ -350,10 +353,10 @@ class PeerLinks:
         # flush lock keeps batches in order. Entries count as persisted once durable.
         with self._flush_lock:
             with self._mu:
-                batch, parts = self.log.take_unpersisted()
-            if not parts:
+                batch, records = self.log.take_unpersisted()
+            if not records:
                 return
-            self.port.log_append(parts)
+            self._append(records)
             with self._mu:
                 self.log.persisted(batch)
                 self._persisted_bodies = None
@@ -365,14 +368,18 @@ class PeerLinks:
         with self._flush_lock:
             with self._mu:
                 plan = self.log.spill_plan(target)
-                parts = [p for e in plan for p in e.record(with_body=True)]
-            if parts:
-                self.port.log_append(parts)
+            self._append([e.record(with_body=True) for e in plan])
             with self._mu:
                 for e in plan:
                     e.body_persisted = True
                 self._persisted_bodies = None
                 self.log.spill(target)
+
+    def _append(self, records: list[list[bytes | memoryview]]) -> None:
+        """Write records to the log store, as many segments as its size bound needs (a
+        100 ms batch of 1 MiB messages or a spill of 1 GiB is more than one)."""
+        for seg in segments(records, self.segment_limit):
+            self.port.log_append(seg)
 
     def _persisted(self) -> dict[tuple[int, int], bytes]:
         if self._persisted_bodies is None:

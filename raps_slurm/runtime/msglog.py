@@ -22,14 +22,15 @@ checksums of delivered messages (to check a re-executed sender's duplicates).
 from __future__ import annotations
 
 import struct
-import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import crc32c
+
 from raps_slurm.errors import RapsError
 
-RECORD = struct.Struct(">IQQIIB")  # dst, seq, epoch, size, crc32, flags
+RECORD = struct.Struct(">IQQIIB")  # dst, seq, epoch, size, CRC-32C, flags
 F_BODY, F_LARGE = 1, 2
 
 
@@ -42,9 +43,11 @@ class NotDeterministic(MessagingError):
     piecewise deterministic."""
 
 
-def checksum(data: bytes | memoryview) -> int:
-    """CRC-32 of a payload (frames and logs)."""
-    return zlib.crc32(data) & 0xFFFFFFFF
+def checksum(data: bytes | bytearray | memoryview) -> int:
+    """CRC-32C (Castagnoli) of a payload (frames and logs). The ``crc32c`` library uses
+    the CPU's CRC instruction where there is one: 8 MiB in 0.34 ms on this project's test
+    machine, against 1.75 ms for zlib's CRC-32 (docs/benchmarks.md, MPI)."""
+    return int(crc32c.crc32c(data))
 
 
 @dataclass(slots=True)
@@ -93,6 +96,23 @@ def parse_records(data: bytes | memoryview, *, verify: bool = True) -> Iterator[
                     body is not None)
 
 
+def segments(records: Iterable[list[bytes | memoryview]], limit: int
+             ) -> Iterator[list[bytes | memoryview]]:
+    """``records`` (each a list of parts) grouped in order into segments of at most
+    ``limit`` bytes (a record is never split: each is at most ``limit`` itself)."""
+    seg: list[bytes | memoryview] = []
+    size = 0
+    for rec in records:
+        n = sum(memoryview(p).nbytes for p in rec)
+        if seg and size + n > limit:
+            yield seg
+            seg, size = [], 0
+        seg.extend(rec)
+        size += n
+    if seg:
+        yield seg
+
+
 class SenderLog:
     """The sender's side: sequence numbers, the log, flush batches, spilling, collection."""
 
@@ -126,14 +146,11 @@ class SenderLog:
         self.peak = max(self.peak, self.held)
         return e
 
-    def take_unpersisted(self) -> tuple[list[Entry], list[bytes | memoryview]]:
+    def take_unpersisted(self) -> tuple[list[Entry], list[list[bytes | memoryview]]]:
         """The entries to persist now and their records (small messages with their bodies,
         large ones as metadata); call :meth:`persisted` with them once they are durable."""
         batch, self._unpersisted = self._unpersisted, []
-        parts: list[bytes | memoryview] = []
-        for e in batch:
-            parts.extend(e.record(with_body=not e.large))
-        return batch, parts
+        return batch, [e.record(with_body=not e.large) for e in batch]
 
     @staticmethod
     def persisted(batch: list[Entry]) -> None:
@@ -261,7 +278,8 @@ class SenderLog:
 @dataclass
 class _Source:
     next: int = 1
-    early: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # seq -> (crc, body)
+    # seq -> (crc, body)
+    early: dict[int, tuple[int, bytes | memoryview]] = field(default_factory=dict)
     crcs: dict[int, int] = field(default_factory=dict)                 # delivered seq -> crc
     epoch: int = 0
     asked: int = 0  # a resend was requested up to this seq
@@ -294,7 +312,7 @@ class Inbox:
         s.epoch = epoch
         return True
 
-    def offer(self, src: int, seq: int, epoch: int, crc: int, body: bytes
+    def offer(self, src: int, seq: int, epoch: int, crc: int, body: bytes | memoryview
               ) -> tuple[str, int, int]:
         """A data frame arrived: ``("ok"|"dup"|"stale", 0, 0)`` or ``("gap", first, last)``
         (ask the sender to resend first..last). NotDeterministic for a duplicate whose
@@ -324,7 +342,7 @@ class Inbox:
             return "gap", first, seq - 1
         return "ok", 0, 0
 
-    def pop(self, src: int) -> bytes | None:
+    def pop(self, src: int) -> bytes | memoryview | None:
         """The next in-order message from ``src``, None if it has not arrived."""
         s = self._src(src)
         got = s.early.pop(s.next, None)

@@ -241,8 +241,8 @@ class AgentPort:
     def log_append(self, parts: list[bytes | memoryview]) -> None:
         if not parts:
             return
-        from raps_slurm.checkpoint.pack import sealed_bytes
-        fd = sealed_bytes(b"".join(bytes(p) for p in parts), "raps-log")
+        from raps_slurm.checkpoint.pack import sealed_parts
+        fd = sealed_parts(parts, "raps-log")
         try:
             self._call({"op": "log_append", "job": self.job, "rank": self.rank,
                         "epoch": self.epoch}, [fd])

@@ -28,8 +28,8 @@ in :attr:`Auth.refused` by kind and logged in one line (at most one per kind per
 :mod:`raps_slurm.logquota`).
 
 A frame body is a 34-byte header ``type u8, src u32, dst u32, seq u64, epoch u64,
-length u32, crc32 u32`` (big-endian) and, for ``DATA``, ``length`` payload bytes whose
-CRC-32 is ``crc`` (the message's checksum, which receivers compare on duplicates).
+length u32, crc u32`` (big-endian) and, for ``DATA``, ``length`` payload bytes whose
+CRC-32C is ``crc`` (the message's checksum, which receivers compare on duplicates).
 
 Types: ``DATA`` (a message), ``HELLO`` (first frame on every connection: the sender's
 epoch and, in ``seq``, what it delivered from the receiver so far; the receiver resends
@@ -49,7 +49,6 @@ import os
 import socket
 import struct
 import threading
-import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,7 +56,9 @@ from dataclasses import dataclass
 import blake3
 
 from raps_slurm import framing
+from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.logquota import LogQuota
+from raps_slurm.runtime.msglog import RECORD, checksum
 
 log = logging.getLogger("raps.runtime")
 
@@ -67,7 +68,9 @@ NAMES = {DATA: "DATA", HELLO: "HELLO", RESEND: "RESEND", COVERED: "COVERED",
          SENT_FLOOR: "SENT_FLOOR", DELIVERED: "DELIVERED"}
 PROTOCOL = b"raps-rank/1"
 KEY_BYTES = 32
-MAX_MESSAGE = 1 << 30  # default bound on one message's payload (Settings.max_message)
+# The default bound on one message's payload (Settings.max_message): a logged message is
+# one record of one log segment, or it could never be spilled to the log store.
+MAX_MESSAGE = MAX_SEGMENT - RECORD.size
 HANDSHAKE_MAX = 64  # bytes of a handshake frame: a 2 GiB header is refused from 4 bytes
 HANDSHAKE_TIMEOUT = 10.0  # the whole handshake, so a slow or silent stranger goes
 MAX_HANDSHAKES = 32  # connections in their handshake at once; more are refused at accept
@@ -88,7 +91,7 @@ class Frame:
     epoch: int
     length: int
     crc: int
-    payload: bytes = b""
+    payload: bytes | memoryview = b""
 
 
 def encode(kind: int, src: int, dst: int, seq: int, epoch: int, payload: bytes | memoryview = b"",
@@ -96,7 +99,7 @@ def encode(kind: int, src: int, dst: int, seq: int, epoch: int, payload: bytes |
     """The body parts of one frame, header then payload (``length`` overrides for control
     frames)."""
     n = len(payload) if length is None else length
-    c = (zlib.crc32(payload) & 0xFFFFFFFF) if crc is None else crc
+    c = checksum(payload) if crc is None else crc
     head = HEADER.pack(kind, src, dst, seq, epoch, n, c)
     return [head, payload] if len(payload) else [head]
 
@@ -110,8 +113,10 @@ class FrameError(ConnectionError):
         self.kind = kind
 
 
-def decode(body: bytes | bytearray | memoryview) -> Frame:
-    """One frame from its (authenticated) body; FrameError if it is malformed."""
+def decode(body: bytes | bytearray | memoryview, *, owned: bool = False) -> Frame:
+    """One frame from its (authenticated) body; FrameError if it is malformed. The payload
+    is a copy unless ``owned`` says the body's buffer is the caller's to keep (a large
+    frame read into its own buffer): then it is a view, and 8 MiB skip a copy."""
     if len(body) < HEADER.size:
         raise FrameError(f"frame of {len(body)} bytes is shorter than its header")
     kind, src, dst, seq, epoch, length, crc = HEADER.unpack_from(body)
@@ -121,7 +126,9 @@ def decode(body: bytes | bytearray | memoryview) -> Frame:
     if kind == DATA:
         if extra != length:
             raise FrameError(f"DATA frame announces {length} bytes and carries {extra}")
-        return Frame(kind, src, dst, seq, epoch, length, crc, bytes(body[HEADER.size:]))
+        payload = memoryview(body)[HEADER.size:]
+        return Frame(kind, src, dst, seq, epoch, length, crc,
+                     payload if owned else bytes(payload))
     if extra:
         raise FrameError(f"{NAMES[kind]} frame with {extra} payload bytes")
     return Frame(kind, src, dst, seq, epoch, length, crc)
@@ -260,7 +267,7 @@ class Listener:
                     self._handshaking -= 1
             authenticated = True
             while True:
-                frame = decode(reader.read())
+                frame = decode(reader.read(), owned=reader.owned)
                 if frame.src != src or frame.dst != self.auth.rank:
                     raise FrameError(f"frame {frame.src}->{frame.dst} on rank {src}'s "
                                      "connection")

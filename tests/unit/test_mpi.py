@@ -42,14 +42,15 @@ class ScriptedRuntime:
         self.inbox[src].append(ENVELOPE.pack(OBJ, ctx, tag) + pickle.dumps(obj))
         self.order.append(src)
 
-    def try_recv(self, src: int) -> bytes | None:
+    def try_recv_buffer(self, src: int) -> bytes | None:
         # Only what "has arrived": the head of the global order decides visibility.
         if self.inbox[src] and src in self.order:
             self.order.remove(src)
             return self.inbox[src].popleft()
         return None
 
-    def recv_any(self, sources: list[int], timeout: float | None = None) -> tuple[int, bytes]:
+    def recv_any_buffer(self, sources: list[int], timeout: float | None = None
+                        ) -> tuple[int, bytes]:
         for src in list(self.order):
             if src in sources:
                 self.order.remove(src)

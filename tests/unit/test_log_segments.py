@@ -1,0 +1,112 @@
+"""The message log's writes to its store: records grouped into segments under the
+store's size bound (a spill of more than one segment's worth used to fail at every
+flush), a logged message always fits one segment, parts go to a sealed memory file
+without a joining copy, and a large frame's payload is handed on without a copy."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.checkpoint.logstore import MAX_SEGMENT
+from raps_slurm.checkpoint.pack import IOV_MAX, sealed_parts
+from raps_slurm.runtime.context import Context, Settings
+from raps_slurm.runtime.msglog import RECORD, checksum, parse_records, segments
+from raps_slurm.runtime.ports import LocalPort
+from raps_slurm.runtime.transport import DATA, MAX_MESSAGE, decode, encode
+
+PARAMS = CodecParams(avg_chunk_kb=4)
+
+
+def _rec(n: int, fill: int) -> list[bytes | memoryview]:
+    return [bytes([fill]) * 3, bytes([fill]) * (n - 3)]
+
+
+def test_segments_keep_order_never_split_a_record_and_stay_under_the_limit() -> None:
+    records = [_rec(n, i) for i, n in enumerate([40, 40, 30, 100, 5, 60, 60, 60])]
+    segs = list(segments(records, 100))
+    sizes = [sum(len(p) for p in seg) for seg in segs]
+    assert sizes == [80, 30, 100, 65, 60, 60]
+    assert b"".join(b"".join(s) for s in segs) == b"".join(b"".join(r) for r in records)
+    assert list(segments([], 100)) == []
+
+
+def test_a_logged_message_fits_one_log_segment() -> None:
+    assert Settings().max_message == MAX_MESSAGE == MAX_SEGMENT - RECORD.size
+
+
+def test_checksum_is_crc32c() -> None:
+    assert checksum(b"123456789") == 0xE3069283  # the CRC-32C check value
+    assert checksum(memoryview(bytearray(b"123456789"))) == 0xE3069283
+
+
+def test_a_spill_larger_than_a_segment_is_written_as_several(tmp_path: Path) -> None:
+    s = Settings(flush_ms=5000, large_threshold=1024, high_watermark=256 << 10,
+                 buffer_bytes=512 << 10, recv_timeout=30.0)
+    a = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, s)
+    b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, s)
+    a.segment_limit = 20 << 10  # five 4 KiB records a segment
+    try:
+        sent = [bytes([i]) * 4096 for i in range(60)]
+        for m in sent:
+            a.send(1, m)
+        a._spill(0)  # every body out of memory: 240 KiB in one plan
+        assert a.log.held == 0
+        seg_dir = tmp_path / "logs"
+        files = [f for f in seg_dir.rglob("*.seg")]
+        assert len(files) >= 12, files
+        assert max(f.stat().st_size for f in files) <= a.segment_limit
+        bodies = {e.seq: e.body for e in parse_records(a.port.log_read()) if e.body}
+        assert [bodies[i + 1] for i in range(60)] == sent
+        # A resend now comes from the store: the receiver still gets every message.
+        assert [b.recv(0) for _ in range(60)] == sent
+    finally:
+        for c in (a, b):
+            c.close()
+
+
+def test_sealed_parts_writes_more_parts_than_one_writev_takes() -> None:
+    parts: list[bytes | memoryview] = [bytes([i % 251]) * (i % 7 + 1) for i in range(3 * IOV_MAX)]
+    parts.append(memoryview(bytearray(b"tail")))
+    fd = sealed_parts(parts, "test")
+    try:
+        want = b"".join(parts)
+        assert os.pread(fd, len(want) + 1, 0) == want
+    finally:
+        os.close(fd)
+
+
+def test_a_large_frame_payload_is_a_view_a_small_one_a_copy() -> None:
+    payload = os.urandom(1 << 16)
+    body = bytearray(b"".join(encode(DATA, 1, 2, 3, 4, payload)))
+    owned = decode(body, owned=True)
+    assert isinstance(owned.payload, memoryview) and owned.payload == payload
+    copied = decode(body, owned=False)
+    assert isinstance(copied.payload, bytes) and copied.payload == payload
+    body[-1] ^= 1  # the caller's buffer changes: only the view sees it
+    assert copied.payload == payload and owned.payload != payload
+
+
+def test_recv_returns_bytes_for_a_large_message(tmp_path: Path) -> None:
+    s = Settings(flush_ms=20, large_threshold=1024, high_watermark=8 << 20,
+                 buffer_bytes=16 << 20, recv_timeout=30.0)
+    got: list[object] = []
+
+    def rank(r: int) -> None:
+        ctx = Context(LocalPort(tmp_path, "1", r, 1, PARAMS), r, 2, 1, s)
+        if r == 0:
+            ctx.send(1, b"x" * (1 << 20))  # past the reader's buffer: its own
+            ctx.send(1, b"y" * 10)
+        else:
+            got.extend([ctx.recv(0), ctx.recv(0)])
+        ctx.finalize()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == [b"x" * (1 << 20), b"y" * 10]
+    assert all(type(m) is bytes for m in got)
