@@ -21,6 +21,7 @@ checksums of delivered messages (to check a re-executed sender's duplicates).
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -240,7 +241,10 @@ class SenderLog:
             raise MessagingError(f"rank {dst} asks for messages from seq {want_from}, but "
                                  f"seq {want_from}..{first - 1} were collected (floor "
                                  f"{self.floors.get(dst, 0)})")
-        return [e for e in q if e.seq > seq]
+        # Entries are in seq order: find the first by bisection, not by a scan of a log
+        # that may hold every message since the receiver's checkpoint.
+        i = bisect.bisect_right(q, seq, key=lambda e: e.seq)
+        return [q[j] for j in range(i, len(q))]
 
     def sent_vector(self) -> dict[int, int]:
         """Last seq per destination."""
@@ -336,10 +340,20 @@ class Inbox:
                                        f"checksums: not piecewise deterministic")
             return "dup", 0, 0
         s.early[seq] = (crc, body)
-        if seq > s.next and s.asked < seq - 1:
-            first = max(s.next, s.asked + 1)
-            s.asked = seq - 1
-            return "gap", first, seq - 1
+        lo = max(s.next, s.asked + 1)
+        if seq > lo:
+            # Only seqs that have not arrived are a gap: those waiting in ``early`` for
+            # the application to take them are not (asking for them again made the
+            # sender resend every message that arrived while one was still unread).
+            first = lo
+            while first < seq and first in s.early:
+                first += 1
+            if first < seq:
+                last = seq - 1
+                while last in s.early:
+                    last -= 1
+                s.asked = seq - 1
+                return "gap", first, last
         return "ok", 0, 0
 
     def pop(self, src: int) -> bytes | memoryview | None:

@@ -1,0 +1,91 @@
+"""The receiver's bookkeeping and the sender's resend lookup: only seqs that have not
+arrived are a gap (messages waiting for the application to take them are not), and a
+resend finds its entries by bisection, holes from a reload included."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.runtime.context import Context, Settings
+from raps_slurm.runtime.msglog import Entry, Inbox, SenderLog
+from raps_slurm.runtime.ports import LocalPort
+
+
+def test_arrived_but_unread_messages_are_not_a_gap() -> None:
+    inbox = Inbox()
+    assert inbox.offer(0, 1, 1, 11, b"a") == ("ok", 0, 0)
+    assert inbox.offer(0, 2, 1, 12, b"b") == ("ok", 0, 0)  # 1 waits unread: no gap
+    assert inbox.offer(0, 3, 1, 13, b"c") == ("ok", 0, 0)
+    assert [inbox.pop(0) for _ in range(4)] == [b"a", b"b", b"c", None]
+
+
+def test_a_gap_names_exactly_the_missing_seqs_once() -> None:
+    inbox = Inbox()
+    assert inbox.offer(0, 1, 1, 11, b"a") == ("ok", 0, 0)
+    assert inbox.offer(0, 4, 1, 14, b"d") == ("gap", 2, 3)
+    assert inbox.offer(0, 5, 1, 15, b"e") == ("ok", 0, 0)  # 2..3 asked already
+    assert inbox.offer(0, 3, 1, 13, b"c") == ("ok", 0, 0)
+    assert inbox.offer(0, 8, 1, 18, b"h") == ("gap", 6, 7)
+    assert inbox.offer(0, 2, 1, 12, b"b") == ("ok", 0, 0)
+    assert [inbox.pop(0) for _ in range(6)] == [b"a", b"b", b"c", b"d", b"e", None]
+
+
+def test_a_gap_below_arrived_seqs_skips_them() -> None:
+    inbox = Inbox()
+    inbox.offer(0, 3, 1, 13, b"c")  # 1..2 missing
+    inbox.offer(0, 1, 1, 11, b"a")
+    inbox.offer(0, 2, 1, 12, b"b")
+    inbox.offer(0, 5, 1, 15, b"e")  # 4 missing, 1..3 arrived (asked up to 2)
+    assert inbox.offer(0, 7, 1, 17, b"g") == ("gap", 6, 6)
+
+
+def _log(seqs: list[int]) -> SenderLog:
+    log = SenderLog(large_threshold=1 << 20, high_watermark=1 << 30)
+    log.reload([Entry(1, s, 1, 1, 0, False, b"x") for s in seqs], {1: max(seqs)}, {}, {})
+    return log
+
+
+def test_after_finds_the_tail_even_with_holes() -> None:
+    log = _log([1, 2, 3, 5, 6, 9])
+    assert [e.seq for e in log.after(1, 0)] == [1, 2, 3, 5, 6, 9]
+    assert [e.seq for e in log.after(1, 3)] == [5, 6, 9]
+    assert [e.seq for e in log.after(1, 4)] == [5, 6, 9]
+    assert [e.seq for e in log.after(1, 8)] == [9]
+    assert log.after(1, 9) == []
+
+
+def _arrived(ctx: Context, src: int) -> int:
+    """Messages from ``src`` delivered or waiting unread."""
+    with ctx._mu:
+        st = ctx.inbox.sources.get(src)
+        return 0 if st is None else st.next - 1 + len(st.early)
+
+
+def test_messages_queued_while_the_application_is_busy_are_not_sent_twice(
+        tmp_path: Path) -> None:
+    s = Settings(flush_ms=20, large_threshold=1024, high_watermark=8 << 20,
+                 buffer_bytes=16 << 20, recv_timeout=30.0)
+    params = CodecParams(avg_chunk_kb=4)
+    a = Context(LocalPort(tmp_path, "1", 0, 1, params), 0, 2, 1, s)
+    b = Context(LocalPort(tmp_path, "1", 1, 1, params), 1, 2, 1, s)
+    try:
+        b.send(0, b"hello")
+        assert a.recv(1) == b"hello"
+        for round_ in range(2):  # the first sets up the connections (their HELLOs resend)
+            resent, dups = a.resent, b.inbox.duplicates
+            for i in range(40):
+                a.send(1, bytes([i]) * 3000)
+            deadline = time.monotonic() + 20
+            while _arrived(b, 0) < 40 * (round_ + 1):
+                assert time.monotonic() < deadline, "the 40 messages did not all arrive"
+                time.sleep(0.01)
+            # Nothing to wait for when all is well: a tenth of a second (five flush ticks)
+            # for a spurious request, sent as the frames arrived, to reach the sender.
+            time.sleep(0.1)
+            assert [b.recv(0) for _ in range(40)] == [bytes([i]) * 3000 for i in range(40)]
+        assert (a.resent, b.inbox.duplicates) == (resent, dups)
+    finally:
+        for c in (a, b):
+            c.close()
