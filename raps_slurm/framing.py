@@ -253,21 +253,28 @@ class FrameReader:
 
     def _recv(self, into: memoryview, deadline: float | None, what: str, have: int,
               want: int) -> int:
-        if deadline is None:
-            self._settimeout(None)
-        else:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise FrameError("timeout", f"{what}: {have} of {want} bytes before the "
-                                 "deadline")
-            self._settimeout(left)
-        try:
-            got = self.sock.recv_into(into)
-        except TimeoutError:
-            raise FrameError("timeout", f"{what}: {have} of {want} bytes before the "
-                             "deadline") from None
-        except OSError as exc:
-            raise FrameError("closed", f"{what}: {exc}") from None
+        while True:
+            if deadline is None:
+                self._settimeout(None)
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise FrameError("timeout", f"{what}: {have} of {want} bytes before "
+                                     "the deadline")
+                # The socket's timeout may stay while it is within what is left: a large
+                # frame's many recv calls then change it a few times, not once each.
+                cur = self._timeout
+                if cur is None or cur < 0 or cur > left:
+                    self._settimeout(left / 2)
+            try:
+                got = self.sock.recv_into(into)
+                break
+            except TimeoutError:
+                if deadline is None or time.monotonic() >= deadline:
+                    raise FrameError("timeout", f"{what}: {have} of {want} bytes before "
+                                     "the deadline") from None
+            except OSError as exc:
+                raise FrameError("closed", f"{what}: {exc}") from None
         if not got:
             if have == 0 and what == "header":
                 raise FrameError("closed", "connection closed by the peer")

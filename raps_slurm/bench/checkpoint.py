@@ -35,7 +35,7 @@ import numpy as np
 import pyfastcdc
 import zstandard
 
-from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.chunkstore import ChunkStore, drop_cached
 from raps_slurm.checkpoint.codec import CodecParams
 from raps_slurm.checkpoint.local import LocalCheckpoints
 from raps_slurm.checkpoint.reader import materialize, memory_file, read_into
@@ -100,14 +100,7 @@ def _per_byte(fn: Callable[[], object], nbytes: int) -> float:
 
 def _evict(paths: list[Path]) -> None:
     for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_cached(p)
 
 
 def reference(data: memoryview, directory: Path) -> dict[str, float]:

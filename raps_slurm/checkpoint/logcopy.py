@@ -220,6 +220,7 @@ class LogCopier:
                 if data:  # empty: trimmed meanwhile, its records can never be asked for
                     self._call(target, address, {"op": "log_put", "job": job, "rank": rank,
                                                  "seg": n}, data)
+                    self.logs.drop_pages(job, rank, n)  # copied: cold from now on
                     self.stats.segments += 1
                     self.stats.bytes += len(data)
         except TransferError as exc:

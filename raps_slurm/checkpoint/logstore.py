@@ -19,7 +19,7 @@ import contextlib
 import threading
 from pathlib import Path
 
-from raps_slurm.checkpoint.chunkstore import write_atomic
+from raps_slurm.checkpoint.chunkstore import drop_cached, write_atomic
 from raps_slurm.errors import RapsError
 from raps_slurm.runtime.msglog import MessagingError, parse_records
 
@@ -32,10 +32,18 @@ class LogStoreError(RapsError):
 
 
 class LogStore:
-    """Segments under one root; thread-safe."""
+    """Segments under one root; thread-safe.
 
-    def __init__(self, root: str | Path) -> None:
+    A segment is cold data, read back only for a resend, a restore or its one copy to
+    the log backup. With ``cold`` its pages leave the page cache as soon as it is on
+    disk (a store with no copy to make: a backup's, or a local run's); otherwise the
+    copy lane calls :meth:`drop_pages` once the copy is made. The node's page cache
+    stays the application's, and new segments reuse freed pages rather than take new
+    ones (``write_atomic``)."""
+
+    def __init__(self, root: str | Path, *, cold: bool = False) -> None:
         self.root = Path(root)
+        self.cold = cold
         self._lock = threading.Lock()
 
     def _dir(self, job: str, rank: int) -> Path:
@@ -79,8 +87,12 @@ class LogStore:
                     raise LogStoreError(f"segment {number} of rank {rank} of job {job} is "
                                         "already stored with other bytes: copy refused")
                 return number
-            write_atomic(d, tmp, f"{number}.seg", parts)
+            write_atomic(d, tmp, f"{number}.seg", parts, cold=self.cold)
         return number
+
+    def drop_pages(self, job: str, rank: int, n: int) -> None:
+        """Let segment ``n``'s pages leave the page cache (it was copied; gone: nothing)."""
+        drop_cached(self._dir(job, rank) / f"{int(n)}.seg")
 
     def segment(self, job: str, rank: int, n: int) -> bytes:
         """One segment's bytes (empty if it is gone)."""

@@ -146,7 +146,7 @@ class TransferServer:
                  handshake_timeout: float = HANDSHAKE_TIMEOUT, idle_timeout: float = TIMEOUT,
                  request_timeout: float = REQUEST_TIMEOUT, min_rate: float = MIN_RATE) -> None:
         self.store, self.node = store, node
-        self.logs = LogStore(store.root)
+        self.logs = LogStore(store.root, cold=True)  # backup copies: read for a restore
         self.max_generations = max_generations
         self._key = key
         self._also = accepted_key  # a rollover's other key: peers holding it are served

@@ -32,7 +32,7 @@ class _InPlace:
 
 IN_PLACE: Any = _InPlace()
 SUM = OPS["SUM"]
-T_BCAST, T_REDUCE, T_GATHER, T_SCATTER, T_ALLTOALL = 1, 2, 3, 4, 5
+T_BCAST, T_REDUCE, T_GATHER, T_SCATTER, T_ALLTOALL, T_ALLREDUCE = 1, 2, 3, 4, 5, 6
 
 
 def derived_id(parent: int, n: int, color: int) -> int:
@@ -202,10 +202,56 @@ class Intracomm(Comm):
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         """Element-wise reduction into every rank's ``recvbuf`` (IN_PLACE allowed)."""
-        got, rb = self._reduce_arrays(sendbuf, recvbuf, op, -1, "Allreduce")
-        assert rb is not None
+        me, n = self._enter("Allreduce")
+        rb = as_buffer(recvbuf, "Allreduce")
+        src = rb if sendbuf is IN_PLACE else as_buffer(sendbuf, "Allreduce")
+        if n & (n - 1) == 0 and src.array.size >= n > 1:
+            mine = np.array(src.array, copy=True).reshape(-1)
+            _fill(rb, _view(self._halving_doubling(mine, op, me, n)), "Allreduce")
+            return
+        got, _ = self._reduce_arrays(sendbuf, recvbuf, op, -1, "Allreduce")
         data = self._bcast_bytes(_view(got) if got is not None else None, 0)
         _fill(rb, data, "Allreduce")
+
+    def _halving_doubling(self, mine: np.ndarray[Any, Any], op: Op, me: int, n: int
+                          ) -> np.ndarray[Any, Any]:
+        """Allreduce on a power-of-two size: a reduce-scatter by recursive halving, then
+        an allgather by recursive doubling (each rank sends about twice its array in
+        all, where the binomial reduce and broadcast send the whole array at every
+        step). Rank ``me`` meets ``me ^ d`` for d = n/2 .. 1, keeps the lower half of its
+        part if ``me & d`` is 0, and combines ``lower rank op higher rank``: the order of
+        every operation is fixed by the size alone, as for the trees."""
+        dtype = mine.dtype
+        lo, hi = 0, mine.size
+        parts: list[tuple[int, int]] = []
+        d = n >> 1
+        while d:
+            partner, mid = me ^ d, lo + (hi - lo) // 2
+            (klo, khi), (glo, ghi) = ((mid, hi), (lo, mid)) if me & d else ((lo, mid), (mid, hi))
+            self._csend(partner, _view(mine[glo:ghi]), T_ALLREDUCE)
+            theirs = np.frombuffer(self._crecv(partner, T_ALLREDUCE), dtype=dtype)
+            if theirs.size != khi - klo:
+                raise Exception(f"Allreduce: rank {partner} sent {theirs.size} elements "
+                                f"where {khi - klo} were expected")
+            ours = mine[klo:khi]
+            mine[klo:khi] = op.apply(ours, theirs) if me < partner else op.apply(theirs, ours)
+            parts.append((lo, hi))
+            lo, hi = klo, khi
+            d >>= 1
+        d = 1
+        while d < n:
+            partner = me ^ d
+            plo, phi = parts.pop()
+            olo, ohi = (hi, phi) if lo == plo else (plo, lo)  # the partner's half
+            self._csend(partner, _view(mine[lo:hi]), T_ALLREDUCE)
+            block, got = _view(mine[olo:ohi]), self._crecv(partner, T_ALLREDUCE)
+            if len(got) != len(block):
+                raise Exception(f"Allreduce: rank {partner} sent {len(got)} bytes where "
+                                f"{len(block)} were expected")
+            block[:] = got
+            lo, hi = plo, phi
+            d <<= 1
+        return mine
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """Every rank's buffer into block ``rank`` of ``root``'s ``recvbuf``."""

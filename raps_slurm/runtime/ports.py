@@ -62,7 +62,7 @@ class LocalPort:
         # One store per rank: several processes share the directory, and a store's
         # collection must only ever see its own process's pins.
         self._ckpt = LocalCheckpoints(ChunkStore(self.root / "ckpt" / str(rank)))
-        self._logs = LogStore(self.root / "logs")
+        self._logs = LogStore(self.root / "logs", cold=True)  # no backup to copy to
         self._last: Manifest | None = None
         self._lock = threading.Lock()
         current = self.current_epoch(rank)

@@ -1,8 +1,12 @@
 """The message-log segment store on a local directory: numbering by epoch, refused
-collisions, trims that keep the numbering's high mark."""
+collisions, trims that keep the numbering's high mark, and a segment's pages leaving the
+page cache once it is on disk (a cold store) or copied (``drop_pages``)."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 from pathlib import Path
 
 import pytest
@@ -53,3 +57,42 @@ def test_trim_keeps_the_newest_segment_so_numbers_never_restart(tmp_path: Path) 
 def test_a_malformed_segment_is_refused(tmp_path: Path) -> None:
     with pytest.raises(LogStoreError, match="malformed log segment"):
         LogStore(tmp_path).append("7", 0, b"\x00" * 7)
+
+
+def _resident(path: Path) -> int:
+    """Bytes of ``path`` in the page cache (mincore over a private mapping)."""
+    size = path.stat().st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        head = ctypes.c_char.from_buffer(m)
+        vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+        if libc.mincore(ctypes.c_void_p(ctypes.addressof(head)), ctypes.c_size_t(size),
+                        vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        del head
+        return sum(v & 1 for v in vec) * mmap.PAGESIZE
+    finally:
+        m.close()
+
+
+def _big_segment() -> bytes:
+    body = os.urandom(1 << 20)
+    return b"".join(bytes(p) for p in Entry(1, 1, 1, len(body), checksum(body), True,
+                                            body).record(with_body=True))
+
+
+def test_a_cold_store_leaves_its_segments_out_of_the_page_cache(tmp_path: Path) -> None:
+    hot, cold = LogStore(tmp_path / "hot"), LogStore(tmp_path / "cold", cold=True)
+    data = _big_segment()
+    n_hot, n_cold = hot.append("7", 0, data), cold.append("7", 0, data)
+    hot_file = tmp_path / "hot" / "job-7" / "logs" / "0" / f"{n_hot}.seg"
+    cold_file = tmp_path / "cold" / "job-7" / "logs" / "0" / f"{n_cold}.seg"
+    if _resident(hot_file) == 0:
+        pytest.skip("this filesystem keeps no written pages cached (nothing to drop)")
+    assert _resident(cold_file) == 0
+    hot.drop_pages("7", 0, n_hot)  # the copy lane, once the backup holds it
+    assert _resident(hot_file) == 0
+    assert hot.segment("7", 0, n_hot) == cold.segment("7", 0, n_cold) == data
+    hot.drop_pages("7", 0, n_hot + 5)  # gone or never there: nothing to do

@@ -23,9 +23,18 @@ RANKS = 3
 # Debian's mpi4py is built for the system Python; mpirun runs as root here only when
 # told to, and with more ranks than cores only when allowed to oversubscribe.
 SYSTEM_PYTHON = "/usr/bin/python3"
-MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp",
-          "-n", str(RANKS)]
-LOCAL = [sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(RANKS), "--mpi4py"]
+
+
+def _mpirun(ranks: int) -> list[str]:
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp",
+            "-n", str(ranks)]
+
+
+def _local(ranks: int) -> list[str]:
+    return [sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(ranks), "--mpi4py"]
+
+
+MPIRUN, LOCAL = _mpirun(RANKS), _local(RANKS)
 
 # program, its arguments, and the crashes it must survive under RAPS: the arguments
 # added (--die RANK:WHEN, and --every N to checkpoint seldom or never)
@@ -119,6 +128,23 @@ def test_program_prints_what_open_mpi_prints(name: str, mpirun: list[str],
                   (tmp_path / f"crash{i}" / "recovery-events.log").read_text().splitlines()]
         assert [(e["rank"], e["epoch"], e["phase"]) for e in events] == [
             (int(rank), 2, "running"), (int(rank), 2, "caught_up")], events
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("program", ["examples/mpi_reduce.py",
+                                     "tests/data/mpi/allreduce_sizes.py"])
+def test_reductions_on_power_of_two_sizes_print_what_open_mpi_prints(
+        ranks: int, program: str, mpirun: list[str], tmp_path: Path) -> None:
+    # Allreduce of buffers takes recursive halving and doubling on these sizes.
+    theirs_p = _start([*_mpirun(ranks), SYSTEM_PYTHON, str(REPO / program)], tmp_path)
+    ours_argv = [*_local(ranks), "--", sys.executable, str(REPO / program)]
+    ours_p = _start(ours_argv, tmp_path)
+    again_p = _start(ours_argv, tmp_path)
+    theirs, _ = _finish(theirs_p, f"mpirun -n {ranks} {program}")
+    ours, _ = _finish(ours_p, f"RAPS -n {ranks} {program}")
+    again, _ = _finish(again_p, f"RAPS -n {ranks} {program} again")
+    _same(program, ours, theirs)
+    assert again == ours  # the same bits run after run: a replay computes the same
 
 
 def test_abort_ends_the_job_under_both(mpirun: list[str], tmp_path: Path) -> None:
