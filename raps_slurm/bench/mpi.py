@@ -13,7 +13,8 @@ last messages spill to disk, as a real program's do between checkpoints.
 
 Each round also runs the same ping-pong over plain TCP between two processes of this
 interpreter (:mod:`raps_slurm.bench.tcp_floor`): Python's own floor, reported as
-``*_python_tcp_*`` with its ratio to Open MPI.
+``*_python_tcp_*`` with its ratio to Open MPI; ``lat_8B_thread_python_tcp_us`` is the
+same latency when a reader thread hands each message over, as RAPS's runtime does.
 """
 
 from __future__ import annotations
@@ -132,10 +133,10 @@ def floor_figures(runs: list[dict[str, float]], openmpi: list[dict[str, float]]
     """Medians of the plain-TCP rounds (:mod:`raps_slurm.bench.tcp_floor`) and their
     ratios to Open MPI: the best a Python rank that sleeps in the kernel could reach."""
     out: dict[str, Any] = {}
-    for key in ("lat_8B", *BANDWIDTH):
-        unit = UNITS[key]
+    for key in ("lat_8B", "lat_8B_thread", *BANDWIDTH):
+        unit = UNITS.get(key, "us")
         mine = statistics.median(r[key] for r in runs)
-        theirs = statistics.median(r[key] for r in openmpi)
+        theirs = statistics.median(r[key.removesuffix("_thread")] for r in openmpi)
         out[f"{key}_python_tcp_{unit}"] = round(mine, 1)
         out[f"{key}_python_tcp_ratio"] = round(mine / theirs, 3)
     return out

@@ -5,13 +5,20 @@ preallocated buffers, ``sendall`` and ``recv_into``: no framing, MAC, log or thr
 hand-off. What RAPS adds to a message is the gap between its figure and this one; what
 Python itself costs against Open MPI is the gap between this one and Open MPI's (whose
 ranks poll rather than sleep in the kernel).
+
+With ``handoff`` each side reads on a thread of its own that hands every message to the
+main thread through a condition variable, as the RAPS runtime's reader threads do: the
+gap between the two latencies is what that hand-off alone costs.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 
 
 def _fill(sock: socket.socket, view: memoryview) -> None:
@@ -23,8 +30,42 @@ def _fill(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def pingpong(nbytes: int, round_trips: int, warmup: int) -> float:
-    """Seconds of ``round_trips`` round trips of ``nbytes`` (after ``warmup`` untimed)."""
+class _Handoff:
+    """A reader thread that hands each ``nbytes`` message to :meth:`get`."""
+
+    def __init__(self, sock: socket.socket, nbytes: int) -> None:
+        self.sock, self.nbytes = sock, nbytes
+        self.got: collections.deque[bytes] = collections.deque()
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        buf = memoryview(bytearray(self.nbytes))
+        try:
+            while True:
+                _fill(self.sock, buf)
+                with self.cond:
+                    self.got.append(bytes(buf))
+                    self.cond.notify()
+        except OSError:
+            return
+
+    def get(self) -> None:
+        with self.cond:
+            while not self.got:
+                self.cond.wait(5)
+            self.got.popleft()
+
+
+def _receiver(sock: socket.socket, buf: memoryview, handoff: bool) -> Callable[[], None]:
+    if handoff:
+        return _Handoff(sock, len(buf)).get
+    return lambda: _fill(sock, buf)
+
+
+def pingpong(nbytes: int, round_trips: int, warmup: int, handoff: bool = False) -> float:
+    """Seconds of ``round_trips`` round trips of ``nbytes`` (after ``warmup`` untimed);
+    ``handoff``: messages are read on a thread (the module docstring)."""
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -38,8 +79,9 @@ def pingpong(nbytes: int, round_trips: int, warmup: int) -> float:
             c = socket.create_connection(("127.0.0.1", port))
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             buf = memoryview(bytearray(nbytes))
+            receive = _receiver(c, buf, handoff)
             for _ in range(total):
-                _fill(c, buf)
+                receive()
                 c.sendall(buf)
             code = 0
         finally:
@@ -50,13 +92,14 @@ def pingpong(nbytes: int, round_trips: int, warmup: int) -> float:
         s, _ = srv.accept()
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = memoryview(bytearray(nbytes))
+        receive = _receiver(s, buf, handoff)
         for _ in range(warmup):
             s.sendall(buf)
-            _fill(s, buf)
+            receive()
         start = time.perf_counter()
         for _ in range(round_trips):
             s.sendall(buf)
-            _fill(s, buf)
+            receive()
         return time.perf_counter() - start
     finally:
         srv.close()
@@ -70,9 +113,11 @@ def pingpong(nbytes: int, round_trips: int, warmup: int) -> float:
 def figures(iterations: int, warmup: int, latency_factor: int, sizes: dict[str, int]
             ) -> dict[str, float]:
     """The MPI benchmark's ping-pong figures for plain TCP: half round-trip latency at 8
-    bytes (us) and, per ``sizes`` key, bandwidth (MB/s, both directions counted)."""
+    bytes (us), read directly and through a reader thread, and, per ``sizes`` key,
+    bandwidth (MB/s, both directions counted)."""
     n = iterations * latency_factor
-    out = {"lat_8B": pingpong(8, n, warmup * latency_factor) / n / 2 * 1e6}
+    out = {"lat_8B": pingpong(8, n, warmup * latency_factor) / n / 2 * 1e6,
+           "lat_8B_thread": pingpong(8, n, warmup * latency_factor, handoff=True) / n / 2 * 1e6}
     for key, nbytes in sizes.items():
         out[key] = 2 * nbytes * iterations / pingpong(nbytes, iterations, warmup) / 1e6
     return out

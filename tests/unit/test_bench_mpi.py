@@ -17,7 +17,8 @@ KEYS = ["lat_8B_raps_us", "lat_8B_openmpi_us", "lat_8B_ratio", "bw_1MiB_raps_MBp
         "bw_8MiB_ratio", "allreduce_8MiB_raps_s", "allreduce_8MiB_openmpi_s",
         "allreduce_8MiB_ratio", "lat_8B_python_tcp_us", "lat_8B_python_tcp_ratio",
         "bw_1MiB_python_tcp_MBps", "bw_1MiB_python_tcp_ratio", "bw_8MiB_python_tcp_MBps",
-        "bw_8MiB_python_tcp_ratio"]
+        "bw_8MiB_python_tcp_ratio", "lat_8B_thread_python_tcp_us",
+        "lat_8B_thread_python_tcp_ratio"]
 
 
 def _launch(lat_s: float, bw_s: float, ar_s: float) -> dict[str, float]:
@@ -42,12 +43,13 @@ def test_medians_ratios_and_goals() -> None:
 
 
 def test_python_tcp_floor_ratios_against_openmpi() -> None:
-    tcp = [{"lat_8B": 30.0, "bw_1MiB": 3000.0, "bw_8MiB": 2000.0},
-           {"lat_8B": 50.0, "bw_1MiB": 1000.0, "bw_8MiB": 1000.0},
-           {"lat_8B": 40.0, "bw_1MiB": 2000.0, "bw_8MiB": 9000.0}]
+    tcp = [{"lat_8B": 30.0, "lat_8B_thread": 60.0, "bw_1MiB": 3000.0, "bw_8MiB": 2000.0},
+           {"lat_8B": 50.0, "lat_8B_thread": 80.0, "bw_1MiB": 1000.0, "bw_8MiB": 1000.0},
+           {"lat_8B": 40.0, "lat_8B_thread": 90.0, "bw_1MiB": 2000.0, "bw_8MiB": 9000.0}]
     ompi = [{"lat_8B": 4.0, "bw_1MiB": 4000.0, "bw_8MiB": 4000.0}] * 3
     out = mpi.floor_figures(tcp, ompi)
     assert out == {"lat_8B_python_tcp_us": 40.0, "lat_8B_python_tcp_ratio": 10.0,
+                   "lat_8B_thread_python_tcp_us": 80.0, "lat_8B_thread_python_tcp_ratio": 20.0,
                    "bw_1MiB_python_tcp_MBps": 2000.0, "bw_1MiB_python_tcp_ratio": 0.5,
                    "bw_8MiB_python_tcp_MBps": 2000.0, "bw_8MiB_python_tcp_ratio": 0.5}
 
@@ -58,7 +60,8 @@ def test_the_tcp_floor_times_real_round_trips() -> None:
     secs = tcp_floor.pingpong(1 << 20, 3, 1)
     assert 0 < secs < 30
     out = tcp_floor.figures(1, 0, 2, {"bw_1MiB": 1 << 20})
-    assert set(out) == {"lat_8B", "bw_1MiB"} and all(v > 0 for v in out.values())
+    assert set(out) == {"lat_8B", "lat_8B_thread", "bw_1MiB"}
+    assert all(v > 0 for v in out.values())
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None,
