@@ -6,7 +6,6 @@ without a joining copy, and a large frame's payload is handed on without a copy.
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 from raps_slurm.checkpoint.codec import CodecParams
@@ -92,21 +91,14 @@ def test_a_large_frame_payload_is_a_view_a_small_one_a_copy() -> None:
 def test_recv_returns_bytes_for_a_large_message(tmp_path: Path) -> None:
     s = Settings(flush_ms=20, large_threshold=1024, high_watermark=8 << 20,
                  buffer_bytes=16 << 20, recv_timeout=30.0)
-    got: list[object] = []
-
-    def rank(r: int) -> None:
-        ctx = Context(LocalPort(tmp_path, "1", r, 1, PARAMS), r, 2, 1, s)
-        if r == 0:
-            ctx.send(1, b"x" * (1 << 20))  # past the reader's buffer: its own
-            ctx.send(1, b"y" * 10)
-        else:
-            got.extend([ctx.recv(0), ctx.recv(0)])
-        ctx.finalize()
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert got == [b"x" * (1 << 20), b"y" * 10]
-    assert all(type(m) is bytes for m in got)
+    a = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, s)
+    b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, s)
+    try:
+        a.send(1, b"x" * (1 << 20))  # past the reader's buffer: read into its own
+        a.send(1, b"y" * 10)
+        got = [b.recv(0), b.recv(0)]
+        assert got == [b"x" * (1 << 20), b"y" * 10]
+        assert all(type(m) is bytes for m in got)
+    finally:
+        for c in (a, b):
+            c.close()
