@@ -26,6 +26,10 @@
 #                       Node keys are not installed here: on the controller run
 #                       `rapsctl config node-key NODE --out NODE.key` and copy it (0600) to
 #                       NODE's detection.node_key_file (docs/install.md)
+#     --hooks-config FILE  (controller) the config PrologSlurmctld and EpilogSlurmctld use,
+#                       naming the raps-hooks etcd identity (docs/store.md): installed as
+#                       raps/hooks.yaml and named by those two hooks; without it an
+#                       installed hooks.yaml is kept, else they use the RAPS config
 #     --spank FILE      a built raps_spank.so (default: build spank/ with make)
 #     --enable          systemctl enable the role's unit (needs systemd running here)
 set -euo pipefail
@@ -36,6 +40,7 @@ die() { echo "install.sh: $*" >&2; exit 1; }
 say() { echo "install.sh: $*"; }
 
 role="" root=/ prefix=/usr/local sysconfdir=/etc py="" config="" key="" spank="" enable=""
+hooks_config=""
 need() { [ $# -ge 2 ] && [ -n "$2" ] || usage "$1 needs a value"; }
 while (($#)); do
   case $1 in
@@ -47,9 +52,10 @@ while (($#)); do
     --config) need "$@"; config=$2; shift 2 ;;
     --key) need "$@"; key=$2; shift 2 ;;
     --spank) need "$@"; spank=$2; shift 2 ;;
+    --hooks-config) need "$@"; hooks_config=$2; shift 2 ;;
     --enable) enable=1; shift ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d'; exit 0 ;;
-    *) usage "unknown argument '$1' (allowed: --role, --root, --prefix, --sysconfdir, --python, --config, --key, --spank, --enable)" ;;
+    *) usage "unknown argument '$1' (allowed: --role, --root, --prefix, --sysconfdir, --python, --config, --key, --hooks-config, --spank, --enable)" ;;
   esac
 done
 case $role in
@@ -62,7 +68,8 @@ for d in "$prefix" "$sysconfdir"; do
 done
 [ -d "$root" ] || usage "--root $root is not a directory"
 root=$(realpath "$root"); [ "$root" = / ] && root=""
-for f in "$config" "$key" "$spank"; do
+[ -z "$hooks_config" ] || [ "$role" = controller ] || usage "--hooks-config is for --role controller (only its hooks reach etcd)"
+for f in "$config" "$key" "$spank" "$hooks_config"; do
   [ -z "$f" ] || [ -f "$f" ] || usage "'$f' is not a file"
 done
 if [ -z "$py" ]; then
@@ -133,7 +140,14 @@ if [ -n "$key" ]; then
 elif [ "$role" = compute ] && [ ! -f "$root$key_file" ]; then
   usage "no cluster key at $key_file: pass --key FILE (the controller's $key_file; every node shares it)"
 fi
+hooks_cfg=$sysconfdir/raps/hooks.yaml
+if [ -n "$hooks_config" ]; then
+  "$py" -c 'import sys; from raps_slurm.config import load_file; load_file(sys.argv[1])' \
+    "$hooks_config" 2>"$tmp/hcheck" \
+    || usage "--hooks-config: $hooks_config is not a valid RAPS config: $(tail -1 "$tmp/hcheck" | sed 's/^[A-Za-z_.]*Error: //')"
+fi
 [ "$cfg_src" = "$root$cfg" ] || put "$cfg_src" "$cfg" 644
+if [ -n "$hooks_config" ]; then put "$hooks_config" "$hooks_cfg" 644; fi
 
 # --- cluster key (signs heartbeats; the same on every node) ----------------------------
 if [ "$role" != login ]; then
@@ -173,9 +187,17 @@ fi
 
 # --- Slurm hooks and the slurm.conf lines that name them ---------------------------------
 if [ "$role" != login ]; then
-  mkdir -p "$tmp/hooks"
+  mkdir -p "$tmp/hooks" "$tmp/ctld-hooks"
   bash "$REPO/scripts/install-hooks.sh" --python "$py" --config "$cfg" "$tmp/hooks" >/dev/null
-  for hook in prolog-slurmctld epilog-slurmctld prolog epilog; do
+  # The controller's hooks run as SlurmUser with their own etcd identity when there is
+  # a hooks.yaml; the node hooks never reach etcd.
+  ctld_cfg=$cfg
+  [ "$role" = controller ] && [ -f "$root$hooks_cfg" ] && ctld_cfg=$hooks_cfg
+  bash "$REPO/scripts/install-hooks.sh" --python "$py" --config "$ctld_cfg" "$tmp/ctld-hooks" >/dev/null
+  for hook in prolog-slurmctld epilog-slurmctld; do
+    put "$tmp/ctld-hooks/$hook" "$libdir/$hook" 755
+  done
+  for hook in prolog epilog; do
     put "$tmp/hooks/$hook" "$libdir/$hook" 755
   done
   sed -e "s#/usr/local/lib/raps#$libdir#g" -e "s#/etc/slurm/plugstack.conf#$plugstack#g" \

@@ -187,6 +187,8 @@ def test_enable_outside_the_real_root_enables_nothing(tmp_path: Path) -> None:
     (["--role", "login", "--prefix"], "--prefix needs a value"),
     (["--role", "login", "--prefix", "usr/local"], "'usr/local' is not an absolute path"),
     (["--role", "login", "--config", "/no/such.yaml"], "'/no/such.yaml' is not a file"),
+    (["--role", "compute", "--hooks-config", "/etc/hostname"],
+     "--hooks-config is for --role controller"),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(tmp_path: Path, args: list[str],
                                                says: str) -> None:
@@ -212,10 +214,39 @@ def test_a_bad_key_or_config_is_refused_before_anything_is_written(tmp_path: Pat
     assert list(root.iterdir()) == []
 
 
+def test_the_controller_hooks_take_their_own_config(tmp_path: Path) -> None:
+    hooks_cfg = tmp_path / "hooks.yaml"
+    hooks_cfg.write_text("store:\n  user: raps-hooks\n"
+                         "  password_file: /etc/raps/etcd/raps-hooks.password\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    out = install(root, "--role", "controller", "--hooks-config", str(hooks_cfg))
+    assert out.returncode == 0, out.stderr
+    assert "install.sh: installed /etc/raps/hooks.yaml" in out.stdout.splitlines()
+    assert (root / "etc/raps/hooks.yaml").read_bytes() == hooks_cfg.read_bytes()
+    assert stat.S_IMODE((root / "etc/raps/hooks.yaml").stat().st_mode) == 0o644
+    for hook, cfg in (("prolog-slurmctld", "hooks"), ("epilog-slurmctld", "hooks"),
+                      ("prolog", "raps"), ("epilog", "raps")):
+        assert f"--config '/etc/raps/{cfg}.yaml'" in (root / LIB / hook).read_text(), hook
+    before = tree(root)
+    again = install(root, "--role", "controller")  # the installed hooks.yaml is kept
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == f"install.sh: controller: nothing changed under {root}"
+    assert tree(root) == before
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("store:\n  endpoints: 7\n")
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    out = install(fresh, "--role", "controller", "--hooks-config", str(bad))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--hooks-config:" in out.stderr and "not a valid RAPS config" in out.stderr
+    assert list(fresh.iterdir()) == []
+
+
 def test_every_option_is_in_the_help_and_in_docs_install_md() -> None:
-    options = set(re.findall(r"^\s+(--[a-z]+)\)", SCRIPT.read_text(), re.M))
+    options = set(re.findall(r"^\s+(--[a-z-]+)\)", SCRIPT.read_text(), re.M))
     assert {"--role", "--root", "--prefix", "--sysconfdir", "--python", "--config", "--key",
-            "--spank", "--enable"} == options
+            "--hooks-config", "--spank", "--enable"} == options
     out = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True,
                          check=True).stdout
     docs = (REPO / "docs" / "install.md").read_text()
