@@ -23,7 +23,7 @@ import numpy as np
 
 from raps_slurm.mpi.comm import COMM_NULL, UNDEFINED, Comm, Exception
 from raps_slurm.mpi.engine import RAW
-from raps_slurm.mpi.types import OPS, Buffer, Op, as_buffer
+from raps_slurm.mpi.types import OPS, Buffer, Op, as_buffer, copy_array
 
 
 class _InPlace:
@@ -186,9 +186,9 @@ class Intracomm(Comm):
         if sendbuf is IN_PLACE:
             if rb is None:
                 raise ValueError(f"{call}: IN_PLACE needs the receive buffer")
-            mine = np.array(rb.array, copy=True)
+            mine = copy_array(rb.array)
         else:
-            mine = np.array(as_buffer(sendbuf, call).array, copy=True)
+            mine = copy_array(as_buffer(sendbuf, call).array)
         dtype = mine.dtype
         got = self._reduce_tree(mine, op.apply, _view,
                                 lambda d: np.frombuffer(d, dtype=dtype), max(root, 0))
@@ -207,7 +207,7 @@ class Intracomm(Comm):
         rb = as_buffer(recvbuf, "Allreduce")
         src = rb if sendbuf is IN_PLACE else as_buffer(sendbuf, "Allreduce")
         if n & (n - 1) == 0 and src.array.size >= n > 1:
-            mine = np.array(src.array, copy=True).reshape(-1)
+            mine = copy_array(src.array).reshape(-1)
             _fill(rb, _view(self._halving_doubling(mine, op, me, n)), "Allreduce")
             return
         got, _ = self._reduce_arrays(sendbuf, recvbuf, op, -1, "Allreduce")
@@ -288,7 +288,7 @@ class Intracomm(Comm):
         rb = as_buffer(recvbuf, "Allgather")
         blocks = _blocks(rb, n, "Allgather")
         if sendbuf is IN_PLACE:
-            sendbuf = np.array(np.frombuffer(blocks[me], dtype=rb.datatype.dtype), copy=True)
+            sendbuf = copy_array(np.frombuffer(blocks[me], dtype=rb.datatype.dtype))
         self.Gather(sendbuf, recvbuf, 0)
         data = self._bcast_bytes(bytes(rb.raw()) if me == 0 else None, 0)
         if me != 0:

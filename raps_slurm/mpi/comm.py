@@ -12,10 +12,15 @@ from __future__ import annotations
 import pickle
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from raps_slurm.mpi.engine import ANY_SOURCE, ANY_TAG, OBJ, PROC_NULL, RAW, Msg, Recv
-from raps_slurm.mpi.types import BYTE, Buffer, Datatype, Namespace, as_buffer, unsupported
+from raps_slurm.mpi.types import (
+    BYTE,
+    Buffer,
+    Datatype,
+    Namespace,
+    as_buffer,
+    unsupported,
+)
 from raps_slurm.mpi.world import World, world
 
 if TYPE_CHECKING:
@@ -522,8 +527,3 @@ class _NullComm:
 
 
 COMM_NULL: Any = _NullComm()
-
-
-def as_array(b: Buffer) -> np.ndarray[Any, Any]:
-    """A copy of a buffer's elements."""
-    return np.array(b.array, copy=True)

@@ -186,9 +186,25 @@ def _loc(pick: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
     return f
 
 
+def copy_array(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A copy of ``a`` with the same bytes, a structured type's padding included. numpy's
+    own copy of a padded structured array (``DOUBLE_INT``'s 16-byte pairs) may leave the
+    padding undefined; these bytes are sent, and a re-executed rank must send the same
+    ones (else its peers see a checksum change and call it not deterministic)."""
+    if a.dtype.fields is None:
+        return np.array(a, copy=True)
+    if not a.flags.c_contiguous:
+        out = np.zeros(a.shape, dtype=a.dtype)  # fields assigned one by one: padding 0
+        out[...] = a
+        return out
+    out = np.empty(a.shape, dtype=a.dtype)
+    out.reshape(-1).view(np.uint8)[:] = a.reshape(-1).view(np.uint8)
+    return out
+
+
 def _loc_arrays(pick: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def f(a: Any, b: Any) -> Any:
-        out = a.copy()
+        out = copy_array(a)
         take_b = pick(b["v"], a["v"]) | ((b["v"] == a["v"]) & (b["i"] < a["i"]))
         out[take_b] = b[take_b]
         return out

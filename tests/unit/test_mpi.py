@@ -341,3 +341,21 @@ def test_runtime_recv_any_try_recv_and_records_survive_a_restart(tmp_path: Path)
             c.close()
     with pytest.raises(ValueError, match="expected other ranks"):
         c1.recv_any([1])
+
+
+def test_a_copy_keeps_a_padded_pairs_bytes_as_they_are() -> None:
+    import numpy as np
+
+    from raps_slurm.mpi.types import OPS, copy_array
+
+    dt = np.dtype([("v", np.float64), ("i", np.int32)], align=True)  # 4 bytes of padding
+    for n in range(1, 40):
+        a = np.zeros(n, dtype=dt)
+        a["v"], a["i"] = np.arange(n) % 5, 1
+        assert copy_array(a).tobytes() == a.tobytes(), n
+        # MAXLOC's result carries its inputs' padding, not whatever memory held
+        assert OPS["MAXLOC"].apply(copy_array(a), copy_array(a)).tobytes() == a.tobytes()
+    strided = np.zeros(8, dtype=dt)[::2]
+    assert copy_array(strided).tobytes() == bytes(4 * 16)
+    plain = np.arange(6.0)
+    assert copy_array(plain).tobytes() == plain.tobytes() and copy_array(plain) is not plain

@@ -147,6 +147,17 @@ def test_reductions_on_power_of_two_sizes_print_what_open_mpi_prints(
     assert again == ours  # the same bits run after run: a replay computes the same
 
 
+def test_a_rank_lost_amid_halving_allreduces_replays_to_the_same_bits(tmp_path: Path) -> None:
+    prog = [sys.executable, str(REPO / "tests/data/mpi/allreduce_sizes.py")]
+    clean = _start([*_local(4), "--", *prog], tmp_path)
+    lost = _start([*_local(4), "--restarts", "1", "--dir", str(tmp_path / "lost"), "--",
+                   *prog, "--die", "1:5"], tmp_path)
+    want, _ = _finish(clean, "RAPS -n 4 allreduce_sizes")
+    got, err = _finish(lost, "RAPS -n 4 allreduce_sizes --die 1:5")
+    assert "rank 1 exited with 17; relaunching it with epoch 2" in err, err[-2000:]
+    assert got == want and want.count("\n") == 7
+
+
 def test_abort_ends_the_job_under_both(mpirun: list[str], tmp_path: Path) -> None:
     calls = str(REPO / "tests/data/mpi/calls.py")
     theirs = _start([*mpirun, calls, "abort"], tmp_path)

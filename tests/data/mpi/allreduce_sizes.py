@@ -4,11 +4,16 @@ or, MAXLOC), plain and IN_PLACE: the same lines under any MPI. Rank 0 prints.
 
     mpirun -n 4 python tests/data/mpi/allreduce_sizes.py
     python -m raps_slurm.runtime.local -n 4 --mpi4py -- python tests/data/mpi/allreduce_sizes.py
+
+``--die RANK:I`` makes RANK exit (code 17) before the I-th count in its first epoch: the
+relaunched rank re-executes from the start, its peers' logs replay what they sent.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import os
 
 import numpy as np
 from mpi4py import MPI
@@ -20,11 +25,17 @@ def _digest(a: np.ndarray) -> str:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--die", default=None, help="RANK:I")
+    a = p.parse_args()
+    die_rank, die_at = (int(x) for x in a.die.split(":")) if a.die else (-1, -1)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     rng = np.random.default_rng(77 + rank)
     lines = []
-    for count in (1, 3, 4, 5, 7, 1001, 65537):
+    for i, count in enumerate((1, 3, 4, 5, 7, 1001, 65537)):
+        if rank == die_rank and i == die_at and os.environ.get("RAPS_EPOCH", "1") == "1":
+            os._exit(17)
         a = rng.integers(-1000, 1000, count).astype(np.int64)
         s = np.empty_like(a)
         comm.Allreduce([a, MPI.INT64_T], [s, MPI.INT64_T], op=MPI.SUM)
