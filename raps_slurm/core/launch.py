@@ -235,3 +235,17 @@ def by_target(todo: Iterable[Relaunch]) -> dict[str, list[Relaunch]]:
     for r in sorted(todo, key=lambda r: (r.node, r.rank)):
         out.setdefault(r.node, []).append(r)
     return out
+
+
+def hash_seed(env: Mapping[str, str], job: str) -> dict[str, str]:
+    """``PYTHONHASHSEED`` for a rank of ``job``, unless the user set one: the same for every
+    incarnation of every rank of the job. Python randomizes the hash of ``str`` per
+    process, which orders a ``set`` of strings differently in a relaunched rank: it would
+    pickle such a set into other bytes, and its peers would refuse it as not
+    deterministic."""
+    if "PYTHONHASHSEED" in env:
+        return {}
+    seed = 0
+    for ch in job.encode():
+        seed = (seed * 131 + ch) % 4294967295  # PYTHONHASHSEED is 0..4294967295
+    return {"PYTHONHASHSEED": str(seed)}

@@ -55,6 +55,7 @@ from raps_slurm.core.launch import (
     by_target,
     cpus_per_rank,
     free_slot,
+    hash_seed,
     job_cpus_per_node,
     moves_to_prepare,
     node_slots,
@@ -109,6 +110,7 @@ class Launcher:
         # --mpi4py: `from mpi4py import MPI` in the ranks resolves to raps_slurm.mpi
         self.rank_env = shim_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")}) if mpi4py \
             else {}
+        self.rank_env.update(hash_seed(os.environ, job))
         self.per_rank, self.srun_options = cpus_per_rank(srun_options)
         self.program = program
         self.socket_template = socket_template

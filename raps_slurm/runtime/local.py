@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from raps_slurm.core.launch import hash_seed
+
 ABORT_FILE = "abort"  # written by MPI.Abort (raps_slurm.mpi): "RANK CODE"
 STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
 
@@ -58,6 +60,7 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
     """Start, watch and relaunch the ranks; the exit code."""
     epochs = dict.fromkeys(range(n), 1)
     base = dict(os.environ)
+    base.update(hash_seed(base, "local"))  # the same str hashes in a relaunched rank
     if mpi4py:
         from raps_slurm.mpi import shim_env
 

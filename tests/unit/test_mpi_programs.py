@@ -158,6 +158,27 @@ def test_a_rank_lost_amid_halving_allreduces_replays_to_the_same_bits(tmp_path: 
     assert got == want and want.count("\n") == 7
 
 
+def test_a_relaunched_rank_sends_its_sets_of_strings_in_the_same_order(tmp_path: Path
+                                                                        ) -> None:
+    prog = [sys.executable, str(REPO / "tests/data/mpi/sets.py")]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    p = subprocess.run([*_local(2), "--restarts", "1", "--", *prog, "--die", "3"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=90, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "rank 1 exited with 17; relaunching it with epoch 2" in p.stderr
+    assert p.stdout.splitlines() == [f"{s} 33 step{s}" for s in range(6)]
+
+
+def test_the_launcher_keeps_a_hash_seed_the_user_set() -> None:
+    from raps_slurm.core.launch import hash_seed
+
+    assert hash_seed({"PYTHONHASHSEED": "random"}, "7") == {}
+    seeds = {job: hash_seed({}, job)["PYTHONHASHSEED"] for job in ("7", "8", "local")}
+    assert len(set(seeds.values())) == 3
+    assert all(0 <= int(v) <= 4294967295 for v in seeds.values())
+    assert hash_seed({}, "7") == {"PYTHONHASHSEED": seeds["7"]}  # every incarnation
+
+
 def test_abort_ends_the_job_under_both(mpirun: list[str], tmp_path: Path) -> None:
     calls = str(REPO / "tests/data/mpi/calls.py")
     theirs = _start([*mpirun, calls, "abort"], tmp_path)
