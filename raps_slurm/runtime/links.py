@@ -356,7 +356,12 @@ class PeerLinks:
                 batch, records = self.log.take_unpersisted()
             if not records:
                 return
-            self._append(records)
+            try:
+                self._append(records)
+            except BaseException:
+                with self._mu:  # the next flush writes them again (a reload keeps one)
+                    self.log.unpersisted_again(batch)
+                raise
             with self._mu:
                 self.log.persisted(batch)
                 self._persisted_bodies = None
@@ -368,7 +373,8 @@ class PeerLinks:
         with self._flush_lock:
             with self._mu:
                 plan = self.log.spill_plan(target)
-            self._append([e.record(with_body=True) for e in plan])
+                records = [e.record(with_body=True) for e in plan]
+            self._append(records)
             with self._mu:
                 for e in plan:
                     e.body_persisted = True

@@ -153,6 +153,11 @@ class SenderLog:
         batch, self._unpersisted = self._unpersisted, []
         return batch, [e.record(with_body=not e.large) for e in batch]
 
+    def unpersisted_again(self, batch: list[Entry]) -> None:
+        """A batch from :meth:`take_unpersisted` that could not be written: it goes first
+        in the next one."""
+        self._unpersisted[:0] = batch
+
     @staticmethod
     def persisted(batch: list[Entry]) -> None:
         """Mark a batch from :meth:`take_unpersisted` as durable."""

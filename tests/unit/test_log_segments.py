@@ -1,12 +1,15 @@
 """The message log's writes to its store: records grouped into segments under the
 store's size bound (a spill of more than one segment's worth used to fail at every
-flush), a logged message always fits one segment, parts go to a sealed memory file
+flush), a batch whose write failed written again by the next flush, a logged message
+always fits one segment, parts go to a sealed memory file
 without a joining copy, and a large frame's payload is handed on without a copy."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+import pytest
 
 from raps_slurm.checkpoint.codec import CodecParams
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
@@ -99,6 +102,40 @@ def test_recv_returns_bytes_for_a_large_message(tmp_path: Path) -> None:
         got = [b.recv(0), b.recv(0)]
         assert got == [b"x" * (1 << 20), b"y" * 10]
         assert all(type(m) is bytes for m in got)
+    finally:
+        for c in (a, b):
+            c.close()
+
+
+class _FailingOnce(LocalPort):
+    """A local port whose log store refuses its first write (as a full disk would)."""
+
+    failed = 0
+
+    def log_append(self, parts: list[bytes | memoryview]) -> None:
+        if not self.failed:
+            self.failed += 1
+            raise OSError("no space left on device")
+        super().log_append(parts)
+
+
+def test_a_failed_log_write_is_written_again_by_the_next_flush(tmp_path: Path) -> None:
+    s = Settings(flush_ms=5000, large_threshold=1 << 20, high_watermark=8 << 20,
+                 buffer_bytes=16 << 20, recv_timeout=30.0)
+    port = _FailingOnce(tmp_path, "1", 0, 1, PARAMS)
+    a = Context(port, 0, 2, 1, s)
+    b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, s)
+    try:
+        sent = [bytes([i]) * 100 for i in range(5)]
+        for m in sent:
+            a.send(1, m)
+        with pytest.raises(OSError, match="no space"):
+            a._flush()
+        assert port.failed == 1 and port.log_read() == b""
+        a._flush()
+        bodies = {e.seq: e.body for e in parse_records(port.log_read())}
+        assert [bodies[i + 1] for i in range(5)] == sent
+        assert [b.recv(0) for _ in range(5)] == sent
     finally:
         for c in (a, b):
             c.close()
