@@ -164,13 +164,15 @@ def run_ring(root: Path, n: int = 4, rounds: int = 24, kill: tuple[int, int] | N
 
 
 class _quiet:
-    """A rank that just closed its listener refuses the connection: not our concern."""
+    """A rank that just closed its listener refuses the connection, or closes it before
+    answering the handshake: not our concern (the attacks go on against the others)."""
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, *exc: object) -> bool:
-        return exc[0] is not None and issubclass(exc[0], OSError)  # type: ignore[arg-type]
+        return exc[0] is not None and issubclass(
+            exc[0], (OSError, framing.FrameError))  # type: ignore[arg-type]
 
 
 def test_four_attacks_on_running_ranks_change_nothing(tmp_path: Path) -> None:

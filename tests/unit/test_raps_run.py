@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from raps_slurm.config import parse_config
-from raps_slurm.core.launch import Incarnation
+from raps_slurm.core.launch import Incarnation, hash_seed
 from raps_slurm.launcher.control import ControlServer
 from raps_slurm.launcher.run import Launcher
 from raps_slurm.mpi import SHIM_DIR
@@ -57,8 +57,12 @@ def ctl() -> Any:
 def test_mpi4py_puts_the_shim_first_on_the_ranks_path(ctl: ControlServer,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", "/opt/app")
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     on = launcher(Agent({}), ctl, mpi4py=True)
     assert on.rank_env["PYTHONPATH"].split(":") == [SHIM_DIR, "/opt/app"]
+    # every rank of job 7, in every incarnation, hashes strings alike
+    assert launcher(Agent({}), ctl).rank_env == hash_seed({}, "7") != {}
+    monkeypatch.setenv("PYTHONHASHSEED", "123")  # the user's own reaches the ranks as is
     assert launcher(Agent({}), ctl).rank_env == {}
 
 
