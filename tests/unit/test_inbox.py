@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from raps_slurm.checkpoint.codec import CodecParams
 from raps_slurm.runtime.context import Context, Settings
 from raps_slurm.runtime.msglog import Entry, Inbox, SenderLog
-from raps_slurm.runtime.ports import LocalPort
+from raps_slurm.testing.ranks import local_pair
 
 
 def test_arrived_but_unread_messages_are_not_a_gap() -> None:
@@ -67,10 +66,7 @@ def test_messages_queued_while_the_application_is_busy_are_not_sent_twice(
         tmp_path: Path) -> None:
     s = Settings(flush_ms=20, large_threshold=1024, high_watermark=8 << 20,
                  buffer_bytes=16 << 20, recv_timeout=30.0)
-    params = CodecParams(avg_chunk_kb=4)
-    a = Context(LocalPort(tmp_path, "1", 0, 1, params), 0, 2, 1, s)
-    b = Context(LocalPort(tmp_path, "1", 1, 1, params), 1, 2, 1, s)
-    try:
+    with local_pair(tmp_path, s) as (a, b):
         b.send(0, b"hello")
         assert a.recv(1) == b"hello"
         for round_ in range(2):  # the first sets up the connections (their HELLOs resend)
@@ -86,6 +82,3 @@ def test_messages_queued_while_the_application_is_busy_are_not_sent_twice(
             time.sleep(0.1)
             assert [b.recv(0) for _ in range(40)] == [bytes([i]) * 3000 for i in range(40)]
         assert (a.resent, b.inbox.duplicates) == (resent, dups)
-    finally:
-        for c in (a, b):
-            c.close()

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from raps_slurm.checkpoint.codec import CodecParams
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.checkpoint.pack import IOV_MAX, sealed_parts
-from raps_slurm.runtime.context import Context, Settings
+from raps_slurm.runtime.context import Settings
 from raps_slurm.runtime.msglog import RECORD, checksum, parse_records, segments
 from raps_slurm.runtime.ports import LocalPort
 from raps_slurm.runtime.transport import DATA, MAX_MESSAGE, decode, encode
-
-PARAMS = CodecParams(avg_chunk_kb=4)
+from raps_slurm.testing.ranks import PARAMS, local_pair
 
 
 def _rec(n: int, fill: int) -> list[bytes | memoryview]:
@@ -47,10 +45,8 @@ def test_checksum_is_crc32c() -> None:
 def test_a_spill_larger_than_a_segment_is_written_as_several(tmp_path: Path) -> None:
     s = Settings(flush_ms=5000, large_threshold=1024, high_watermark=256 << 10,
                  buffer_bytes=512 << 10, recv_timeout=30.0)
-    a = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, s)
-    b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, s)
-    a.segment_limit = 20 << 10  # five 4 KiB records a segment
-    try:
+    with local_pair(tmp_path, s) as (a, b):
+        a.segment_limit = 20 << 10  # five 4 KiB records a segment
         sent = [bytes([i]) * 4096 for i in range(60)]
         for m in sent:
             a.send(1, m)
@@ -64,9 +60,6 @@ def test_a_spill_larger_than_a_segment_is_written_as_several(tmp_path: Path) -> 
         assert [bodies[i + 1] for i in range(60)] == sent
         # A resend now comes from the store: the receiver still gets every message.
         assert [b.recv(0) for _ in range(60)] == sent
-    finally:
-        for c in (a, b):
-            c.close()
 
 
 def test_sealed_parts_writes_more_parts_than_one_writev_takes() -> None:
@@ -94,17 +87,12 @@ def test_a_large_frame_payload_is_a_view_a_small_one_a_copy() -> None:
 def test_recv_returns_bytes_for_a_large_message(tmp_path: Path) -> None:
     s = Settings(flush_ms=20, large_threshold=1024, high_watermark=8 << 20,
                  buffer_bytes=16 << 20, recv_timeout=30.0)
-    a = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, s)
-    b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, s)
-    try:
+    with local_pair(tmp_path, s) as (a, b):
         a.send(1, b"x" * (1 << 20))  # past the reader's buffer: read into its own
         a.send(1, b"y" * 10)
         got = [b.recv(0), b.recv(0)]
         assert got == [b"x" * (1 << 20), b"y" * 10]
         assert all(type(m) is bytes for m in got)
-    finally:
-        for c in (a, b):
-            c.close()
 
 
 class _FailingOnce(LocalPort):
@@ -123,9 +111,7 @@ def test_a_failed_log_write_is_written_again_by_the_next_flush(tmp_path: Path) -
     s = Settings(flush_ms=5000, large_threshold=1 << 20, high_watermark=8 << 20,
                  buffer_bytes=16 << 20, recv_timeout=30.0)
     port = _FailingOnce(tmp_path, "1", 0, 1, PARAMS)
-    a = Context(port, 0, 2, 1, s)
-    b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, s)
-    try:
+    with local_pair(tmp_path, s, port) as (a, b):
         sent = [bytes([i]) * 100 for i in range(5)]
         for m in sent:
             a.send(1, m)
@@ -136,6 +122,3 @@ def test_a_failed_log_write_is_written_again_by_the_next_flush(tmp_path: Path) -
         bodies = {e.seq: e.body for e in parse_records(port.log_read())}
         assert [bodies[i + 1] for i in range(5)] == sent
         assert [b.recv(0) for _ in range(5)] == sent
-    finally:
-        for c in (a, b):
-            c.close()
