@@ -241,7 +241,11 @@ def test_no_spare_left_requeues_the_job_which_resumes_from_checkpoints(
             wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r), bool, 60)
         with crashed(cluster, store, ranks[victim]):
             mapped(rapsctl, job, run=1)
-            esc = escalation(store, job)  # (read while the job runs: purged after it)
+            # Read while the job runs (purged after it); the leader records the release
+            # just after it starts the requeued run, whose ranks may be mapped first.
+            esc = wait_until("the requeued run's release recorded",
+                             lambda: escalation(store, job),
+                             lambda e: e.get("released_at") is not None, 30)
             text = finish(cluster, job, out, clean, timeout=180)
         assert esc["run"] == 0 and "no usable spare" in esc["reason"]
         assert esc["requeued_at"] is not None and esc["released_at"] is not None
