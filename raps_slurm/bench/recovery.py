@@ -89,6 +89,15 @@ class JobBench:
             for kv in self.store.get_prefix(self.keys.ckpt_prefix(self.job, rank)))
             if d.get("state") == "committed")
 
+    def copies_keep_up(self, rank: int) -> bool:
+        """True when the rank's newest generation, or the one before it, is committed on
+        its whole group."""
+        recs = [json.loads(kv.value)
+                for kv in self.store.get_prefix(self.keys.ckpt_prefix(self.job, rank))]
+        newest = max((int(d["generation"]) for d in recs), default=0)
+        return any(int(d["generation"]) >= newest - 1 and d.get("state") == "committed"
+                   for d in recs)
+
     def after_next_commit(self, rank: int) -> None:
         """Return as soon as a generation newer than the newest committed one is committed
         on the rank's whole group (the crash then comes right after a checkpoint)."""
@@ -157,6 +166,14 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
         wait_until("every rank of the node committed",
                    lambda: [r for r in victims if not bench.committed(r)],
                    lambda left: not left, 600, interval=0.1)
+        # A node dies hours into a job, not while its ranks' first 128 MiB generations
+        # are still being copied: the crash comes once the copies keep up (every rank's
+        # newest generation on its whole group, or the one before it while the newest
+        # is on its way). Before, the spare restores generations from seconds earlier,
+        # and the time to redo them is the start-up's, not a recovery's.
+        wait_until("the copies of every rank of the node keeping up",
+                   lambda: [r for r in victims if not bench.copies_keep_up(r)],
+                   lambda left: not left, 300, interval=0.1)
         bench.after_next_commit(rank)
         crashed = time.time()
         cluster.crash(node)
@@ -194,6 +211,10 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
                 "caught_up_s": round(max(e.at for e in caught) - crashed, 3),
                 "total_s": round(max(e.at for e in caught) - crashed, 3),
                 "bytes_pulled": sum(int(e.detail.get("bytes_pulled", 0)) for e in restored),
+                # each moved rank, in seconds after the plan started: its restore asked
+                # of the spare's agent and done (the agent runs a few at once: chunks
+                # pulled, then decoded and checked), its first step, its pre-fault progress
+                "per_rank": [_phases(r, ev, started) for r, (_, ev) in sorted(plans.items())],
                 "generations": sorted({e.detail.get("generation") for e in restored},
                                       key=str),
                 "replayed_messages": sum(int(e.detail.get("replayed", 0)) for e in caught),
@@ -209,6 +230,22 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
     finally:
         bench.cancel()
         store.close()
+
+
+def _phases(rank: int, events: dict[str, PlanEvent], started: float) -> dict[str, Any]:
+    """One moved rank's phases (``measure_recovery``'s ``per_rank``)."""
+    out: dict[str, Any] = {"rank": rank}
+    restored = events.get("restored")
+    if restored is not None:
+        out["asked_s"] = round(float(restored.detail.get("asked_at", restored.at)) - started, 3)
+        out["restored_s"] = round(restored.at - started, 3)
+        out["pull_s"] = round(float(restored.detail.get("pull_s", 0.0)), 3)
+        out["local_s"] = round(float(restored.detail.get("local_s", 0.0)), 3)
+        out["generation"] = restored.detail.get("generation")
+    for phase in ("running", "caught_up"):
+        if phase in events:
+            out[f"{phase}_s"] = round(events[phase].at - started, 3)
+    return out
 
 
 def measure_run(cluster: LocalCluster, name: str, sbatch: list[str], steps: int,

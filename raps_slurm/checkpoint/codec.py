@@ -147,6 +147,19 @@ class Encoder:
         return head, packed
 
 
+# numpy copies without the GIL from about this size; a memoryview copy holds it.
+_GIL_FREE_COPY = 64 << 10
+
+
+def copy_into(out: memoryview, data: memoryview) -> None:
+    """``out[:] = data`` (same length); a large copy lets the process's other threads run
+    (a restore copies a rank's whole state while its agent serves the node's ranks)."""
+    if len(data) >= _GIL_FREE_COPY:
+        np.copyto(np.frombuffer(out, np.uint8), np.frombuffer(data, np.uint8))
+    else:
+        out[:] = data
+
+
 class Decoder:
     """Decompresses stored chunks; one instance per thread."""
 
@@ -171,7 +184,7 @@ class Decoder:
         if codec == RAW:
             if len(stored) - 1 != len(out):
                 raise ChunkError(f"raw chunk of {len(stored) - 1} bytes, expected {len(out)}")
-            out[:] = stored[1:]
+            copy_into(out, memoryview(stored)[1:])
             return
         if codec == ZSTD:
             self._inflate_into(memoryview(stored)[1:], out)

@@ -37,6 +37,8 @@ from raps_slurm.errors import RapsError, RecordError, StoreError
 log = logging.getLogger("raps.checkpoint")
 
 RESTORES_AT_ONCE = 2  # per checkpoint service; each restore pulls from two holders at once
+# Storing pulled chunks waits this long at most for the node's other restores to end.
+KEEP_DEFER_S = 60.0
 
 
 class RestoreError(RapsError):
@@ -135,6 +137,8 @@ class Restorer:
     _peers: Callable[[], dict[str, tuple[str, int]]]
     _queue: queue.Queue[Callable[[], object] | None]
     _restores: threading.BoundedSemaphore
+    _restoring: threading.Condition  # notified when ``_waiting_restores`` drops
+    _waiting_restores: int
 
     def records(self, job: str, rank: int) -> list[CkptRecord]:
         """The rank's generation records in etcd."""
@@ -152,8 +156,21 @@ class Restorer:
         dead node's ranks all restore on one spare, and eight threads decoding at once
         starve the agent's other threads (the ranks' heartbeats) of the GIL for seconds
         while finishing no sooner."""
-        with self._restores:
-            return self._restore(job, rank)
+        with self._restoring:
+            self._waiting_restores += 1
+        try:
+            with self._restores:
+                return self._restore(job, rank)
+        finally:
+            with self._restoring:
+                self._waiting_restores -= 1
+                self._restoring.notify_all()
+
+    def _after_restores(self, most: float = KEEP_DEFER_S) -> None:
+        """Wait (at most ``most`` seconds) until no restore is running or queued: storing
+        a restore's pulled chunks is CPU the ranks still waiting for theirs would lose."""
+        with self._restoring:
+            self._restoring.wait_for(lambda: self._waiting_restores == 0, most)
 
     def _restore(self, job: str, rank: int) -> RestoreResult | None:
         records = decide.restore_order(self.records(job, rank))
@@ -293,6 +310,7 @@ class Restorer:
               held: dict[str, tuple[int, bytes | memoryview]]) -> None:
         """After a restore from pulled chunks (on the replication lane): store them and
         the manifest, then count this node among the generation's holders."""
+        self._after_restores()
         try:
             with self.chunks.pinned(job, gens=[(rank, rec.generation)]) as pins:
                 for digest in held:

@@ -136,6 +136,8 @@ class CheckpointService(Restorer):
         # Per service, not per process: two services in one process (tests, benchmarks)
         # must not hold up each other's restores.
         self._restores = threading.BoundedSemaphore(restores_at_once)
+        self._restoring = threading.Condition()
+        self._waiting_restores = 0
 
     # --- lifecycle -----------------------------------------------------------------------
 

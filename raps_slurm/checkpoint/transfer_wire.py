@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import mmap
 import socket
 import struct
 import time
@@ -16,7 +17,7 @@ from typing import Any
 import blake3
 
 from raps_slurm import framing
-from raps_slurm.checkpoint.codec import ChunkError, Decoder, hasher
+from raps_slurm.checkpoint.codec import RAW, ChunkError, Decoder, hasher
 from raps_slurm.checkpoint.pack import HEADER, MAX_CHUNK, STORED_SLACK
 from raps_slurm.errors import RapsError
 from raps_slurm.framing import FrameError
@@ -27,6 +28,11 @@ REQUEST_TIMEOUT = 10.0  # one whole frame, plus its length at MIN_RATE
 MIN_RATE = 1 << 20  # bytes/s a peer must at least keep up within a frame
 _LEN = struct.Struct(">I")
 _MAC = 32
+# A payload this large is received into a fresh anonymous map, not a bytearray: the
+# bytearray is zero-filled while the GIL is held (16 MiB of new pages cost tens of ms on
+# the test machine, and a restore receives a rank's whole state), the map's pages are
+# touched by the kernel inside recv, with the GIL released.
+MAPPED_PAYLOAD = 1 << 20
 
 
 class TransferError(RapsError):
@@ -84,7 +90,8 @@ class Channel:
         if not _LEN.size <= n <= MAX_FRAME:
             raise TransferError(f"frame length {n} outside {_LEN.size}..{MAX_FRAME}")
         deadline += n / self.min_rate
-        payload = bytearray(n)
+        payload: bytearray | mmap.mmap = mmap.mmap(-1, n) if n >= MAPPED_PAYLOAD \
+            else bytearray(n)
         _recv(self.sock, memoryview(payload), deadline, "payload")
         mac = bytearray(_MAC)
         _recv(self.sock, memoryview(mac), deadline, "mac")
@@ -96,7 +103,7 @@ class Channel:
         return split_payload(payload)
 
 
-def split_payload(payload: bytes | bytearray) -> tuple[dict[str, Any], memoryview]:
+def split_payload(payload: bytes | bytearray | mmap.mmap) -> tuple[dict[str, Any], memoryview]:
     """(JSON header, body) of an authenticated frame's payload; TransferError if malformed."""
     if len(payload) < _LEN.size:
         raise TransferError(f"frame of {len(payload)} bytes has no header length")
@@ -199,10 +206,14 @@ def decode_records(body: memoryview) -> Iterator[tuple[str, int, memoryview]]:
 def verify_chunk(algo: str, digest: str, raw: int, stored: bytes | memoryview,
                  decoder: Decoder) -> str | None:
     """None if ``stored`` decodes to ``raw`` bytes named ``digest``; else the reason."""
-    try:
-        data = decoder.decode_scratch(stored, raw)
-    except ChunkError as exc:
-        return str(exc)
+    data: memoryview
+    if len(stored) == raw + 1 and stored[0] == RAW:
+        data = memoryview(stored)[1:]  # a raw chunk is its own decoding: no copy
+    else:
+        try:
+            data = decoder.decode_scratch(stored, raw)
+        except ChunkError as exc:
+            return str(exc)
     if hasher(algo)(data).hex() != digest:
         return "content does not match its digest"
     return None

@@ -16,7 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
-from raps_slurm.checkpoint.codec import RAW, SHUF, ZSTD, ChunkError, CodecParams, Decoder, Encoder
+from raps_slurm.checkpoint.codec import (
+    RAW,
+    SHUF,
+    ZSTD,
+    ChunkError,
+    CodecParams,
+    Decoder,
+    Encoder,
+    copy_into,
+)
 from raps_slurm.checkpoint.local import LocalCheckpoints, SaveError
 from raps_slurm.checkpoint.manifest import Manifest
 from raps_slurm.checkpoint.pack import PackError, PackWriter, iter_records
@@ -293,3 +302,12 @@ def test_save_killed_midway_leaves_the_previous_generation_whole(tmp_path: Path)
     fresh.store.collect("5", 1)
     m = fresh.store.manifest("5", 0, 1)
     assert m is not None and fresh.store.chunks("5") == set(m.digests())
+
+
+@pytest.mark.parametrize("size", [0, 1000, 64 << 10, (1 << 20) + 3])
+def test_copy_into_copies_small_and_large_buffers(size: int) -> None:
+    data = np.random.default_rng(size).bytes(size)
+    out = bytearray(size + 8)
+    copy_into(memoryview(out)[4:4 + size], memoryview(data))
+    assert bytes(out[4:4 + size]) == data and out[:4] == out[-4:] == bytes(4)
+

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import queue
 import secrets
+import threading
+import time
 from pathlib import Path
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
@@ -83,3 +85,29 @@ def test_only_the_primary_deletes_and_the_newest_cold_record_stays() -> None:
     assert expired_records(records, 5, "n1") == [3]
     assert expired_records(records, 5, "n2") == [2]
 
+
+
+def test_pulled_chunks_are_stored_after_the_nodes_other_restores(tmp_path: Path) -> None:
+    """Storing a restore's pulled chunks waits while another restore runs on the node:
+    the CPU it takes is what the ranks still waiting for their state would lose."""
+    svc = service(tmp_path, [])
+    running, release = threading.Event(), threading.Event()
+
+    def slow_restore(job: str, rank: int) -> None:
+        running.set()
+        release.wait(10)
+    svc._restore = slow_restore  # type: ignore[method-assign,assignment]
+    restore = threading.Thread(target=svc.restore, args=("7", 1))
+    restore.start()
+    assert running.wait(10)
+    waited = threading.Thread(target=svc._after_restores)
+    waited.start()
+    waited.join(0.3)
+    assert waited.is_alive()  # held back while the restore runs
+    release.set()
+    restore.join(10)
+    waited.join(10)
+    assert not waited.is_alive() and svc._waiting_restores == 0
+    t0 = time.monotonic()
+    svc._after_restores()  # none running: no wait
+    assert time.monotonic() - t0 < 0.5

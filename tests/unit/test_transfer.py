@@ -11,11 +11,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
+import zstandard
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
-from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.checkpoint.codec import CodecParams, Decoder
 from raps_slurm.checkpoint.local import LocalCheckpoints
 from raps_slurm.checkpoint.transfer import (
     TokenBucket,
@@ -24,6 +26,7 @@ from raps_slurm.checkpoint.transfer import (
     TransferServer,
     encode_records,
 )
+from raps_slurm.checkpoint.transfer_wire import verify_chunk
 from raps_slurm.checkpoint.writer import encode_state
 
 KEY = secrets.token_bytes(32)
@@ -166,3 +169,45 @@ def test_key_rollover_both_keys_are_accepted_while_it_lasts(tmp_path: Path) -> N
             TransferClient(old, "peer", server.address)
     finally:
         server.stop()
+
+
+def test_large_frames_of_incompressible_chunks_round_trip(served, tmp_path: Path) -> None:
+    """Frames of a MiB and more are received into anonymous maps (both the server's put
+    and the client's get): the chunks come back byte for byte."""
+    server, _ = served
+    mine = LocalCheckpoints(ChunkStore(tmp_path / "client"))
+    state = np.frombuffer(np.random.default_rng(5).bytes(6 << 20), np.uint8)
+    s, _ = mine.begin("9", 0, 1, None)
+    m, _ = encode_state(state, job="9", rank=0, epoch=1, params=CodecParams(),
+                        previous=None, sink=lambda p: mine.ingest(s, p.fd))
+    mine.finish(s, m, 1)
+    mine.end(s)
+    m = m.with_generation(1)
+    with TransferClient(KEY, "c", server.address) as c:
+        assert c.push(mine.store, m).ok
+        got = {d: bytes(stored) for d, _, stored in
+               c.fetch("9", sorted(m.digests()), dict(m.chunks))}
+    assert got.keys() == m.digests()
+    assert all(got[d] == bytes(mine.store.read("9", d)) for d in got)
+    assert all(got[d][0] == 0 for d in got)  # stored raw: noise does not compress
+    still_serves(server)
+
+
+def test_verify_chunk_checks_raw_and_compressed_chunks() -> None:
+    noise = np.random.default_rng(3).bytes(4096)
+    name = blake3.blake3(noise).hexdigest()
+    raw = b"\x00" + noise
+    dec = Decoder()
+    assert verify_chunk("blake3", name, len(noise), raw, dec) is None
+    flipped = bytearray(raw)
+    flipped[100] ^= 1
+    assert verify_chunk("blake3", name, len(noise), bytes(flipped), dec) == \
+        "content does not match its digest"
+    assert "raw chunk of 4096 bytes, expected 4095" in str(
+        verify_chunk("blake3", name, len(noise) - 1, raw, dec))
+    text = b"abc" * 2000
+    packed = b"\x01" + zstandard.ZstdCompressor().compress(text)
+    assert verify_chunk("blake3", blake3.blake3(text).hexdigest(), len(text), packed,
+                        dec) is None
+    assert verify_chunk("blake3", name, len(text), packed, dec) == \
+        "content does not match its digest"
