@@ -89,14 +89,10 @@ class JobBench:
             for kv in self.store.get_prefix(self.keys.ckpt_prefix(self.job, rank)))
             if d.get("state") == "committed")
 
-    def copies_keep_up(self, rank: int) -> bool:
-        """True when the rank's newest generation, or the one before it, is committed on
-        its whole group."""
-        recs = [json.loads(kv.value)
-                for kv in self.store.get_prefix(self.keys.ckpt_prefix(self.job, rank))]
-        newest = max((int(d["generation"]) for d in recs), default=0)
-        return any(int(d["generation"]) >= newest - 1 and d.get("state") == "committed"
-                   for d in recs)
+    def newest(self, rank: int) -> int:
+        """The rank's newest generation, committed on its group or not."""
+        return max((int(json.loads(kv.value)["generation"]) for kv in
+                    self.store.get_prefix(self.keys.ckpt_prefix(self.job, rank))), default=0)
 
     def after_next_commit(self, rank: int) -> None:
         """Return as soon as a generation newer than the newest committed one is committed
@@ -167,16 +163,18 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
                    lambda: [r for r in victims if not bench.committed(r)],
                    lambda left: not left, 600, interval=0.1)
         # A node dies hours into a job, not while its ranks' first 128 MiB generations
-        # are still being copied: the crash comes once the copies keep up (every rank's
-        # newest generation on its whole group, or the one before it while the newest
-        # is on its way). Before, the spare restores generations from seconds earlier,
-        # and the time to redo them is the start-up's, not a recovery's.
-        wait_until("the copies of every rank of the node keeping up",
-                   lambda: [r for r in victims if not bench.copies_keep_up(r)],
+        # are still being copied: the crash comes once every rank of the node has a
+        # second generation on its whole group (the first copies are over). Before, the
+        # spare restores generations from seconds earlier, and the time to redo them is
+        # the start-up's, not a recovery's.
+        wait_until("every rank of the node with two generations copied",
+                   lambda: [r for r in victims if bench.committed(r) < 2],
                    lambda left: not left, 300, interval=0.1)
         bench.after_next_commit(rank)
         crashed = time.time()
         cluster.crash(node)
+        # what each rank had saved: the newest generation (on its group or not yet)
+        newest = {r: bench.newest(r) for r in victims}
         try:
             moved = wait_until("every rank of the node caught up", bench.plans,
                                lambda ps: len(ps) >= len(victims)
@@ -214,7 +212,8 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
                 # each moved rank, in seconds after the plan started: its restore asked
                 # of the spare's agent and done (the agent runs a few at once: chunks
                 # pulled, then decoded and checked), its first step, its pre-fault progress
-                "per_rank": [_phases(r, ev, started) for r, (_, ev) in sorted(plans.items())],
+                "per_rank": [{**_phases(r, ev, started), "newest_generation": newest[r]}
+                             for r, (_, ev) in sorted(plans.items())],
                 "generations": sorted({e.detail.get("generation") for e in restored},
                                       key=str),
                 "replayed_messages": sum(int(e.detail.get("replayed", 0)) for e in caught),

@@ -132,6 +132,9 @@ class ChunkStore:
         self._pinned_chunks: Counter[tuple[str, str]] = Counter()   # (job, digest)
         self._pinned_gens: Counter[tuple[str, int, int]] = Counter()  # (job, rank, gen)
         self._unsynced: set[Path] = set()  # packs written without fsync (sync_pending)
+        # manifest file -> (its stat, the chunk names it needs): collection runs at every
+        # commit and would otherwise parse every kept manifest of the job each time
+        self._needs: dict[Path, tuple[tuple[int, int, int], frozenset[str]]] = {}
 
     # --- paths -------------------------------------------------------------------------
 
@@ -477,6 +480,24 @@ class ChunkStore:
         if counter[key] <= 0:
             del counter[key]
 
+    def _needed_by(self, job: str, rank: int, gen: int, seen: set[Path]) -> frozenset[str]:
+        """The chunk names a stored manifest needs (none if it is gone), parsed once per
+        version of its file; RapsError if it is damaged."""
+        path = self._manifest_dir(job, rank) / f"{int(gen)}.json"
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return frozenset()
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        seen.add(path)
+        cached = self._needs.get(path)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        m = self.manifest(job, rank, gen)
+        needs = frozenset(m.digests()) if m is not None else frozenset()
+        self._needs[path] = (key, needs)
+        return needs
+
     def collect(self, job: str, max_generations: int) -> decide.Collection:
         """Delete generations beyond the newest ``max_generations`` per rank and every chunk
         no kept manifest needs, sparing pins; returns what went.
@@ -493,17 +514,20 @@ class ChunkStore:
                 self.delete_manifest(job, rank, gen)
             needed: set[str] = set(pinned_chunks)
             unreadable = []
+            seen: set[Path] = set()
             for rank, kept in gens.items():
                 for gen in kept:
                     if (rank, gen) in drop:
                         continue
                     try:
-                        m = self.manifest(job, rank, gen)
+                        needs = self._needed_by(job, rank, gen, seen)
                     except RapsError:
                         unreadable.append((rank, gen))  # keep its chunks: may be repaired
                         continue
-                    if m is not None:
-                        needed |= m.digests()
+                    needed |= needs
+            job_dir = self.job_dir(job)
+            for path in [q for q in self._needs if q not in seen and job_dir in q.parents]:
+                del self._needs[path]
             if unreadable:
                 return decide.Collection(tuple(sorted(drop)), 0, tuple(unreadable))
             idx = self._idx(job)

@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from raps_slurm.checkpoint.logstore import LogStore
-from raps_slurm.checkpoint.transfer import TokenBucket, TransferClient, TransferError
+from raps_slurm.checkpoint.transfer import (
+    BATCH_BYTES,
+    MAX_LOG_SEGMENTS_PER_PUT,
+    TokenBucket,
+    TransferClient,
+    TransferError,
+)
 from raps_slurm.core import checkpoints as decide
 from raps_slurm.model import BackupGroup
 
@@ -213,16 +219,20 @@ class LogCopier:
             else:
                 have = set()
             segs = self.logs.segments(job, rank)
+            batch: list[tuple[int, bytes]] = []
             for n in segs:
                 if n <= backed or n in have:
                     continue
                 data = self.logs.segment(job, rank, n)
-                if data:  # empty: trimmed meanwhile, its records can never be asked for
-                    self._call(target, address, {"op": "log_put", "job": job, "rank": rank,
-                                                 "seg": n}, data)
-                    self.logs.drop_pages(job, rank, n)  # copied: cold from now on
-                    self.stats.segments += 1
-                    self.stats.bytes += len(data)
+                if not data:  # trimmed meanwhile: its records can never be asked for
+                    continue
+                if batch and (sum(len(d) for _, d in batch) + len(data) > BATCH_BYTES
+                              or len(batch) >= MAX_LOG_SEGMENTS_PER_PUT):
+                    self._put(target, address, job, rank, batch)
+                    batch = []
+                batch.append((n, data))
+            if batch:
+                self._put(target, address, job, rank, batch)
         except TransferError as exc:
             self.stats.failures += 1
             log.warning("job %s rank %d: log copy to %s failed: %s", job, rank, target, exc)
@@ -237,6 +247,19 @@ class LogCopier:
                 st.queued = True
                 self._queue.put(lambda: self._sync(job, rank))
             self._cond.notify_all()
+
+    def _put(self, target: str, address: tuple[str, int], job: str, rank: int,
+             batch: list[tuple[int, bytes]]) -> None:
+        """Copy segments in one request: a rank flushes every ``batch_flush_ms``, and one
+        round trip (and one directory sync on the backup) per segment let the lane fall
+        seconds behind a node of busy ranks, which every commit then waited for."""
+        self._call(target, address, {"op": "log_put", "job": job, "rank": rank,
+                                     "segs": [[n, len(d)] for n, d in batch]},
+                   b"".join(d for _, d in batch))
+        for n, data in batch:
+            self.logs.drop_pages(job, rank, n)  # copied: cold from now on
+            self.stats.segments += 1
+            self.stats.bytes += len(data)
 
     # --- reads and trims -------------------------------------------------------------------
 

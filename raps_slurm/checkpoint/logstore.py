@@ -19,7 +19,7 @@ import contextlib
 import threading
 from pathlib import Path
 
-from raps_slurm.checkpoint.chunkstore import drop_cached, write_atomic
+from raps_slurm.checkpoint.chunkstore import drop_cached, fsync_dir, write_atomic
 from raps_slurm.errors import RapsError
 from raps_slurm.runtime.msglog import MessagingError, parse_records
 
@@ -59,12 +59,14 @@ class LogStore:
         return sorted(int(p.stem) for p in d.glob("*.seg") if p.stem.isdigit())
 
     def append(self, job: str, rank: int, data: bytes | list[bytes | memoryview],
-               number: int | None = None, *, check: bool = True, epoch: int = 0) -> int:
+               number: int | None = None, *, check: bool = True, epoch: int = 0,
+               sync_dir: bool = True) -> int:
         """Store one segment (its framing checked unless ``check`` is off: a rank's own
         local store); its number, above ``epoch << 32`` and every number here. With
         ``number`` (a copy from the primary) the same number is used: a copy already
         here with the same bytes is kept, one with other bytes is refused. Bodies'
-        checksums are checked when the log is read back."""
+        checksums are checked when the log is read back. ``sync_dir=False``: the new name
+        is durable only after :meth:`sync` (a batch of copies syncs the directory once)."""
         parts = [data] if isinstance(data, bytes) else data
         size = sum(len(p) for p in parts)
         if size > MAX_SEGMENT:
@@ -87,8 +89,14 @@ class LogStore:
                     raise LogStoreError(f"segment {number} of rank {rank} of job {job} is "
                                         "already stored with other bytes: copy refused")
                 return number
-            write_atomic(d, tmp, f"{number}.seg", parts, cold=self.cold)
+            write_atomic(d, tmp, f"{number}.seg", parts, cold=self.cold, sync_dir=sync_dir)
         return number
+
+    def sync(self, job: str, rank: int) -> None:
+        """Make the rank's segment names durable (after appends with ``sync_dir=False``)."""
+        d = self._dir(job, rank)
+        if d.is_dir():
+            fsync_dir(d)
 
     def drop_pages(self, job: str, rank: int, n: int) -> None:
         """Let segment ``n``'s pages leave the page cache (it was copied; gone: nothing)."""

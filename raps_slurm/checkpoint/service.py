@@ -180,18 +180,21 @@ class CheckpointService(Restorer):
                 self._newest[(job, rank)] = gen
 
         def copy() -> None:
+            # The rank's first queued copy takes its newest generation, and the later ones
+            # find nothing left to do. (Skipping a copy because a newer one is queued
+            # behind it starved a rank whose next checkpoint always came before the lane
+            # reached the newer one: eight 128 MiB ranks on a node had generations stay
+            # under-replicated for minutes.)
             with self._lock:
                 self._pending.discard(key)
-                stale = self._newest.get((job, rank), gen) > gen
-                if stale:
+                newest = self._newest.pop((job, rank), None)
+                if newest is None:
                     self.skipped_copies += 1
-                else:
-                    self._newest.pop((job, rank), None)
-            if stale:
-                log.info("job %s rank %d generation %d: copy skipped, a newer generation is "
-                         "queued", job, rank, gen)
+            if newest is None:
+                log.info("job %s rank %d generation %d: copy skipped, a newer generation "
+                         "was copied", job, rank, gen)
                 return
-            self.replicate(job, rank, gen)
+            self.replicate(job, rank, newest)
         self._queue.put(copy)
 
     def wait_idle(self) -> None:

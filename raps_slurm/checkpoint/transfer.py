@@ -71,7 +71,8 @@ from raps_slurm.logquota import LogQuota
 
 log = logging.getLogger("raps.transfer")
 
-BATCH_BYTES = 16 << 20  # chunk bytes per put/get frame
+BATCH_BYTES = 16 << 20  # chunk bytes per put/get frame, log bytes per log_put
+MAX_LOG_SEGMENTS_PER_PUT = 4096
 HANDSHAKE_TIMEOUT = 5.0  # the whole handshake, from the connection on
 MAX_CONNECTIONS = 128  # connections (and threads) served at once
 
@@ -112,6 +113,27 @@ def _int(header: dict[str, Any], name: str, lo: int = 0) -> int:
     if type(v) is not int or v < lo or v >= 2**63:
         raise TransferError(f"field {name!r}: expected an integer >= {lo}")
     return v
+
+
+def _segments(header: dict[str, Any], body_len: int) -> list[tuple[int, int]]:
+    """``segs`` of a ``log_put``: [number, size] pairs, numbers ascending, the sizes
+    adding up to the body's length."""
+    v = header.get("segs")
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_LOG_SEGMENTS_PER_PUT:
+        raise TransferError(f"field 'segs': expected 1..{MAX_LOG_SEGMENTS_PER_PUT} "
+                            "[number, size] pairs")
+    out: list[tuple[int, int]] = []
+    for item in v:
+        if not (isinstance(item, list) and len(item) == 2
+                and all(type(x) is int and 0 <= x < 2**63 for x in item) and item[0] >= 1):
+            raise TransferError("field 'segs': expected [number >= 1, size >= 0] pairs")
+        if out and item[0] <= out[-1][0]:
+            raise TransferError("field 'segs': segment numbers must ascend")
+        out.append((item[0], item[1]))
+    if sum(size for _, size in out) != body_len:
+        raise TransferError(f"field 'segs': sizes add up to {sum(sz for _, sz in out)}, "
+                            f"the body has {body_len} bytes")
+    return out
 
 
 def _digests(header: dict[str, Any]) -> list[str]:
@@ -333,8 +355,14 @@ class TransferServer:
 
     def _op_log_put(self, h: dict[str, Any], body: memoryview, pins: _Pins
                     ) -> tuple[dict[str, Any], bytes]:
-        n = self.logs.append(_job(h), _int(h, "rank"), bytes(body), number=_int(h, "seg", 1))
-        return {"ok": True, "seg": n}, b""
+        job, rank = _job(h), _int(h, "rank")
+        segs = _segments(h, len(body))
+        pos = 0
+        for n, size in segs:
+            self.logs.append(job, rank, bytes(body[pos:pos + size]), number=n, sync_dir=False)
+            pos += size
+        self.logs.sync(job, rank)  # one directory sync for the batch, before the reply
+        return {"ok": True, "segs": [n for n, _ in segs]}, b""
 
     def _op_log_have(self, h: dict[str, Any], body: memoryview, pins: _Pins
                      ) -> tuple[dict[str, Any], bytes]:

@@ -195,6 +195,10 @@ class Context(PeerLinks):
             self.log.reload(records, sent, bodies, floors)
             self._kept = deque([(delivered, sent)])
             self.generation = gen
+        # The state just restored is a committed generation: the checkpoint interval
+        # counts from now, not from the process's start (a restore of a large state
+        # would make the next step save it all again at once).
+        self._last_ckpt = self._clock()
         log.info("rank %d epoch %d restored generation %d (delivered %s, sent %s)",
                  self.rank, self.epoch, gen, delivered, sent)
         self._start()

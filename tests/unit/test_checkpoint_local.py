@@ -255,6 +255,35 @@ def test_collection_keeps_exactly_max_generations_and_every_needed_chunk(
     assert ChunkStore(local.store.root).stored_bytes("5", kept) > 0
 
 
+def test_collection_reads_a_manifest_again_only_when_its_file_changed(
+        local: LocalCheckpoints) -> None:
+    """Collection runs at every commit: a kept manifest is parsed once, and again only
+    when its file changed (a damaged one is still found, its chunks kept)."""
+    a = field(100_000)
+    m1, _, _ = save(local, a, 1)
+    a[:1000] += 1
+    save(local, a, 2, m1)
+    store = local.store
+    store.collect("5", 5)
+    parsed: list[int] = []
+    real = store.manifest
+
+    def counting(job: str, rank: int, gen: int) -> Manifest | None:
+        parsed.append(gen)
+        return real(job, rank, gen)
+    store.manifest = counting  # type: ignore[method-assign]
+    assert store.collect("5", 5).unreadable == ()
+    assert parsed == []  # both cached
+    path = next(store.root.rglob("manifests/0/1.json"))
+    path.write_bytes(path.read_bytes()[:-5])
+    result = store.collect("5", 5)
+    assert result.unreadable == ((0, 1),) and parsed == [1]
+    assert store.missing("5", m1.digests()) == []  # kept: it may be repaired
+    store.delete_manifest("5", 0, 1)
+    store.collect("5", 5)
+    assert not any(p.name == "1.json" for p in store._needs)
+
+
 def test_pinned_generation_survives_collection(local: LocalCheckpoints) -> None:
     a = field(50_000)
     m1, _, _ = save(local, a, 1)

@@ -407,3 +407,23 @@ def test_a_rank_whose_every_generation_is_damaged_exits_74_not_from_the_start(
     assert done.returncode == LOST_EXIT, done.stderr[-2000:]
     assert "restored" not in done.stdout
     assert "rank 0 epoch 2 cannot be restored" in done.stderr, done.stderr[-2000:]
+
+
+def test_the_checkpoint_interval_counts_from_the_restore(tmp_path: Path) -> None:
+    """A relaunched rank's restored state is a committed generation: its next checkpoint
+    is due one interval after the restore, not at once because the restore took long."""
+    now = [0.0]
+    s = Settings(checkpoint_interval=10.0)
+    ctx = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 1, 1, s, clock=lambda: now[0])
+    ctx.checkpoint({"x": np.arange(4)})
+    ctx.close()
+    again = Context(LocalPort(tmp_path, "1", 0, 2, PARAMS), 0, 1, 2, s, clock=lambda: now[0])
+    try:
+        now[0] = 100.0  # the restore took long
+        assert again.checkpoint_due()
+        assert again.restore() is not None
+        assert not again.checkpoint_due()
+        now[0] = 110.0
+        assert again.checkpoint_due()
+    finally:
+        again.close()

@@ -1,7 +1,9 @@
-"""The replication lane skips a generation when a newer one of the same rank is queued.
+"""The replication lane copies each rank's newest generation once per pass.
 
 A rank that checkpoints faster than its copies go (8 ranks of 128 MiB on one node) would
-otherwise have every generation wait behind older ones and stay under-replicated for ever.
+otherwise have every generation wait behind older ones and stay under-replicated for ever;
+and a rank whose newer generation is always queued before the lane reaches it must still
+get its copy.
 """
 
 from __future__ import annotations
@@ -62,6 +64,34 @@ def test_a_generation_queued_after_the_copy_ran_is_copied_too(tmp_path: Path) ->
     drain(svc)
     assert copied == [("7", 0, 1), ("7", 0, 2)]
     assert svc.skipped_copies == 0
+
+
+def test_a_rank_that_always_checkpoints_again_before_its_copy_is_still_copied(
+        tmp_path: Path) -> None:
+    """Eight ranks whose next generation is always queued while the lane copies another
+    rank's: each rank still gets one copy per pass of the lane, its newest."""
+    copied: list[tuple[str, int, int]] = []
+    svc = service(tmp_path, copied)
+    gens = dict.fromkeys(range(8), 1)
+    for r in range(8):
+        svc._later("7", r, 1)
+
+    def replicate(job: str, rank: int, gen: int) -> None:
+        copied.append((job, rank, gen))
+        for r in range(8):  # every rank checkpoints again while this copy runs
+            gens[r] += 1
+            svc._later(job, r, gens[r])
+    svc.replicate = replicate  # type: ignore[method-assign,assignment]
+    for _ in range(40):
+        item = svc._queue.get_nowait()
+        assert item is not None
+        item()
+        svc._queue.task_done()
+    first_pass = copied[:8]
+    assert sorted(r for _, r, _ in first_pass) == list(range(8))
+    # each copy is of the newest generation its rank had when the lane reached it
+    assert [g for _, _, g in first_pass] == list(range(1, 9))
+    assert {r for _, r, _ in copied[8:16]} == set(range(8))
 
 
 def record(gen: int, state: str = "under_replicated", primary: str = "n1",

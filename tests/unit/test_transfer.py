@@ -28,6 +28,7 @@ from raps_slurm.checkpoint.transfer import (
 )
 from raps_slurm.checkpoint.transfer_wire import verify_chunk
 from raps_slurm.checkpoint.writer import encode_state
+from raps_slurm.runtime.msglog import Entry, checksum
 
 KEY = secrets.token_bytes(32)
 
@@ -211,3 +212,49 @@ def test_verify_chunk_checks_raw_and_compressed_chunks() -> None:
                         dec) is None
     assert verify_chunk("blake3", name, len(text), packed, dec) == \
         "content does not match its digest"
+
+
+def _segment(dst: int, seq: int) -> bytes:
+    body = f"m{dst}-{seq}".encode()
+    return b"".join(Entry(dst, seq, 1, len(body), checksum(body), False, body)
+                    .record(True))
+
+
+def test_log_put_stores_a_batch_of_segments(served) -> None:
+    server, _ = served
+    segs = [(3, _segment(1, 1)), (4, _segment(1, 2)), (7, _segment(2, 1))]
+    with TransferClient(KEY, "c", server.address) as c:
+        reply, _ = c.call({"op": "log_put", "job": "9", "rank": 0,
+                           "segs": [[n, len(d)] for n, d in segs]}, b"".join(d for _, d in segs))
+        assert reply["segs"] == [3, 4, 7]
+        assert c.call({"op": "log_have", "job": "9", "rank": 0})[0]["segments"] == [3, 4, 7]
+        got, body = c.call({"op": "log_get", "job": "9", "rank": 0})
+        assert bytes(body) == b"".join(d for _, d in segs)
+        assert got["segments"] == [[n, len(d)] for n, d in segs]
+        # the same copy again is accepted; other bytes under a stored number are not
+        c.call({"op": "log_put", "job": "9", "rank": 0, "segs": [[3, len(segs[0][1])]]},
+               segs[0][1])
+        with pytest.raises(TransferError, match="already stored with other bytes"):
+            c.call({"op": "log_put", "job": "9", "rank": 0, "segs": [[4, len(segs[0][1])]]},
+                   segs[0][1])
+
+
+@pytest.mark.parametrize("segs, msg", [
+    (None, "expected 1..4096"),
+    ([], "expected 1..4096"),
+    ([[1, 5]] * 4097, "expected 1..4096"),
+    ([[1]], "pairs"),
+    ([[0, 5]], "pairs"),
+    ([[1, -1]], "pairs"),
+    ([[1, True]], "pairs"),
+    ([[2, 1], [1, 1]], "must ascend"),
+    ([[1, 3]], "sizes add up to 3, the body has"),
+])
+def test_malformed_log_put_is_refused_and_stores_nothing(served, segs, msg: str) -> None:
+    server, _ = served
+    data = _segment(1, 1)
+    with TransferClient(KEY, "c", server.address) as c:
+        with pytest.raises(TransferError, match=msg):
+            c.call({"op": "log_put", "job": "9", "rank": 0, "segs": segs}, data)
+        assert c.call({"op": "log_have", "job": "9", "rank": 0})[0]["segments"] == []
+    still_serves(server)
