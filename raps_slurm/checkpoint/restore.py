@@ -41,6 +41,21 @@ RESTORES_AT_ONCE = 2  # per checkpoint service; each restore pulls from two hold
 KEEP_DEFER_S = 60.0
 
 
+class _Once:
+    """A call made at most once, by whichever caller comes first; a caller that comes
+    while it runs waits for it to end."""
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self._fn: Callable[[], object] | None = fn
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            fn, self._fn = self._fn, None
+            if fn is not None:
+                fn()
+
+
 class RestoreError(RapsError):
     """No generation of the rank could be restored (every fallback failed).
     ``unreached``: holders that were down or did not answer (their copies were not
@@ -139,6 +154,7 @@ class Restorer:
     _restores: threading.BoundedSemaphore
     _restoring: threading.Condition  # notified when ``_waiting_restores`` drops
     _waiting_restores: int
+    _keeps: dict[tuple[str, int], _Once]  # pulled chunks of a rank not stored yet
 
     def records(self, job: str, rank: int) -> list[CkptRecord]:
         """The rank's generation records in etcd."""
@@ -165,6 +181,34 @@ class Restorer:
             with self._restoring:
                 self._waiting_restores -= 1
                 self._restoring.notify_all()
+
+    def _keep_later(self, job: str, rank: int, keep: _Once) -> None:
+        """Queue ``keep`` on the replication lane, to run once the node's other restores
+        are done (or sooner, by :meth:`keep_now`)."""
+        with self._restoring:
+            self._keeps[(job, rank)] = keep
+
+        def queued() -> None:
+            self._after_restores()
+            with self._restoring:
+                if self._keeps.get((job, rank)) is keep:
+                    del self._keeps[(job, rank)]
+            keep()
+        self._queue.put(queued)
+
+    def keep_now(self, job: str, rank: int) -> None:
+        """Store now the chunks a restore of the rank pulled, if they wait on the lane: the
+        rank is about to checkpoint, and without them here its first save would send its
+        whole state again (1.5-2 s for 128 MiB on the test machine, against 0.3 s to
+        store what was pulled)."""
+        with self._restoring:
+            keep = self._keeps.pop((job, rank), None)
+        if keep is not None:
+            try:
+                keep()
+            except (RapsError, OSError) as exc:  # the save goes on, sending what is missing
+                log.warning("job %s rank %d: pulled chunks not stored before its save: %s",
+                            job, rank, exc)
 
     def _after_restores(self, most: float = KEEP_DEFER_S) -> None:
         """Wait (at most ``most`` seconds) until no restore is running or queued: storing
@@ -242,8 +286,8 @@ class Restorer:
                 if restored is not None:
                     if held:
                         self._note(job, rank, rec, bad_holders)
-                        self._queue.put(functools.partial(self._keep, job, rank, rec, m,
-                                                          held))
+                        self._keep_later(job, rank, _Once(functools.partial(
+                            self._keep, job, rank, rec, m, held)))
                     else:
                         if self.chunks.manifest_bytes(job, rank, rec.generation) is None:
                             self.chunks.put_manifest(m)
@@ -308,9 +352,9 @@ class Restorer:
 
     def _keep(self, job: str, rank: int, rec: CkptRecord, m: Manifest,
               held: dict[str, tuple[int, bytes | memoryview]]) -> None:
-        """After a restore from pulled chunks (on the replication lane): store them and
-        the manifest, then count this node among the generation's holders."""
-        self._after_restores()
+        """After a restore from pulled chunks (on the replication lane once the node's
+        other restores are done, or before the rank's next save): store them and the
+        manifest, then count this node among the generation's holders."""
         try:
             with self.chunks.pinned(job, gens=[(rank, rec.generation)]) as pins:
                 for digest in held:

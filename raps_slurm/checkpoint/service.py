@@ -138,6 +138,7 @@ class CheckpointService(Restorer):
         self._restores = threading.BoundedSemaphore(restores_at_once)
         self._restoring = threading.Condition()
         self._waiting_restores = 0
+        self._keeps = {}
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -206,6 +207,7 @@ class CheckpointService(Restorer):
 
     def begin(self, job: str, rank: int, epoch: int, base: int | None) -> tuple[str, bool]:
         """Open a save; (session id, whether ``base`` is held here)."""
+        self.keep_now(job, rank)  # a restored rank's pulled chunks first: its base
         session, ok = self.local.begin(job, rank, epoch, base)
         sid = uuid.uuid4().hex
         with self._lock:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.restore import _Once
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.config import Config
 from raps_slurm.core.checkpoints import CkptRecord, expired_records
@@ -141,3 +142,24 @@ def test_pulled_chunks_are_stored_after_the_nodes_other_restores(tmp_path: Path)
     t0 = time.monotonic()
     svc._after_restores()  # none running: no wait
     assert time.monotonic() - t0 < 0.5
+
+
+def test_a_restored_ranks_pulled_chunks_are_stored_before_its_next_save(
+        tmp_path: Path) -> None:
+    """Storing the pulled chunks waits for the node's other restores, unless the rank
+    saves first: then its save stores them (its base), and the queued store is a no-op."""
+    svc = service(tmp_path, [])
+    stored: list[str] = []
+    svc._keep_later("7", 3, _Once(lambda: stored.append("kept")))
+    svc._waiting_restores = 1  # another rank of the node still restoring
+    sid, _ = svc.begin("7", 3, 2, None)
+    assert stored == ["kept"]
+    svc.abort(sid)
+    svc._waiting_restores = 0
+    drain(svc)
+    assert stored == ["kept"] and svc._keeps == {}
+    # not saved first: stored by the lane, once
+    svc._keep_later("7", 4, _Once(lambda: stored.append("lane")))
+    drain(svc)
+    svc.begin("7", 4, 2, None)
+    assert stored == ["kept", "lane"]
