@@ -26,14 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from raps_slurm.checkpoint.logstore import LogStore
+from raps_slurm.checkpoint.logstore import LogStore, LogStoreError
 from raps_slurm.checkpoint.transfer import (
     BATCH_BYTES,
-    MAX_LOG_SEGMENTS_PER_PUT,
     TokenBucket,
     TransferClient,
     TransferError,
 )
+from raps_slurm.checkpoint.transfer_wire import MAX_LOG_SEGMENTS_PER_PUT
 from raps_slurm.core import checkpoints as decide
 from raps_slurm.model import BackupGroup
 
@@ -220,17 +220,25 @@ class LogCopier:
                 have = set()
             segs = self.logs.segments(job, rank)
             batch: list[tuple[int, bytes]] = []
+            size = 0
             for n in segs:
                 if n <= backed or n in have:
+                    continue
+                if self.logs.size(job, rank, n) > BATCH_BYTES:
+                    if batch:
+                        self._put(target, address, job, rank, batch)
+                        batch, size = [], 0
+                    self._put_pieces(target, address, job, rank, n)
                     continue
                 data = self.logs.segment(job, rank, n)
                 if not data:  # trimmed meanwhile: its records can never be asked for
                     continue
-                if batch and (sum(len(d) for _, d in batch) + len(data) > BATCH_BYTES
+                if batch and (size + len(data) > BATCH_BYTES
                               or len(batch) >= MAX_LOG_SEGMENTS_PER_PUT):
                     self._put(target, address, job, rank, batch)
-                    batch = []
+                    batch, size = [], 0
                 batch.append((n, data))
+                size += len(data)
             if batch:
                 self._put(target, address, job, rank, batch)
         except TransferError as exc:
@@ -261,6 +269,23 @@ class LogCopier:
             self.stats.segments += 1
             self.stats.bytes += len(data)
 
+    def _put_pieces(self, target: str, address: tuple[str, int], job: str, rank: int,
+                    n: int) -> None:
+        """Copy one segment larger than a request's body (a message may be up to
+        MAX_SEGMENT, a frame is smaller) in BATCH_BYTES pieces, in order."""
+        total = self.logs.size(job, rank, n)
+        off = 0
+        while off < total:
+            piece = self.logs.segment(job, rank, n, off, BATCH_BYTES)
+            if not piece:
+                return  # trimmed meanwhile: its records can never be asked for
+            self._call(target, address, {"op": "log_put", "job": job, "rank": rank,
+                                         "part": [n, off, total]}, piece)
+            off += len(piece)
+        self.logs.drop_pages(job, rank, n)
+        self.stats.segments += 1
+        self.stats.bytes += total
+
     # --- reads and trims -------------------------------------------------------------------
 
     def read(self, job: str, rank: int) -> bytes:
@@ -275,21 +300,50 @@ class LogCopier:
             if holder == self.node or holder not in peers:
                 continue
             try:
-                with TransferClient(self._key, self.node, peers[holder],
-                                    limiter=self.limiter) as c:
-                    reply, body = c.call({"op": "log_get", "job": job, "rank": rank})
-            except TransferError as exc:
+                self._pull(peers[holder], job, rank)
+            except (TransferError, LogStoreError) as exc:
                 log.warning("log of job %s rank %d from %s: %s", job, rank, holder, exc)
                 continue
-            pos = 0
-            for n, size in reply.get("segments") or []:
-                self.logs.append(job, rank, bytes(body[pos:pos + size]), number=int(n))
-                pos += size
             with self._cond:
                 st = self._state(job, rank)
                 st.appended = max(st.appended, max(self.logs.segments(job, rank), default=0))
             return self.logs.read(job, rank)
         return b""
+
+    def _pull(self, address: tuple[str, int], job: str, rank: int) -> None:
+        """Copy a rank's log here from ``address``, page by page (a page is at most one
+        frame; a segment larger than a page comes in pieces, stored once whole)."""
+        cursor = [0, 0]
+        pieces: list[bytes] = []
+        with TransferClient(self._key, self.node, address, limiter=self.limiter) as c:
+            while True:
+                reply, body = c.call({"op": "log_get", "job": job, "rank": rank,
+                                      "from": cursor})
+                pos = 0
+                for item in reply.get("segments") or []:
+                    if not (isinstance(item, list) and len(item) == 4 and all(
+                            type(x) is int and x >= 0 for x in item)):
+                        raise TransferError(f"log_get: malformed item {item!r:.60}")
+                    n, off, size, total = item
+                    if pieces and off == 0 and n > cursor[0]:
+                        pieces = []  # trimmed meanwhile: its records are never asked for
+                    expected = cursor[1] if pieces else 0
+                    if n < cursor[0] or off != expected or not 0 < size <= len(body) - pos \
+                            or off + size > total:
+                        raise TransferError(f"log_get: item {item} out of order")
+                    pieces.append(bytes(body[pos:pos + size]))
+                    pos += size
+                    if off + size == total:
+                        self.logs.append(job, rank, b"".join(pieces), number=n)
+                        pieces, cursor = [], [n + 1, 0]
+                    else:
+                        cursor = [n, off + size]
+                if pos != len(body):
+                    raise TransferError("log_get: items do not cover the body")
+                if not reply.get("more"):
+                    return
+                if not reply.get("segments"):
+                    raise TransferError("log_get: an empty page with more to come")
 
     def trim(self, job: str, rank: int, floors: dict[int, int]) -> int:
         """Drop segments the floors cover, here and (in the lane, after the copies queued

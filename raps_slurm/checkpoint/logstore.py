@@ -16,6 +16,7 @@ number that already exists with other bytes is refused, never silently dropped.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from pathlib import Path
 
@@ -102,12 +103,57 @@ class LogStore:
         """Let segment ``n``'s pages leave the page cache (it was copied; gone: nothing)."""
         drop_cached(self._dir(job, rank) / f"{int(n)}.seg")
 
-    def segment(self, job: str, rank: int, n: int) -> bytes:
-        """One segment's bytes (empty if it is gone)."""
+    def segment(self, job: str, rank: int, n: int, off: int = 0, size: int = -1) -> bytes:
+        """Segment ``n``'s bytes, or ``size`` of them from ``off`` (empty if it is gone)."""
         try:
-            return (self._dir(job, rank) / f"{int(n)}.seg").read_bytes()
+            with open(self._dir(job, rank) / f"{int(n)}.seg", "rb") as f:
+                if off:
+                    f.seek(off)
+                return f.read(size)
         except FileNotFoundError:
             return b""
+
+    def size(self, job: str, rank: int, n: int) -> int:
+        """Segment ``n``'s length in bytes (0 if it is gone)."""
+        try:
+            return (self._dir(job, rank) / f"{int(n)}.seg").stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def put_part(self, job: str, rank: int, number: int, off: int, total: int,
+                 data: bytes | memoryview) -> bool:
+        """Store ``data`` at ``off`` of copied segment ``number`` of ``total`` bytes: a
+        segment larger than one transfer frame comes in pieces, in order. True once the
+        last piece is in and the whole segment is stored as :meth:`append` would (checked,
+        compared with a copy already here). A piece that does not follow the ones held
+        is refused; a copy starts over at offset 0."""
+        if not 0 < total <= MAX_SEGMENT:
+            raise LogStoreError(f"log segment of {total} bytes: expected 1..{MAX_SEGMENT}")
+        if not (data and off >= 0 and off + len(data) <= total):
+            raise LogStoreError(f"piece of {len(data)} bytes at {off}: outside the "
+                                f"segment's {total} bytes")
+        tmp = self._dir(job, rank).parent.parent / "tmp"
+        path = tmp / f".part-{int(rank)}-{int(number)}"
+        with self._lock:
+            tmp.mkdir(mode=0o700, parents=True, exist_ok=True)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(path, flags | (os.O_TRUNC if off == 0 else 0), 0o600)
+            try:
+                held = os.fstat(fd).st_size
+                if held != off:
+                    raise LogStoreError(f"piece at {off} of segment {number}: {held} bytes "
+                                        "are held, a copy resumes there or starts at 0")
+                view = memoryview(data)
+                while view:
+                    view = view[os.pwrite(fd, view, off + len(data) - len(view)):]
+                if off + len(data) < total:
+                    return False
+                whole = os.pread(fd, total, 0)
+            finally:
+                os.close(fd)
+            path.unlink()
+        self.append(job, rank, whole, number=number)
+        return True
 
     def read(self, job: str, rank: int, after: int = 0) -> bytes:
         """Every segment above ``after``, concatenated in order."""

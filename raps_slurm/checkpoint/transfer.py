@@ -43,7 +43,7 @@ from typing import Any
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.codec import Decoder
 from raps_slurm.checkpoint.logstore import LogStore
-from raps_slurm.checkpoint.manifest import Manifest, is_hex_digest
+from raps_slurm.checkpoint.manifest import Manifest
 from raps_slurm.checkpoint.pack import MAX_CHUNK, STORED_SLACK
 from raps_slurm.checkpoint.reader import read_into
 
@@ -54,10 +54,16 @@ from raps_slurm.checkpoint.transfer_wire import (
     REQUEST_TIMEOUT,
     TIMEOUT,
     Channel,
+    cursor_field,
+    digests_field,
     handshake_proof,
     hello_node,
     hello_nonce,
+    int_field,
+    job_field,
+    part_field,
     recv_handshake,
+    segs_field,
     send_handshake,
 )
 from raps_slurm.checkpoint.transfer_wire import TransferError as TransferError
@@ -72,7 +78,6 @@ from raps_slurm.logquota import LogQuota
 log = logging.getLogger("raps.transfer")
 
 BATCH_BYTES = 16 << 20  # chunk bytes per put/get frame, log bytes per log_put
-MAX_LOG_SEGMENTS_PER_PUT = 4096
 HANDSHAKE_TIMEOUT = 5.0  # the whole handshake, from the connection on
 MAX_CONNECTIONS = 128  # connections (and threads) served at once
 
@@ -99,49 +104,6 @@ class TokenBucket:
 
 
 # --- server -------------------------------------------------------------------------------
-
-
-def _job(header: dict[str, Any]) -> str:
-    job = header.get("job")
-    if not (isinstance(job, str) and job.isascii() and job.isdigit() and 0 < len(job) <= 20):
-        raise TransferError(f"bad job id {job!r:.40}")
-    return job
-
-
-def _int(header: dict[str, Any], name: str, lo: int = 0) -> int:
-    v = header.get(name)
-    if type(v) is not int or v < lo or v >= 2**63:
-        raise TransferError(f"field {name!r}: expected an integer >= {lo}")
-    return v
-
-
-def _segments(header: dict[str, Any], body_len: int) -> list[tuple[int, int]]:
-    """``segs`` of a ``log_put``: [number, size] pairs, numbers ascending, the sizes
-    adding up to the body's length."""
-    v = header.get("segs")
-    if not isinstance(v, list) or not 1 <= len(v) <= MAX_LOG_SEGMENTS_PER_PUT:
-        raise TransferError(f"field 'segs': expected 1..{MAX_LOG_SEGMENTS_PER_PUT} "
-                            "[number, size] pairs")
-    out: list[tuple[int, int]] = []
-    for item in v:
-        if not (isinstance(item, list) and len(item) == 2
-                and all(type(x) is int and 0 <= x < 2**63 for x in item) and item[0] >= 1):
-            raise TransferError("field 'segs': expected [number >= 1, size >= 0] pairs")
-        if out and item[0] <= out[-1][0]:
-            raise TransferError("field 'segs': segment numbers must ascend")
-        out.append((item[0], item[1]))
-    if sum(size for _, size in out) != body_len:
-        raise TransferError(f"field 'segs': sizes add up to {sum(sz for _, sz in out)}, "
-                            f"the body has {body_len} bytes")
-    return out
-
-
-def _digests(header: dict[str, Any]) -> list[str]:
-    v = header.get("digests")
-    if not isinstance(v, list) or len(v) > 1 << 22 or \
-            not all(isinstance(d, str) and is_hex_digest(d) for d in v):
-        raise TransferError("field 'digests': expected a list of 64-hex-digit names")
-    return v
 
 
 class _Pins:
@@ -295,15 +257,15 @@ class TransferServer:
 
     def _op_has(self, h: dict[str, Any], body: memoryview, pins: _Pins
                 ) -> tuple[dict[str, Any], bytes]:
-        job = _job(h)
-        digests = _digests(h)
+        job = job_field(h)
+        digests = digests_field(h)
         for d in digests:  # what we already hold must survive until the manifest comes
             pins.add(job, d)
         return {"ok": True, "missing": self.store.missing(job, digests)}, b""
 
     def _op_put(self, h: dict[str, Any], body: memoryview, pins: _Pins
                 ) -> tuple[dict[str, Any], bytes]:
-        job = _job(h)
+        job = job_field(h)
         algo = h.get("algo", self._algo)
         if algo not in ("blake3", "sha256"):
             raise TransferError(f"unknown digest {algo!r:.20}")
@@ -322,7 +284,7 @@ class TransferServer:
 
     def _op_put_manifest(self, h: dict[str, Any], body: memoryview, pins: _Pins
                          ) -> tuple[dict[str, Any], bytes]:
-        job = _job(h)
+        job = job_field(h)
         m = Manifest.from_json("manifest from a peer", bytes(body))
         if m.job != job:
             raise TransferError(f"manifest of job {m.job} sent for job {job}")
@@ -336,14 +298,14 @@ class TransferServer:
 
     def _op_get_manifest(self, h: dict[str, Any], body: memoryview, pins: _Pins
                          ) -> tuple[dict[str, Any], bytes]:
-        raw = self.store.manifest_bytes(_job(h), _int(h, "rank"), _int(h, "gen"))
+        raw = self.store.manifest_bytes(job_field(h), int_field(h, "rank"), int_field(h, "gen"))
         return {"ok": True, "found": raw is not None}, raw or b""
 
     def _op_get(self, h: dict[str, Any], body: memoryview, pins: _Pins
                 ) -> tuple[dict[str, Any], bytes]:
-        job = _job(h)
+        job = job_field(h)
         out, missing = [], []
-        for d in _digests(h):
+        for d in digests_field(h):
             try:
                 data = self.store.read(job, d)
             except FileNotFoundError:
@@ -355,8 +317,12 @@ class TransferServer:
 
     def _op_log_put(self, h: dict[str, Any], body: memoryview, pins: _Pins
                     ) -> tuple[dict[str, Any], bytes]:
-        job, rank = _job(h), _int(h, "rank")
-        segs = _segments(h, len(body))
+        job, rank = job_field(h), int_field(h, "rank")
+        if "part" in h:  # a segment too large for one frame, in pieces
+            n, off, total = part_field(h)
+            done = self.logs.put_part(job, rank, n, off, total, body)
+            return {"ok": True, "segs": [n] if done else []}, b""
+        segs = segs_field(h, len(body))
         pos = 0
         for n, size in segs:
             self.logs.append(job, rank, bytes(body[pos:pos + size]), number=n, sync_dir=False)
@@ -366,17 +332,36 @@ class TransferServer:
 
     def _op_log_have(self, h: dict[str, Any], body: memoryview, pins: _Pins
                      ) -> tuple[dict[str, Any], bytes]:
-        return {"ok": True, "segments": self.logs.segments(_job(h), _int(h, "rank"))}, b""
+        return {"ok": True, "segments": self.logs.segments(job_field(h), int_field(h, "rank"))}, b""
 
     def _op_log_get(self, h: dict[str, Any], body: memoryview, pins: _Pins
                     ) -> tuple[dict[str, Any], bytes]:
-        job, rank = _job(h), _int(h, "rank")
-        parts, segs = [], []
+        """A page of a rank's log from the cursor ``from`` ([number, offset], default the
+        start): whole segments up to BATCH_BYTES, or one piece of a larger one. Each item
+        is [number, offset, length, segment size]; ``more`` while the log goes on."""
+        job, rank = job_field(h), int_field(h, "rank")
+        start, start_off = cursor_field(h)
+        parts: list[bytes] = []
+        items: list[list[int]] = []
+        used = 0
         for n in self.logs.segments(job, rank):
-            data = self.logs.segment(job, rank, n)
+            if n < start:
+                continue
+            off = start_off if n == start else 0
+            total = self.logs.size(job, rank, n)
+            if off >= total:
+                continue  # gone meanwhile, or wholly sent
+            if used and used + total - off > BATCH_BYTES:
+                return {"ok": True, "segments": items, "more": True}, b"".join(parts)
+            data = self.logs.segment(job, rank, n, off, BATCH_BYTES)
+            if not data:
+                continue
             parts.append(data)
-            segs.append([n, len(data)])
-        return {"ok": True, "segments": segs}, b"".join(parts)
+            items.append([n, off, len(data), total])
+            used += len(data)
+            if off + len(data) < total:
+                return {"ok": True, "segments": items, "more": True}, b"".join(parts)
+        return {"ok": True, "segments": items, "more": False}, b"".join(parts)
 
     def _op_log_trim(self, h: dict[str, Any], body: memoryview, pins: _Pins
                      ) -> tuple[dict[str, Any], bytes]:
@@ -384,12 +369,13 @@ class TransferServer:
         if not isinstance(floors, dict) or not all(
                 isinstance(k, str) and k.isdigit() and type(v) is int for k, v in floors.items()):
             raise TransferError("field 'floors': expected an object of rank -> seq")
-        n = self.logs.trim(_job(h), _int(h, "rank"), {int(k): v for k, v in floors.items()})
+        n = self.logs.trim(job_field(h), int_field(h, "rank"),
+                           {int(k): v for k, v in floors.items()})
         return {"ok": True, "trimmed": n}, b""
 
     def _op_verify(self, h: dict[str, Any], body: memoryview, pins: _Pins
                    ) -> tuple[dict[str, Any], bytes]:
-        found = verify_local(self.store, _job(h), _int(h, "rank"), _int(h, "gen"))
+        found = verify_local(self.store, job_field(h), int_field(h, "rank"), int_field(h, "gen"))
         return {"ok": True, **found}, b""
 
 
@@ -486,7 +472,7 @@ class TransferClient:
         digests = sorted(manifest.digests())
         if delta:
             reply, _ = self.call({"op": "has", "job": job, "digests": digests})
-            want = _digests({"digests": reply.get("missing")})
+            want = digests_field({"digests": reply.get("missing")})
         else:
             want = digests
         sent = nbytes = 0

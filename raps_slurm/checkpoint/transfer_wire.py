@@ -18,6 +18,7 @@ import blake3
 
 from raps_slurm import framing
 from raps_slurm.checkpoint.codec import RAW, ChunkError, Decoder, hasher
+from raps_slurm.checkpoint.manifest import is_hex_digest
 from raps_slurm.checkpoint.pack import HEADER, MAX_CHUNK, STORED_SLACK
 from raps_slurm.errors import RapsError
 from raps_slurm.framing import FrameError
@@ -33,6 +34,7 @@ _MAC = 32
 # the test machine, and a restore receives a rank's whole state), the map's pages are
 # touched by the kernel inside recv, with the GIL released.
 MAPPED_PAYLOAD = 1 << 20
+MAX_LOG_SEGMENTS_PER_PUT = 4096
 
 
 class TransferError(RapsError):
@@ -217,3 +219,67 @@ def verify_chunk(algo: str, digest: str, raw: int, stored: bytes | memoryview,
     if hasher(algo)(data).hex() != digest:
         return "content does not match its digest"
     return None
+
+
+# --- request fields: each checked, a malformed one refused with what is allowed ---
+
+
+def job_field(header: dict[str, Any]) -> str:
+    job = header.get("job")
+    if not (isinstance(job, str) and job.isascii() and job.isdigit() and 0 < len(job) <= 20):
+        raise TransferError(f"bad job id {job!r:.40}")
+    return job
+
+
+def int_field(header: dict[str, Any], name: str, lo: int = 0) -> int:
+    v = header.get(name)
+    if type(v) is not int or v < lo or v >= 2**63:
+        raise TransferError(f"field {name!r}: expected an integer >= {lo}")
+    return v
+
+
+def segs_field(header: dict[str, Any], body_len: int) -> list[tuple[int, int]]:
+    """``segs`` of a ``log_put``: [number, size] pairs, numbers ascending, the sizes
+    adding up to the body's length."""
+    v = header.get("segs")
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_LOG_SEGMENTS_PER_PUT:
+        raise TransferError(f"field 'segs': expected 1..{MAX_LOG_SEGMENTS_PER_PUT} "
+                            "[number, size] pairs")
+    out: list[tuple[int, int]] = []
+    for item in v:
+        if not (isinstance(item, list) and len(item) == 2
+                and all(type(x) is int and 0 <= x < 2**63 for x in item) and item[0] >= 1):
+            raise TransferError("field 'segs': expected [number >= 1, size >= 0] pairs")
+        if out and item[0] <= out[-1][0]:
+            raise TransferError("field 'segs': segment numbers must ascend")
+        out.append((item[0], item[1]))
+    if sum(size for _, size in out) != body_len:
+        raise TransferError(f"field 'segs': sizes add up to {sum(sz for _, sz in out)}, "
+                            f"the body has {body_len} bytes")
+    return out
+
+
+def part_field(header: dict[str, Any]) -> tuple[int, int, int]:
+    """``part`` of a ``log_put``: [number, offset, segment size] of one piece."""
+    v = header.get("part")
+    if not (isinstance(v, list) and len(v) == 3
+            and all(type(x) is int and 0 <= x < 2**63 for x in v) and v[0] >= 1):
+        raise TransferError("field 'part': expected [number >= 1, offset, size]")
+    return v[0], v[1], v[2]
+
+
+def cursor_field(header: dict[str, Any]) -> tuple[int, int]:
+    """``from`` of a ``log_get``: [segment number, offset], default [0, 0]."""
+    v = header.get("from", [0, 0])
+    if not (isinstance(v, list) and len(v) == 2
+            and all(type(x) is int and 0 <= x < 2**63 for x in v)):
+        raise TransferError("field 'from': expected [segment number, offset]")
+    return v[0], v[1]
+
+
+def digests_field(header: dict[str, Any]) -> list[str]:
+    v = header.get("digests")
+    if not isinstance(v, list) or len(v) > 1 << 22 or \
+            not all(isinstance(d, str) and is_hex_digest(d) for d in v):
+        raise TransferError("field 'digests': expected a list of 64-hex-digit names")
+    return v

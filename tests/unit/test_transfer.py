@@ -230,7 +230,8 @@ def test_log_put_stores_a_batch_of_segments(served) -> None:
         assert c.call({"op": "log_have", "job": "9", "rank": 0})[0]["segments"] == [3, 4, 7]
         got, body = c.call({"op": "log_get", "job": "9", "rank": 0})
         assert bytes(body) == b"".join(d for _, d in segs)
-        assert got["segments"] == [[n, len(d)] for n, d in segs]
+        assert got["segments"] == [[n, 0, len(d), len(d)] for n, d in segs]
+        assert got["more"] is False
         # the same copy again is accepted; other bytes under a stored number are not
         c.call({"op": "log_put", "job": "9", "rank": 0, "segs": [[3, len(segs[0][1])]]},
                segs[0][1])
