@@ -88,8 +88,10 @@ A rank is HUNG when its node is ALIVE and either
   peer counts as progress (the peer is judged, not the waiter).
 
 A rank on a SUSPECT or DEAD node is never HUNG: its heartbeats travel through that
-node's agent. After a DEAD node comes back, its ranks' silence counts from its return
-(their old silence says nothing about them). One HUNG verdict per silence.
+node's agent. Nor is one whose node has not been heard from since the rank's window
+ended (a crashed node's ranks fall silent with it, before the node is SUSPECT). After
+a DEAD node comes back, its ranks' silence counts from its return (their old silence
+says nothing about them). One HUNG verdict per silence.
 
 Cost: a heartbeat is O(1) (ALIVE nodes sit in an OrderedDict ordered by last proof of
 life, so a tick looks at the oldest only); SUSPECT nodes and rank deadlines use heaps.
@@ -496,6 +498,15 @@ class Detector:
                 continue
             if n is None or n.health is not NodeHealth.ALIVE:
                 self._parked.setdefault(r.node, set()).add((key, gen))
+                continue
+            if n.last_seen < due:
+                # The node has not been heard from since the rank's window ended, and its
+                # agent carries the rank's heartbeats: a crashed node's ranks fall silent
+                # with it, up to SUSPECT_AFTER_INTERVALS before the node is SUSPECT, and
+                # were judged HUNG (relaunched on the dead node) first. Judged again once
+                # the node speaks, or parked when it turns SUSPECT.
+                heapq.heappush(timers, (now + self.settings.interval / 4, next(self._seq),
+                                        key, gen))
                 continue
             window = self.settings.app_window * (1 if r.blocked_on is None else BLOCKED_FACTOR)
             start = max(r.last_at, since)

@@ -498,6 +498,27 @@ def test_a_rank_on_a_suspect_node_is_not_hung_until_the_node_is_back() -> None:
     assert kinds(lead.run(100.0)) == [("HUNG", "n1", 50.5)]
 
 
+def test_ranks_of_a_crashed_node_are_not_hung_before_the_node_is_suspect() -> None:
+    # The rank's window ends at 50.0; the node's last heartbeat came at 49.0, and it is
+    # SUSPECT only at 50.5: the silent rank is the node's crash, not a hang (judged HUNG
+    # first, it was relaunched in place, on the dead node).
+    lead = Leader()
+    lead.beats("n1", 0.0, 49.0)
+    lead.app(0.0, "7", 0, "n1")
+    lead.run(100.0)
+    assert kinds(lead.verdicts) == [("DEAD", "n1", 52.5)]
+
+
+def test_a_silent_rank_is_hung_at_its_nodes_next_heartbeat() -> None:
+    lead = Leader()
+    lead.beats("n1", 0.0, 49.0)
+    lead.beats("n1", 50.4, 100.4)   # late, but before the node is SUSPECT
+    lead.app(0.0, "7", 0, "n1")
+    lead.run(100.0)
+    (v,) = lead.verdicts
+    assert (v.kind, v.rank) == ("HUNG", 0) and 50.4 <= v.at <= 50.7
+
+
 def test_ranks_of_a_node_back_from_dead_count_from_its_return() -> None:
     lead = Leader()
     lead.beats("n1", 0.0, 45.0)
