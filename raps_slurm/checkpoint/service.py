@@ -139,6 +139,9 @@ class CheckpointService(Restorer):
         self._restoring = threading.Condition()
         self._waiting_restores = 0
         self._keeps = {}
+        # Ranks this node is primary for, as its commits found them; None until the first
+        # repair pass has read every rank held here (an agent restart forgets them).
+        self._primaries: set[tuple[str, int]] | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -270,8 +273,8 @@ class CheckpointService(Restorer):
         if entry.epoch != s.epoch:
             raise Fenced(f"rank {s.rank} of job {s.job} is at epoch {entry.epoch}; "
                          f"this copy is epoch {s.epoch} and may not commit")
-        gens = [r.generation for r in self.records(s.job, s.rank)]
-        gen = decide.next_generation(gens)
+        records = self.records(s.job, s.rank)
+        gen = decide.next_generation([r.generation for r in records])
         raw = self.local.finish(s, m, gen)
         wanted = self.wanted_replicas(s.job)
         record = CkptRecord(s.rank, gen, s.epoch, manifest_digest(raw), m.total_size,
@@ -285,19 +288,25 @@ class CheckpointService(Restorer):
             self.chunks.delete_manifest(s.job, s.rank, gen)
             raise Fenced(f"commit of rank {s.rank} generation {gen} refused: the rank's "
                          f"entry changed (a newer epoch?) or the generation was taken")
-        self._collect(s.job, s.rank)
+        if self._primaries is not None:
+            with self._lock:
+                self._primaries.add((s.job, s.rank))
+        self._collect(s.job, s.rank, [*records, record])
         log.info("job %s rank %d: generation %d committed (%d bytes, %d chunks)", s.job,
                  s.rank, gen, m.total_size, len(m.chunks))
         return record
 
-    def _collect(self, job: str, rank: int) -> None:
+    def _collect(self, job: str, rank: int, records: list[CkptRecord]) -> None:
+        """Collect the job's chunks here; delete the rank's expired ``records`` (as the
+        commit read them, with the new one: a read less per commit, and a record's state
+        read a moment earlier, as a fresh read is by the time its delete lands)."""
         keep = self.cfg.checkpoint.max_generations
         result = self.chunks.collect(job, keep)
         if result.unreadable:
             log.warning("job %s: manifests %s unreadable; their chunks are kept", job,
                         result.unreadable)
         # Records of generations no holder keeps any more: only the primary deletes them.
-        for gen in decide.expired_records(self.records(job, rank), keep, self.node):
+        for gen in decide.expired_records(records, keep, self.node):
             self.store.delete(self.keys.ckpt(job, rank, gen))
 
     # --- records and groups --------------------------------------------------------------
@@ -388,19 +397,30 @@ class CheckpointService(Restorer):
 
     def repair(self) -> int:
         """Re-replicate the newest generation of every rank this node is primary for whose
-        live holders fall short of its targets; returns how many were started."""
+        live holders fall short of its targets; returns how many were started.
+
+        The first pass reads the records of every rank held here; later ones only those of
+        the ranks it found primary here and of those committed here since: a node holds
+        the copies of two or three times as many ranks as it runs, and reading all their
+        records every pass was most of etcd's reads on a quiet cluster."""
         started = self.logcopy.retry_lagging()
         if not self.chunks.root.is_dir():
             return started
         peers = self._peers()
+        with self._lock:
+            known = None if self._primaries is None else set(self._primaries)
+        found: set[tuple[str, int]] = set()
         for job_dir in self.chunks.root.glob("job-*"):
             job = job_dir.name[4:]
             if not (job.isdigit() and len(job) <= 20):
                 continue
             for rank in self.chunks.ranks(job):
+                if known is not None and (job, rank) not in known:
+                    continue
                 records = decide.restore_order(self.records(job, rank))
                 if not records or records[0].primary != self.node:
                     continue
+                found.add((job, rank))
                 rec = records[0]
                 targets = decide.replica_targets(self.group(job, rank), self.node, rec.replicas)
                 live = {h for h in rec.holders if h in peers or h == self.node}
@@ -408,6 +428,12 @@ class CheckpointService(Restorer):
                         live != set(rec.holders):
                     self._later(job, rank, rec.generation)
                     started += 1
+        with self._lock:
+            # Ranks committed here during the pass stay; ranks moved away, or whose data
+            # left this node, are dropped.
+            added = set() if self._primaries is None or known is None \
+                else self._primaries - known
+            self._primaries = found | added
         return started
 
     # --- message-log segments ------------------------------------------------------------

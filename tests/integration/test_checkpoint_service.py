@@ -158,6 +158,45 @@ def test_partner_down_gives_under_replicated_then_repair(nodes: Nodes) -> None:
     assert rec.state == "committed" and rec.holders == ("n1", "n2", "n3")
 
 
+class _CountingReads:
+    """The real store, with the prefixes read through it counted."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store, self.prefixes = store, []  # type: list[str]
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def get_prefix(self, prefix: str):
+        self.prefixes.append(prefix)
+        return self._store.get_prefix(prefix)
+
+
+def test_repair_reads_only_the_records_of_ranks_primary_here(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    n1, n2 = nodes.services["n1"], nodes.services["n2"]
+    save(n1, job, field())
+    n1.wait_idle()
+    ckpts = nodes.keys.ckpt_prefix(job, 0)
+    spy = n2.store = _CountingReads(nodes.store)  # type: ignore[assignment]
+    n2.repair()  # the first pass reads every rank held here: n2 holds a copy of rank 0
+    assert spy.prefixes.count(ckpts) == 1
+    n2.repair()  # n2 is not its primary: not read again
+    assert spy.prefixes.count(ckpts) == 1
+    n2.store = nodes.store
+    # a primary's ranks: found by its first pass, or by their commits after it
+    n1.repair()
+    later = new_job(nodes)
+    nodes.up.discard("n3")
+    save(n1, later, field(seed=2))
+    n1.wait_idle()
+    assert record(nodes, later, 1).state == "under_replicated"
+    nodes.up.add("n3")
+    assert n1.repair() >= 1
+    n1.wait_idle()
+    assert record(nodes, later, 1).state == "committed"
+
+
 def test_restore_on_a_node_holding_nothing_pulls_and_verifies(nodes: Nodes) -> None:
     job = new_job(nodes)
     a = field()
