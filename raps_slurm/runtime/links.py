@@ -215,6 +215,7 @@ class PeerLinks:
                 after = floor
             try:
                 entries = self.log.after(dst, after)
+                entries += self.log.ahead_after(dst, after)
             except MessagingError as exc:
                 err = exc
                 entries = None

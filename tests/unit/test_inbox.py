@@ -55,6 +55,28 @@ def test_after_finds_the_tail_even_with_holes() -> None:
     assert log.after(1, 9) == []
 
 
+def test_entries_past_the_checkpoint_are_kept_ahead_until_sent_again() -> None:
+    # The lost incarnation (epoch 1) logged seqs 1..6 to rank 1 and 1..2 to rank 2; the
+    # restored checkpoint had sent 1..3 and 1..1. Seq 6 was logged twice (epochs 1 and 2
+    # of an earlier recovery): the newest copy counts; a large entry has no body here.
+    old = [Entry(1, s, 1, 1, s, False, b"%d" % s) for s in range(1, 7)]
+    old += [Entry(1, 6, 2, 1, 66, False, b"6'"), Entry(2, 1, 1, 1, 0, False, b"a"),
+            Entry(2, 2, 1, 1, 0, False, None)]
+    log = SenderLog(large_threshold=1 << 20, high_watermark=1 << 30)
+    log.reload(old, {1: 3, 2: 1}, {}, {})
+    assert [e.seq for e in log.after(1, 0)] == [1, 2, 3]
+    assert [(e.seq, e.body) for e in log.ahead_after(1, 0)] == [(4, b"4"), (5, b"5"),
+                                                                 (6, b"6'")]
+    assert [e.seq for e in log.ahead_after(1, 4)] == [5, 6]  # the peer had up to 4
+    assert log.ahead_after(1, 6) == [] and log.ahead_after(2, 0) == []  # no body: a hole
+    assert log.held == 4  # bodies ahead are the reloaded log's, not counted as held
+    e = log.append(1, b"4", 2)  # re-execution sends seq 4 again: it leaves the ahead set
+    assert e.seq == 4 and [x.seq for x in log.ahead_after(1, 0)] == [5, 6]
+    log.append(1, b"5", 2)
+    log.append(1, b"6'", 2)
+    assert 1 not in log.ahead and [x.seq for x in log.after(1, 3)] == [4, 5, 6]
+
+
 def _arrived(ctx: Context, src: int) -> int:
     """Messages from ``src`` delivered or waiting unread."""
     with ctx._mu:
