@@ -531,10 +531,17 @@ class ChunkStore:
             if unreadable:
                 return decide.Collection(tuple(sorted(drop)), 0, tuple(unreadable))
             idx = self._idx(job)
-            garbage = set(idx) - needed
-            by_pack: dict[str, list[tuple[str, Location]]] = {}
-            for d, loc in idx.items():
-                by_pack.setdefault(loc.pack, []).append((d, loc))
+            garbage = idx.keys() - needed
+            # Only packs holding garbage can qualify: every commit, and every copy a peer
+            # sends, collects, and most find no garbage in most packs (a pass no longer
+            # sums every pack of the job's index).
+            dirty = {idx[d].pack for d in garbage}
+            by_pack: dict[str, list[tuple[str, Location]]] = {p: [] for p in dirty}
+            if dirty:
+                for d, loc in idx.items():
+                    entries = by_pack.get(loc.pack)
+                    if entries is not None:
+                        entries.append((d, loc))
             for pack, entries in by_pack.items():
                 live = sum(loc.stored_size for d, loc in entries if d in needed)
                 total = sum(loc.stored_size for _, loc in entries)
