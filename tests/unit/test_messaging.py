@@ -427,3 +427,49 @@ def test_the_checkpoint_interval_counts_from_the_restore(tmp_path: Path) -> None
         assert again.checkpoint_due()
     finally:
         again.close()
+
+
+def test_a_restored_rank_defers_its_checkpoints_until_it_has_caught_up(
+        tmp_path: Path) -> None:
+    """Re-executing steps its lost incarnation had done, a rank saves nothing (a save
+    would stall it and the neighbours waiting on it); once it has sent as much as
+    before the loss, it saves again. A replay longer than one interval saves anyway."""
+    now = [0.0]
+    s = Settings(flush_ms=20, checkpoint_interval=60.0)
+    lost = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, s, clock=lambda: now[0])
+    for i in range(3):
+        lost.send(1, b"%d" % i)
+    first = lost.checkpoint({"i": np.array([3])})
+    for i in range(3, 6):
+        lost.send(1, b"%d" % i)
+    lost._flush()  # logged, and then the rank is lost
+    lost.close()
+    ctx = Context(LocalPort(tmp_path, "1", 0, 2, PARAMS), 0, 2, 2, s, clock=lambda: now[0])
+    try:
+        assert int(ctx.restore()["i"][0]) == 3
+        ctx.send(1, b"3")
+        assert ctx.checkpoint({"i": np.array([4])}) == first  # deferred: replaying
+        assert ctx.deferred_checkpoints == 1 and ctx.generation == first
+        ctx.send(1, b"4")
+        ctx.send(1, b"5")
+        ctx.heartbeat(6)  # sent as much as before the loss: caught up
+        assert ctx.checkpoint({"i": np.array([6])}) == first + 1
+        assert ctx.deferred_checkpoints == 1
+    finally:
+        ctx.close()
+    again = Context(LocalPort(tmp_path, "1", 0, 3, PARAMS), 0, 2, 3, s, clock=lambda: now[0])
+    try:
+        assert int(again.restore()["i"][0]) == 6
+        again.send(1, b"6")  # nothing more had been sent: caught up at once
+        assert again.checkpoint({"i": np.array([7])}) == first + 2
+    finally:
+        again.close()
+    slow = Context(LocalPort(tmp_path, "1", 0, 4, PARAMS), 0, 2, 4, s, clock=lambda: now[0])
+    try:
+        slow.restore()
+        now[0] += 61.0  # a replay longer than one interval: saved anyway
+        assert slow.checkpoint({"i": np.array([7])}) == first + 3
+        assert slow.deferred_checkpoints == 0
+    finally:
+        slow.close()
+
