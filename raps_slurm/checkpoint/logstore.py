@@ -149,11 +149,40 @@ class LogStore:
                 if off + len(data) < total:
                     return False
                 whole = os.pread(fd, total, 0)
+                d = self._dir(job, rank)
+                final = d / f"{int(number)}.seg"
+                problem = self._whole_problem(job, rank, number, whole, final)
+                if problem is None and not final.exists():
+                    # Checked, the pieces take the segment's name: no second write.
+                    os.fsync(fd)
+                    if self.cold:
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-            path.unlink()
-        self.append(job, rank, whole, number=number)
+            if problem is not None or final.exists():
+                path.unlink()
+                if problem is not None:
+                    raise LogStoreError(problem)
+                return True
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.rename(path, final)
+            fsync_dir(d)
         return True
+
+    @staticmethod
+    def _whole_problem(job: str, rank: int, number: int, whole: bytes, final: Path
+                       ) -> str | None:
+        """Why a segment copied in pieces cannot be stored (None: it can, or the same
+        bytes are here already)."""
+        try:
+            for _ in parse_records(whole, verify=False):
+                pass
+        except MessagingError as exc:
+            return f"malformed log segment: {exc}"
+        if final.exists() and final.read_bytes() != whole:
+            return (f"segment {number} of rank {rank} of job {job} is already stored with "
+                    "other bytes: copy refused")
+        return None
 
     def read(self, job: str, rank: int, after: int = 0) -> bytes:
         """Every segment above ``after``, concatenated in order."""

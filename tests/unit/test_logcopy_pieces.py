@@ -125,6 +125,13 @@ def test_a_piece_out_of_order_is_refused_and_a_copy_starts_over(tmp_path) -> Non
     with pytest.raises(LogStoreError):  # a damaged copy of a stored number is refused
         logs.put_part("9", 0, 4, 0, len(bad), bytes(bad))
     assert logs.segment("9", 0, 4) == seg
+    assert logs.put_part("9", 0, 4, 0, len(seg), seg)  # the same bytes again: kept
+    junk = b"\xff" * 64
+    with pytest.raises(LogStoreError, match="malformed log segment"):
+        logs.put_part("9", 0, 6, 0, len(junk), junk)
+    assert logs.segments("9", 0) == [4]
+    held = sorted(p.name for p in (tmp_path / "job-9" / "tmp").iterdir())
+    assert held == [".part-0-5"]  # only the unfinished copy's pieces
 
 
 @pytest.mark.parametrize("cursor", [[1], "x", [0, -1], [True, 0]])
