@@ -214,7 +214,7 @@ class CheckpointOps:
                 "generation": result.generation, "bytes": r.manifest.total_size,
                 "bytes_pulled": result.pulled_bytes, "chunks_pulled": result.pulled_chunks,
                 "sources": list(result.sources), "asked_at": asked, "pull_s": result.pull_s,
-                "local_s": result.local_s,
+                "local_s": result.local_s, "early": result.early,
                 "fallbacks": [fb.to_dict() for fb in result.fallbacks]})
         return {"ok": True, "generation": result.generation,
                 "fallbacks": [fb.to_dict() for fb in result.fallbacks],

@@ -33,6 +33,7 @@ from raps_slurm.agent.key_api import JobKeyOps
 from raps_slurm.agent.local_api import LocalApiServer, RankTable
 from raps_slurm.agent.msg_api import MessagingOps
 from raps_slurm.agent.node import NodeAgent
+from raps_slurm.agent.plan_watch import PlanWatcher
 from raps_slurm.agent.quota import JobQuotas, job_size
 from raps_slurm.agent.ranks import RankSupervisor
 from raps_slurm.agent.recovery_api import RecoveryOps
@@ -159,6 +160,8 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     agent.transfer = f"{socket.gethostname() if bound_host == '0.0.0.0' else bound_host}:" \
                      f"{bound_port}"
     checkpoints.start()
+    plans = PlanWatcher(store, keys, node, checkpoints.restore_early)
+    plans.start()
     agent.start()
     log.info("agent of %s started (etcd %s)", node, ", ".join(cfg.store.endpoints))
     watchdog = Watchdog()
@@ -202,6 +205,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
             watchdog.tick()
             stop.wait(0.1)
     finally:
+        plans.stop()
         api.stop()
         transfer.stop()
         checkpoints.stop()

@@ -241,6 +241,7 @@ def _phases(rank: int, events: dict[str, PlanEvent], started: float) -> dict[str
         out["pull_s"] = round(float(restored.detail.get("pull_s", 0.0)), 3)
         out["local_s"] = round(float(restored.detail.get("local_s", 0.0)), 3)
         out["generation"] = restored.detail.get("generation")
+        out["early"] = bool(restored.detail.get("early", False))
     for phase in ("running", "caught_up"):
         if phase in events:
             out[f"{phase}_s"] = round(events[phase].at - started, 3)

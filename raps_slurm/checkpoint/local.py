@@ -15,7 +15,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
@@ -144,19 +144,21 @@ class LocalCheckpoints:
 
     def restore_manifest(self, m: Manifest,
                          memory: tuple[int, mmap.mmap | None] | None = None,
-                         fetch: Callable[[str], bytes | memoryview] | None = None
+                         fetch: Callable[[str], bytes | memoryview] | None = None,
+                         checked: Container[str] = frozenset()
                          ) -> tuple[Restored | None, list[BadChunk]]:
         """Decode and verify ``m`` from this store into a memory file (``memory``: one
         allocated beforehand, e.g. while the missing chunks were pulled; it is closed on
         failure like one allocated here). ``fetch``: where a chunk's stored bytes come
-        from instead (chunks pulled and not yet stored)."""
+        from instead (chunks pulled and not yet stored); ``checked``: chunks ``fetch``
+        gives as verified already, only decoded (:func:`read_into`)."""
         t = time.perf_counter()
         fd, buf = memory if memory is not None else memory_file(m.total_size)
         alloc = time.perf_counter() - t
         try:
             view = memoryview(buf) if buf is not None else memoryview(bytearray())
             bad = read_into(m, fetch or (lambda d: self.store.read(m.job, d)), view,
-                            progress=self.progress)
+                            progress=self.progress, checked=checked)
             view.release()
         except BaseException:
             if buf is not None:

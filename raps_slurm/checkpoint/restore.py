@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raps_slurm.checkpoint import cold
 from raps_slurm.checkpoint.chunkstore import ChunkStore
@@ -33,6 +33,9 @@ from raps_slurm.config import Config
 from raps_slurm.core import checkpoints as decide
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.errors import RapsError, RecordError, StoreError
+
+if TYPE_CHECKING:
+    from raps_slurm.checkpoint.early import EarlyRestores
 
 log = logging.getLogger("raps.checkpoint")
 
@@ -91,6 +94,7 @@ class RestoreResult:
     sources: tuple[str, ...] = ()  # holders chunks were pulled from
     pull_s: float = 0.0  # pulling missing chunks (network, verification, storing)
     local_s: float = 0.0  # decoding and verifying the state into memory
+    early: bool = False  # made before the rank asked (:mod:`raps_slurm.checkpoint.early`)
 
 
 def _held_or_stored(held: dict[str, tuple[int, bytes | memoryview]], chunks: ChunkStore,
@@ -155,6 +159,7 @@ class Restorer:
     _restoring: threading.Condition  # notified when ``_waiting_restores`` drops
     _waiting_restores: int
     _keeps: dict[tuple[str, int], _Once]  # pulled chunks of a rank not stored yet
+    early: EarlyRestores
 
     def records(self, job: str, rank: int) -> list[CkptRecord]:
         """The rank's generation records in etcd."""
@@ -171,7 +176,19 @@ class Restorer:
         At most RESTORES_AT_ONCE (the service's ``restores_at_once``) run at a time: a
         dead node's ranks all restore on one spare, and eight threads decoding at once
         starve the agent's other threads (the ranks' heartbeats) of the GIL for seconds
-        while finishing no sooner."""
+        while finishing no sooner. A restore started when the plan came
+        (:meth:`restore_early`) is taken if it is of the rank's newest generation."""
+        early = self.early.take(job, rank)
+        if early is not None:
+            return early
+        return self.restore_queued(job, rank)
+
+    def restore_early(self, job: str, rank: int) -> bool:
+        """Start restoring a rank relaunched here before it asks; False if not started."""
+        return self.early.start(job, rank)
+
+    def restore_queued(self, job: str, rank: int) -> RestoreResult | None:
+        """A restore, in turn with the node's others (at most RESTORES_AT_ONCE at once)."""
         with self._restoring:
             self._waiting_restores += 1
         try:
@@ -281,7 +298,7 @@ class Restorer:
                         memory = pending.result()
                 t1 = time.perf_counter()
                 restored, bad = self.local.restore_manifest(m, memory, fetch=functools.partial(
-                    _held_or_stored, held, self.chunks, job))
+                    _held_or_stored, held, self.chunks, job), checked=held.keys())
                 pull_s, local_s = pull_s + t1 - t0, local_s + time.perf_counter() - t1
                 if restored is not None:
                     if held:

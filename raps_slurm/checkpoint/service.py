@@ -25,11 +25,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from raps_slurm.checkpoint import cold
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.codec import CodecParams
+from raps_slurm.checkpoint.early import EarlyRestores
 from raps_slurm.checkpoint.local import LocalCheckpoints, SaveError, Session
 from raps_slurm.checkpoint.logcopy import LogCopier
 from raps_slurm.checkpoint.logstore import LogStore
@@ -52,6 +54,7 @@ from raps_slurm.store.base import Guard, Put
 
 log = logging.getLogger("raps.checkpoint")
 
+PUSHERS = 4  # copies of one generation sent beside the first (more targets queue for one)
 
 
 class Fenced(RapsError):
@@ -139,9 +142,12 @@ class CheckpointService(Restorer):
         self._restoring = threading.Condition()
         self._waiting_restores = 0
         self._keeps = {}
-        # Ranks this node is primary for, as its commits found them; None until the first
-        # repair pass has read every rank held here (an agent restart forgets them).
-        self._primaries: set[tuple[str, int]] | None = None
+        # Ranks this node is primary for, as its commits and repair passes found them; the
+        # first pass reads every rank held here (an agent restart forgets them).
+        self._primaries: set[tuple[str, int]] = set()
+        self._primaries_read = False
+        self._pushers: ThreadPoolExecutor | None = None
+        self.early = EarlyRestores(self.restore_queued, self._newest_generation)
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -163,6 +169,11 @@ class CheckpointService(Restorer):
                 t.join(timeout=10)
             self._workers = []
         self.logcopy.close()
+        self.early.close()
+        with self._lock:
+            pushers, self._pushers = self._pushers, None
+        if pushers is not None:
+            pushers.shutdown(wait=True)
 
     @staticmethod
     def _work(q: queue.Queue[Callable[[], object] | None]) -> None:
@@ -288,9 +299,8 @@ class CheckpointService(Restorer):
             self.chunks.delete_manifest(s.job, s.rank, gen)
             raise Fenced(f"commit of rank {s.rank} generation {gen} refused: the rank's "
                          f"entry changed (a newer epoch?) or the generation was taken")
-        if self._primaries is not None:
-            with self._lock:
-                self._primaries.add((s.job, s.rank))
+        with self._lock:
+            self._primaries.add((s.job, s.rank))
         self._collect(s.job, s.rank, [*records, record])
         log.info("job %s rank %d: generation %d committed (%d bytes, %d chunks)", s.job,
                  s.rank, gen, m.total_size, len(m.chunks))
@@ -389,13 +399,11 @@ class CheckpointService(Restorer):
             # its disk syncs), and one after the other kept the lane so busy that a node's
             # ranks went two or three generations between copies (0.3 s a copy of 27 KB
             # on the test machine, two targets, eight ranks checkpointing every 1-2 s).
-            extra = [threading.Thread(target=push, args=(t,), daemon=True) for t in todo[1:]]
-            for t in extra:
-                t.start()
+            extra = [self._pusher().submit(push, t) for t in todo[1:]]
             if todo:
                 push(todo[0])
-            for t in extra:
-                t.join()
+            for f in extra:
+                f.result()
             self._cold_copy(m)
         def change(r: CkptRecord) -> CkptRecord:
             # The primary drops holders that are gone (their node's registration lapsed):
@@ -407,20 +415,31 @@ class CheckpointService(Restorer):
 
         return self._update_holders(job, rank, gen, change)
 
+    def _newest_generation(self, job: str, rank: int) -> int | None:
+        return max((r.generation for r in self.records(job, rank)), default=None)
+
+    def _pusher(self) -> ThreadPoolExecutor:
+        """The threads that copy a generation to its second and later targets (made on
+        first use, kept: a copy goes out at every checkpoint)."""
+        with self._lock:
+            if self._pushers is None:
+                self._pushers = ThreadPoolExecutor(PUSHERS, thread_name_prefix="raps-push")
+            return self._pushers
+
     def repair(self) -> int:
         """Re-replicate the newest generation of every rank this node is primary for whose
         live holders fall short of its targets; returns how many were started.
 
         The first pass reads the records of every rank held here; later ones only those of
         the ranks it found primary here and of those committed here since: a node holds
-        the copies of two or three times as many ranks as it runs, and reading all their
-        records every pass was most of etcd's reads on a quiet cluster."""
+        the copies of two or three times as many ranks as it runs."""
+        self.early.expire()
         started = self.logcopy.retry_lagging()
         if not self.chunks.root.is_dir():
             return started
         peers = self._peers()
         with self._lock:
-            known = None if self._primaries is None else set(self._primaries)
+            known = set(self._primaries) if self._primaries_read else None
         found: set[tuple[str, int]] = set()
         for job_dir in self.chunks.root.glob("job-*"):
             job = job_dir.name[4:]
@@ -443,9 +462,8 @@ class CheckpointService(Restorer):
         with self._lock:
             # Ranks committed here during the pass stay; ranks moved away, or whose data
             # left this node, are dropped.
-            added = set() if self._primaries is None or known is None \
-                else self._primaries - known
-            self._primaries = found | added
+            self._primaries = found | (self._primaries - (known or set()))
+            self._primaries_read = True
         return started
 
     # --- message-log segments ------------------------------------------------------------

@@ -256,6 +256,13 @@ def to_start(plans: Iterable[Plan], max_concurrent: int) -> list[Plan]:
     return out
 
 
+def restore_early(plan: Plan, node: str) -> bool:
+    """Whether ``node``'s agent restores the plan's rank before the rank asks: the plan
+    started and moves the rank here after a fault. A planned move's rank saves once more
+    before it stops, so its newest generation is not made yet."""
+    return plan.target == node and plan.state == "running" and not plan.planned
+
+
 def overdue(plans: Iterable[Plan], now: float, timeout: float) -> list[Plan]:
     """Active plans older than ``timeout``: their jobs escalate."""
     return [p for p in plans if p.state in ACTIVE and now - p.created_at > timeout]

@@ -212,6 +212,27 @@ def test_flipped_byte_is_found_and_named(local: LocalCheckpoints) -> None:
     assert [b.digest for b in bad] == [digest]
 
 
+def test_only_chunks_not_checked_before_are_hashed_again(local: LocalCheckpoints) -> None:
+    """A restore's pulled chunks were verified on arrival and are only decoded; every
+    other chunk is checked as it is written into the memory file."""
+    a = field(200_000)
+    m, _, _ = save(local, a, 1)
+    digest = m.chunks[3][0]
+    loc = local.store.location("5", digest)
+    assert loc is not None
+    with open(local.store.pack_path("5", loc), "r+b") as f:
+        f.seek(loc.offset + loc.stored_size // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x40]))
+    others = {d for d, _ in m.chunks} - {digest}
+    restored, bad = local.restore_manifest(m, checked=others)
+    assert restored is None and [b.digest for b in bad] == [digest]
+    restored, bad = local.restore_manifest(m, checked={digest})  # taken as checked
+    assert restored is not None and bad == []
+    restored.close()
+
+
 def test_index_is_rebuilt_from_pack_headers(tmp_path: Path) -> None:
     local = LocalCheckpoints(ChunkStore(tmp_path))
     a = field(100_000)
