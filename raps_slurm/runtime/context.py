@@ -51,6 +51,10 @@ from raps_slurm.runtime.transport import (
     Outgoing,
 )
 
+# A relaunched rank redoes about one interval of lost steps at most, but may first wait
+# for neighbours restored after it (up to 4.3 s in the recovery benchmark's traces).
+REPLAY_DEFER_INTERVALS = 3
+
 log = logging.getLogger("raps.runtime")
 
 STATE_ITEM = "\0raps/state"
@@ -402,18 +406,18 @@ class Context(PeerLinks):
         last committed one, or 0: the rank goes on and the next checkpoint commits).
 
         A relaunched rank that has not yet regained its pre-fault progress saves nothing
-        and returns the generation it restored, for at most ``checkpoint_interval`` after
-        its restore (or until SIGUSR1)."""
+        and returns the generation it restored, for at most REPLAY_DEFER_INTERVALS
+        checkpoint intervals after its restore (or until SIGUSR1)."""
         self._start()
         if self._replay is not None and self.epoch > 1:
             self._catch_up(self._last_step)  # a program may checkpoint without heartbeats
         if self._replay is not None and self.epoch > 1 and not self.preempted and \
-                self._clock() - self._last_ckpt < self.s.checkpoint_interval:
+                self._clock() - self._last_ckpt < \
+                REPLAY_DEFER_INTERVALS * self.s.checkpoint_interval:
             # Redoing steps its lost incarnation had done: saving them again would stall
             # this rank, and every neighbour that waits on it, for the save (1.3-2.1 s
             # a save of a 128 MiB rank on the test machine, at each 20th step of the
-            # replay). A crash meanwhile restores the same generation again. Deferred
-            # at most one checkpoint interval after the restore.
+            # replay). A crash meanwhile restores the same generation again.
             self.deferred_checkpoints += 1
             return self.generation or 0
         # A large state takes a while, and the step stands still meanwhile: reported as

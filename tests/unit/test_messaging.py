@@ -433,7 +433,7 @@ def test_a_restored_rank_defers_its_checkpoints_until_it_has_caught_up(
         tmp_path: Path) -> None:
     """Re-executing steps its lost incarnation had done, a rank saves nothing (a save
     would stall it and the neighbours waiting on it); once it has sent as much as
-    before the loss, it saves again. A replay longer than one interval saves anyway."""
+    before the loss, it saves again. A replay longer than three intervals saves anyway."""
     now = [0.0]
     s = Settings(flush_ms=20, checkpoint_interval=60.0)
     lost = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, s, clock=lambda: now[0])
@@ -462,14 +462,18 @@ def test_a_restored_rank_defers_its_checkpoints_until_it_has_caught_up(
         assert int(again.restore()["i"][0]) == 6
         again.send(1, b"6")  # nothing more had been sent: caught up at once
         assert again.checkpoint({"i": np.array([7])}) == first + 2
+        again.send(1, b"7")
+        again._flush()  # logged past the checkpoint, then lost
     finally:
         again.close()
     slow = Context(LocalPort(tmp_path, "1", 0, 4, PARAMS), 0, 2, 4, s, clock=lambda: now[0])
     try:
-        slow.restore()
-        now[0] += 61.0  # a replay longer than one interval: saved anyway
+        assert int(slow.restore()["i"][0]) == 7
+        now[0] += 179.0  # replaying, within three intervals of the restore: deferred
+        assert slow.checkpoint({"i": np.array([7])}) == first + 2
+        now[0] += 2.0  # a replay longer than three intervals: saved anyway
         assert slow.checkpoint({"i": np.array([7])}) == first + 3
-        assert slow.deferred_checkpoints == 0
+        assert slow.deferred_checkpoints == 1
     finally:
         slow.close()
 
