@@ -49,6 +49,9 @@ class EarlyRestores:
         self.hold_s, self._mono = hold_s, monotonic
         self._lock = threading.Lock()
         self._slots: dict[tuple[str, int], _Slot] = {}
+        # When each rank last asked: a plan seen after its rank asked (a watch that was
+        # down) starts no second restore of it.
+        self._asked: dict[tuple[str, int], float] = {}
         self.started = self.taken = self.dropped = 0
 
     def start(self, job: str, rank: int) -> bool:
@@ -57,7 +60,7 @@ class EarlyRestores:
         self.expire()
         key = (job, rank)
         with self._lock:
-            if key in self._slots or len(self._slots) >= MAX_HELD:
+            if key in self._slots or len(self._slots) >= MAX_HELD or key in self._asked:
                 return False
         try:
             newest = self._newest(job, rank)
@@ -92,6 +95,7 @@ class EarlyRestores:
         it failed, or its generation is no longer the rank's newest (then dropped)."""
         with self._lock:
             slot = self._slots.pop((job, rank), None)
+            self._asked[(job, rank)] = self._mono()
         if slot is None:
             return None
         slot.done.wait()
@@ -118,6 +122,8 @@ class EarlyRestores:
             old = [k for k, s in self._slots.items()
                    if s.done.is_set() and now - s.made_at > self.hold_s]
             slots = [self._slots.pop(k) for k in old]
+            for k in [k for k, at in self._asked.items() if now - at > self.hold_s]:
+                del self._asked[k]
         for (job, rank), s in zip(old, slots, strict=True):
             if s.result is not None:
                 log.info("job %s rank %d: early restore never claimed, dropped", job, rank)

@@ -95,6 +95,18 @@ def test_a_failed_early_restore_leaves_the_rank_to_restore_itself() -> None:
     assert early.take("5", 2) is None
 
 
+def test_a_plan_seen_after_its_rank_asked_starts_no_second_restore() -> None:
+    clock = [100.0]
+    restores = _Restores()
+    early = _early(restores, {("5", 2): 7}, hold_s=30.0, monotonic=lambda: clock[0])
+    assert early.take("5", 2) is None  # the rank asked first (and restores itself)
+    assert not early.start("5", 2)
+    clock[0] += 31.0  # a later move of the same rank, after the hold
+    early.expire()
+    assert early.start("5", 2)
+    assert early.take("5", 2) is not None
+
+
 def test_nothing_committed_nothing_started() -> None:
     restores = _Restores()
     early = _early(restores, {})
