@@ -182,9 +182,14 @@ write_conf() {
     fi
     echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } >"$RUN/etc/slurm.conf"
-  # The SPANK shim, when built (scripts/test.sh builds it): the --raps options.
+  # The SPANK shim (scripts/test.sh builds it; built here when missing): the --raps options.
   local so
   so=$(realpath -m "$(dirname "$0")/../spank/raps_spank.so")
+  if [ ! -f "$so" ] && [ "$INSTALL" != script ]; then
+    echo "cluster: building the SPANK shim $so (the --raps options of sbatch and srun)" >&2
+    make -s -C "$(dirname "$so")" >&2 ||
+      echo "cluster: SPANK shim not built: sbatch and srun will refuse --raps (needs gcc, make, libslurm-dev; scripts/test.sh installs them)" >&2
+  fi
   if [ -f "$so" ] && [ "$INSTALL" != script ]; then
     echo "required $so agent_socket=$RUN/sock/%n/agent.sock coordinator=$HOST:$((BASE + 470))"
   fi >"$RUN/etc/plugstack.conf"
