@@ -100,13 +100,16 @@ class DetectionConfig:
     fence_margin_sec: float = _f(0.5, "extra wait, after the miss window, before a DEAD verdict",
                                  0, 600)
     cluster_key_file: str = _f("/etc/raps/raps.key",
-                               "cluster key (mode 0600): node keys derive from it; chunk "
-                               "transfer handshakes")
+                               "cluster key (mode 0600): node keys and transfer tickets derive "
+                               "from it; an agent reads it only to derive its own")
     accepted_key_file: str = _f("", "during a key rollover, a second key whose signatures "
                                 "are accepted, never used to sign ('' = none)")
     node_key_file: str = _f("", "the agent's own node key signing its heartbeats, %n = node "
                             "(mode 0600, rapsctl config node-key; '' = derive it from "
                             "cluster_key_file)")
+    transfer_tickets_file: str = _f("", "the agent's keys for chunk transfer to each other "
+                                    "node, %n = node (mode 0600, rapsctl config "
+                                    "transfer-tickets; '' = derive them from cluster_key_file)")
     max_clock_skew_sec: float = _f(5.0, "heartbeats timestamped further from the receiver's "
                                    "clock are dropped", 0.1, 3600)
     smart_temperature_c: float = _f(70.0, "NVMe temperature that marks a node DEGRADED", 20, 150)
@@ -371,6 +374,10 @@ def _check_pairs(cfg: Config, errors: list[str], failed: frozenset[str] = frozen
         errors.append(
             f"detection.lease_duration_sec: {d.lease_duration_sec:g} must exceed miss_threshold x "
             f"kernel_heartbeat_interval_sec = {window:g}")
+    if (ok("detection.transfer_tickets_file", "detection.node_key_file")
+            and d.transfer_tickets_file and not d.node_key_file):
+        errors.append("detection.transfer_tickets_file: set, but detection.node_key_file is '' "
+                      "(an agent with tickets reads no cluster key to derive its node key from)")
     m = cfg.messagelog
     if (ok("messagelog.buffer_high_watermark_mb", "messagelog.buffer_size_mb")
             and m.buffer_high_watermark_mb >= m.buffer_size_mb):

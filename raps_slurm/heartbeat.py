@@ -209,6 +209,11 @@ def _check_name(node: str) -> bytes:
     return raw
 
 
+def is_node_name(node: str) -> bool:
+    """Whether ``node`` is a node name (one a node key can be made for)."""
+    return _NAME_RE.fullmatch(node.encode("utf-8", "replace")) is not None
+
+
 def _check_u64(what: str, value: int) -> None:
     """BadDatagram("field") unless ``value`` fits an unsigned 64-bit field."""
     if isinstance(value, bool) or not 0 <= value < _U64_LIMIT:

@@ -25,9 +25,27 @@ def accepted_key(path: str) -> bytes | None:
 def load_key(path: str, node: str | None = None) -> bytes:
     """Read the cluster key (``node``'s key if given); ConfigError (one line) unless a
     private regular file of >= 32 bytes."""
+    what = "cluster key" if node is None else "node key"
+    if node is not None:
+        hint = (f"make it on the head node (rapsctl config node-key {node} --out FILE) and "
+                f"install it at {path} on {node} only")
+    else:
+        hint = (f"create it once (rapsctl config create-key {path}) and copy it to every "
+                "node, like munge.key")
+    key = read_private(path, what, hint, MAX_KEY_FILE)
+    if len(key) < KEY_BYTES:
+        raise ConfigError([f"{what} {path}: holds {len(key)} bytes; must hold at least "
+                           f"{KEY_BYTES} (random bytes)"])
+    return key
+
+
+def read_private(path: str, what: str, hint: str, limit: int) -> bytes:
+    """The bytes of a secret file: ConfigError (one line: ``what``, ``path``, the problem;
+    ``hint`` when it is missing) unless a regular file, mode 0600 or 0400, owned by root
+    or this uid, of at most ``limit`` bytes."""
 
     def bad(problem: str) -> ConfigError:
-        return ConfigError([f"{'cluster' if node is None else 'node'} key {path}: {problem}"])
+        return ConfigError([f"{what} {path}: {problem}"])
 
     # O_NOFOLLOW + fstat check the very file we read (no lstat-then-open race); O_NONBLOCK
     # keeps a FIFO planted at the path from hanging the daemon.
@@ -35,11 +53,7 @@ def load_key(path: str, node: str | None = None) -> bytes:
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        if node is not None:
-            raise bad(f"missing; make it on the head node (rapsctl config node-key {node} "
-                      f"--out FILE) and install it at {path} on {node} only") from None
-        raise bad(f"missing; create it once (rapsctl config create-key {path}) and "
-                  "copy it to every node, like munge.key") from None
+        raise bad(f"missing; {hint}") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP and os.path.islink(path):
             raise bad("is a symlink; must be a regular file (mode 0600 or 0400)") from None
@@ -56,8 +70,8 @@ def load_key(path: str, node: str | None = None) -> bytes:
             raise bad(f"owned by uid {st.st_uid}; must be owned by root or uid {os.geteuid()}")
         chunks: list[bytes] = []
         total = 0
-        while total <= MAX_KEY_FILE:
-            chunk = os.read(fd, MAX_KEY_FILE + 1 - total)
+        while total <= limit:
+            chunk = os.read(fd, limit + 1 - total)
             if not chunk:
                 break
             chunks.append(chunk)
@@ -66,12 +80,10 @@ def load_key(path: str, node: str | None = None) -> bytes:
         raise bad(f"unreadable: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
-    key = b"".join(chunks)
-    if len(key) > MAX_KEY_FILE:
-        raise bad(f"larger than {MAX_KEY_FILE} bytes; not a key file")
-    if len(key) < KEY_BYTES:
-        raise bad(f"holds {len(key)} bytes; must hold at least {KEY_BYTES} (random bytes)")
-    return key
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise bad(f"larger than {limit} bytes; not a {what} file")
+    return data
 
 
 def create_key(path: str) -> None:

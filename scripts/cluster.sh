@@ -213,7 +213,15 @@ EOF
 }
 
 # The config a RAPS process of WHO (agent, coordinator, hooks) reads.
-raps_conf() { if [ "$ETCD_AUTH" = 1 ]; then echo "$RUN/etc/raps-$1.yaml"; else echo "$RUN/etc/raps.yaml"; fi; }
+raps_conf() {
+  if [ "$ETCD_AUTH" = 1 ] || [ "$1" = agent ]; then echo "$RUN/etc/raps-$1.yaml"; else echo "$RUN/etc/raps.yaml"; fi
+}
+
+# The agents' config names a cluster key that does not exist: they run on their node key
+# and transfer tickets alone, as a compute node that holds no cluster key does.
+no_cluster_key() {
+  sed -i "s#^  cluster_key_file: .*#  cluster_key_file: $RUN/etc/compute-nodes-hold-no-cluster-key#" "$1"
+}
 
 # RAPS_CLUSTER_ETCD_AUTH=1: one config per etcd user (docs/store.md, Roles), raps.yaml the
 # admin's; the passwords come with etcd_auth_on.
@@ -222,7 +230,9 @@ write_auth_confs() {
   for who in agent coordinator hooks admin; do
     sed -e "/^store:/a\\  user: raps-$who" \
         -e "/^store:/a\\  password_file: $RUN/etc/etcd-pw/raps-$who.password" \
-        "$RUN/etc/raps.yaml" >"$RUN/etc/raps-$who.yaml"
+        "$RUN/etc/raps.yaml" >"$RUN/etc/raps-$who.yaml.new"
+    if [ "$who" = agent ]; then no_cluster_key "$RUN/etc/raps-agent.yaml.new"; fi
+    mv "$RUN/etc/raps-$who.yaml.new" "$RUN/etc/raps-$who.yaml"
     chmod 0644 "$RUN/etc/raps-$who.yaml"
   done
   mv "$RUN/etc/raps-admin.yaml" "$RUN/etc/raps.yaml"
@@ -261,10 +271,13 @@ write_raps_conf() {
     if [ -n "$STORE_TIMEOUT" ]; then echo "  timeout_sec: $STORE_TIMEOUT"; fi
   } | sed -e "/^detection:/a\\  cluster_key_file: $RUN/etc/raps.key" \
         -e "/^detection:/a\\  node_key_file: $RUN/etc/nodekeys/%n.key" \
+        -e "/^detection:/a\\  transfer_tickets_file: $RUN/etc/nodekeys/%n.tickets" \
         -e "/^agent:/a\\  socket_path: $RUN/sock/%n/agent.sock" \
         -e "/^coordinator:/a\\  addresses: ['$HOST:$((BASE + 470))']" \
         -e "$ns_sed" >"$RUN/etc/raps.yaml"
   chmod 0644 "$RUN/etc/raps.yaml"
+  cp "$RUN/etc/raps.yaml" "$RUN/etc/raps-agent.yaml"
+  no_cluster_key "$RUN/etc/raps-agent.yaml"
   if [ "$ETCD_AUTH" = 1 ]; then write_auth_confs; fi
   if id slurm >/dev/null 2>&1 && ! runuser -u slurm -- "$RAPS_PYTHON" -c 'import raps_slurm.hooks.run' 2>/dev/null; then
     die "SlurmUser 'slurm' cannot run $RAPS_PYTHON with raps_slurm (PrologSlurmctld would fail every job): set RAPS_PYTHON, e.g. to the venv scripts/test.sh creates"
@@ -286,14 +299,19 @@ write_raps_conf() {
   bash "$REPO/scripts/install-hooks.sh" --python "$RAPS_PYTHON" --config "$(raps_conf hooks)" "$RUN/hooks" >/dev/null
 }
 
-# Each fake node's own heartbeat key ($RUN/etc/nodekeys/nI.key, detection.node_key_file),
-# made as an admin makes them on the head node; the coordinator keeps the cluster key.
+# Each fake node's own heartbeat key ($RUN/etc/nodekeys/nI.key, detection.node_key_file)
+# and chunk transfer tickets (nI.tickets, detection.transfer_tickets_file), made as an admin
+# makes them on the head node: the agents read no cluster key; the coordinator keeps it.
 make_node_keys() {
   rm -rf "$RUN/etc/nodekeys" # derived from the cluster key: made again every time
   mkdir -m 0700 "$RUN/etc/nodekeys"
   # shellcheck disable=SC2046 # one argument per node name
   "$RAPS_PYTHON" -m raps_slurm.cli config node-key $(node_names) --cluster-key "$RUN/etc/raps.key" \
     --out "$RUN/etc/nodekeys/%n.key" >/dev/null || die "cannot make the node keys in $RUN/etc/nodekeys"
+  # shellcheck disable=SC2046 # one argument per node name
+  "$RAPS_PYTHON" -m raps_slurm.cli config transfer-tickets $(node_names) \
+    --peers "$(node_names | paste -sd,)" --cluster-key "$RUN/etc/raps.key" \
+    --out "$RUN/etc/nodekeys/%n.tickets" >/dev/null || die "cannot make the transfer tickets in $RUN/etc/nodekeys"
 }
 
 # --- Namespace mode (RAPS_CLUSTER_NET=ns) ---------------------------------------------

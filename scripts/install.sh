@@ -3,7 +3,8 @@
 #   controller  Slurm hooks, slurm.conf snippet, SPANK plugin, RAPS config, cluster key
 #               (created when there is none), raps-coordinator unit, rapsctl
 #   compute     Slurm hooks, slurm.conf snippet, SPANK plugin, RAPS config, cluster key
-#               (--key, or the one already there), checkpoint root, raps-agent unit, rapsctl
+#               (--key, or the one already there; none with transfer tickets), checkpoint root,
+#               raps-agent unit, rapsctl
 #   login       SPANK plugin and its plugstack snippet, RAPS config (rapsctl reads
 #               coordinator.addresses there), rapsctl
 # Idempotent: a file is written only when its content or mode differs, and a second run
@@ -25,7 +26,10 @@
 #                       and a compute node stops (every node must share the controller's)
 #                       Node keys are not installed here: on the controller run
 #                       `rapsctl config node-key NODE --out NODE.key` and copy it (0600) to
-#                       NODE's detection.node_key_file (docs/install.md)
+#                       NODE's detection.node_key_file (docs/install.md). A compute node
+#                       of a config that sets detection.transfer_tickets_file gets no
+#                       cluster key (--key is refused): install its node key and tickets
+#                       (`rapsctl config transfer-tickets`) instead
 #     --hooks-config FILE  (controller) the config PrologSlurmctld and EpilogSlurmctld use,
 #                       naming the raps-hooks etcd identity (docs/store.md): installed as
 #                       raps/hooks.yaml and named by those two hooks; without it an
@@ -132,12 +136,18 @@ print(c.agent.socket_path)
 print(",".join(c.coordinator.addresses))
 print(c.checkpoint.local_dir.split("%n")[0].rstrip("/") or "/")
 print(c.hooks.log_dir)
+print(c.detection.transfer_tickets_file)
 EOF
-{ read -r key_file; read -r socket_path; read -r coordinators; read -r ckpt_root; read -r log_dir; } <"$tmp/values"
-if [ -n "$key" ]; then
+{ read -r key_file; read -r socket_path; read -r coordinators; read -r ckpt_root; read -r log_dir; read -r tickets; } <"$tmp/values"
+# A compute node of a config with transfer tickets holds its node key and tickets only.
+keyless=""
+if [ "$role" = compute ] && [ -n "$tickets" ]; then keyless=1; fi
+if [ -n "$keyless" ] && [ -n "$key" ]; then
+  usage "--key: the config sets detection.transfer_tickets_file, so a compute node holds no cluster key (install its node key and tickets instead, docs/install.md)"
+elif [ -n "$key" ]; then
   "$py" -c 'import sys; from raps_slurm.heartbeat import load_key; load_key(sys.argv[1])' "$key" 2>"$tmp/key" \
     || usage "--key: $(tail -1 "$tmp/key" | sed 's/^[A-Za-z_.]*Error: //')"
-elif [ "$role" = compute ] && [ ! -f "$root$key_file" ]; then
+elif [ "$role" = compute ] && [ -z "$keyless" ] && [ ! -f "$root$key_file" ]; then
   usage "no cluster key at $key_file: pass --key FILE (the controller's $key_file; every node shares it)"
 fi
 hooks_cfg=$sysconfdir/raps/hooks.yaml
@@ -150,7 +160,11 @@ fi
 if [ -n "$hooks_config" ]; then put "$hooks_config" "$hooks_cfg" 644; fi
 
 # --- cluster key (signs heartbeats; the same on every node) ----------------------------
-if [ "$role" != login ]; then
+if [ -n "$keyless" ]; then
+  if [ -f "$root$key_file" ]; then
+    say "$key_file is not needed here (detection.transfer_tickets_file is set): remove it from this compute node"
+  fi
+elif [ "$role" != login ]; then
   if [ -n "$key" ]; then
     put "$key" "$key_file" 600
   elif [ -f "$root$key_file" ]; then

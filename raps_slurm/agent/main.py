@@ -38,10 +38,12 @@ from raps_slurm.agent.quota import JobQuotas, job_size
 from raps_slurm.agent.ranks import RankSupervisor
 from raps_slurm.agent.recovery_api import RecoveryOps
 from raps_slurm.agent.sweep import sweep_purged
+from raps_slurm.agent.transfer_access import JobNodes
 from raps_slurm.checkpoint.chunkstore import ChunkStore
+from raps_slurm.checkpoint.peer_keys import PeerKeys
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.checkpoint.transfer import TransferServer
-from raps_slurm.config import load_config, node_dir
+from raps_slurm.config import Config, load_config, node_dir
 from raps_slurm.core.jobs import JobRecord
 from raps_slurm.errors import RapsError, StoreError
 from raps_slurm.heartbeat import accepted_key, agent_keys, load_key
@@ -105,12 +107,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     """Run the raps-slurm agent of one node."""
     try:
         cfg = load_config(config_path)
-        # The cluster key still authenticates chunk transfer between agents; heartbeats and
-        # app reports are signed with the node's own key.
-        key = load_key(cfg.detection.cluster_key_file)
-        also = accepted_key(cfg.detection.accepted_key_file)
-        mine, mine_also = agent_keys(node, node_dir(cfg.detection.node_key_file, node), key,
-                                     also)
+        mine, mine_also, peer_keys = _node_keys(cfg, node)
         store, keys = open_store(cfg.store)
     except RapsError as exc:
         raise click.ClickException(str(exc)) from None
@@ -124,7 +121,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                       incarnation_offset=incarnation_offset)
     root = Path(node_dir(cfg.checkpoint.local_dir, node))
     chunks = ChunkStore(root)
-    checkpoints = CheckpointService(cfg, store, keys, node, key, chunks)
+    checkpoints = CheckpointService(cfg, store, keys, node, peer_keys, chunks)
     ranks = RankTable()
     quotas = JobQuotas.from_config(cfg.agent, root)  # one set, shared by every op
 
@@ -147,11 +144,11 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     supervisor = RankSupervisor(agent, api.ranks, store, keys, mine)
     try:
         host, port = parse_address(transfer_address or cfg.agent.transfer_address)
-        transfer = TransferServer(chunks, key, node, (host, port),
+        transfer = TransferServer(chunks, peer_keys, node, (host, port),
                                   digest_algo=cfg.checkpoint.digest,
                                   limiter=checkpoints.limiter,
                                   max_generations=cfg.checkpoint.max_generations,
-                                  accepted_key=also)
+                                  allowed=JobNodes(store, keys).allowed)
         transfer.start()
         api.start()
     except (RapsError, OSError, ValueError) as exc:
@@ -220,6 +217,22 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"address {text!r}: expected HOST:PORT with a port 0-65535")
     return host, int(port)
+
+
+def _node_keys(cfg: Config, node: str) -> tuple[bytes, bytes | None, PeerKeys]:
+    """(heartbeat key, a rollover's other heartbeat key or None, chunk transfer keys).
+
+    With ``detection.transfer_tickets_file`` the agent reads no cluster key: its node key
+    and its tickets are all it holds. Without it, both derive from the cluster key."""
+    d = cfg.detection
+    if d.transfer_tickets_file:
+        mine = load_key(node_dir(d.node_key_file, node), node=node)
+        return mine, None, PeerKeys.from_files(node, mine,
+                                               node_dir(d.transfer_tickets_file, node))
+    key = load_key(d.cluster_key_file)
+    also = accepted_key(d.accepted_key_file)
+    mine, mine_also = agent_keys(node, node_dir(d.node_key_file, node), key, also)
+    return mine, mine_also, PeerKeys.from_cluster(key, node, also)
 
 
 def _owner_of(store: StateStore, keys: Keys, job: str) -> int | None:

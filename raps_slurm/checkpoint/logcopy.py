@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raps_slurm.checkpoint.logstore import LogStore, LogStoreError
+from raps_slurm.checkpoint.peer_keys import PeerKeys
 from raps_slurm.checkpoint.transfer import (
     BATCH_BYTES,
     TokenBucket,
@@ -69,8 +70,8 @@ class LogCopyStats:
 class LogCopier:
     """The log lane of one node's checkpoint service."""
 
-    def __init__(self, node: str, key: bytes, logs: LogStore, group_of: GroupOf, peers: Peers,
-                 limiter: TokenBucket, max_lag: float) -> None:
+    def __init__(self, node: str, key: bytes | PeerKeys, logs: LogStore, group_of: GroupOf,
+                 peers: Peers, limiter: TokenBucket, max_lag: float) -> None:
         self.node, self._key, self.logs = node, key, logs
         self._group_of, self._peers_of, self.limiter = group_of, peers, limiter
         self.max_lag = max_lag
@@ -184,7 +185,7 @@ class LogCopier:
                     if client is not None:
                         client.close()
                     client = self._clients[target] = TransferClient(
-                        self._key, self.node, address, limiter=self.limiter)
+                        self._key, self.node, address, peer=target, limiter=self.limiter)
                 reply, _ = client.call(header, body)
                 return reply
             except TransferError:
@@ -300,7 +301,7 @@ class LogCopier:
             if holder == self.node or holder not in peers:
                 continue
             try:
-                self._pull(peers[holder], job, rank)
+                self._pull(peers[holder], holder, job, rank)
             except (TransferError, LogStoreError) as exc:
                 log.warning("log of job %s rank %d from %s: %s", job, rank, holder, exc)
                 continue
@@ -310,12 +311,13 @@ class LogCopier:
             return self.logs.read(job, rank)
         return b""
 
-    def _pull(self, address: tuple[str, int], job: str, rank: int) -> None:
+    def _pull(self, address: tuple[str, int], holder: str, job: str, rank: int) -> None:
         """Copy a rank's log here from ``address``, page by page (a page is at most one
         frame; a segment larger than a page comes in pieces, stored once whole)."""
         cursor = [0, 0]
         pieces: list[bytes] = []
-        with TransferClient(self._key, self.node, address, limiter=self.limiter) as c:
+        with TransferClient(self._key, self.node, address, peer=holder,
+                            limiter=self.limiter) as c:
             while True:
                 reply, body = c.call({"op": "log_get", "job": job, "rank": rank,
                                       "from": cursor})

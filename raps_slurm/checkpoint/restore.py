@@ -27,6 +27,7 @@ from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.codec import Decoder
 from raps_slurm.checkpoint.local import LocalCheckpoints, Restored
 from raps_slurm.checkpoint.manifest import Manifest, check_total, manifest_digest
+from raps_slurm.checkpoint.peer_keys import PeerKeys
 from raps_slurm.checkpoint.reader import memory_file
 from raps_slurm.checkpoint.transfer import TokenBucket, TransferClient, TransferError, verify_chunk
 from raps_slurm.config import Config
@@ -152,7 +153,7 @@ class Restorer:
     local: LocalCheckpoints
     limiter: TokenBucket
     quota: int
-    _key: bytes
+    _key: bytes | PeerKeys
     _peers: Callable[[], dict[str, tuple[str, int]]]
     _queue: queue.Queue[Callable[[], object] | None]
     _restores: threading.BoundedSemaphore
@@ -346,7 +347,7 @@ class Restorer:
             if data is None and holder != self.node:
                 try:
                     with TransferClient(self._key, self.node, peers[holder],
-                                        limiter=self.limiter) as client:
+                                        peer=holder, limiter=self.limiter) as client:
                         data = client.manifest(job, rank, rec.generation)
                 except TransferError as exc:
                     log.warning("manifest of job %s rank %d gen %d from %s: %s", job, rank,
@@ -406,7 +407,7 @@ class Restorer:
             dec = Decoder()
             try:
                 with TransferClient(self._key, self.node, peers[src],
-                                    limiter=self.limiter) as client:
+                                    peer=src, limiter=self.limiter) as client:
                     # The next batch is on its way while this one is checked and stored.
                     for batch in prefetch(client.fetch_batches(job, sorted(part), sizes,
                                                                urgent=True)):

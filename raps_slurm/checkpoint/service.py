@@ -36,6 +36,7 @@ from raps_slurm.checkpoint.local import LocalCheckpoints, SaveError, Session
 from raps_slurm.checkpoint.logcopy import LogCopier
 from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest, check_total, manifest_digest
+from raps_slurm.checkpoint.peer_keys import PeerKeys
 from raps_slurm.checkpoint.restore import RESTORES_AT_ONCE, Restorer
 from raps_slurm.checkpoint.transfer import (
     TokenBucket,
@@ -101,7 +102,7 @@ def peers_from_store(store: StateStore, keys: Keys) -> Callable[[], dict[str, tu
 class CheckpointService(Restorer):
     """One node's checkpoint service (the agent owns one)."""
 
-    def __init__(self, cfg: Config, store: StateStore, keys: Keys, node: str, key: bytes,
+    def __init__(self, cfg: Config, store: StateStore, keys: Keys, node: str, key: bytes | PeerKeys,
                  chunks: ChunkStore, *,
                  peers: Callable[[], dict[str, tuple[str, int]]] | None = None,
                  clock: Callable[[], float] = time.time,
@@ -383,7 +384,7 @@ class CheckpointService(Restorer):
             def push(target: str) -> None:
                 try:
                     with TransferClient(self._key, self.node, peers[target],
-                                        limiter=self.limiter) as client:
+                                        peer=target, limiter=self.limiter) as client:
                         res = client.push(self.chunks, m,
                                           delta=self.cfg.checkpoint.use_delta_transfer)
                     with self._lock:

@@ -1,8 +1,12 @@
-"""Chunk transfer between agents: a small authenticated TCP protocol (cluster key).
+"""Chunk transfer between agents: a small authenticated TCP protocol (pair keys).
 
 Handshake: the client sends its name and a nonce; the server answers with its name, a
 nonce and a proof ``HMAC(key, "s" | nc | ns | client | server)``; the client answers
-with its proof (``"c"`` ...). Both sides check before anything else is read. After
+with its proof (``"c"`` ...). Both sides check before anything else is read. ``key`` is
+the pair's key (:mod:`raps_slurm.checkpoint.peer_keys`): the server derives it from its
+node key and the client's name, the client holds it as its ticket for that server, so
+neither side can pass for a third node; a client that names the node it means to reach
+(``peer``) refuses a server that announces another. After
 that every frame is ``u32 length | payload | HMAC-SHA256(session key, direction |
 sequence | payload)`` with the session key derived from both nonces, so frames cannot
 be forged, replayed, reordered or moved to another connection. A payload is ``u32 n |
@@ -45,6 +49,7 @@ from raps_slurm.checkpoint.codec import Decoder
 from raps_slurm.checkpoint.logstore import LogStore
 from raps_slurm.checkpoint.manifest import Manifest
 from raps_slurm.checkpoint.pack import MAX_CHUNK, STORED_SLACK
+from raps_slurm.checkpoint.peer_keys import PeerKeys
 from raps_slurm.checkpoint.reader import read_into
 
 # re-exported (the "as" ones): restores, cold copies, the fuzz targets and the tests take
@@ -123,17 +128,22 @@ class _Pins:
 class TransferServer:
     """Serves this node's chunk store to other agents (and to root's ``rapsctl verify``)."""
 
-    def __init__(self, store: ChunkStore, key: bytes, node: str, address: tuple[str, int],
+    def __init__(self, store: ChunkStore, key: bytes | PeerKeys, node: str,
+                 address: tuple[str, int],
                  *, digest_algo: str = "blake3", limiter: TokenBucket | None = None,
                  max_generations: int = 5, accepted_key: bytes | None = None,
                  max_connections: int = MAX_CONNECTIONS,
                  handshake_timeout: float = HANDSHAKE_TIMEOUT, idle_timeout: float = TIMEOUT,
-                 request_timeout: float = REQUEST_TIMEOUT, min_rate: float = MIN_RATE) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT, min_rate: float = MIN_RATE,
+                 allowed: Callable[[str, str], bool] | None = None) -> None:
         self.store, self.node = store, node
+        # (client, job) -> may it move that job's data here (None: every client may)
+        self._allowed = allowed
         self.logs = LogStore(store.root, cold=True)  # backup copies: read for a restore
         self.max_generations = max_generations
-        self._key = key
-        self._also = accepted_key  # a rollover's other key: peers holding it are served
+        # bytes: the cluster key (and a rollover's other one, whose peers are served too)
+        self._keys = key if isinstance(key, PeerKeys) else \
+            PeerKeys.from_cluster(key, node, accepted_key)
         self._address = address
         self._algo = digest_algo
         self._limiter = limiter or TokenBucket(0)
@@ -184,7 +194,9 @@ class TransferServer:
         badly is counted in ``rejected`` by kind: ``handshake`` (malformed hello),
         ``authentication`` (wrong proof, or a frame whose MAC fails), ``frame`` (a
         malformed or refused request), ``timeout`` (a handshake or request not in by its
-        deadline), ``io`` (reset); the gate counts ``busy`` and ``evicted``."""
+        deadline), ``io`` (reset); the gate counts ``busy`` and ``evicted``. A request
+        about a job whose data ``allowed`` says the peer may not move is answered with
+        an error and counted as ``forbidden`` (the connection stays)."""
         deadline = time.monotonic() + self.handshake_timeout
         peer = "?"
         stage = "handshake"
@@ -192,10 +204,10 @@ class TransferServer:
             hello = recv_handshake(sock, deadline)
             peer, nc = hello_node(hello), hello_nonce(hello)
             ns = os.urandom(16)
-            keys = [k for k in (self._key, self._also) if k is not None]
+            keys = self._keys.accepting(peer)
             # one proof per key this server holds: a peer holding either can check one
             send_handshake(sock, {"node": self.node, "nonce": ns.hex(),
-                                  "proof": handshake_proof(self._key, b"s", nc, ns, peer,
+                                  "proof": handshake_proof(keys[0], b"s", nc, ns, peer,
                                                            self.node),
                                   "proofs": [handshake_proof(k, b"s", nc, ns, peer, self.node)
                                              for k in keys]}, deadline)
@@ -211,7 +223,7 @@ class TransferServer:
             self.gate.settled(sock)
             stage = "frame"
             with contextlib.ExitStack() as stack:
-                self._loop(chan, _Pins(self.store, stack))
+                self._loop(chan, _Pins(self.store, stack), peer)
         except (TransferError, OSError, ValueError, RecordError) as exc:
             self.errors += 1
             cause = exc.__cause__ if isinstance(exc.__cause__, FrameError) else None
@@ -231,7 +243,7 @@ class TransferServer:
             with contextlib.suppress(OSError):
                 sock.close()
 
-    def _loop(self, chan: Channel, pins: _Pins) -> None:
+    def _loop(self, chan: Channel, pins: _Pins, peer: str) -> None:
         while True:
             try:
                 header, body = chan.recv()
@@ -247,6 +259,10 @@ class TransferServer:
             if handler is None:
                 raise TransferError(f"unknown op {op!r:.40}")
             try:
+                if self._allowed is not None and "job" in header and \
+                        not self._allowed(peer, job := job_field(header)):
+                    self._refused("forbidden")
+                    raise TransferError(f"{peer} is not a node of job {job}")
                 reply, out = handler(header, body, pins)
             except RapsError as exc:
                 reply, out = {"ok": False, "error": str(exc)}, b""
@@ -412,9 +428,11 @@ class PushResult:
 class TransferClient:
     """One authenticated connection to a peer's transfer server."""
 
-    def __init__(self, key: bytes, node: str, address: tuple[str, int], *,
-                 limiter: TokenBucket | None = None, timeout: float = TIMEOUT,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT) -> None:
+    def __init__(self, key: bytes | PeerKeys, node: str, address: tuple[str, int], *,
+                 peer: str | None = None, limiter: TokenBucket | None = None,
+                 timeout: float = TIMEOUT, handshake_timeout: float = HANDSHAKE_TIMEOUT
+                 ) -> None:
+        keys = key if isinstance(key, PeerKeys) else PeerKeys.from_cluster(key, node)
         self.peer = ""
         self.address = address
         self._limiter = limiter or TokenBucket(0)
@@ -428,14 +446,20 @@ class TransferClient:
             send_handshake(sock, {"node": node, "nonce": nc.hex()}, deadline)
             hello = recv_handshake(sock, deadline)
             self.peer, ns = hello_node(hello), hello_nonce(hello)
-            want = handshake_proof(key, b"s", nc, ns, node, self.peer)
+            if peer is not None and self.peer != peer:
+                raise TransferError(f"the server there is {self.peer!r}, not {peer!r}")
+            ticket = keys.ticket(self.peer)
+            if ticket is None:
+                raise TransferError(f"no transfer ticket for node {self.peer!r} "
+                                    "(detection.transfer_tickets_file)")
+            want = handshake_proof(ticket, b"s", nc, ns, node, self.peer)
             offered = hello.get("proofs")
             offered = offered if isinstance(offered, list) else [hello.get("proof", "")]
             if not any(hmac.compare_digest(str(p), want) for p in offered[:2]):
                 raise TransferError(f"{address[0]}:{address[1]} failed authentication")
-            send_handshake(sock, {"proof": handshake_proof(key, b"c", nc, ns, node, self.peer)},
-                           deadline)
-            self._chan = Channel(sock, hmac.new(key, b"k" + nc + ns, hashlib.sha256).digest(),
+            send_handshake(sock, {"proof": handshake_proof(ticket, b"c", nc, ns, node,
+                                                           self.peer)}, deadline)
+            self._chan = Channel(sock, hmac.new(ticket, b"k" + nc + ns, hashlib.sha256).digest(),
                                  client=True, idle_timeout=timeout)
         except (OSError, TransferError) as exc:
             sock.close()

@@ -99,8 +99,8 @@ def show_checkpoints(ctx: click.Context, job_id: str, rank: int | None, as_json:
                           "holders", "cold", "bad", "committed"])
 
 
-def _client(cfg: Config, key: bytes, address: tuple[str, int]) -> TransferClient:
-    return TransferClient(key, f"rapsctl@{socket.gethostname()}", address)
+def _client(cfg: Config, key: bytes, address: tuple[str, int], node: str) -> TransferClient:
+    return TransferClient(key, f"rapsctl@{socket.gethostname()}", address, peer=node)
 
 
 @click.command("verify")
@@ -126,7 +126,7 @@ def verify(ctx: click.Context, job_id: str, rank: int | None, as_json: bool) -> 
                 row["result"] = "unreachable (no live agent)"
             else:
                 try:
-                    with _client(cfg, key, peers[holder]) as client:
+                    with _client(cfg, key, peers[holder], holder) as client:
                         got = client.verify(job, r.rank, r.generation)
                     row["chunks"] = got.get("chunks", 0)
                     row["bad"] = got.get("bad", [])

@@ -89,14 +89,29 @@ def create_key_cmd(ctx: click.Context, file: str | None) -> None:
     click.echo(f"created {path}")
 
 
+_F = typing.TypeVar("_F", bound=typing.Callable[..., typing.Any])
+
+
+def _per_node_file(what: str) -> typing.Callable[[_F], _F]:
+    """The NODE... argument and the --out and --cluster-key options of a command that
+    writes one file per node, derived from the cluster key."""
+
+    def wrap(f: _F) -> _F:
+        f = click.option("--cluster-key", "cluster_key", default=None, metavar="FILE",
+                         help="The cluster key to derive from (default: "
+                              "detection.cluster_key_file; during a rollover, the new "
+                              "key).")(f)
+        f = click.option("--out", "out", required=True, metavar="FILE",
+                         help=f"Where to write the {what} (mode 0600; never over an "
+                              "existing file); %n becomes the node name (needed for more "
+                              "than one node).")(f)
+        return click.argument("nodes", nargs=-1, required=True, metavar="NODE...")(f)
+
+    return wrap
+
+
 @config.command("node-key")
-@click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
-@click.option("--out", "out", required=True, metavar="FILE",
-              help="Where to write the key (mode 0600; never over an existing file); %n "
-                   "becomes the node name (needed for more than one node).")
-@click.option("--cluster-key", "cluster_key", default=None, metavar="FILE",
-              help="The cluster key to derive from (default: detection.cluster_key_file; "
-                   "during a rollover, the new key).")
+@_per_node_file("key")
 @click.pass_context
 def node_key_cmd(ctx: click.Context, nodes: tuple[str, ...], out: str,
                  cluster_key: str | None) -> None:
@@ -117,4 +132,45 @@ def node_key_cmd(ctx: click.Context, nodes: tuple[str, ...], out: str,
     for node in nodes:
         create_node_key(node_dir(out, node), key, node)
         click.echo(f"created {node_dir(out, node)} (the key of {node}; install it on "
+                   f"{node} only)")
+
+
+@config.command("transfer-tickets")
+@_per_node_file("tickets")
+@click.option("--peers", "peers", required=True, metavar="NODESET",
+              help="Every node NODE may send chunks to or fetch them from, in Slurm's "
+                   "hostlist form (e.g. 'n[001-128]'): usually all compute nodes.")
+@click.pass_context
+def transfer_tickets_cmd(ctx: click.Context, nodes: tuple[str, ...], peers: str, out: str,
+                         cluster_key: str | None) -> None:
+    """Write each NODE's chunk transfer tickets, derived from the cluster key (on the head
+    node).
+
+    Install the file on that node only, at its detection.transfer_tickets_file (mode 0600),
+    next to its node key: its agent then reads no cluster key. Remake every node's tickets
+    when nodes are added.
+    """
+    from raps_slurm.checkpoint.peer_keys import create_tickets
+    from raps_slurm.config import node_dir
+    from raps_slurm.errors import BadDatagram, ConfigError, SlurmParseError
+    from raps_slurm.heartbeat import load_key
+    from raps_slurm.slurm.parsers import expand
+
+    if len(nodes) > 1 and "%n" not in out:
+        raise ConfigError([f"--out {out}: name the node with %n when writing "
+                           f"{len(nodes)} ticket files"])
+    try:
+        servers = list(expand(peers))
+    except SlurmParseError as exc:
+        raise click.BadParameter(str(exc), param_hint="--peers") from None
+    if not servers:
+        raise click.BadParameter(f"{peers!r} names no node", param_hint="--peers")
+    path = cluster_key or cfgmod.load_config(ctx.obj.get("config_path")).detection.cluster_key_file
+    key = load_key(path)
+    for node in nodes:
+        try:
+            n = create_tickets(node_dir(out, node), key, node, servers)
+        except BadDatagram as exc:  # a name that is no node name
+            raise click.BadParameter(str(exc), param_hint="NODE or --peers") from None
+        click.echo(f"created {node_dir(out, node)} ({n} tickets of {node}; install it on "
                    f"{node} only)")

@@ -420,7 +420,7 @@ def test_load_key_refuses_a_short_key(tmp_path: Path) -> None:
 
 
 def test_load_key_refuses_a_huge_file(tmp_path: Path) -> None:
-    assert "not a key file" in key_error(write_key(tmp_path / "raps.key", b"k" * 5000, 0o600))
+    assert "not a cluster key file" in key_error(write_key(tmp_path / "raps.key", b"k" * 5000, 0o600))
 
 
 def test_load_key_refuses_a_directory_and_a_fifo(tmp_path: Path) -> None:

@@ -170,6 +170,27 @@ def test_config_prefix_and_sysconfdir_shape_every_path(tmp_path: Path) -> None:
     assert "--config '/etc/site/raps/raps.yaml'" in (root / "opt/site/lib/raps/prolog").read_text()
 
 
+def test_a_compute_node_with_transfer_tickets_gets_no_cluster_key(
+        tmp_path: Path, controller: tuple[Path, str, str]) -> None:
+    cfg = tmp_path / "site.yaml"
+    cfg.write_text("detection:\n  node_key_file: /etc/raps/node.key\n"
+                   "  transfer_tickets_file: /etc/raps/node.tickets\n")
+    root = tmp_path / "n1"
+    root.mkdir()
+    key = controller[0] / "etc/raps/raps.key"
+    out = install(root, "--role", "compute", "--config", str(cfg), "--key", str(key))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "holds no cluster key" in out.stderr and list(root.iterdir()) == []
+    out = install(root, "--role", "compute", "--config", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert not (root / "etc/raps/raps.key").exists()
+    assert (root / "etc/systemd/system/raps-agent.service").exists()
+    # a key left from an earlier install is named, not used
+    (root / "etc/raps/raps.key").write_bytes(key.read_bytes())
+    out = install(root, "--role", "compute", "--config", str(cfg))
+    assert "/etc/raps/raps.key is not needed here" in out.stdout
+
+
 def test_enable_outside_the_real_root_enables_nothing(tmp_path: Path) -> None:
     key = tmp_path / "k"
     key.write_bytes(os.urandom(64))
