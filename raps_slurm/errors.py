@@ -53,6 +53,11 @@ class StorePermissionDenied(StoreError):
     """The store refused an operation this identity has no right to (etcd RBAC role)."""
 
 
+class HistoryCompacted(StoreError):
+    """A watch asked for revisions the store's history no longer holds (compacted): watch
+    again from the current revision, after reading what it needs."""
+
+
 class RecordError(StoreError):
     """A value read from the store is malformed (names the key and the field)."""
 

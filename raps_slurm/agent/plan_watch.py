@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from raps_slurm.core.planner import Plan, restore_early
-from raps_slurm.errors import RecordError, StoreError
+from raps_slurm.errors import HistoryCompacted, RecordError, StoreError
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.store.base import WatchEvent
 
@@ -80,8 +80,10 @@ class PlanWatcher:
                         if event is not None:
                             revision = event.mod_revision + 1
                             self.handle(event)
+            except HistoryCompacted as exc:
+                log.warning("plan watch lost (%s): opening it again from now", exc)
+                revision = None
+                self._stop.wait(RETRY_S)
             except StoreError as exc:
                 log.warning("plan watch lost (%s): opening it again", exc)
-                if "compacted" in str(exc).lower():
-                    revision = None
                 self._stop.wait(RETRY_S)

@@ -72,12 +72,8 @@ class LogStore:
         size = sum(len(p) for p in parts)
         if size > MAX_SEGMENT:
             raise LogStoreError(f"log segment of {size} bytes exceeds {MAX_SEGMENT}")
-        if check:
-            try:
-                for _ in parse_records(b"".join(parts), verify=False):
-                    pass
-            except MessagingError as exc:
-                raise LogStoreError(f"malformed log segment: {exc}") from None
+        if check and (problem := _malformed(b"".join(parts))) is not None:
+            raise LogStoreError(problem)
         d = self._dir(job, rank)
         with self._lock:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -87,8 +83,7 @@ class LogStore:
                 number = max(max(self.segments(job, rank), default=0), epoch << EPOCH_SHIFT) + 1
             elif (d / f"{number}.seg").exists():
                 if (d / f"{number}.seg").read_bytes() != b"".join(parts):
-                    raise LogStoreError(f"segment {number} of rank {rank} of job {job} is "
-                                        "already stored with other bytes: copy refused")
+                    raise LogStoreError(_conflict(job, rank, number))
                 return number
             write_atomic(d, tmp, f"{number}.seg", parts, cold=self.cold, sync_dir=sync_dir)
         return number
@@ -151,15 +146,18 @@ class LogStore:
                 whole = os.pread(fd, total, 0)
                 d = self._dir(job, rank)
                 final = d / f"{int(number)}.seg"
-                problem = self._whole_problem(job, rank, number, whole, final)
-                if problem is None and not final.exists():
+                here = final.exists()  # a copy already stored: the same bytes, or refused
+                problem = _malformed(whole)
+                if problem is None and here and final.read_bytes() != whole:
+                    problem = _conflict(job, rank, number)
+                if problem is None and not here:
                     # Checked, the pieces take the segment's name: no second write.
                     os.fsync(fd)
                     if self.cold:
                         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-            if problem is not None or final.exists():
+            if problem is not None or here:
                 path.unlink()
                 if problem is not None:
                     raise LogStoreError(problem)
@@ -168,21 +166,6 @@ class LogStore:
             os.rename(path, final)
             fsync_dir(d)
         return True
-
-    @staticmethod
-    def _whole_problem(job: str, rank: int, number: int, whole: bytes, final: Path
-                       ) -> str | None:
-        """Why a segment copied in pieces cannot be stored (None: it can, or the same
-        bytes are here already)."""
-        try:
-            for _ in parse_records(whole, verify=False):
-                pass
-        except MessagingError as exc:
-            return f"malformed log segment: {exc}"
-        if final.exists() and final.read_bytes() != whole:
-            return (f"segment {number} of rank {rank} of job {job} is already stored with "
-                    "other bytes: copy refused")
-        return None
 
     def read(self, job: str, rank: int, after: int = 0) -> bytes:
         """Every segment above ``after``, concatenated in order."""
@@ -211,3 +194,18 @@ class LogStore:
                         path.unlink()
                         gone += 1
         return gone
+
+
+def _malformed(segment: bytes) -> str | None:
+    """Why ``segment`` is no log segment (None: its framing holds)."""
+    try:
+        for _ in parse_records(segment, verify=False):
+            pass
+    except MessagingError as exc:
+        return f"malformed log segment: {exc}"
+    return None
+
+
+def _conflict(job: str, rank: int, number: int) -> str:
+    return (f"segment {number} of rank {rank} of job {job} is already stored with other "
+            "bytes: copy refused")

@@ -125,9 +125,10 @@ class Watch(abc.ABC):
     ``next`` returns the next event, or None if none came within ``timeout``
     seconds or the watch was cancelled. If the stream is lost (store down) the
     events already received are delivered first, then ``next`` raises
-    ``StoreUnavailable``; if the requested start revision is no longer in the
-    store's history (compacted) it raises ``StoreError``. In both cases open a
-    new watch from the last ``mod_revision`` seen + 1.
+    ``StoreUnavailable`` (open a new watch from the last ``mod_revision`` seen + 1);
+    if the requested start revision is no longer in the store's history (compacted)
+    it raises ``HistoryCompacted`` (read what is needed and watch from the current
+    revision).
     """
 
     @abc.abstractmethod

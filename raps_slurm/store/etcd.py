@@ -36,7 +36,13 @@ import requests
 from etcd3gw import exceptions as gw_exc
 from etcd3gw.client import Etcd3Client
 
-from raps_slurm.errors import LeaseExpired, StoreError, StorePermissionDenied, StoreUnavailable
+from raps_slurm.errors import (
+    HistoryCompacted,
+    LeaseExpired,
+    StoreError,
+    StorePermissionDenied,
+    StoreUnavailable,
+)
 from raps_slurm.store.base import (
     Guard,
     KeyValue,
@@ -485,8 +491,8 @@ class _EtcdWatch(Watch):
         if result.get("canceled"):
             compacted = int(result.get("compact_revision", 0))
             if compacted:
-                raise StoreError(f"watch start revision is compacted; the oldest "
-                                 f"available is {compacted}")
+                raise HistoryCompacted(f"watch start revision is compacted; the oldest "
+                                       f"available is {compacted}")
             raise StoreError("etcd cancelled the watch: "
                              + str(result.get("cancel_reason") or "no reason given"))
         if result.get("created"):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from raps_slurm.errors import LeaseExpired, StoreError, StoreUnavailable
+from raps_slurm.errors import HistoryCompacted, LeaseExpired, StoreError, StoreUnavailable
 from raps_slurm.store.base import (
     Delete,
     Guard,
@@ -276,8 +276,8 @@ class MemoryStore(StateStore):
                 if start_revision < 1:
                     raise ValueError(f"start_revision must be >= 1, got {start_revision}")
                 if start_revision < self._floor:
-                    raise StoreError(f"revision {start_revision} is compacted; "
-                                     f"watch from {self._floor} or later")
+                    raise HistoryCompacted(f"revision {start_revision} is compacted; "
+                                           f"watch from {self._floor} or later")
                 idx = bisect.bisect_left(self._history_revs, start_revision)
                 cursor = self._history_base + idx
             return _MemoryWatch(self, prefix, cursor)
@@ -336,8 +336,8 @@ class _MemoryWatch(Watch):
                 s._expire()
                 idx = self._cursor - s._history_base
                 if idx < 0:
-                    raise StoreError("watch fell behind the kept history (compacted); "
-                                     "re-watch from the last revision seen + 1")
+                    raise HistoryCompacted("watch fell behind the kept history (compacted); "
+                                           "re-watch from the current revision")
                 while idx < len(s._history):
                     ev = s._history[idx]
                     idx += 1

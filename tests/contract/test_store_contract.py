@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raps_slurm.errors import LeaseExpired, StoreError, StoreUnavailable
+from raps_slurm.errors import HistoryCompacted, LeaseExpired, StoreError, StoreUnavailable
 from raps_slurm.store import MAX_TXN_OPS, Delete, EtcdStore, Guard, MemoryStore, Put, WatchEvent
 from raps_slurm.testing import EtcdServer, free_port
 
@@ -384,7 +384,7 @@ def test_watch_from_compacted_revision_raises(backend: Backend) -> None:
     last = s.put(k, b"2")
     s.compact(last)
     s.compact(first)  # below the last compaction: nothing to do, no error
-    with pytest.raises(StoreError):
+    with pytest.raises(HistoryCompacted):
         w = s.watch_prefix(backend.key(""), start_revision=first)
         w.next(2.0)  # etcd reports compaction on the stream, after creation
         w.cancel()
@@ -532,7 +532,7 @@ def test_memory_store_real_clock_expiry() -> None:
 def test_memory_history_limit_behaves_like_compaction() -> None:
     s = MemoryStore(history_limit=4)
     revs = [s.put(f"/h/{i}", b"x") for i in range(10)]
-    with pytest.raises(StoreError, match="compacted"):
+    with pytest.raises(HistoryCompacted, match="compacted"):
         s.watch_prefix("/h/", start_revision=revs[0])
     with s.watch_prefix("/h/", start_revision=revs[-1]) as w:
         ev = w.next(0.1)
