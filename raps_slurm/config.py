@@ -160,8 +160,8 @@ class StoreConfig:
     prefix: str = _f("/raps/v1/", "every RAPS key lives under this prefix")
     timeout_sec: float = _f(5.0, "per-request timeout", 0.1, 120)
     ca_cert: str = _f("", "CA bundle for TLS ('' = system default / plain http)")
-    cert_file: str = _f("", "client certificate for TLS client auth ('' = none)")
-    key_file: str = _f("", "client key for TLS client auth ('' = none)")
+    cert_file: str = _f("", "client certificate for TLS client auth ('' = none; %n = node)")
+    key_file: str = _f("", "client key for TLS client auth ('' = none; %n = node)")
     space_quota_bytes: int = _f(2 * 1024**3, "etcd's --quota-backend-bytes (show status "
                                 "and the leader's warning compare the database with it; "
                                 "0 = unknown)", 0, 64 * 1024**3)
@@ -170,8 +170,9 @@ class StoreConfig:
                                          "--auto-compaction-*)", 0, 30 * 86400)
     compaction_interval_sec: float = _f(300.0, "how often the leader looks at etcd's size "
                                         "and compacts", 0.1, 86400)
-    user: str = _f("", "etcd user for password auth ('' = none)")
-    password_file: str = _f("", "file holding the etcd password (mode 0600)")
+    user: str = _f("", "etcd user for password auth ('' = none; %n = node: an agent's user "
+                   "is raps-agent-%n)")
+    password_file: str = _f("", "file holding the etcd password (mode 0600; %n = node)")
 
 
 @dataclass(frozen=True)

@@ -224,12 +224,14 @@ no_cluster_key() {
 }
 
 # RAPS_CLUSTER_ETCD_AUTH=1: one config per etcd user (docs/store.md, Roles), raps.yaml the
-# admin's; the passwords come with etcd_auth_on.
+# admin's; each agent is user raps-agent-<node> (%n); the passwords come with etcd_auth_on.
 write_auth_confs() {
-  local who
+  local who user
   for who in agent coordinator hooks admin; do
-    sed -e "/^store:/a\\  user: raps-$who" \
-        -e "/^store:/a\\  password_file: $RUN/etc/etcd-pw/raps-$who.password" \
+    user=raps-$who
+    [ "$who" = agent ] && user=raps-agent-%n
+    sed -e "/^store:/a\\  user: $user" \
+        -e "/^store:/a\\  password_file: $RUN/etc/etcd-pw/$user.password" \
         "$RUN/etc/raps.yaml" >"$RUN/etc/raps-$who.yaml.new"
     if [ "$who" = agent ]; then no_cluster_key "$RUN/etc/raps-agent.yaml.new"; fi
     mv "$RUN/etc/raps-$who.yaml.new" "$RUN/etc/raps-$who.yaml"
@@ -249,10 +251,11 @@ etcd_auth_on() {
   ETCDCTL_API=3 "${ctl[@]}" user grant-role root root >/dev/null
   ETCDCTL_API=3 "${ctl[@]}" auth enable >/dev/null
   "$RAPS_PYTHON" -m raps_slurm.cli --config "$RUN/etc/raps.yaml" etcd-roles --apply --user root \
-    --password-file "$pw/root.password" --password-dir "$pw" >>"$RUN/log/etcd-roles.log" \
+    --password-file "$pw/root.password" --password-dir "$pw" \
+    --nodes "$(node_names | paste -sd,)" >>"$RUN/log/etcd-roles.log" \
     || die "rapsctl etcd-roles --apply failed (log: $RUN/log/etcd-roles.log)"
   chmod 0755 "$pw" && chmod 0644 "$pw"/raps-*.password
-  log "etcd auth on: users raps-agent, raps-coordinator, raps-hooks, raps-admin ($pw)"
+  log "etcd auth on: users raps-agent-<node>, raps-coordinator, raps-hooks, raps-admin ($pw)"
 }
 
 # The RAPS side: config, hook wrappers, checkpoint and hook log dirs.

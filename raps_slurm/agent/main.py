@@ -108,7 +108,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     try:
         cfg = load_config(config_path)
         mine, mine_also, peer_keys = _node_keys(cfg, node)
-        store, keys = open_store(cfg.store)
+        store, keys = open_store(cfg.store, node)
     except RapsError as exc:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(level=cfg.logging.level, stream=sys.stderr,

@@ -11,7 +11,9 @@ from pathlib import Path
 import click
 
 from raps_slurm import config as cfgmod
-from raps_slurm.errors import RapsError
+from raps_slurm.errors import RapsError, SlurmParseError
+from raps_slurm.heartbeat import is_node_name
+from raps_slurm.slurm.parsers import expand
 from raps_slurm.store import EtcdStore, Keys, open_store
 from raps_slurm.store.etcd_auth import apply_roles
 from raps_slurm.store.roles import etcdctl_commands, roles
@@ -33,17 +35,23 @@ from raps_slurm.store.roles import etcdctl_commands, roles
                    "(client certificates, CN = user name).")
 @click.option("--no-password", is_flag=True,
               help="When printing: users without a password (client certificates).")
+@click.option("--nodes", metavar="NODESET", default="",
+              help="Also the role and user raps-agent-<node> of each of these compute nodes, "
+                   "in hostlist form (e.g. 'n[001-128]'). Nodes not named are left as they "
+                   "are.")
 @click.pass_context
 def etcd_roles(ctx: click.Context, apply_: bool, user: str | None, password_file: str | None,
-               password_dir: Path | None, no_password: bool) -> None:
-    """The etcd roles raps-coordinator, raps-hooks, raps-agent and raps-admin, and a user
-    of the same name for each: print the etcdctl commands, or --apply them."""
+               password_dir: Path | None, no_password: bool, nodes: str) -> None:
+    """The etcd roles raps-coordinator, raps-hooks, raps-agent and raps-admin, a user of
+    the same name for each but raps-agent, and a role and user raps-agent-<node> for each
+    node of --nodes: print the etcdctl commands, or --apply them."""
     cfg = cfgmod.load_config(ctx.obj.get("config_path"))
     keys = Keys(cfg.store.prefix)
+    names = _node_names(nodes)
     if not apply_:
         if password_dir is not None:
             raise click.UsageError("--password-dir goes with --apply")
-        for line in etcdctl_commands(keys, no_password):
+        for line in etcdctl_commands(keys, no_password, names):
             click.echo(line)
         return
     sc = cfg.store
@@ -56,6 +64,21 @@ def etcd_roles(ctx: click.Context, apply_: bool, user: str | None, password_file
     if not isinstance(store, EtcdStore):
         raise RapsError("etcd-roles --apply needs etcd")
     with store:
-        changes = apply_roles(store, roles(keys), password_dir)
+        changes = apply_roles(store, roles(keys, names), password_dir)
     for line in changes or ["roles and users already as wanted: nothing changed"]:
         click.echo(line)
+
+
+def _node_names(nodes: str) -> tuple[str, ...]:
+    """The node names of ``--nodes``; a usage error naming what is wrong."""
+    if not nodes:
+        return ()
+    try:
+        names = expand(nodes)
+    except SlurmParseError as exc:
+        raise click.BadParameter(str(exc), param_hint="--nodes") from None
+    bad = [n for n in names if not is_node_name(n)]
+    if bad or not names:
+        raise click.BadParameter(f"{bad[0] if bad else nodes!r} is no node name (letters, "
+                                 "digits, '.', '-', '_')", param_hint="--nodes")
+    return names

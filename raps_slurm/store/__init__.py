@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import socket
 from pathlib import Path
 
-from raps_slurm.config import StoreConfig
+from raps_slurm.config import StoreConfig, node_dir
 from raps_slurm.errors import ConfigError
 from raps_slurm.store.base import (
     MAX_TXN_OPS,
@@ -28,8 +30,16 @@ __all__ = ["MAX_TXN_OPS", "Delete", "EtcdStore", "Guard", "KeyValue", "Keys", "L
            "open_store"]
 
 
-def open_store(cfg: StoreConfig) -> tuple[StateStore, Keys]:
-    """The etcd store and key builder a RAPS daemon or hook uses, from ``store.*`` config."""
+def open_store(cfg: StoreConfig, node: str | None = None) -> tuple[StateStore, Keys]:
+    """The etcd store and key builder a RAPS daemon or hook uses, from ``store.*`` config.
+
+    ``%n`` in ``store.user``, ``password_file``, ``cert_file`` and ``key_file`` becomes
+    ``node`` (the agent's ``--node``), by default this host's short name: each compute
+    node's agent is its own etcd user (docs/store.md, Roles)."""
+    node = node or socket.gethostname().split(".")[0]
+    cfg = dataclasses.replace(
+        cfg, user=node_dir(cfg.user, node), password_file=node_dir(cfg.password_file, node),
+        cert_file=node_dir(cfg.cert_file, node), key_file=node_dir(cfg.key_file, node))
     password: str | None = None
     if cfg.password_file:
         try:

@@ -10,7 +10,9 @@ others revoked (a role from an older key layout is brought up to date). A missin
 created, with the password from ``<password_dir>/<user>.password`` (made with 24 random
 bytes and mode 0600 when absent) or, without ``password_dir``, with no password (client
 certificate authentication: the certificate's CN names the user). An existing user keeps
-its password. Enabling auth stays a separate step (docs/store.md, Roles).
+its password. The shared ``raps-agent`` role has no user: each agent's user
+``raps-agent-<node>`` holds it beside its own role. Enabling auth stays a separate step
+(docs/store.md, Roles).
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def apply_role(store: EtcdStore, role: Role) -> list[str]:
 
 
 def apply_user(store: EtcdStore, role: Role, password_dir: Path | None) -> list[str]:
-    """Make the user named after ``role`` exist and hold it."""
+    """Make the user named after ``role`` exist and hold it and the roles of ``also``."""
     out = []
     user = _call(store, "/auth/user/get", {"name": role.name}, "user name not found")
     if user is None:
@@ -102,19 +104,28 @@ def apply_user(store: EtcdStore, role: Role, password_dir: Path | None) -> list[
             f"(password in {password_dir}/{role.name}.password)" if password_dir
             else "without a password (client certificate CN)"))
         user = {}
-    if role.name not in (user.get("roles") or []):
-        _call(store, "/auth/user/grant", {"user": role.name, "role": role.name})
-        out.append(f"user {role.name}: granted role {role.name}")
+    held = user.get("roles") or []
+    for name in (role.name, *role.also):
+        if name not in held:
+            _call(store, "/auth/user/grant", {"user": role.name, "role": name})
+            out.append(f"user {role.name}: granted role {name}")
     return out
 
 
 def apply_roles(store: EtcdStore, roles: tuple[Role, ...], password_dir: Path | None
                 ) -> list[str]:
-    """Every role and its user; what changed, one line each."""
+    """Every role and its user; what changed, one line each. Roles and users of nodes not
+    in ``roles`` are left as they are (nodes are added a few at a time)."""
     out: list[str] = []
     if password_dir is not None:
         password_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     for role in roles:
         out += apply_role(store, role)
-        out += apply_user(store, role, password_dir)
+        if role.user:
+            out += apply_user(store, role, password_dir)
+        elif _call(store, "/auth/user/get", {"name": role.name}, "user name not found"):
+            # One agent user for every node was the layout before per-node users.
+            out.append(f"user {role.name}: left from an earlier install, it can no longer "
+                       f"write node keys; delete it (etcdctl user delete {role.name}) once "
+                       f"every agent runs as {role.name}-<node>")
     return out

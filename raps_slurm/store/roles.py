@@ -8,20 +8,22 @@ Which component writes what (``keys.py`` has the layout):
 - ``raps-hooks`` (PrologSlurmctld/EpilogSlurmctld, SlurmUser): the job record
   ``jobs/<job>`` and its ``secret``; deletes ``jobs/<job>/``, ``reports/jobs/<job>/`` (a
   job id used again) and ``purged/<job>``. Nothing else, not even a read.
-- ``raps-agent`` (root on each compute node): its ``nodes/<node>`` registration and
-  ``nodes/<node>/health``; under ``reports/``: peers, msgstats, ESCALATE verdicts and
-  checkpoint records of ranks, phase reports of plans. It reads ``leader``, ``jobs/``,
-  ``plans/``, ``purged/``, ``nodes/`` and ``reports/``.
+- ``raps-agent`` (a role without a user, held by every agent): under ``reports/``: peers,
+  msgstats, ESCALATE verdicts and checkpoint records of ranks, phase reports of plans. It
+  reads ``leader``, ``jobs/``, ``plans/``, ``purged/``, ``nodes/`` and ``reports/``.
+- ``raps-agent-<node>`` (root on that compute node; role and user of that name, the user
+  also holds ``raps-agent``): that node's ``nodes/<node>`` registration and
+  ``nodes/<node>/health``, those two keys alone.
 - ``raps-admin`` (``rapsctl`` of an admin: ``audit/``, ``weight-pins/``, cancelling plans,
   and every read): the whole prefix. Creating these roles takes etcd's ``root``.
 
-What stays shared inside a role (one role serves every node and every job): an agent may
-write any node's keys under ``nodes/`` (the leader's verdicts share each node's prefix)
-and any job's reports; see docs/store.md, Roles, for what that allows.
+What stays shared (one role serves every job): an agent may write any job's reports; see
+docs/store.md, Roles, for what that allows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +32,11 @@ from raps_slurm.store.keys import Keys
 Permission = Literal["read", "write", "readwrite"]
 
 COORDINATOR, HOOKS, AGENT, ADMIN = "raps-coordinator", "raps-hooks", "raps-agent", "raps-admin"
+
+
+def agent_user(node: str) -> str:
+    """The etcd user (and own role) of the agent of ``node``."""
+    return f"{AGENT}-{node}"
 
 
 @dataclass(frozen=True)
@@ -43,30 +50,41 @@ class Grant:
 
 @dataclass(frozen=True)
 class Role:
-    """An etcd role and the user of the same name that holds it."""
+    """An etcd role and, when ``user``, the user of the same name that holds it and the
+    roles named in ``also``."""
 
     name: str
     used_by: str
     grants: tuple[Grant, ...]
+    user: bool = True
+    also: tuple[str, ...] = ()
 
 
-def roles(keys: Keys) -> tuple[Role, ...]:
-    """The four RAPS roles for the installation under ``keys.prefix``."""
+def roles(keys: Keys, nodes: Iterable[str] = ()) -> tuple[Role, ...]:
+    """The RAPS roles for the installation under ``keys.prefix``: the four shared ones
+    and one per compute node in ``nodes``."""
     everything = (Grant("readwrite", keys.prefix),)
+    # The node's two keys alone, not its prefix: the leader's verdicts live under it.
+    per_node = tuple(Role(agent_user(n), f"raps-agent on {n}",
+                          (Grant("readwrite", keys.node(n), prefix=False),
+                           Grant("readwrite", keys.node_health(n), prefix=False)),
+                          also=(AGENT,))
+                     for n in nodes)
     return (
         Role(COORDINATOR, "raps-coordinator", everything),
         Role(HOOKS, "PrologSlurmctld and EpilogSlurmctld (hooks)",
              (Grant("readwrite", keys.jobs_prefix()),
               Grant("readwrite", keys.job_reports_root()),
               Grant("readwrite", keys.purged_prefix()))),
-        Role(AGENT, "raps-agent",
+        Role(AGENT, "every raps-agent (through its raps-agent-<node> user)",
              (Grant("read", keys.leader(), prefix=False),
               Grant("read", keys.jobs_prefix()),
               Grant("read", keys.plans_prefix()),
               Grant("read", keys.purged_prefix()),
-              Grant("readwrite", keys.nodes_prefix()),
-              Grant("readwrite", keys.reports_prefix()))),
+              Grant("read", keys.nodes_prefix()),
+              Grant("readwrite", keys.reports_prefix())), user=False),
         Role(ADMIN, "rapsctl (admins)", everything),
+        *per_node,
     )
 
 
@@ -77,16 +95,30 @@ def permits(role: Role, key: str, permission: Literal["read", "write"]) -> bool:
                for g in role.grants)
 
 
-def etcdctl_commands(keys: Keys, no_password: bool = False) -> list[str]:
+def user_permits(table: Iterable[Role], user: str, key: str,
+                 permission: Literal["read", "write"]) -> bool:
+    """What etcd decides for one key for ``user``: any of the roles it holds permits it."""
+    by_name = {r.name: r for r in table}
+    own = by_name.get(user)
+    if own is None or not own.user:
+        return False
+    return any(permits(by_name[name], key, permission) for name in (own.name, *own.also))
+
+
+def etcdctl_commands(keys: Keys, no_password: bool = False, nodes: Iterable[str] = ()
+                     ) -> list[str]:
     """The ``etcdctl`` lines that create the roles and their users (run as root)."""
     out = []
-    for role in roles(keys):
+    for role in roles(keys, nodes):
         out.append(f"# {role.name}: used by {role.used_by}")
         out.append(f"etcdctl role add {role.name}")
         for g in role.grants:
             flag = " --prefix=true" if g.prefix else ""
             out.append(f"etcdctl role grant-permission {role.name}{flag} {g.permission} "
                        f"{g.key}")
+        if not role.user:
+            continue
         out.append(f"etcdctl user add {role.name}" + (" --no-password" if no_password else ""))
-        out.append(f"etcdctl user grant-role {role.name} {role.name}")
+        for held in (role.name, *role.also):
+            out.append(f"etcdctl user grant-role {role.name} {held}")
     return out

@@ -1,9 +1,11 @@
 """The least-privilege etcd roles (``raps_slurm/store/roles.py``) against a real etcd with
 auth enabled: applied by ``rapsctl etcd-roles --apply``, an agent's and a hook's
-credentials do their own work through the real code paths and are refused the rest."""
+credentials do their own work through the real code paths and are refused the rest; an
+agent's credential writes its own node's keys and no other node's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -64,13 +66,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         # before auth: no credentials needed to set the roles up
         bare = EtcdStore([server.url])
         try:
-            changes = apply_roles(bare, roles(c.keys), c.pw)
+            changes = apply_roles(bare, roles(c.keys, ["n1", "n2"]), c.pw)
         finally:
             bare.close()
-        assert "user raps-agent: created (password in" in "\n".join(changes)
+        assert "user raps-agent-n1: created (password in" in "\n".join(changes)
+        assert "user raps-agent-n1: granted role raps-agent" in changes
         assert sorted(p.name for p in c.pw.iterdir()) == [
-            "raps-admin.password", "raps-agent.password", "raps-coordinator.password",
-            "raps-hooks.password"]
+            "raps-admin.password", "raps-agent-n1.password", "raps-agent-n2.password",
+            "raps-coordinator.password", "raps-hooks.password"]
         assert all(p.stat().st_mode & 0o777 == 0o600 for p in c.pw.iterdir())
         server.etcdctl("auth", "enable")
         yield c
@@ -101,10 +104,42 @@ def test_apply_again_changes_nothing_and_reverts_a_drifted_role(
     # the readwrite replaced the read grant: revoked, and the read granted back
     assert "role raps-agent: revoked READWRITE '/raps/v1/jobs/'" in out
     assert "role raps-agent: granted read /raps/v1/jobs/*" in out
-    with pytest.raises(SystemExit):
-        rapsctl(args)
-    assert capsys.readouterr().out.strip() == \
-        "roles and users already as wanted: nothing changed"
+    for extra in ([], ["--nodes", "n[1-2]"]):
+        with pytest.raises(SystemExit):
+            rapsctl(args + extra)
+        assert capsys.readouterr().out.strip() == \
+            "roles and users already as wanted: nothing changed"
+
+
+def test_a_node_added_later_gets_its_user_and_an_old_shared_user_is_named(
+        cluster: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "root").write_text("rootpw\n")
+    cluster.server.etcdctl("user", "add", "raps-agent", "--no-password", user="root:rootpw")
+    try:
+        with pytest.raises(SystemExit) as done:
+            rapsctl(["--config", str(cluster.config_file("root")), "etcd-roles", "--apply",
+                     "--user", "root", "--password-file", str(tmp_path / "root"),
+                     "--password-dir", str(tmp_path / "pw"), "--nodes", "n3"])
+        assert done.value.code == 0
+        out = capsys.readouterr().out
+        assert "role raps-agent-n3: created" in out and "user raps-agent-n3: created" in out
+        assert "user raps-agent: left from an earlier install, it can no longer write node " \
+               "keys; delete it (etcdctl user delete raps-agent)" in out
+        assert "raps-agent-n1" not in out  # nodes not named are left as they are
+        assert (tmp_path / "pw" / "raps-agent-n3.password").stat().st_mode & 0o777 == 0o600
+    finally:
+        cluster.server.etcdctl("user", "delete", "raps-agent", user="root:rootpw")
+
+
+def test_bad_nodes_are_one_line(cluster: Cluster, capsys: pytest.CaptureFixture[str]
+                                ) -> None:
+    for bad, said in (("n[1-", "bad hostlist"), ("-x", "is no node name")):
+        with pytest.raises(SystemExit) as done:
+            rapsctl(["--config", str(cluster.config_file("root")), "etcd-roles",
+                     "--nodes", bad])
+        assert done.value.code == 2
+        err = capsys.readouterr().err
+        assert "--nodes" in err and said in err, err
 
 
 def test_hooks_register_and_end_a_job_but_touch_nothing_else(cluster: Cluster) -> None:
@@ -138,11 +173,21 @@ def test_agent_reports_but_cannot_rewrite_what_others_decide(cluster: Cluster) -
         coord.put(k.job_map(job), b"{}")
         coord.put(k.plan(plan.plan_id), plan.to_json())
         coord.put(k.leader(), b"{}")
-    with cluster.store("raps-agent") as agent:
+    # the agent's config names its user with %n (docs/store.md, Roles)
+    conf = dataclasses.replace(cluster.config("raps-agent-%n"),
+                               password_file=str(cluster.pw / "raps-agent-%n.password"))
+    with open_store(conf, "n1")[0] as agent:
         # its own node, under its lease
         lease = agent.grant_lease(10)
         agent.put(k.node("n1"), json.dumps({"transfer": "127.0.0.1:1"}).encode(), lease)
         agent.put(k.node_health("n1"), b"{}", lease)
+        assert agent.get_prefix(k.nodes_prefix())  # it reads every node's registration
+        # another node's registration and health, and the leader's verdicts on its own
+        for key in (k.node("n2"), k.node_health("n2"), k.node_verdict("n1"),
+                    k.node_health_verdict("n1"), k.node_verdict("n2"), k.node("n1x")):
+            _refused(agent, key)
+        with pytest.raises(StorePermissionDenied):
+            agent.delete(k.node("n2"))
         # what it reports for the ranks it hosts
         agent.put(k.job_peer(job, 0), json.dumps({"done": True, "epoch": 1}).encode())
         agent.put(k.job_msgstats(job, 0), b"{}")

@@ -1,5 +1,6 @@
 """The etcd role table (``raps_slurm/store/roles.py``) against every key helper: a new key
-must be classified here, and no agent or hook may write what the leader decides."""
+must be classified here, no agent or hook may write what the leader decides, and an agent
+writes no other node's keys."""
 
 from __future__ import annotations
 
@@ -11,23 +12,27 @@ from raps_slurm.store.roles import (
     AGENT,
     COORDINATOR,
     HOOKS,
+    agent_user,
     etcdctl_commands,
     permits,
     roles,
+    user_permits,
 )
 
 ARGS = {"name": "n1", "node": "n1", "job_id": "12", "rank": 3, "gen": 7, "plan_id": "12-3-4",
         "phase": "running", "event_id": "1", "ident": "1-h-1"}
 
-# Who besides the coordinator and the admin may write under each helper's key.
-AGENT_W, HOOKS_W, BOTH = {AGENT}, {HOOKS}, {AGENT, HOOKS}
+# Who besides the coordinator and the admin may write under each helper's key (with
+# node n1: N1 is n1's agent alone; AGENT_W every agent, through the shared role).
+N1, N2 = agent_user("n1"), agent_user("n2")
+AGENT_W, HOOKS_W, BOTH = {N1, N2}, {HOOKS}, {N1, N2, HOOKS}
 NOBODY: set[str] = set()
 WRITERS: dict[str, set[str]] = {
     "leader": NOBODY,
-    # agents register their node and its health; the leader's verdicts share the node
-    # prefix: the residual docs/store.md (Roles) names
-    "nodes_prefix": AGENT_W, "node": AGENT_W, "node_health": AGENT_W,
-    "node_verdict": AGENT_W, "node_health_verdict": AGENT_W,
+    # an agent registers its own node and its health; the leader's verdicts under the
+    # node's name are the leader's alone
+    "nodes_prefix": NOBODY, "node": {N1}, "node_health": {N1},
+    "node_verdict": NOBODY, "node_health_verdict": NOBODY,
     "purged_prefix": HOOKS_W, "purged": HOOKS_W,
     "jobs_prefix": HOOKS_W, "job": HOOKS_W, "job_prefix": HOOKS_W, "job_map": HOOKS_W,
     "job_groups_prefix": HOOKS_W, "job_ranks_prefix": HOOKS_W, "job_rank": HOOKS_W,
@@ -60,16 +65,20 @@ def test_every_key_helper_has_its_writers() -> None:
     keys = Keys("/site/raps/")
     every = _every_key(keys)
     assert set(every) == set(WRITERS), "classify the new key helpers in WRITERS"
-    table = {r.name: r for r in roles(keys)}
-    assert set(table) == {COORDINATOR, HOOKS, AGENT, ADMIN}
+    table = roles(keys, ["n1", "n2"])
+    users = [r.name for r in table if r.user]
+    assert sorted(users) == sorted([COORDINATOR, HOOKS, ADMIN, N1, N2])
     for name, key in every.items():
-        writers = {r for r, role in table.items() if permits(role, key, "write")}
+        writers = {u for u in users if user_permits(table, u, key, "write")}
         assert writers == {COORDINATOR, ADMIN} | WRITERS[name], (name, key)
-        assert permits(table[COORDINATOR], key, "read") and permits(table[ADMIN], key, "read")
+        assert all(user_permits(table, u, key, "read") for u in (COORDINATOR, ADMIN))
         reads = any(key.startswith(every[p]) for p in AGENT_READS)
-        assert permits(table[AGENT], key, "read") == reads, (name, key)
-        assert permits(table[HOOKS], key, "read") == (HOOKS in WRITERS[name]), (name, key)
-    assert not permits(table[AGENT], "/site/raps-other/leader", "read")
+        assert user_permits(table, N1, key, "read") == reads, (name, key)
+        assert user_permits(table, N2, key, "read") == reads, (name, key)
+        assert user_permits(table, HOOKS, key, "read") == (HOOKS in WRITERS[name]), (name, key)
+    assert not user_permits(table, N1, "/site/raps-other/leader", "read")
+    # no user named raps-agent: the shared role is held through the per-node users
+    assert not user_permits(table, AGENT, keys.job_peer(1, 0), "write")
 
 
 def test_the_agent_cannot_write_what_the_leader_or_the_hooks_decide() -> None:
@@ -77,17 +86,38 @@ def test_the_agent_cannot_write_what_the_leader_or_the_hooks_decide() -> None:
     agent = next(r for r in roles(keys) if r.name == AGENT)
     hooks = next(r for r in roles(keys) if r.name == HOOKS)
     for key in (keys.job_map(1), keys.job(1), keys.job_rank(1, 0), keys.plan("1-0-1"),
-                keys.leader(), keys.job_secret(1)):
+                keys.leader(), keys.job_secret(1), keys.node_verdict("n1"), keys.node("n1")):
         assert not permits(agent, key, "write"), key
     for key in (keys.leader(), keys.node_verdict("n1"), keys.plan("1-0-1")):
         assert not permits(hooks, key, "write"), key
 
 
+def test_an_agent_writes_its_own_node_keys_alone() -> None:
+    keys = Keys()
+    table = roles(keys, ["n1", "n2", "n10"])
+    assert user_permits(table, agent_user("n1"), keys.node("n1"), "write")
+    assert user_permits(table, agent_user("n1"), keys.node_health("n1"), "write")
+    for key in (keys.node("n2"), keys.node_health("n2"), keys.node("n10"),
+                keys.node_verdict("n1"), keys.node_health_verdict("n1"), keys.node("n1x")):
+        assert not user_permits(table, agent_user("n1"), key, "write"), key
+    assert not user_permits(table, agent_user("n3"), keys.node("n3"), "write")  # not made
+
+
 def test_etcdctl_commands() -> None:
-    lines = etcdctl_commands(Keys(), no_password=True)
+    lines = etcdctl_commands(Keys(), no_password=True, nodes=["n1"])
     assert "etcdctl role grant-permission raps-agent read /raps/v1/leader" in lines
     assert "etcdctl role grant-permission raps-agent --prefix=true readwrite " \
            "/raps/v1/reports/" in lines
+    assert "etcdctl role grant-permission raps-agent --prefix=true read /raps/v1/nodes/" \
+        in lines
+    assert "etcdctl role grant-permission raps-agent-n1 readwrite /raps/v1/nodes/n1" in lines
+    assert "etcdctl role grant-permission raps-agent-n1 readwrite /raps/v1/nodes/n1/health" \
+        in lines
     assert "etcdctl user add raps-hooks --no-password" in lines
     assert "etcdctl user grant-role raps-admin raps-admin" in lines
-    assert sum(line.startswith("etcdctl role add ") for line in lines) == 4
+    assert "etcdctl user add raps-agent --no-password" not in lines
+    assert lines.index("etcdctl role add raps-agent") < \
+        lines.index("etcdctl user grant-role raps-agent-n1 raps-agent")
+    assert "etcdctl user grant-role raps-agent-n1 raps-agent-n1" in lines
+    assert sum(line.startswith("etcdctl role add ") for line in lines) == 5
+    assert sum(line.startswith("etcdctl user add ") for line in lines) == 4
