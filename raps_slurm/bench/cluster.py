@@ -16,8 +16,15 @@ from raps_slurm.testing.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
 
+# With ``quiet``, these keys take their defaults (configs/raps.yaml) instead of the test
+# profile's short intervals: what every node and rank reports in the background while a
+# job runs (statistics, telemetry, log flushes, DEBUG logs, the leader's polls).
+QUIET = (("messagelog", "stats_interval_sec"), ("messagelog", "batch_flush_ms"),
+         ("detection", "telemetry_interval_sec"), ("coordinator", "cycle_interval_sec"),
+         ("coordinator", "slurm_poll_sec"), ("logging", "level"))
 
-def profile(directory: Path, interval: float) -> Path:
+
+def profile(directory: Path, interval: float, quiet: bool = False) -> Path:
     """configs/test.yaml with detection at ``interval`` and the default strikes and margin,
     and the default receive timeout: the tests' 60 s fails a stuck test fast, but a bench
     moving gigabytes on a loaded machine can make a healthy rank wait longer for a peer."""
@@ -29,6 +36,10 @@ def profile(directory: Path, interval: float) -> Path:
     data["detection"].update({"kernel_heartbeat_interval_sec": interval, "miss_threshold": 3,
                               "fence_margin_sec": 0.5,
                               "lease_duration_sec": max(15.0, 5 * interval)})
+    if quiet:
+        defaults = yaml.safe_load((REPO / "configs" / "raps.yaml").read_text())
+        for section, key in QUIET:
+            data.setdefault(section, {})[key] = defaults[section][key]
     path = directory / "bench-profile.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -36,15 +47,15 @@ def profile(directory: Path, interval: float) -> Path:
 
 @contextmanager
 def private_cluster(prefix: str, port: int, interval: float,
-                    extra_env: dict[str, str] | None = None, net: str = "lo"
-                    ) -> Iterator[LocalCluster]:
+                    extra_env: dict[str, str] | None = None, net: str = "lo",
+                    quiet: bool = False) -> Iterator[LocalCluster]:
     """A 6-node cluster in a fresh run dir, detection at ``interval``, on loopback or
     (``net="ns"``) in network namespaces; always taken down."""
     run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     run_dir.chmod(0o755)  # slurmctld runs as SlurmUser
     # in namespace mode a request to an etcd member behind a cut fails over within 1 s,
     # well inside the leader's and the agents' leases (docs/detection.md, Real partitions)
-    cluster = LocalCluster(run_dir, port_base=port, profile=profile(run_dir, interval),
+    cluster = LocalCluster(run_dir, port_base=port, profile=profile(run_dir, interval, quiet),
                            net=net, store_timeout=1.0 if net == "ns" else None)
     try:
         cluster.up(extra_env=extra_env)
