@@ -114,6 +114,10 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     logging.basicConfig(level=cfg.logging.level, stream=sys.stderr,
                         format=f"%(asctime)s raps-agent[{node}] %(levelname)s %(message)s")
     logging.getLogger("urllib3").setLevel(logging.WARNING)
+    if not cfg.detection.transfer_tickets_file:
+        log.warning("this agent holds the cluster key (no detection.transfer_tickets_file): "
+                    "root on this node can sign heartbeats and transfers as any node; give it "
+                    "its node key and tickets instead (docs/install.md)")
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     agent = NodeAgent(cfg, store, keys, node, mine, loss=heartbeat_loss,
