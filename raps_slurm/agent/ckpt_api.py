@@ -233,7 +233,8 @@ class CheckpointOps:
                  "evidence": {"reason": f"its checkpoint could not be restored: "
                                         f"{reason}"[:300]}}
         try:
-            self.service.store.put(self.service.keys.job_rank_verdict(job, rank),
+            self.service.store.put(self.service.keys.rank_escalation(self.service.node, job,
+                                                                      rank),
                                    self.quotas.write("escalate", job, peer.uid,
                                                      json.dumps(value).encode()))
         except (StoreError, Refused) as exc:

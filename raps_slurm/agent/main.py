@@ -37,7 +37,7 @@ from raps_slurm.agent.plan_watch import PlanWatcher
 from raps_slurm.agent.quota import JobQuotas, job_size
 from raps_slurm.agent.ranks import RankSupervisor
 from raps_slurm.agent.recovery_api import RecoveryOps
-from raps_slurm.agent.sweep import sweep_purged
+from raps_slurm.agent.sweep import sweep_purged, sweep_reports
 from raps_slurm.agent.transfer_access import JobNodes
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.peer_keys import PeerKeys
@@ -181,6 +181,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                 next_sweep = time.monotonic() + cfg.agent.sweep_interval_sec
                 try:
                     sweep_purged(store, keys, root)
+                    sweep_reports(store, keys, node)
                 except StoreError as exc:
                     log.debug("sweep skipped: %s", exc)
                 except OSError as exc:

@@ -5,10 +5,10 @@ peers' through its agent, and it hands its message-log segments to the agent, wh
 keeps them in the node's store and copies them to the rank's log backup. Ops:
 
 ``peer_publish {job, rank, epoch, host, port, done}``  only the uid that registered the
-    rank, with the registered epoch; written to ``reports/jobs/<id>/peers/<rank>`` (``done``: the
-    rank finished its program and waits for the others at ``finalize``).
+    rank, with the registered epoch; written to ``reports/ranks/<node>/<id>/peers/<rank>``
+    (``done``: the rank finished its program and waits for the others at ``finalize``).
 ``peer_lookup {job, rank}``  only the job's owner; ``host``/``port``/``epoch``/``done``
-    or nulls.
+    or nulls: what the node the rank map gives the rank published.
 ``log_append {job, rank, epoch}`` + sealed memory file   one log segment (parsed before
     it is kept); refused with kind ``epoch`` for a superseded epoch.
 ``log_read {job, rank}``  every segment (pulled from the log backup when this node has
@@ -47,6 +47,8 @@ from raps_slurm.agent.quota import JobQuotas
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT, LogStoreError
 from raps_slurm.checkpoint.pack import is_sealed, sealed_bytes
 from raps_slurm.checkpoint.service import CheckpointService
+from raps_slurm.core.jobs import RankEntry
+from raps_slurm.errors import RecordError
 
 _HOST: Check = (lambda v: isinstance(v, str) and 0 < len(v) <= 255 and v.isascii()
                 and v.isprintable() and " " not in v, "a host name or address")
@@ -102,7 +104,7 @@ class MessagingOps:
         self._own(peer, job, rank, typing.cast(int, f["epoch"]))
         value = json.dumps({"host": f["host"], "port": f["port"], "epoch": f["epoch"],
                             "done": f["done"], "node": self.service.node}).encode()
-        self.store.put(self.keys.job_peer(job, rank),
+        self.store.put(self.keys.job_peer(self.service.node, job, rank),
                        self.quotas.write("peer_publish", job, peer.uid, value))
         return {"ok": True}, []
 
@@ -111,7 +113,16 @@ class MessagingOps:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         require_owner(self._owner_of, peer, job)
-        kv = self.store.get(self.keys.job_peer(job, rank))
+        # Only what the node the rank map gives the rank published counts: under another
+        # node's prefix it is that node's claim, not the rank's.
+        entry = self.store.get(self.keys.job_rank(job, rank))
+        kv = None
+        if entry is not None:
+            try:
+                node = RankEntry.from_json(entry.key, entry.value).node
+            except RecordError:
+                node = None
+            kv = self.store.get(self.keys.job_peer(node, job, rank)) if node else None
         if kv is None:
             return {"ok": True, "host": None, "port": None, "epoch": None, "done": False}, []
         try:
@@ -167,7 +178,7 @@ class MessagingOps:
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank)
         value = {"stats": f["stats"], "node": self.service.node, "at": time.time()}
-        self.store.put(self.keys.job_msgstats(job, rank),
+        self.store.put(self.keys.job_msgstats(self.service.node, job, rank),
                        self.quotas.write("msg_stats", job, peer.uid, json.dumps(value).encode()))
         return {"ok": True}, []
 
@@ -181,6 +192,6 @@ class MessagingOps:
         value = {"kind": "ESCALATE", "node": self.service.node, "job": job, "rank": rank,
                  "epoch": epoch, "at": time.time(), "requeue": f["requeue"],
                  "evidence": {"reason": f["reason"]}}
-        self.store.put(self.keys.job_rank_verdict(job, rank),
+        self.store.put(self.keys.rank_escalation(self.service.node, job, rank),
                        self.quotas.write("escalate", job, peer.uid, json.dumps(value).encode()))
         return {"ok": True}, []

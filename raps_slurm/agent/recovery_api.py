@@ -52,7 +52,8 @@ _DETAIL: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 4096,
 
 def record_event(store: StateStore, keys: Keys, node: str, pid: str, phase: str,
                  detail: dict[str, object], at: float | None = None) -> bool:
-    """Write ``reports/plans/<pid>/<phase>`` if the plan exists and the phase is not yet reported.
+    """Write ``reports/phases/<node>/<pid>/<phase>`` if the plan exists and this node has
+    not yet reported the phase.
 
     Returns True when written. An etcd failure is logged, not raised: a report must never
     fail the rank's restore or launch (the leader then times the plan out).
@@ -62,7 +63,7 @@ def record_event(store: StateStore, keys: Keys, node: str, pid: str, phase: str,
         if kv is None or not Plan.from_json(kv.key, kv.value).active:
             return False  # no plan (a requeued run restores on its own), or one given up
         event = PlanEvent(pid, phase, time.time() if at is None else at, node, detail)
-        wrote = store.create(keys.plan_event(pid, phase), event.to_json())
+        wrote = store.create(keys.plan_event(node, pid, phase), event.to_json())
     except (StoreError, RecordError) as exc:
         log.warning("plan %s: phase %s not recorded: %s", pid, phase, exc)
         return False

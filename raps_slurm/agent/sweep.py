@@ -1,4 +1,5 @@
-"""Deletes the node-local checkpoint dirs of jobs the coordinator purged (tombstones)."""
+"""Deletes the node-local checkpoint dirs of jobs the coordinator purged (tombstones), and
+what this node reported about them."""
 
 from __future__ import annotations
 
@@ -26,17 +27,41 @@ def local_jobs(root: Path) -> dict[str, float]:
     return out
 
 
-def sweep_purged(store: StateStore, keys: Keys, root: Path) -> list[str]:
-    """Delete the dirs of purged jobs under ``root``; returns their job ids."""
-    mine = local_jobs(root)
-    if not mine:
-        return []
+def _tombstones(store: StateStore, keys: Keys) -> dict[str, float]:
     tombstones: dict[str, float] = {}
     for kv in store.get_prefix(keys.purged_prefix()):
         try:
             tombstones[keys.split(kv.key)[1]] = float(json.loads(kv.value)["purged_at"])
         except (ValueError, KeyError, TypeError, IndexError):
             log.warning("ignoring malformed tombstone %s", kv.key)
+    return tombstones
+
+
+def sweep_reports(store: StateStore, keys: Keys, node: str) -> list[str]:
+    """Delete what ``node`` reported about purged jobs that the leader's purge missed
+    (the node was down then, or no longer of the job after a requeue); returns their ids."""
+    reported: set[str] = set()
+    for kv in store.get_prefix(keys.node_rank_reports_prefix(node)):
+        reported.add(keys.split(kv.key)[3])  # reports/ranks/<node>/<job>/...
+    for kv in store.get_prefix(keys.node_plan_events_prefix(node)):
+        reported.add(keys.split(kv.key)[3].split("-", 1)[0])  # .../<job>-<rank>-<epoch>/
+    if not reported:
+        return []
+    gone = sorted(j for j in set(_tombstones(store, keys)) & reported
+                  if store.get(keys.job(j)) is None)
+    for job in gone:
+        store.delete_prefix(keys.node_job_reports_prefix(node, job))
+        store.delete_prefix(keys.job_plan_events_prefix(node, job))
+        log.info("deleted this node's reports about purged job %s", job)
+    return gone
+
+
+def sweep_purged(store: StateStore, keys: Keys, root: Path) -> list[str]:
+    """Delete the dirs of purged jobs under ``root``; returns their job ids."""
+    mine = local_jobs(root)
+    if not mine:
+        return []
+    tombstones = _tombstones(store, keys)
     registered = {j for j in mine if store.get(keys.job(j)) is not None}
     gone = sweep(mine, tombstones, registered)
     for job in gone:

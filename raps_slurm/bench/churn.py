@@ -137,8 +137,8 @@ def run_churn(days: float, nodes: int, jobs_per_day: float, job_nodes: int,
                 next_job = t + 86400.0 / jobs_per_day
             for _ in range(round(telemetry / stats_every)):  # one round of unique keys each
                 for jid, (_, jn) in jobs.items():
-                    for r in range(len(jn)):
-                        w.add(Put(keys.job_msgstats(jid, r), stats))
+                    for r, node in enumerate(jn):
+                        w.add(Put(keys.job_msgstats(node, jid, r), stats))
                 w.flush()
             for jid, (ends, jn) in list(jobs.items()):
                 for r, node in enumerate(jn):
@@ -156,6 +156,8 @@ def run_churn(days: float, nodes: int, jobs_per_day: float, job_nodes: int,
                     try:
                         store.delete_prefix(keys.job_prefix(jid))
                         store.delete_prefix(keys.job_reports_prefix(jid))
+                        for node in jn:
+                            store.delete_prefix(keys.node_job_reports_prefix(node, jid))
                         store.delete(keys.job(jid))
                         store.put(keys.purged(jid), json.dumps({"at": t}).encode())
                     except StoreError as exc:
@@ -173,7 +175,7 @@ def run_churn(days: float, nodes: int, jobs_per_day: float, job_nodes: int,
                          "done", t, t, t, t, run=0, detected_at=t)
                 w.add(Put(keys.plan(p.plan_id), p.to_json()))
                 for phase in ("launched", "restored", "running", "caught_up"):
-                    w.add(Put(keys.plan_event(p.plan_id, phase),
+                    w.add(Put(keys.plan_event("n00001", p.plan_id, phase),
                               PlanEvent(p.plan_id, phase, t, node, {"bytes": 1 << 30}).to_json()))
                 next_fail = t + 86400.0 / failures_per_day
             for e in expired(history, t, window):

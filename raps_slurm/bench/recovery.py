@@ -124,9 +124,12 @@ class JobBench:
         for kv in self.store.get_prefix(self.keys.job_plans_prefix(self.job)):
             p = Plan.from_json(kv.key, kv.value)
             plans[p.plan_id] = p
-        for kv in self.store.get_prefix(self.keys.job_plan_events_prefix(self.job)):
-            e = PlanEvent.from_json(kv.key, kv.value)
-            events.setdefault(e.plan_id, {})[e.phase] = e
+        for kv in self.store.get_prefix(self.keys.plan_events_prefix()):
+            if kv.key.rsplit("/", 2)[-2] in plans:  # <node>/<plan>/<phase>
+                e = PlanEvent.from_json(kv.key, kv.value)
+                seen = events.setdefault(e.plan_id, {})
+                if e.phase not in seen or e.at < seen[e.phase].at:
+                    seen[e.phase] = e
         newest: dict[int, Plan] = {}
         for p in plans.values():
             if p.rank not in newest or p.epoch > newest[p.rank].epoch:

@@ -173,7 +173,7 @@ def cancel_plan(ctx: click.Context, plan_id: str, reason: str) -> None:
                             "running: nothing to cancel")
         event = PlanEvent(plan_id, CANCELLED, time.time(), socket.gethostname(),
                           {"who": who, "uid": os.geteuid(), "reason": reason})
-        if not store.create(keys.plan_event(plan_id, CANCELLED), event.to_json()):
+        if not store.create(keys.plan_cancel(plan_id), event.to_json()):
             raise RapsError(f"cancel-plan: plan {plan_id} was already cancelled")
     audit(ctx, who, "cancel-plan", (), reason, plan=plan_id)
     click.echo(f"plan {plan_id} (job {plan.job}, rank {plan.rank}) cancelled: the leader "

@@ -1,7 +1,7 @@
 """``rapsctl inspect --job J --message-log``: the message layer of a running job, per rank pair.
 
 Ranks report their figures through their agents every ``messagelog.stats_interval_sec``
-(``reports/jobs/<id>/msgstats/<rank>``); ``--local DIR`` reads those of a local run
+(``reports/ranks/<node>/<id>/msgstats/<rank>``); ``--local DIR`` reads those of a local run
 (``python -m raps_slurm.runtime.local --dir DIR``). For each pair ``s->d``: messages
 ``s`` sent to ``d``, what ``d`` delivered from ``s``, the range ``s`` still has in its
 log, up to where ``s`` collected (``d``'s oldest kept checkpoint covers it), and a gap
@@ -28,11 +28,16 @@ def _from_store(ctx: click.Context, job: str) -> dict[int, dict[str, Any]]:
     store, keys = open_store(cfg.store)
     out: dict[int, dict[str, Any]] = {}
     with store:
-        for kv in store.get_prefix(keys.job_msgstats_prefix(job)):
-            rank = kv.key.rsplit("/", 1)[1]
+        for kv in store.get_prefix(keys.rank_reports_root()):
+            parts = keys.split(kv.key)[2:]  # <node>/<job>/msgstats/<rank>
+            if len(parts) != 4 or parts[1] != job or parts[2] != "msgstats":
+                continue
+            rank = parts[3]
             try:
                 value = json.loads(kv.value)
-                out[int(rank)] = {**value["stats"], "age": time.time() - float(value["at"])}
+                age = time.time() - float(value["at"])
+                if int(rank) not in out or age < out[int(rank)]["age"]:  # moved: the newest
+                    out[int(rank)] = {**value["stats"], "age": age}
             except (ValueError, KeyError, TypeError):
                 echo(f"rapsctl: skipping malformed {kv.key}", err=True)
     return out

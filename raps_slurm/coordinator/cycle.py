@@ -81,9 +81,20 @@ class Snapshot:
 
     jobs: dict[str, JobView]
     bad: list[str]
+    refused: list[str] = field(default_factory=list)  # reports from nodes not of the job
 
 
-_REPORTS = ("verdicts", "peers", "ckpt", "msgstats")  # kinds under reports/jobs/<job>/
+_REPORTS = ("verdicts", "peers", "msgstats")  # kinds under reports/ranks/<node>/<job>/
+
+
+def job_nodes(view: JobView) -> set[str]:
+    """The nodes whose reports about the job the leader accepts: its allocation, its
+    rank map's nodes and spares, and where its ranks run."""
+    out = set(view.record.nodes) if view.record is not None else set()
+    if view.rank_map is not None:
+        out.update(view.rank_map.nodes, view.rank_map.spares)
+    out.update(entry.node for entry, _ in view.entries.values())
+    return out
 
 
 def _members(g: BackupGroup) -> list[str]:
@@ -92,73 +103,106 @@ def _members(g: BackupGroup) -> list[str]:
 
 def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
     """Decode every job key under the prefix from one consistent read, then the job
-    reports (``reports/jobs/``) from a second one.
+    reports from two more: checkpoint records (``reports/jobs/``) and what each node
+    reported about ranks (``reports/ranks/<node>/``).
 
     Reports are what agents may write (docs/store.md, Roles): only report kinds are read
-    there (verdicts, peers, ckpt), never a record, map, rank or group an agent put there.
+    there, never a record, map, rank or group an agent put there, and a node's report
+    about a job counts only if the node is one of the job's (:func:`job_nodes`); others
+    are listed in ``refused``.
     """
     jobs: dict[str, JobView] = {}
     bad: list[str] = []
+    refused: list[str] = []
     own = [(kv, keys.split(kv.key), False) for kv in store.get_prefix(keys.jobs_prefix())]
     reported = [(kv, keys.split(kv.key)[1:], True)
                 for kv in store.get_prefix(keys.job_reports_root())]
     for kv, parts, report in own + reported:
-        if len(parts) < 2 or ((parts[2] if len(parts) > 2 else "") in _REPORTS) != report:
-            continue  # a report kind only under reports/, the job's own keys only under jobs/
+        if len(parts) < 2 or ((parts[2] if len(parts) > 2 else "") == "ckpt") != report:
+            continue  # checkpoint records only under reports/, the job's own keys only under jobs/
         if not (parts[1].isascii() and parts[1].isdigit()):
             bad.append(f"{kv.key}: job id {parts[1]!r} is not a number")
             continue
         view = jobs.setdefault(parts[1], JobView())
         try:
-            if len(parts) == 2:
-                record = JobRecord.from_json(kv.key, kv.value)
-                if record.job_id != parts[1]:
-                    raise RecordError(f"{kv.key}: field 'job_id': expected {parts[1]!r}, "
-                                      f"got {record.job_id!r}")
-                view.record_kv, view.record = kv, record
-            elif parts[2:] == ("map",):
-                view.rank_map = RankMap.from_json(kv.key, kv.value)
-            elif parts[2] == "ranks" and len(parts) == 4:
-                entry = RankEntry.from_json(kv.key, kv.value)
-                view.epochs[entry.rank] = entry.epoch
-                view.entries[entry.rank] = (entry, kv)
-                view.ranks += 1
-            elif parts[2:] == ("escalation",):
-                view.escalation = kv
-            elif parts[2] == "verdicts" and len(parts) == 4 and parts[3].isdigit():
-                with contextlib.suppress(ValueError, AttributeError, TypeError):
-                    v = json.loads(kv.value)
-                    if v.get("kind") == "HUNG":
-                        view.hung[int(parts[3])] = float(v["at"])
-                        last = (v.get("evidence") or {}).get("last_app_heartbeat_at")
-                        if isinstance(last, (int, float)):
-                            view.hung_last[int(parts[3])] = float(last)
-                    elif v.get("kind") == "ESCALATE":
-                        epoch, requeue = v.get("epoch"), v.get("requeue", True)
-                        lost = v.get("lost", False)
-                        for name, flag in (("requeue", requeue), ("lost", lost)):
-                            if not isinstance(flag, bool):  # (absent: an older agent's)
-                                raise RecordError(f"{kv.key}: field {name!r}: expected "
-                                                  f"true or false, got {flag!r:.40}")
-                        view.escalated[int(parts[3])] = (
-                            float(v["at"]), epoch if isinstance(epoch, int) else None,
-                            str(v.get("node", "")),
-                            str((v.get("evidence") or {}).get("reason", ""))[:300], requeue,
-                            lost)
-            elif parts[2] == "peers" and len(parts) == 4 and parts[3].isdigit():
-                with contextlib.suppress(ValueError, AttributeError, TypeError):
-                    p = json.loads(kv.value)
-                    if p.get("done") is True and isinstance(p.get("epoch"), int):
-                        view.done[int(parts[3])] = p["epoch"]
-            elif parts[2] == "ckpt" and len(parts) == 5:
-                rec = CkptRecord.from_json(kv.key, kv.value)
-                view.ckpts.setdefault(rec.rank, []).append(rec)
-            elif parts[2] == "groups" and len(parts) == 4 and parts[3].isdigit():
-                rank = int(parts[3])
-                view.groups[rank] = (group_from_json(kv.key, kv.value, rank), kv)
+            _read_job_key(view, kv, parts)
         except RecordError as exc:
             bad.append(str(exc))
-    return Snapshot(jobs, bad)
+    for kv in store.get_prefix(keys.rank_reports_root()):
+        parts = keys.split(kv.key)[2:]  # <node>/<job>/<kind>/<rank>
+        if len(parts) != 4 or parts[2] not in _REPORTS or not (
+                parts[3].isascii() and parts[3].isdigit()):
+            continue
+        about = jobs.get(parts[1])  # (a purged job's, left by a node that was down: its
+        if about is None:          # agent deletes them when it sees the tombstone)
+            continue
+        if parts[0] not in job_nodes(about):
+            refused.append(f"{kv.key}: from {parts[0]}, not a node of job {parts[1]}")
+            continue
+        try:
+            _read_node_report(about, kv, parts[2], int(parts[3]), parts[0])
+        except RecordError as exc:
+            bad.append(str(exc))
+    return Snapshot(jobs, bad, refused)
+
+
+def _read_job_key(view: JobView, kv: KeyValue, parts: tuple[str, ...]) -> None:
+    """One key under ``jobs/<job>/`` (or a checkpoint record) into ``view``."""
+    if len(parts) == 2:
+        record = JobRecord.from_json(kv.key, kv.value)
+        if record.job_id != parts[1]:
+            raise RecordError(f"{kv.key}: field 'job_id': expected {parts[1]!r}, "
+                              f"got {record.job_id!r}")
+        view.record_kv, view.record = kv, record
+    elif parts[2:] == ("map",):
+        view.rank_map = RankMap.from_json(kv.key, kv.value)
+    elif parts[2] == "ranks" and len(parts) == 4:
+        entry = RankEntry.from_json(kv.key, kv.value)
+        view.epochs[entry.rank] = entry.epoch
+        view.entries[entry.rank] = (entry, kv)
+        view.ranks += 1
+    elif parts[2:] == ("escalation",):
+        view.escalation = kv
+    elif parts[2] == "verdicts" and len(parts) == 4 and parts[3].isdigit():
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            v = json.loads(kv.value)
+            if v.get("kind") == "HUNG":
+                view.hung[int(parts[3])] = float(v["at"])
+                last = (v.get("evidence") or {}).get("last_app_heartbeat_at")
+                if isinstance(last, (int, float)):
+                    view.hung_last[int(parts[3])] = float(last)
+    elif parts[2] == "ckpt" and len(parts) == 5:
+        rec = CkptRecord.from_json(kv.key, kv.value)
+        view.ckpts.setdefault(rec.rank, []).append(rec)
+    elif parts[2] == "groups" and len(parts) == 4 and parts[3].isdigit():
+        rank = int(parts[3])
+        view.groups[rank] = (group_from_json(kv.key, kv.value, rank), kv)
+
+
+def _read_node_report(view: JobView, kv: KeyValue, kind: str, rank: int, node: str) -> None:
+    """What ``node`` (one of the job's) reported about one rank."""
+    if kind == "verdicts":
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            v = json.loads(kv.value)
+            if v.get("kind") != "ESCALATE":
+                return
+            epoch, requeue = v.get("epoch"), v.get("requeue", True)
+            lost = v.get("lost", False)
+            for name, flag in (("requeue", requeue), ("lost", lost)):
+                if not isinstance(flag, bool):  # (absent: an older agent's)
+                    raise RecordError(f"{kv.key}: field {name!r}: expected "
+                                      f"true or false, got {flag!r:.40}")
+            at = float(v["at"])
+            if rank in view.escalated and view.escalated[rank][0] >= at:
+                return  # the newest of the nodes' escalations of this rank
+            view.escalated[rank] = (
+                at, epoch if isinstance(epoch, int) else None, node,
+                str((v.get("evidence") or {}).get("reason", ""))[:300], requeue, lost)
+    elif kind == "peers":
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            p = json.loads(kv.value)
+            if p.get("done") is True and isinstance(p.get("epoch"), int):
+                view.done[rank] = max(view.done.get(rank, 0), p["epoch"])
 
 
 class Coordinator:
@@ -236,6 +280,11 @@ class Coordinator:
                 log.error("skipping malformed value: %s", line)
                 self._reported_bad.add(line)
                 self.metrics.malformed.inc()
+        for line in snap.refused:
+            if line not in self._reported_bad:
+                log.warning("ignoring a report: %s", line)
+                self._reported_bad.add(line)
+                self.metrics.reports_refused.inc()
         records = {j: v for j, v in snap.jobs.items() if v.record is not None}
         now = self._mono()
         for job_id in records:
@@ -474,15 +523,28 @@ class Coordinator:
                                                 Delete(k.job(job_id)),
                                                 Delete(k.job_reports_prefix(job_id), prefix=True),
                                                 Delete(k.job_plans_prefix(job_id), prefix=True),
-                                                Delete(k.job_plan_events_prefix(job_id),
+                                                Delete(k.job_cancels_prefix(job_id),
                                                        prefix=True),
                                                 Put(k.purged(job_id), tombstone)]):
                 self._final_since.pop(job_id, None)
+                self._purge_node_reports(job_id, job_nodes(view))
                 log.info("job %s finished for good (%s): keys deleted after %gs grace",
                          job_id, state or "gone from Slurm", grace)
                 out.append(f"purged job {job_id}")
         out.extend(self._expire_tombstones(now))
         return out
+
+    def _purge_node_reports(self, job_id: str, nodes: set[str]) -> None:
+        """Delete what the job's nodes reported about it (one range each, after the purge:
+        too many for one transaction). A node missed here (down, or no longer of the job
+        after a requeue) deletes its own when its agent sees the tombstone."""
+        for node in sorted(nodes):
+            try:
+                self.store.delete_prefix(self.keys.node_job_reports_prefix(node, job_id))
+                self.store.delete_prefix(self.keys.job_plan_events_prefix(node, job_id))
+            except (StoreError, ValueError) as exc:
+                log.warning("job %s: reports of %s not deleted (its agent will): %s",
+                            job_id, node, exc)
 
     def _plan_summary(self, job_id: str) -> dict[str, Any]:
         """The job's plans summed up for its tombstone (malformed ones skipped)."""

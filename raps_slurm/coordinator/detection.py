@@ -233,7 +233,7 @@ class Detection:
         record = json.dumps({"kind": v.kind, "node": v.node, "job": v.job, "rank": v.rank,
                              "at": v.at, "evidence": dict(v.evidence)}, default=str).encode()
         key = (self.keys.node_verdict(v.node) if v.job is None or v.rank is None
-               else self.keys.job_rank_verdict(v.job, v.rank))
+               else self.keys.job_hung_verdict(v.job, v.rank))
         ops = [Put(key, record)]
         if v.kind in ("DEAD", "HUNG"):  # the failure history the weights come from
             event = FailureEvent(v.kind, v.node, v.at, where)

@@ -43,7 +43,8 @@ log = logging.getLogger("raps.coordinator")
 
 class _Wakeup:
     """Waits for the next cycle: returns early when something under the jobs, plans or
-    reports prefix changes (a new job, a checkpoint commit, a phase a node reports)."""
+    reports prefix changes (a new job, a checkpoint commit, a phase a node reports, an
+    admin's cancel)."""
 
     def __init__(self, store: StateStore, prefixes: tuple[str, ...]) -> None:
         self._store, self._prefixes = store, prefixes
@@ -194,7 +195,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     notify = sdnotify.SystemdNotifier()
-    wakeup = _Wakeup(store, (keys.jobs_prefix(), keys.plans_prefix(), keys.reports_prefix()))
+    wakeup = _Wakeup(store, (keys.jobs_prefix(), keys.plans_prefix(), keys.reports_prefix(),
+                             keys.cancels_prefix()))
     log.info("coordinator %s started (etcd %s)", name, ", ".join(cfg.store.endpoints))
     notify.notify("READY=1")
     last = ""

@@ -48,6 +48,9 @@ class Metrics:
         self.malformed = Counter("raps_coordinator_malformed_values", "job values the leader "
                                  "skipped as malformed (each counted once)",
                                  registry=self.registry)
+        self.reports_refused = Counter(
+            "raps_coordinator_reports_refused", "reports about a job from a node not of the "
+            "job, ignored (each counted once)", registry=self.registry)
         self.agent_rejected = Gauge(
             "raps_agent_rejected", "what an agent's door (transfer, local_api, heartbeat) "
             "refused since the agent started, by kind, from its last health sample",

@@ -82,6 +82,10 @@ class Recovery(Escalations):
             if line not in self._reported:
                 log.error("skipping malformed value: %s", line)
                 self._reported.add(line)
+        for line in book.refused:
+            if line not in self._reported:
+                log.warning("ignoring a report: %s", line)
+                self._reported.add(line)
         now = self._clock()
         views = jobs
         done.extend(self._follow(book))

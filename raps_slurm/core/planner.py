@@ -307,7 +307,8 @@ MAX_LAUNCH_FAILURES = 2  # per rank and job run; then the job escalates
 
 @dataclass(frozen=True)
 class PlanEvent:
-    """``reports/plans/<id>/<phase>``: one phase of a recovery as the node that saw it reports it.
+    """``reports/phases/<node>/<id>/<phase>``: one phase of a recovery as the node that saw
+    it reports it (``cancels/<id>``: an admin's cancel).
 
     ``launched``: raps-run started the rank on the target; ``restored``: the target's
     agent restored its checkpoint (``detail``: generation, bytes and chunks pulled, from

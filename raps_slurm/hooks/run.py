@@ -195,6 +195,11 @@ def _prolog_slurmctld(cfg: Config, env: Mapping[str, str], budget: float) -> int
             if store.transaction([guard], ops):
                 if action == "reuse":
                     store.put(secret.key, secret.value)
+                    # What the old job's nodes reported (too many ranges for the txn).
+                    old = set(existing.nodes) if existing is not None else set()
+                    for node in sorted(old | set(record.nodes)):
+                        store.delete_prefix(keys.node_job_reports_prefix(node, record.job_id))
+                        store.delete_prefix(keys.job_plan_events_prefix(node, record.job_id))
                 spec = record.spec
                 log.info("registered run %d (%s): uid %d, %d nodes, spares=%d "
                          "ranks_per_node=%d", record.restart_count, action, record.owner_uid,

@@ -8,11 +8,12 @@ Layout under the prefix (default ``/raps/v1/``)::
     nodes/<node>/health-verdict
     jobs/<jobid>                  jobs/<jobid>/map              jobs/<jobid>/secret
     jobs/<jobid>/ranks/<rank>     jobs/<jobid>/groups/<rank>
-    jobs/<jobid>/escalation
-    plans/<id>
-    reports/jobs/<jobid>/ckpt/<rank>/<gen>   reports/jobs/<jobid>/verdicts/<rank>
-    reports/jobs/<jobid>/peers/<rank>        reports/jobs/<jobid>/msgstats/<rank>
-    reports/plans/<id>/<phase>    (launched, restored, running, cancelled)
+    jobs/<jobid>/escalation       jobs/<jobid>/verdicts/<rank>  (the leader's HUNG)
+    plans/<id>                    cancels/<id>                  (an admin's cancel-plan)
+    reports/jobs/<jobid>/ckpt/<rank>/<gen>
+    reports/ranks/<node>/<jobid>/verdicts/<rank>   (an agent's ESCALATE)
+    reports/ranks/<node>/<jobid>/peers/<rank>      reports/ranks/<node>/<jobid>/msgstats/<rank>
+    reports/phases/<node>/<id>/<phase>             (launched, restored, running, ...)
     purged/<jobid>                a finished job's keys are gone; agents delete its local data
     weights/<node>                a Slurm Weight the leader set (and the one it found before)
     weight-pins/<node>            an admin's pinned Weight (rapsctl update node): left alone
@@ -20,7 +21,10 @@ Layout under the prefix (default ``/raps/v1/``)::
 
 What the node agents write lives under ``nodes/`` and ``reports/`` only, so that etcd
 roles can keep an agent's credential away from everything else (``roles.py``,
-docs/store.md, Roles): keep it so when adding a key.
+docs/store.md, Roles): keep it so when adding a key. What one node reports about ranks and
+plans lives under that node's own prefixes (``reports/ranks/<node>/``,
+``reports/phases/<node>/``), which only its agent's user may write; readers accept it only
+from a node of the job.
 
 Numbers are written in decimal without padding, so a prefix listing is sorted
 as text (``10`` before ``9``): sort numerically after reading.
@@ -148,34 +152,48 @@ class Keys:
         return self.reports_prefix() + "jobs/"
 
     def job_reports_prefix(self, job_id: int | str) -> str:
-        """Everything reported about one job's ranks (verdicts, peers, msgstats, ckpt)."""
+        """The checkpoint records of one job's ranks (every holder of a copy updates them)."""
         return self.job_reports_root() + _component(job_id, "job id") + "/"
 
-    def job_rank_verdict(self, job_id: int | str, rank: int) -> str:
-        """The last verdict about one rank (the leader's HUNG, an agent's ESCALATE)."""
-        return self.job_reports_prefix(job_id) + "verdicts/" + _number(rank, "rank")
+    def job_hung_verdict(self, job_id: int | str, rank: int) -> str:
+        """The leader's last HUNG verdict about one rank."""
+        return self.job_prefix(job_id) + "verdicts/" + _number(rank, "rank")
+
+    def rank_reports_root(self) -> str:
+        """Prefix of what every node reports about ranks."""
+        return self.reports_prefix() + "ranks/"
+
+    def node_rank_reports_prefix(self, node: str) -> str:
+        """Prefix of what one node reports about ranks: only that node's agent writes it."""
+        return self.rank_reports_root() + _component(node, "node name") + "/"
+
+    def node_job_reports_prefix(self, node: str, job_id: int | str) -> str:
+        """What one node reports about one job's ranks."""
+        return self.node_rank_reports_prefix(node) + _component(job_id, "job id") + "/"
+
+    def rank_escalation(self, node: str, job_id: int | str, rank: int) -> str:
+        """An agent's ESCALATE verdict about a rank on its node."""
+        return self.node_job_reports_prefix(node, job_id) + "verdicts/" + _number(rank, "rank")
 
     def job_escalation(self, job_id: int | str) -> str:
         """A whole-job requeue the leader decided for one run of the job, and when Slurm
         took it."""
         return self.job_prefix(job_id) + "escalation"
 
-    def job_peer(self, job_id: int | str, rank: int) -> str:
-        """Where a rank listens for its peers (host, port, epoch), published by its agent."""
-        return self.job_reports_prefix(job_id) + "peers/" + _number(rank, "rank")
+    def job_peer(self, node: str, job_id: int | str, rank: int) -> str:
+        """Where a rank on ``node`` listens for its peers (host, port, epoch), published by
+        that node's agent."""
+        return self.node_job_reports_prefix(node, job_id) + "peers/" + _number(rank, "rank")
 
     def job_secret(self, job_id: int | str) -> str:
         """The job's key for rank-to-rank traffic (hex), made at registration; daemons
         read it, the agent hands it to the owner's ranks only."""
         return self.job_prefix(job_id) + "secret"
 
-    def job_msgstats_prefix(self, job_id: int | str) -> str:
-        """Prefix of the ranks' message-log figures."""
-        return self.job_reports_prefix(job_id) + "msgstats/"
-
-    def job_msgstats(self, job_id: int | str, rank: int) -> str:
-        """One rank's message-log figures (sent, delivered, logged, collected per peer)."""
-        return self.job_msgstats_prefix(job_id) + _number(rank, "rank")
+    def job_msgstats(self, node: str, job_id: int | str, rank: int) -> str:
+        """One rank's message-log figures (sent, delivered, logged, collected per peer), as
+        the agent of its node ``node`` reported them."""
+        return self.node_job_reports_prefix(node, job_id) + "msgstats/" + _number(rank, "rank")
 
     def job_ckpts_prefix(self, job_id: int | str) -> str:
         """Prefix of the checkpoint records of every rank of one job."""
@@ -231,17 +249,34 @@ class Keys:
         return self.plans_prefix() + _component(plan_id, "plan id")
 
     def plan_events_prefix(self) -> str:
-        """Prefix of what nodes (and admins) reported about the phases of plans."""
-        return self.reports_prefix() + "plans/"
+        """Prefix of what nodes reported about the phases of plans."""
+        return self.reports_prefix() + "phases/"
 
-    def plan_event(self, plan_id: str, phase: str) -> str:
-        """What a node reported about one phase of a plan."""
-        return (self.plan_events_prefix() + _component(plan_id, "plan id") + "/"
+    def node_plan_events_prefix(self, node: str) -> str:
+        """Prefix of what one node reported about plans: only that node's agent writes it."""
+        return self.plan_events_prefix() + _component(node, "node name") + "/"
+
+    def plan_event(self, node: str, plan_id: str, phase: str) -> str:
+        """What ``node`` reported about one phase of a plan."""
+        return (self.node_plan_events_prefix(node) + _component(plan_id, "plan id") + "/"
                 + _component(phase, "phase"))
 
-    def job_plan_events_prefix(self, job_id: int | str) -> str:
-        """Prefix of the phase reports of every plan of one job (as ``job_plans_prefix``)."""
-        return self.plan_events_prefix() + _component(job_id, "job id") + "-"
+    def job_plan_events_prefix(self, node: str, job_id: int | str) -> str:
+        """Prefix of what ``node`` reported about the plans of one job (as
+        ``job_plans_prefix``)."""
+        return self.node_plan_events_prefix(node) + _component(job_id, "job id") + "-"
+
+    def cancels_prefix(self) -> str:
+        """Prefix of the plans an admin cancelled (``rapsctl cancel-plan``)."""
+        return f"{self._prefix}cancels/"
+
+    def plan_cancel(self, plan_id: str) -> str:
+        """An admin's cancel of one plan (who, why, when)."""
+        return self.cancels_prefix() + _component(plan_id, "plan id")
+
+    def job_cancels_prefix(self, job_id: int | str) -> str:
+        """Prefix of the cancels of every plan of one job (as ``job_plans_prefix``)."""
+        return self.cancels_prefix() + _component(job_id, "job id") + "-"
 
     def job_plans_prefix(self, job_id: int | str) -> str:
         """Prefix of every plan of one job (plan ids start with the job id and '-')."""

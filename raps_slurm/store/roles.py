@@ -6,19 +6,21 @@ Which component writes what (``keys.py`` has the layout):
   node verdicts, ``history/``, ``weights/``, ``plans/``, ``purged/``, rank HUNG verdicts,
   purges; compacts the history. It may write the whole prefix.
 - ``raps-hooks`` (PrologSlurmctld/EpilogSlurmctld, SlurmUser): the job record
-  ``jobs/<job>`` and its ``secret``; deletes ``jobs/<job>/``, ``reports/jobs/<job>/`` (a
-  job id used again) and ``purged/<job>``. Nothing else, not even a read.
-- ``raps-agent`` (a role without a user, held by every agent): under ``reports/``: peers,
-  msgstats, ESCALATE verdicts and checkpoint records of ranks, phase reports of plans. It
-  reads ``leader``, ``jobs/``, ``plans/``, ``purged/``, ``nodes/`` and ``reports/``.
+  ``jobs/<job>`` and its ``secret``; deletes ``jobs/<job>/``, the job's reports (a job id
+  used again) and ``purged/<job>``. Nothing else, not even a read.
+- ``raps-agent`` (a role without a user, held by every agent): the checkpoint records of
+  ranks (``reports/jobs/``). It reads ``leader``, ``jobs/``, ``plans/``, ``purged/``,
+  ``nodes/`` and ``reports/``.
 - ``raps-agent-<node>`` (root on that compute node; role and user of that name, the user
   also holds ``raps-agent``): that node's ``nodes/<node>`` registration and
-  ``nodes/<node>/health``, those two keys alone.
+  ``nodes/<node>/health`` (those two keys alone), and what it reports about ranks
+  (``reports/ranks/<node>/``: peers, msgstats, ESCALATE verdicts) and plans
+  (``reports/phases/<node>/``). Readers take such a report only from a node of the job.
 - ``raps-admin`` (``rapsctl`` of an admin: ``audit/``, ``weight-pins/``, cancelling plans,
   and every read): the whole prefix. Creating these roles takes etcd's ``root``.
 
-What stays shared (one role serves every job): an agent may write any job's reports; see
-docs/store.md, Roles, for what that allows.
+What stays shared (one role serves every job): an agent may write any job's checkpoint
+records; see docs/store.md, Roles, for what that allows.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def roles(keys: Keys, nodes: Iterable[str] = ()) -> tuple[Role, ...]:
     # The node's two keys alone, not its prefix: the leader's verdicts live under it.
     per_node = tuple(Role(agent_user(n), f"raps-agent on {n}",
                           (Grant("readwrite", keys.node(n), prefix=False),
-                           Grant("readwrite", keys.node_health(n), prefix=False)),
+                           Grant("readwrite", keys.node_health(n), prefix=False),
+                           Grant("readwrite", keys.node_rank_reports_prefix(n)),
+                           Grant("readwrite", keys.node_plan_events_prefix(n))),
                           also=(AGENT,))
                      for n in nodes)
     return (
@@ -75,6 +79,8 @@ def roles(keys: Keys, nodes: Iterable[str] = ()) -> tuple[Role, ...]:
         Role(HOOKS, "PrologSlurmctld and EpilogSlurmctld (hooks)",
              (Grant("readwrite", keys.jobs_prefix()),
               Grant("readwrite", keys.job_reports_root()),
+              Grant("readwrite", keys.rank_reports_root()),
+              Grant("readwrite", keys.plan_events_prefix()),
               Grant("readwrite", keys.purged_prefix()))),
         Role(AGENT, "every raps-agent (through its raps-agent-<node> user)",
              (Grant("read", keys.leader(), prefix=False),
@@ -82,7 +88,8 @@ def roles(keys: Keys, nodes: Iterable[str] = ()) -> tuple[Role, ...]:
               Grant("read", keys.plans_prefix()),
               Grant("read", keys.purged_prefix()),
               Grant("read", keys.nodes_prefix()),
-              Grant("readwrite", keys.reports_prefix())), user=False),
+              Grant("read", keys.reports_prefix()),
+              Grant("readwrite", keys.job_reports_root())), user=False),
         Role(ADMIN, "rapsctl (admins)", everything),
         *per_node,
     )

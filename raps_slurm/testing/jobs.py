@@ -18,7 +18,7 @@ from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_t
 from raps_slurm.core.planner import Plan
 from raps_slurm.model import BackupGroup
 from raps_slurm.slurm import CommandRunner
-from raps_slurm.store import Keys, StateStore
+from raps_slurm.store import Keys, KeyValue, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,6 +73,22 @@ def job_plans(store: StateStore, keys: Keys, job: str) -> list[Plan]:
     prefix = keys.plans_prefix()
     return [Plan.from_json(kv.key, kv.value) for kv in store.get_prefix(keys.job_plans_prefix(job))
             if "/" not in kv.key[len(prefix):]]
+
+
+def rank_report(store: StateStore, keys: Keys, job: str, kind: str,
+                rank: int) -> KeyValue | None:
+    """The newest report of ``kind`` (``peers``, ``msgstats``, ``verdicts``) about a rank,
+    from whichever node wrote it (``reports/ranks/<node>/``)."""
+    found = [kv for kv in store.get_prefix(keys.rank_reports_root())
+             if keys.split(kv.key)[3:] == (job, kind, str(rank))]
+    return max(found, key=lambda kv: kv.mod_revision, default=None)
+
+
+def phase_report(store: StateStore, keys: Keys, plan_id: str, phase: str) -> KeyValue | None:
+    """A node's report of ``phase`` of a plan (``reports/phases/<node>/``), the first."""
+    found = [kv for kv in store.get_prefix(keys.plan_events_prefix())
+             if keys.split(kv.key)[3:] == (plan_id, phase)]
+    return min(found, key=lambda kv: kv.mod_revision, default=None)
 
 
 def job_state(cluster: LocalCluster, job: str) -> str:

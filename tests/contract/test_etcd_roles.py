@@ -153,9 +153,11 @@ def test_hooks_register_and_end_a_job_but_touch_nothing_else(cluster: Cluster) -
         assert coord.get(k.job_secret(JOB)) is not None
     with cluster.store("raps-hooks") as hooks:
         hooks.delete_prefix(k.job_reports_prefix("1"))  # a job id used again
+        hooks.delete_prefix(k.node_job_reports_prefix("n1", "1"))
+        hooks.delete_prefix(k.job_plan_events_prefix("n1", "1"))
         hooks.delete(k.purged("1"))
         for key in (k.leader(), k.node_verdict("n1"), k.node_health_verdict("n1"),
-                    k.node("n1"), k.plan(PID), k.plan_event(PID, "running"),
+                    k.node("n1"), k.plan(PID), k.plan_cancel(PID),
                     k.weight("n1"), k.audit("1-h-1")):
             _refused(hooks, key)
         with pytest.raises(StorePermissionDenied):
@@ -188,14 +190,21 @@ def test_agent_reports_but_cannot_rewrite_what_others_decide(cluster: Cluster) -
             _refused(agent, key)
         with pytest.raises(StorePermissionDenied):
             agent.delete(k.node("n2"))
-        # what it reports for the ranks it hosts
-        agent.put(k.job_peer(job, 0), json.dumps({"done": True, "epoch": 1}).encode())
-        agent.put(k.job_msgstats(job, 0), b"{}")
-        agent.put(k.job_rank_verdict(job, 0), json.dumps(
+        # what it reports for the ranks it hosts, under its own name
+        agent.put(k.job_peer("n1", job, 0), json.dumps({"done": True, "epoch": 1}).encode())
+        agent.put(k.job_msgstats("n1", job, 0), b"{}")
+        agent.put(k.rank_escalation("n1", job, 0), json.dumps(
             {"kind": "ESCALATE", "at": time.time(), "epoch": 1}).encode())
         assert agent.create(k.ckpt(job, 0, 1), b"{}")
         assert agent.delete(k.ckpt(job, 0, 1))
-        assert record_event(agent, k, "n2", plan.plan_id, "restored", {"bytes": 0})
+        assert record_event(agent, k, "n1", plan.plan_id, "restored", {"bytes": 0})
+        # and nothing under another node's name, nor an admin's cancel, nor a HUNG verdict
+        for key in (k.job_peer("n2", job, 0), k.job_msgstats("n2", job, 0),
+                    k.rank_escalation("n2", job, 0), k.rank_escalation("n10", job, 0),
+                    k.plan_event("n2", plan.plan_id, "restored"), k.plan_cancel(plan.plan_id),
+                    k.job_hung_verdict(job, 0)):
+            _refused(agent, key)
+        assert not record_event(agent, k, "n2", plan.plan_id, "running", {})
         # what it reads
         for key in (k.leader(), k.job(job), k.job_map(job), k.job_secret(job),
                     k.plan(plan.plan_id)):
@@ -225,4 +234,4 @@ def test_the_admin_writes_what_rapsctl_writes(cluster: Cluster) -> None:
     with cluster.store("raps-admin") as admin:
         admin.put(k.audit("1-h-1"), b"{}")
         admin.put(k.weight_pin("n1"), b"{}")
-        admin.put(k.plan_event(PID, "cancelled"), b"{}")
+        admin.put(k.plan_cancel(PID), b"{}")

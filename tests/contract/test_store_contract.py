@@ -554,8 +554,17 @@ def test_keys_layout_and_validation() -> None:
     assert k.job_group(42, 3) == "/raps/v1/jobs/42/groups/3"
     assert k.ckpt(42, 3, 7) == "/raps/v1/reports/jobs/42/ckpt/3/7"
     assert k.plan("p-1") == "/raps/v1/plans/p-1"
-    assert k.plan_event("p-1", "running") == "/raps/v1/reports/plans/p-1/running"
-    assert k.job_peer(42, 3).startswith(k.job_reports_prefix(42))  # what agents write
+    assert k.plan_event("n1", "p-1", "running") == "/raps/v1/reports/phases/n1/p-1/running"
+    assert k.plan_cancel("42-3-2") == "/raps/v1/cancels/42-3-2"
+    assert k.plan_cancel("42-3-2").startswith(k.job_cancels_prefix(42))
+    # what a node reports lives under its own prefix, the job after it
+    assert k.job_peer("n1", 42, 3) == "/raps/v1/reports/ranks/n1/42/peers/3"
+    assert k.job_peer("n1", 42, 3).startswith(k.node_job_reports_prefix("n1", 42))
+    assert not k.job_peer("n10", 42, 3).startswith(k.node_rank_reports_prefix("n1"))
+    assert k.rank_escalation("n1", 42, 3) == "/raps/v1/reports/ranks/n1/42/verdicts/3"
+    assert k.job_msgstats("n1", 42, 3) == "/raps/v1/reports/ranks/n1/42/msgstats/3"
+    assert k.job_hung_verdict(42, 3) == "/raps/v1/jobs/42/verdicts/3"
+    assert not k.plan_event("n1", "420-1-2", "x").startswith(k.job_plan_events_prefix("n1", 42))
     assert k.ckpt(42, 3, 7).startswith(k.ckpt_prefix(42, 3))
     assert k.job_rank(42, 3).startswith(k.job_prefix(42))
     assert not k.job(420).startswith(k.job_prefix(42))  # prefixes end with '/'

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from raps_slurm.config import load_file
-from raps_slurm.core.planner import CANCELLED, Plan, PlanEvent
+from raps_slurm.core.planner import Plan, PlanEvent
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
@@ -228,12 +228,12 @@ def test_cancel_plan_needs_root_or_slurmuser_and_is_audited(
         denied = rapsctl_as(cluster, "nobody", "cancel-plan", plan.plan_id, "--reason", "mine now")
         assert (denied.returncode, denied.stderr.strip()) == (
             1, "rapsctl: permission denied: 'cancel-plan' needs root or SlurmUser (slurm)")
-        assert s.get(keys.plan_event(plan.plan_id, CANCELLED)) is None
+        assert s.get(keys.plan_cancel(plan.plan_id)) is None
         missing = rapsctl_as(cluster, None, "cancel-plan", "990001-9-9", "--reason", "x")
         assert missing.returncode == 1 and "no plan '990001-9-9'" in missing.stderr
         done = rapsctl_as(cluster, None, "cancel-plan", plan.plan_id, "--reason", "spare is flaky")
         assert done.returncode == 0, done.stderr
-        kv = s.get(keys.plan_event(plan.plan_id, CANCELLED))
+        kv = s.get(keys.plan_cancel(plan.plan_id))
         assert kv is not None
         event = PlanEvent.from_json(kv.key, kv.value)
         assert (event.detail["who"], event.detail["reason"]) == ("root", "spare is flaky")

@@ -1,8 +1,9 @@
 """The local cluster with etcd authentication and the least-privilege users
 (``RAPS_CLUSTER_ETCD_AUTH=1``: scripts/cluster.sh runs ``rapsctl etcd-roles --apply
 --nodes``, docs/store.md, Roles): every agent runs as its own node's etcd user and cannot
-write another node's keys, and a ``--raps`` job whose node dies is recovered by a leader,
-hooks and agents that each hold their own credential only, with the failure-free result.
+write another node's keys, root on a node outside a job cannot steer it through reports,
+and a ``--raps`` job whose node dies is recovered by a leader, hooks and agents that each
+hold their own credential only, with the failure-free result.
 
 Its own 4-node cluster, 60 ports above ``RAPS_CLUSTER_PORT``, beside the session cluster
 of the other tests here."""
@@ -10,16 +11,20 @@ of the other tests here."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from raps_slurm.config import load_file
+from raps_slurm.coordinator.cycle import read_snapshot
+from raps_slurm.core.jobs import JobRecord, RankEntry
 from raps_slurm.errors import SlurmCommandError, StorePermissionDenied
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import Keys, StateStore, open_store
@@ -80,17 +85,68 @@ def test_each_agent_is_its_own_node_user(authed: LocalCluster,
     assert "user raps-agent:" not in log, log  # no user shared by every node
 
 
+@contextlib.contextmanager
+def _heat_job(authed: LocalCluster, store: StateStore, keys: Keys, name: str
+              ) -> Iterator[tuple[str, Path, dict[int, RankEntry]]]:
+    """A leader with its own credential and a mapped 2-rank heat_ring job on 3 of the 4
+    nodes (one spare): the job id, its output file and its rank entries."""
+    coordinator = authed.coordinator(
+        "auth", config=authed.run_dir / "etc" / "raps-coordinator.yaml").start()
+    job, out = authed.submit_raps_run([sys.executable, str(HEAT_RING), *HEAT],
+                                      ["--raps-spares=1", "-N3"], name)
+    try:
+        yield job, out, wait_until(f"job {job} mapped", lambda: rank_entries(store, keys, job),
+                                   lambda e: len(e) == 2, 60)
+    finally:
+        with contextlib.suppress(SlurmCommandError):
+            CommandRunner(timeout=60, env=authed.env).run(["scancel", job])
+        coordinator.stop()
+
+
+def test_root_on_a_node_not_of_the_job_cannot_steer_it(
+        authed: LocalCluster, admin: tuple[StateStore, Keys], tmp_path: Path) -> None:
+    """Root on the node outside the job, with its agent's credential: what it writes under
+    its own name (an ESCALATE with the rank's epoch, a ``done`` peer entry) the leader
+    ignores; under a node of the job's name, as a plan phase or an admin's cancel, etcd
+    refuses. The job ends with the failure-free result, not requeued."""
+    store, keys = admin
+    clean = heat_reference(tmp_path, 2, ["--steps", "200", "--every", "20"])
+    with _heat_job(authed, store, keys, "auth-forge") as (job, out, ranks):
+        record = JobRecord.from_json("job", store.get(keys.job(job)).value)  # type: ignore[union-attr]
+        [outsider] = sorted(set(NODES) - set(record.nodes))
+        inside = ranks[0].node
+        pid = f"{job}-0-{ranks[0].epoch + 1}"
+        forged = json.dumps({"kind": "ESCALATE", "job": job, "rank": 0, "node": inside,
+                             "epoch": ranks[0].epoch, "at": time.time(), "requeue": True,
+                             "lost": True, "evidence": {"reason": "forged"}}).encode()
+        done = json.dumps({"host": "127.0.0.1", "port": 9, "epoch": ranks[0].epoch,
+                           "done": True, "node": inside}).encode()
+        agent_cfg = load_file(authed.run_dir / "etc" / "raps-agent.yaml")
+        root, _ = open_store(agent_cfg.store, outsider)
+        with root:
+            root.put(keys.rank_escalation(outsider, job, 0), forged)
+            root.put(keys.job_peer(outsider, job, 0), done)
+            for key in (keys.rank_escalation(inside, job, 0), keys.job_peer(inside, job, 0),
+                        keys.plan_event(inside, pid, "launch_failed"),
+                        keys.plan_cancel(pid), keys.job_hung_verdict(job, 0)):
+                with pytest.raises(StorePermissionDenied, match=f"raps-agent-{outsider}"):
+                    root.put(key, forged)
+        snap = read_snapshot(store, keys)
+        assert snap.refused == sorted(
+            f"{k}: from {outsider}, not a node of job {job}"
+            for k in (keys.rank_escalation(outsider, job, 0), keys.job_peer(outsider, job, 0)))
+        assert 0 not in snap.jobs[job].escalated and 0 not in snap.jobs[job].done
+        finish(authed, job, out, clean)
+        assert job_plans(store, keys, job) == []
+        assert store.get(keys.job_escalation(job)) is None
+        assert authed.slurm().job(int(job)).restart_count == 0
+
+
 def test_a_node_lost_under_authentication_is_recovered(
         authed: LocalCluster, admin: tuple[StateStore, Keys], tmp_path: Path) -> None:
     store, keys = admin
     clean = heat_reference(tmp_path, 2, ["--steps", "200", "--every", "20"])
-    coordinator = authed.coordinator(
-        "auth", config=authed.run_dir / "etc" / "raps-coordinator.yaml").start()
-    job, out = authed.submit_raps_run([sys.executable, str(HEAT_RING), *HEAT],
-                                      ["--raps-spares=1", "-N3"], "auth")
-    try:
-        ranks = wait_until(f"job {job} mapped", lambda: rank_entries(store, keys, job),
-                           lambda e: len(e) == 2, 60)
+    with _heat_job(authed, store, keys, "auth") as (job, out, ranks):
         host = wait_until("the batch host", lambda: authed.slurm().job(int(job)).batch_host,
                           bool, 20)
         victim = next(r for r, e in sorted(ranks.items()) if e.node != host)
@@ -101,7 +157,3 @@ def test_a_node_lost_under_authentication_is_recovered(
         [plan] = job_plans(store, keys, job)
         assert (plan.rank, plan.state) == (victim, "done"), plan
         assert plan.target not in {e.node for e in ranks.values()}
-    finally:
-        with contextlib.suppress(SlurmCommandError):
-            CommandRunner(timeout=60, env=authed.env).run(["scancel", job])
-        coordinator.stop()

@@ -52,7 +52,7 @@ def test_a_spinning_rank_is_restarted_in_place_and_the_result_is_unchanged(
             got = wait_until("rank 3 restarted", lambda: job_plans(*store, job),
                              lambda ps: any(p.state == "done" for p in ps),
                              _progress_window(cluster) + 90)
-            verdict = store[0].get(store[1].job_rank_verdict(job, 3))
+            verdict = store[0].get(store[1].job_hung_verdict(job, 3))
             plans = job_plans(*store, job)
             text = finish(cluster, job, out, clean)
         finally:

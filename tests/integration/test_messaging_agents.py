@@ -16,7 +16,7 @@ from raps_slurm.core.jobs import RankEntry, group_to_json
 from raps_slurm.model import BackupGroup
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
-from raps_slurm.testing.jobs import agent_job
+from raps_slurm.testing.jobs import agent_job, rank_report
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("n1", "n2", "n3")
@@ -48,7 +48,7 @@ def final_line(proc: subprocess.Popen[str]) -> str:
 
 def stats(store: tuple[StateStore, Keys], job: str, rank: int) -> dict[str, Any] | None:
     s, k = store
-    kv = s.get(k.job_msgstats(job, rank))
+    kv = rank_report(s, k, job, "msgstats", rank)
     return None if kv is None else dict(json.loads(kv.value))
 
 

@@ -15,7 +15,7 @@ from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
-from raps_slurm.testing.jobs import FINAL, HEAT_RING, heat_reference, job_plans
+from raps_slurm.testing.jobs import FINAL, HEAT_RING, heat_reference, job_plans, phase_report
 from raps_slurm.testing.sysfs import make_tree
 
 STEPS = ["--steps", "600", "--every", "20"]
@@ -67,7 +67,7 @@ def test_a_heating_node_moves_its_rank_before_it_fails(
             [moved] = [p for p in plan if p.planned]
             assert moved.rank == rank and moved.source == HOT and moved.target != HOT
             assert moved.reason.startswith(f"planned: {HOT} drained: nvme0 temp")
-            assert s.get(keys.plan_event(moved.plan_id, "checkpointed")) is not None
+            assert phase_report(s, keys, moved.plan_id, "checkpointed") is not None
             state = wait_until(f"job {job} ended", lambda: cluster.slurm().job(int(job)).state,
                                lambda st: st in FINAL, 150)
             text = out.read_text()

@@ -76,7 +76,10 @@ def finish_counting_replays(cluster: LocalCluster, store: tuple[StateStore, Keys
     resent: dict[int, int] = {}
 
     def state() -> str:
-        for kv in s.get_prefix(k.job_msgstats_prefix(job)):
+        for kv in s.get_prefix(k.rank_reports_root()):
+            parts = k.split(kv.key)[2:]  # <node>/<job>/msgstats/<rank>
+            if parts[1:3] != (job, "msgstats"):
+                continue
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
                 rank = int(kv.key.rsplit("/", 1)[1])
                 now = int(json.loads(kv.value)["stats"]["resent"])

@@ -75,7 +75,7 @@ def ranks() -> Iterator[list[FakeRank]]:
 
 def rank_verdict(store: tuple[StateStore, Keys], job: str, rank: int) -> dict[str, Any] | None:
     s, keys = store
-    kv = s.get(keys.job_rank_verdict(job, rank))
+    kv = s.get(keys.job_hung_verdict(job, rank))
     return None if kv is None else dict(json.loads(kv.value))
 
 

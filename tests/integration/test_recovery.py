@@ -223,7 +223,7 @@ def test_primary_and_mirror_lost_restores_from_the_remaining_holder(
         # successor restored the rank
         assert [p.state for p in mine] == ["failed"] * (len(mine) - 1) + ["done"], every
         s, k = store
-        raw = s.get(k.plan_event(mine[-1].plan_id, "restored"))
+        raw = s.get(k.plan_event(mine[-1].target, mine[-1].plan_id, "restored"))
         assert raw is not None
         restored = json.loads(raw.value)["detail"]
         assert set(restored["sources"]) <= remaining, (restored, remaining)

@@ -76,7 +76,7 @@ def test_a_user_is_served_only_their_own_job(cluster: LocalCluster,
     s.put(k.job_map(job), RankMap(job, 0, ("n1", "n2"), ("n3",), 1).to_json())
     for r, n in enumerate(("n1", "n2")):
         s.put(k.job_rank(job, r), RankEntry(r, n, 1, "assigned", ("n3",)).to_json())
-    s.put(k.job_peer(job, 1), json.dumps({"host": "127.0.0.1", "port": 9, "epoch": 1,
+    s.put(k.job_peer("n2", job, 1), json.dumps({"host": "127.0.0.1", "port": 9, "epoch": 1,
                                           "done": False, "node": "n2"}).encode())
     s.put(k.plan(f"{job}-1-2"), Plan(f"{job}-1-2", job, 1, "n2", "n3", 2, "node n2 is dead",
                                      0).to_json())

@@ -123,7 +123,7 @@ def _rank(cluster: LocalCluster, job: str, rank: int, uid: int) -> subprocess.Po
 
 def _peer(store: tuple[StateStore, Keys], job: str, rank: int) -> dict[str, Any] | None:
     s, k = store
-    kv = s.get(k.job_peer(job, rank))
+    kv = s.get(k.job_peer(NODES[rank], job, rank))
     return None if kv is None else dict(json.loads(kv.value))
 
 
@@ -173,9 +173,10 @@ def test_another_user_is_refused_every_door_and_the_job_is_untouched(
     for r in range(len(NODES)):
         p = _peer(store, job, r)
         assert p is not None and p["port"] != 9 and p["node"] == NODES[r], p
-        verdict = s.get(k.job_rank_verdict(job, r))
-        assert verdict is None, verdict.value
-        stats = json.loads(s.get(k.job_msgstats(job, r)).value)["stats"]
+        for key in (k.job_hung_verdict(job, r), *(k.rank_escalation(n, job, r) for n in NODES)):
+            verdict = s.get(key)
+            assert verdict is None, verdict.value
+        stats = json.loads(s.get(k.job_msgstats(NODES[r], job, r)).value)["stats"]
         assert "y" * 100 not in json.dumps(stats)
         refused = stats["refused_connections"]
         assert sum(refused.values()) >= 3, (r, refused)

@@ -93,7 +93,7 @@ class World:
 
     def report(self, pid: str, phase: str, node: str) -> None:
         """A launcher's report of ``phase`` for plan ``pid`` from ``node``."""
-        self.store.put(self.keys.plan_event(pid, phase),
+        self.store.put(self.keys.plan_event(node, pid, phase),
                        PlanEvent(pid, phase, self.clock(), node, {}).to_json())
 
 

@@ -100,7 +100,7 @@ def test_no_generation_whole_is_refused_as_lost_and_the_leader_is_told(agent: Ag
     with pytest.raises(AgentError, match="no generation of rank 0 of job 5") as e:
         fresh.restore()
     assert e.value.kind == "lost"
-    kv = agent.store.get(agent.keys.job_rank_verdict("5", 0))
+    kv = agent.store.get(agent.keys.rank_escalation("n1", "5", 0))
     assert kv is not None
     verdict = json.loads(kv.value)
     assert (verdict["kind"], verdict["lost"], verdict["requeue"], verdict["epoch"],
@@ -113,7 +113,7 @@ def test_no_generation_whole_is_refused_as_lost_and_the_leader_is_told(agent: Ag
     with pytest.raises(AgentError, match=r"holders out of reach: n2") as e:
         fresh.restore()
     assert e.value.kind == "lost"
-    verdict = json.loads(agent.store.get(agent.keys.job_rank_verdict("5", 0)).value)  # type: ignore[union-attr]
+    verdict = json.loads(agent.store.get(agent.keys.rank_escalation("n1", "5", 0)).value)  # type: ignore[union-attr]
     assert (verdict["lost"], verdict["requeue"]) == (False, True)
     c.close()
     fresh.close()

@@ -165,7 +165,7 @@ def test_two_dead_nodes_are_two_moves_under_the_bound(world: World) -> None:
     assert len(running) == 3 and len(queued) == 3  # one node at a time
     assert len({targets[p] for p in running}) == 1
     for pid in running:
-        world.store.put(world.keys.plan_event(pid, "restored"),
+        world.store.put(world.keys.plan_event("n2", pid, "restored"),
                         PlanEvent(pid, "restored", world.clock(), "n2", {}).to_json())
     step(c, world, 3)
     assert set(world.plans().values()) == {"restored", "running"}

@@ -106,7 +106,7 @@ def test_a_flood_is_throttled_for_its_own_job_only(agent: Agent) -> None:
         assert agent.stats(BOB, "6") == {"ok": True}
     assert agent.ask(BOB, op="peer_publish", job="6", rank=0, epoch=1, host="n1", port=9000,
                      done=False) == {"ok": True}
-    assert agent.store.get(agent.keys.job_peer("6", 0)) is not None
+    assert agent.store.get(agent.keys.job_peer("n1", "6", 0)) is not None
     # and alice's bucket refills at the configured rate
     agent.clock.now += 2.0
     assert [agent.stats(ALICE, "5")["ok"] for _ in range(3)] == [True, True, False]
@@ -135,7 +135,7 @@ def test_an_oversize_value_is_refused_and_nothing_written(agent: Agent) -> None:
     got = agent.stats(ALICE, "5", {"x": "a" * 5000})
     assert got["ok"] is False and got["kind"] == "quota"
     assert "more than agent.max_value_kb=4 (4096 bytes); nothing written" in str(got["error"])
-    assert agent.store.get(agent.keys.job_msgstats("5", 0)) is None
+    assert agent.store.get(agent.keys.job_msgstats("n1", "5", 0)) is None
     assert agent.stats(ALICE, "5", {"x": "a" * 100})["ok"]
 
 
@@ -203,7 +203,7 @@ def test_quotas_from_the_config() -> None:
 def test_escalate_records_whether_the_runtime_asks_for_a_requeue(agent: Agent) -> None:
     """(Driven through the same agent: the ESCALATE verdict carries ``requeue`` as the
     runtime set it; anything but true or false is refused, nothing written.)"""
-    key = agent.keys.job_rank_verdict("5", 0)
+    key = agent.keys.rank_escalation("n1", "5", 0)
     for bad in ("no", 0, None):
         got = agent.ask(ALICE, op="escalate", job="5", rank=0, reason="r", requeue=bad)
         assert got["kind"] == "schema" and "'requeue'" in str(got["error"]), got

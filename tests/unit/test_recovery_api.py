@@ -82,7 +82,7 @@ def test_phase_reports(agent: Agent) -> None:
     # "running" comes from the registered rank itself, with its epoch
     assert agent.ask(OWNER, **{**event, "epoch": 3}, phase="running")["kind"] == "epoch"
     assert agent.ask(OWNER, **event, phase="running")["recorded"] is True
-    kv = agent.store.get(k.plan_event("5-1-2", "running"))
+    kv = agent.store.get(k.plan_event("n2", "5-1-2", "running"))
     assert kv is not None and json.loads(kv.value)["node"] == "n2"
     # the agent writes "restored" itself; a client may not
     bad = agent.ask(OWNER, **event, phase="restored")
@@ -95,5 +95,5 @@ def test_phase_reports(agent: Agent) -> None:
     assert big["ok"] is False and "4 KiB" in str(big["error"])
     # a plan given up takes no more reports
     agent.store.put(k.plan("5-1-2"), advance(plan, "escalated", 2.0).to_json())
-    agent.store.delete(k.plan_event("5-1-2", "running"))
+    agent.store.delete(k.plan_event("n2", "5-1-2", "running"))
     assert agent.ask(OWNER, **event, phase="running")["recorded"] is False

@@ -94,7 +94,7 @@ def test_hung_rank_relaunched_in_place_once_per_verdict(world: World) -> None:
     c = world.coordinator("c1")
     step(c, world)
     verdict = {"kind": "HUNG", "node": "n3", "job": "7", "rank": 1, "at": world.clock()}
-    world.store.put(world.keys.job_rank_verdict("7", 1), json.dumps(verdict).encode())
+    world.store.put(world.keys.job_hung_verdict("7", 1), json.dumps(verdict).encode())
     step(c, world, 3)
     assert world.plans() == {"7-1-2": "running"}
     assert (world.entry(1).node, world.entry(1).epoch) == ("n3", 2)
@@ -111,11 +111,11 @@ def test_a_rank_that_finished_its_program_is_no_hang(world: World) -> None:
     c = world.coordinator("c1")
     step(c, world)
     for rank, epoch in ((1, 1), (2, 0)):
-        world.store.put(world.keys.job_peer("7", rank), json.dumps(
+        world.store.put(world.keys.job_peer("n3", "7", rank), json.dumps(
             {"host": "10.0.0.1", "port": 4000, "epoch": epoch, "done": True}).encode())
         verdict = {"kind": "HUNG", "node": "n3", "job": "7", "rank": rank,
                    "at": world.clock()}
-        world.store.put(world.keys.job_rank_verdict("7", rank), json.dumps(verdict).encode())
+        world.store.put(world.keys.job_hung_verdict("7", rank), json.dumps(verdict).encode())
     step(c, world, 3)
     assert set(world.plans()) == {"7-2-2"}
     # and the detector is told to stop watching the finished one only
@@ -133,7 +133,7 @@ def test_a_silence_from_before_this_run_is_no_hang(world: World) -> None:
     for rank, last in ((1, registered - 5.0), (2, registered + 1.0)):
         verdict = {"kind": "HUNG", "node": "n3", "job": "7", "rank": rank,
                    "at": world.clock() + 10, "evidence": {"last_app_heartbeat_at": last}}
-        world.store.put(world.keys.job_rank_verdict("7", rank), json.dumps(verdict).encode())
+        world.store.put(world.keys.job_hung_verdict("7", rank), json.dumps(verdict).encode())
     world.clock.advance(10)
     step(c, world, 3)
     assert set(world.plans()) == {"7-2-2"}
@@ -181,17 +181,42 @@ def test_a_started_plan_whose_target_died_gets_a_successor(world: World) -> None
 def test_a_launch_that_fails_moves_on_to_another_spare_then_escalates(world: World) -> None:
     c = started(world, "n6", "7-3-2")
     first = world.entry(3).node
-    world.store.put(world.keys.plan_event("7-3-2", "launch_failed"), PlanEvent(
+    world.store.put(world.keys.plan_event("n1", "7-3-2", "launch_failed"), PlanEvent(
         "7-3-2", "launch_failed", world.clock(), "n1", {"exit_code": 1}).to_json())
     step(c, world, 4)
     assert world.plans() == {"7-3-2": "failed", "7-3-3": "running"}
     second = world.entry(3)
     assert second.epoch == 3 and second.node not in (first, "n6")
-    world.store.put(world.keys.plan_event("7-3-3", "launch_failed"), PlanEvent(
+    world.store.put(world.keys.plan_event("n1", "7-3-3", "launch_failed"), PlanEvent(
         "7-3-3", "launch_failed", world.clock(), "n1", {"exit_code": 1}).to_json())
     step(c, world, 4)
     assert world.plans() == {"7-3-2": "failed", "7-3-3": "failed"}
     assert world.requeued == ["7"]
+
+
+def test_reports_from_a_node_not_of_the_job_are_ignored(world: World) -> None:
+    """What root on another user's node can write under its own node's name (the only
+    name its etcd user may write): an ESCALATE with the rank's epoch, a plan phase that
+    fails the launch, a cancel where only admins write. None moves the leader."""
+    c = started(world, "n6", "7-3-2")
+    entry = world.entry(3)
+    _escalate_verdict(world, 3, "n9", entry.epoch)
+    world.store.put(world.keys.plan_event("n9", "7-3-2", "launch_failed"), PlanEvent(
+        "7-3-2", "launch_failed", world.clock(), "n9", {"exit_code": 1}).to_json())
+    world.store.put(world.keys.plan_event("n9", "7-3-2", CANCELLED), PlanEvent(
+        "7-3-2", CANCELLED, world.clock(), "n9", {"who": "root", "uid": 0,
+                                                  "reason": "x"}).to_json())
+    step(c, world, 4)
+    assert world.plans() == {"7-3-2": "running"} and world.requeued == []
+    book = read_plans(world.store, world.keys)
+    assert book.refused == [f"{world.keys.plan_event('n9', '7-3-2', 'launch_failed')}: "
+                            "from n9, not a node of job 7"]
+    assert c.metrics.reports_refused._value.get() == 1  # the ESCALATE, counted once
+    # the same from a node of the job is taken
+    world.store.put(world.keys.plan_event("n1", "7-3-2", "launch_failed"), PlanEvent(
+        "7-3-2", "launch_failed", world.clock(), "n1", {"exit_code": 1}).to_json())
+    step(c, world, 4)
+    assert world.plans()["7-3-2"] == "failed"
 
 
 def test_a_cancelled_plan_escalates_its_job_once(world: World) -> None:
@@ -200,7 +225,7 @@ def test_a_cancelled_plan_escalates_its_job_once(world: World) -> None:
     world.dead = {"n6"}
     step(c, world, 2)
     assert world.plans() == {"7-3-2": "running"}
-    world.store.put(world.keys.plan_event("7-3-2", CANCELLED), PlanEvent(
+    world.store.put(world.keys.plan_cancel("7-3-2"), PlanEvent(
         "7-3-2", CANCELLED, world.clock(), "login1",
         {"who": "root", "uid": 0, "reason": "spare n2 is flaky"}).to_json())
     step(c, world, 3)
@@ -235,7 +260,7 @@ def _escalate_verdict(world: World, rank: int, node: str, epoch: int | None,
         value["requeue"] = requeue
     if lost is not _ABSENT:
         value["lost"] = lost
-    world.store.put(world.keys.job_rank_verdict("7", rank), json.dumps(value).encode())
+    world.store.put(world.keys.rank_escalation(node, "7", rank), json.dumps(value).encode())
 
 
 def test_an_escalate_verdict_of_the_current_rank_requeues_the_run_once(world: World) -> None:

@@ -37,11 +37,19 @@ WRITERS: dict[str, set[str]] = {
     "jobs_prefix": HOOKS_W, "job": HOOKS_W, "job_prefix": HOOKS_W, "job_map": HOOKS_W,
     "job_groups_prefix": HOOKS_W, "job_ranks_prefix": HOOKS_W, "job_rank": HOOKS_W,
     "job_group": HOOKS_W, "job_escalation": HOOKS_W, "job_secret": HOOKS_W,
-    "reports_prefix": AGENT_W, "job_reports_root": BOTH, "job_reports_prefix": BOTH,
-    "job_rank_verdict": BOTH, "job_peer": BOTH, "job_msgstats_prefix": BOTH,
-    "job_msgstats": BOTH, "job_ckpts_prefix": BOTH, "ckpt_prefix": BOTH, "ckpt": BOTH,
-    "plan_events_prefix": AGENT_W, "plan_event": AGENT_W, "job_plan_events_prefix": AGENT_W,
+    "job_hung_verdict": HOOKS_W,
+    # checkpoint records: every agent (a holder updates another node's record)
+    "reports_prefix": NOBODY, "job_reports_root": BOTH, "job_reports_prefix": BOTH,
+    "job_ckpts_prefix": BOTH, "ckpt_prefix": BOTH, "ckpt": BOTH,
+    # what n1 reports about ranks and plans: n1's agent alone (and the hooks, which
+    # delete them when a job id is used again)
+    "rank_reports_root": HOOKS_W, "node_rank_reports_prefix": {N1, HOOKS},
+    "node_job_reports_prefix": {N1, HOOKS}, "rank_escalation": {N1, HOOKS},
+    "job_peer": {N1, HOOKS}, "job_msgstats": {N1, HOOKS},
+    "plan_events_prefix": HOOKS_W, "node_plan_events_prefix": {N1, HOOKS},
+    "plan_event": {N1, HOOKS}, "job_plan_events_prefix": {N1, HOOKS},
     "plans_prefix": NOBODY, "plan": NOBODY, "job_plans_prefix": NOBODY,
+    "cancels_prefix": NOBODY, "plan_cancel": NOBODY, "job_cancels_prefix": NOBODY,
     "history_prefix": NOBODY, "history_event": NOBODY, "weights_prefix": NOBODY,
     "weight": NOBODY, "weight_pins_prefix": NOBODY, "weight_pin": NOBODY,
     "audit_prefix": NOBODY, "audit": NOBODY,
@@ -78,7 +86,7 @@ def test_every_key_helper_has_its_writers() -> None:
         assert user_permits(table, HOOKS, key, "read") == (HOOKS in WRITERS[name]), (name, key)
     assert not user_permits(table, N1, "/site/raps-other/leader", "read")
     # no user named raps-agent: the shared role is held through the per-node users
-    assert not user_permits(table, AGENT, keys.job_peer(1, 0), "write")
+    assert not user_permits(table, AGENT, keys.job_peer("n1", 1, 0), "write")
 
 
 def test_the_agent_cannot_write_what_the_leader_or_the_hooks_decide() -> None:
@@ -103,11 +111,32 @@ def test_an_agent_writes_its_own_node_keys_alone() -> None:
     assert not user_permits(table, agent_user("n3"), keys.node("n3"), "write")  # not made
 
 
+def test_an_agent_reports_under_its_own_name_alone() -> None:
+    """n1's agent writes what it reports about ranks and plans under n1's prefixes, and
+    nothing under n2's or n10's: it cannot pass a report off as another node's."""
+    keys = Keys()
+    table, n1 = roles(keys, ["n1", "n2", "n10"]), agent_user("n1")
+    for key in (keys.rank_escalation("n1", 5, 0), keys.job_peer("n1", 5, 0),
+                keys.job_msgstats("n1", 5, 0), keys.plan_event("n1", "5-0-2", "running"),
+                keys.ckpt(5, 0, 1)):
+        assert user_permits(table, n1, key, "write"), key
+    for node in ("n2", "n10"):
+        for key in (keys.rank_escalation(node, 5, 0), keys.job_peer(node, 5, 0),
+                    keys.job_msgstats(node, 5, 0), keys.plan_event(node, "5-0-2", "running")):
+            assert not user_permits(table, n1, key, "write"), key
+    for key in (keys.job_hung_verdict(5, 0), keys.plan_cancel("5-0-2")):
+        assert not user_permits(table, n1, key, "write"), key
+
+
 def test_etcdctl_commands() -> None:
     lines = etcdctl_commands(Keys(), no_password=True, nodes=["n1"])
     assert "etcdctl role grant-permission raps-agent read /raps/v1/leader" in lines
-    assert "etcdctl role grant-permission raps-agent --prefix=true readwrite " \
+    assert "etcdctl role grant-permission raps-agent --prefix=true read " \
            "/raps/v1/reports/" in lines
+    assert "etcdctl role grant-permission raps-agent --prefix=true readwrite " \
+           "/raps/v1/reports/jobs/" in lines
+    assert "etcdctl role grant-permission raps-agent-n1 --prefix=true readwrite " \
+           "/raps/v1/reports/ranks/n1/" in lines
     assert "etcdctl role grant-permission raps-agent --prefix=true read /raps/v1/nodes/" \
         in lines
     assert "etcdctl role grant-permission raps-agent-n1 readwrite /raps/v1/nodes/n1" in lines
