@@ -166,6 +166,27 @@ class Restorer:
         """The rank's generation records in etcd."""
         raise NotImplementedError
 
+    def job_nodes(self, job: str) -> frozenset[str] | None:
+        """Every node of every run of the job (its registration), None if unregistered."""
+        raise NotImplementedError
+
+    def trusted_records(self, job: str, rank: int) -> list[CkptRecord]:
+        """The rank's records that name only nodes of the job (``of_job_nodes``); the
+        others are logged and left alone. RestoreError if the job is not registered: its
+        records cannot be checked."""
+        records = self.records(job, rank)
+        if not records:
+            return []
+        nodes = self.job_nodes(job)
+        if nodes is None:
+            raise RestoreError(f"job {job} has no registration in etcd: the records of rank "
+                               f"{rank} cannot be checked against its nodes")
+        kept, refused = decide.of_job_nodes(records, nodes)
+        for r in refused:
+            log.warning("job %s rank %d: generation %d ignored: its primary %s is not a node "
+                        "of the job", job, rank, r.generation, r.primary)
+        return kept
+
     def _update_holders(self, job: str, rank: int, gen: int,
                         change: Callable[[CkptRecord], CkptRecord]) -> CkptRecord | None:
         raise NotImplementedError
@@ -235,7 +256,7 @@ class Restorer:
             self._restoring.wait_for(lambda: self._waiting_restores == 0, most)
 
     def _restore(self, job: str, rank: int) -> RestoreResult | None:
-        records = decide.restore_order(self.records(job, rank))
+        records = decide.restore_order(self.trusted_records(job, rank))
         fallbacks: list[Fallback] = []
         unreached: set[str] = set()  # holders down, or a transfer from them failed
         for rec in records:
@@ -363,6 +384,9 @@ class Restorer:
             try:
                 m = Manifest.from_json(f"manifest from {holder}", data)
                 check_total(f"manifest from {holder}", m.total_size, len(m.chunks), self.quota)
+                if (m.job, m.rank, m.generation) != (job, rank, rec.generation):
+                    raise RecordError(f"manifest from {holder}: it is of job {m.job} rank "
+                                      f"{m.rank} generation {m.generation}")
                 return m, ""
             except RecordError as exc:
                 log.warning("%s", exc)
@@ -479,7 +503,7 @@ class Restorer:
             return None
         directory = cold.cold_path(c.cold_dir, job, rank)
         gens = cold.generations(directory)
-        records = {r.generation: r for r in self.records(job, rank)} if gens else {}
+        records = {r.generation: r for r in self.trusted_records(job, rank)} if gens else {}
         for gen in gens:
             bad: list[str] = []
             stored = 0

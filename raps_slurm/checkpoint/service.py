@@ -46,7 +46,7 @@ from raps_slurm.checkpoint.transfer import (
 from raps_slurm.config import Config
 from raps_slurm.core import checkpoints as decide
 from raps_slurm.core.checkpoints import CkptRecord
-from raps_slurm.core.jobs import RankEntry, RankMap, group_from_json
+from raps_slurm.core.jobs import JobRecord, RankEntry, RankMap, group_from_json
 from raps_slurm.core.membership import dead_nodes
 from raps_slurm.errors import RapsError, RecordError, StoreError
 from raps_slurm.model import BackupGroup
@@ -331,6 +331,17 @@ class CheckpointService(Restorer):
             except RecordError as exc:
                 log.warning("%s", exc)
         return out
+
+    def job_nodes(self, job: str) -> frozenset[str] | None:
+        """Every node of every run of the job (its registration), None if unregistered."""
+        kv = self.store.get(self.keys.job(job))
+        if kv is None:
+            return None
+        try:
+            return JobRecord.from_json(kv.key, kv.value).all_nodes
+        except RecordError as exc:
+            log.warning("%s", exc)
+            return None
 
     def wanted_replicas(self, job: str) -> int:
         """Copies besides the primary the job asked for (rank map), else the config's."""

@@ -20,7 +20,7 @@ from typing import Any
 from raps_slurm.config import Config
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.metrics import Metrics
-from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.core.checkpoints import CkptRecord, of_job_nodes
 from raps_slurm.core.jobs import (
     FINAL_STATES,
     JobRecord,
@@ -108,8 +108,9 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
 
     Reports are what agents may write (docs/store.md, Roles): only report kinds are read
     there, never a record, map, rank or group an agent put there, and a node's report
-    about a job counts only if the node is one of the job's (:func:`job_nodes`); others
-    are listed in ``refused``.
+    about a job counts only if the node is one of the job's (:func:`job_nodes`), a
+    checkpoint record only if its primary is one of any run's; others are listed in
+    ``refused``.
     """
     jobs: dict[str, JobView] = {}
     bad: list[str] = []
@@ -128,6 +129,13 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
             _read_job_key(view, kv, parts)
         except RecordError as exc:
             bad.append(str(exc))
+    for job_id, view in jobs.items():
+        if view.ckpts and view.record is not None:
+            nodes = job_nodes(view) | view.record.all_nodes
+            for rank, records in view.ckpts.items():
+                view.ckpts[rank], foreign = of_job_nodes(records, nodes)
+                refused.extend(f"{keys.ckpt(job_id, rank, r.generation)}: its primary "
+                               f"{r.primary} is not a node of job {job_id}" for r in foreign)
     for kv in store.get_prefix(keys.rank_reports_root()):
         parts = keys.split(kv.key)[2:]  # <node>/<job>/<kind>/<rank>
         if len(parts) != 4 or parts[2] not in _REPORTS or not (

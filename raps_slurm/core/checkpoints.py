@@ -128,6 +128,24 @@ def needs_copy(record: CkptRecord, targets: Sequence[str], alive: _Coll[str]) ->
     return [t for t in targets if t not in held and t in alive]
 
 
+def of_job_nodes(records: Iterable[CkptRecord], nodes: _Coll[str]
+                 ) -> tuple[list[CkptRecord], list[CkptRecord]]:
+    """The records a reader may act on, and those it must not. Every agent may write any
+    job's records (a holder updates a record another node committed), so one that names a
+    node outside the job (``nodes``: every run's) as primary is refused: root on that node
+    would have it restored from a manifest of its own. A holder outside the job is dropped
+    from a record kept: it would serve only what the forger put there."""
+    kept, refused = [], []
+    for r in records:
+        if r.primary not in nodes:
+            refused.append(r)
+        elif any(h not in nodes for h in r.holders):
+            kept.append(replace(r, holders=tuple(h for h in r.holders if h in nodes)))
+        else:
+            kept.append(r)
+    return kept, refused
+
+
 def restore_order(records: Iterable[CkptRecord]) -> list[CkptRecord]:
     """Generations to try, newest first."""
     return sorted(records, key=lambda r: r.generation, reverse=True)

@@ -88,12 +88,22 @@ class JobRecord:
     user: str = ""
     name: str = ""
     exit_code: int | None = None
+    # nodes of the job's earlier runs not in this one: they may still hold its checkpoints
+    earlier_nodes: tuple[str, ...] = ()
 
     def ended(self, now: float, exit_code: int | None) -> JobRecord:
         """This run marked ended (EpilogSlurmctld)."""
-        return JobRecord(self.job_id, self.restart_count, self.owner_uid, self.nodes,
-                         self.spec, "ended", self.registered_at, now, self.user, self.name,
-                         exit_code)
+        return replace(self, state="ended", ended_at=now, exit_code=exit_code)
+
+    def after(self, earlier: JobRecord) -> JobRecord:
+        """This run's record, requeued from ``earlier``: its nodes join ``earlier_nodes``."""
+        every = (set(earlier.nodes) | set(earlier.earlier_nodes)) - set(self.nodes)
+        return replace(self, earlier_nodes=tuple(sorted(every)))
+
+    @property
+    def all_nodes(self) -> frozenset[str]:
+        """Every node of every run of the job: where its checkpoints may be held."""
+        return frozenset(self.nodes) | frozenset(self.earlier_nodes)
 
     def to_json(self) -> bytes:
         """The etcd value."""
@@ -101,7 +111,8 @@ class JobRecord:
                       "owner_uid": self.owner_uid, "nodes": list(self.nodes),
                       "spec": self.spec.to_dict(), "state": self.state,
                       "registered_at": self.registered_at, "ended_at": self.ended_at,
-                      "user": self.user, "name": self.name, "exit_code": self.exit_code})
+                      "user": self.user, "name": self.name, "exit_code": self.exit_code,
+                      "earlier_nodes": list(self.earlier_nodes)})
 
     @classmethod
     def from_json(cls, key: str, raw: bytes) -> JobRecord:
@@ -120,7 +131,9 @@ class JobRecord:
                    state=d.choice("state", ("running", "ended")),  # type: ignore[arg-type]
                    registered_at=d.num("registered_at"), ended_at=d.opt_num("ended_at"),
                    user=d.text("user", empty=True), name=d.text("name", empty=True),
-                   exit_code=d.opt_integer("exit_code", -(2**31), 2**31 - 1))
+                   exit_code=d.opt_integer("exit_code", -(2**31), 2**31 - 1),
+                   earlier_nodes=(d.names("earlier_nodes", empty=True)
+                                  if "earlier_nodes" in d.data else ()))
 
 
 def record_from_env(env: Mapping[str, str], now: float) -> JobRecord | None:

@@ -176,6 +176,8 @@ def _prolog_slurmctld(cfg: Config, env: Mapping[str, str], budget: float) -> int
             if action == "same":
                 log.info("run %d already registered", record.restart_count)
                 return 0
+            if action == "requeue" and existing is not None:
+                record = record.after(existing)  # its checkpoints may be on the old nodes
             ops: list[Put | Delete] = [Put(key, record.to_json())]
             if action == "requeue":
                 ops.append(Delete(keys.job_map(record.job_id)))  # the leader maps the new run

@@ -151,6 +151,12 @@ def test_hooks_register_and_end_a_job_but_touch_nothing_else(cluster: Cluster) -
         record = json.loads(coord.get(k.job(JOB)).value)  # type: ignore[union-attr]
         assert record["owner_uid"] == 1000 and record["state"] == "ended"
         assert coord.get(k.job_secret(JOB)) is not None
+    # requeued onto other nodes: the earlier run's stay nodes of the job for its records
+    assert run_hook("prolog-slurmctld", conf, {**_env(), "SLURM_JOB_RESTART_COUNT": "1",
+                                               "SLURM_JOB_NODELIST": "n[2-3]"}) == 0
+    with cluster.store("raps-coordinator") as coord:
+        record = json.loads(coord.get(k.job(JOB)).value)  # type: ignore[union-attr]
+        assert (record["nodes"], record["earlier_nodes"]) == (["n2", "n3"], ["n1"])
     with cluster.store("raps-hooks") as hooks:
         hooks.delete_prefix(k.job_reports_prefix("1"))  # a job id used again
         hooks.delete_prefix(k.node_job_reports_prefix("n1", "1"))

@@ -17,7 +17,14 @@ from typing import Any
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.core.checkpoints import CkptRecord
-from raps_slurm.core.jobs import RankEntry, RankMap, group_from_json, group_to_json
+from raps_slurm.core.jobs import (
+    JobRecord,
+    JobSpec,
+    RankEntry,
+    RankMap,
+    group_from_json,
+    group_to_json,
+)
 from raps_slurm.model import BackupGroup
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
@@ -28,6 +35,9 @@ from raps_slurm.testing.cluster import LocalCluster, wait_until
 def setup_job(store: tuple[StateStore, Keys], node: str = "n1", epoch: int = 1) -> str:
     s, k = store
     job = str(700000 + uuid.uuid4().int % 100000)
+    # registered with its nodes (restores take records naming only them), run by root
+    s.put(k.job(job), JobRecord(job, 0, 0, ("n1", "n2", "n3", "n4"), JobSpec(spares=1))
+          .to_json())
     s.put(k.job_map(job), RankMap(job, 0, (node,), ("n4",), 2, 0.0).to_json())
     s.put(k.job_rank(job, 0), RankEntry(0, node, epoch, "running", ("n4",)).to_json())
     s.put(k.job_group(job, 0), group_to_json(BackupGroup(0, node, "n2", ("n3",))))

@@ -26,7 +26,7 @@ from raps_slurm.checkpoint.transfer import TransferServer
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.config import Config
 from raps_slurm.core.checkpoints import CkptRecord
-from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
 from raps_slurm.model import BackupGroup
 from raps_slurm.runtime.msglog import Entry, checksum
 from raps_slurm.store import Keys, StateStore
@@ -79,6 +79,7 @@ def new_job(nodes: Nodes, *, epoch: int = 1, replicas: int = 2) -> str:
     job = str(next(_jobs))
     s, k = nodes.store, nodes.keys
     s.delete_prefix(k.job_prefix(job))
+    s.put(k.job(job), JobRecord(job, 0, 1000, NODES, JobSpec(spares=1)).to_json())
     s.put(k.job_map(job), RankMap(job, 0, ("n1",), ("n4",), replicas, 0.0).to_json())
     s.put(k.job_rank(job, 0), RankEntry(0, "n1", epoch, "running", ("n4",)).to_json())
     s.put(k.job_group(job, 0),

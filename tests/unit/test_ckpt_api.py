@@ -20,7 +20,7 @@ from raps_slurm.checkpoint.pack import PackWriter
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.config import Config
 from raps_slurm.core.checkpoints import CkptRecord
-from raps_slurm.core.jobs import RankEntry
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry
 from raps_slurm.runtime.agent_client import AgentError
 from raps_slurm.runtime.checkpoint import CheckpointClient
 from raps_slurm.store import Keys, MemoryStore
@@ -32,6 +32,8 @@ USER = 1000
 class Agent:
     def __init__(self, tmp: Path) -> None:
         self.store, self.keys = MemoryStore(), Keys("/raps/v1/")
+        self.store.put(self.keys.job("5"), JobRecord("5", 0, USER, ("n1", "n2"), JobSpec(spares=0))
+                       .to_json())
         self.store.put(self.keys.job_rank("5", 0), RankEntry(0, "n1", 1, "running", ()).to_json())
         self.service = CheckpointService(Config(), self.store, self.keys, "n1",
                                          secrets.token_bytes(32), ChunkStore(tmp / "store"),

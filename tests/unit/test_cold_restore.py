@@ -23,7 +23,8 @@ from raps_slurm.checkpoint.restore import RestoreError
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.config import Config
-from raps_slurm.core.jobs import RankEntry, RankMap, group_to_json
+from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
 from raps_slurm.errors import RecordError
 from raps_slurm.model import BackupGroup
 from raps_slurm.store import Keys, MemoryStore
@@ -44,6 +45,8 @@ class Pair:
         self.spare = CheckpointService(self.cfg, self.store, self.keys, "n4", key,
                                        ChunkStore(root / "n4"), peers=dict)
         s, k = self.store, self.keys
+        s.put(k.job(JOB), JobRecord(JOB, 0, 1000, ("n1", "n2", "n4"), JobSpec(spares=1))
+              .to_json())
         s.put(k.job_map(JOB), RankMap(JOB, 0, ("n1",), ("n4",), 0, 0.0).to_json())
         s.put(k.job_rank(JOB, 0), RankEntry(0, "n1", 1, "running", ("n4",)).to_json())
         s.put(k.job_group(JOB, 0), group_to_json(BackupGroup(0, "n1", "n2", ())))
@@ -81,6 +84,35 @@ def test_a_good_cold_copy_restores(pair: Pair) -> None:
     assert [f.generation for f in result.fallbacks] == [1]  # no live holder first
     assert np.array_equal(materialize(result.restored.manifest, result.restored.buffer), a)
     result.restored.close()
+
+
+def test_a_record_naming_a_node_outside_the_job_is_not_restored_from(
+        pair: Pair, caplog: pytest.LogCaptureFixture) -> None:
+    """Every agent may write any job's records: root on n9 (not of the job) writes a newer
+    generation whose primary and holder are n9, and adds n9 to a copy of n1's record.
+    The spare restores neither from n9: the first record is ignored, n9 is dropped from
+    the second, and the genuine cold copy of generation 1 is restored."""
+    a = field()
+    assert pair.save(a) == 1
+    kv = pair.store.get(pair.keys.ckpt(JOB, 0, 1))
+    assert kv is not None
+    genuine = CkptRecord.from_json(kv.key, kv.value)
+    forged = dataclasses.replace(genuine, generation=5, primary="n9", holders=("n9",))
+    added = dataclasses.replace(genuine, generation=4, holders=("n1", "n9"))
+    for rec in (forged, added):
+        pair.store.put(pair.keys.ckpt(JOB, 0, rec.generation), rec.to_json())
+    with caplog.at_level("WARNING"):
+        trusted = pair.spare.trusted_records(JOB, 0)
+    assert sorted((r.generation, r.holders) for r in trusted) == [(1, ("n1",)), (4, ("n1",))]
+    assert "generation 5 ignored: its primary n9 is not a node of the job" in caplog.text
+    result = pair.restore()
+    assert result is not None and result.generation == "cold 1"
+    assert [f.generation for f in result.fallbacks] == [4, 1]
+    assert np.array_equal(materialize(result.restored.manifest, result.restored.buffer), a)
+    result.restored.close()
+    pair.store.delete(pair.keys.job(JOB))  # unregistered: nothing to check them against
+    with pytest.raises(RestoreError, match=f"job {JOB} has no registration in etcd"):
+        pair.restore()
 
 
 def test_a_tampered_cold_pack_is_refused(pair: Pair) -> None:

@@ -199,6 +199,27 @@ def test_record_round_trip() -> None:
     assert ended.registered_at == full.registered_at and ended.nodes == full.nodes
 
 
+def test_a_requeued_run_keeps_the_nodes_of_the_earlier_runs() -> None:
+    """A requeued run may restore from copies on nodes it no longer has: they stay nodes
+    of the job for its checkpoint records (``all_nodes``), not for its ranks."""
+    first = record("7", 0, 1001, ("n1", "n2", "n3"))
+    second = record("7", 1, 1001, ("n2", "n4", "n5")).after(first)
+    third = record("7", 2, 1001, ("n1", "n4", "n6")).after(second)
+    assert second.earlier_nodes == ("n1", "n3")
+    assert third.earlier_nodes == ("n2", "n3", "n5")
+    assert third.all_nodes == {"n1", "n2", "n3", "n4", "n5", "n6"}
+    assert third.nodes == ("n1", "n4", "n6")
+    for rec in (second, third, third.ended(5.0, 0)):
+        assert JobRecord.from_json("k", rec.to_json()) == rec
+    # a record written before the field: no earlier nodes; a malformed one is refused
+    raw = json.loads(first.to_json())
+    del raw["earlier_nodes"]
+    assert JobRecord.from_json("k", json.dumps(raw).encode()).earlier_nodes == ()
+    raw["earlier_nodes"] = "n1"
+    with pytest.raises(RecordError, match="k: field 'earlier_nodes'"):
+        JobRecord.from_json("k", json.dumps(raw).encode())
+
+
 def test_record_json_is_canonical() -> None:
     # Sorted keys, no spaces: byte-equal values for equal records (compare-and-swap friendly).
     raw = record().to_json()

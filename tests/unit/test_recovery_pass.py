@@ -11,8 +11,9 @@ import logging
 import pytest
 from leader_world import World, step
 
-from raps_slurm.coordinator.cycle import Coordinator
+from raps_slurm.coordinator.cycle import Coordinator, read_snapshot
 from raps_slurm.coordinator.recovery import read_plans
+from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import JobRecord
 from raps_slurm.core.planner import CANCELLED, Plan, PlanEvent, cancelled
 
@@ -212,6 +213,14 @@ def test_reports_from_a_node_not_of_the_job_are_ignored(world: World) -> None:
     assert book.refused == [f"{world.keys.plan_event('n9', '7-3-2', 'launch_failed')}: "
                             "from n9, not a node of job 7"]
     assert c.metrics.reports_refused._value.get() == 1  # the ESCALATE, counted once
+    # a checkpoint record whose primary is n9: not in the leader's view of the job
+    forged = CkptRecord(3, 9, entry.epoch, "b3:" + "ab" * 32, 1, 1, 1, "b3:" + "cd" * 32,
+                        "n9", ("n9",), 0, "committed", world.clock())
+    world.store.put(world.keys.ckpt("7", 3, 9), forged.to_json())
+    snap = read_snapshot(world.store, world.keys)
+    assert 9 not in [r.generation for r in snap.jobs["7"].ckpts.get(3, [])]
+    assert f"{world.keys.ckpt('7', 3, 9)}: its primary n9 is not a node of job 7" \
+        in snap.refused
     # the same from a node of the job is taken
     world.store.put(world.keys.plan_event("n1", "7-3-2", "launch_failed"), PlanEvent(
         "7-3-2", "launch_failed", world.clock(), "n1", {"exit_code": 1}).to_json())
