@@ -35,6 +35,7 @@ from typing import Any
 
 from raps_slurm.bench.cluster import QUIET, REPO, private_cluster
 from raps_slurm.config import load_file
+from raps_slurm.coordinator.plan_book import read_plans
 from raps_slurm.core.planner import Plan, PlanEvent
 from raps_slurm.errors import BenchError, SlurmCommandError
 from raps_slurm.slurm import CommandRunner, commands
@@ -119,22 +120,12 @@ class JobBench:
 
     def plans(self) -> dict[int, tuple[Plan, dict[str, PlanEvent]]]:
         """rank -> its newest plan and that plan's reported phases."""
-        plans: dict[str, Plan] = {}
-        events: dict[str, dict[str, PlanEvent]] = {}
-        for kv in self.store.get_prefix(self.keys.job_plans_prefix(self.job)):
-            p = Plan.from_json(kv.key, kv.value)
-            plans[p.plan_id] = p
-        for kv in self.store.get_prefix(self.keys.plan_events_prefix()):
-            if kv.key.rsplit("/", 2)[-2] in plans:  # <node>/<plan>/<phase>
-                e = PlanEvent.from_json(kv.key, kv.value)
-                seen = events.setdefault(e.plan_id, {})
-                if e.phase not in seen or e.at < seen[e.phase].at:
-                    seen[e.phase] = e
+        book = read_plans(self.store, self.keys)  # as the leader reads them
         newest: dict[int, Plan] = {}
-        for p in plans.values():
-            if p.rank not in newest or p.epoch > newest[p.rank].epoch:
+        for p, _ in book.plans.values():
+            if p.job == self.job and (p.rank not in newest or p.epoch > newest[p.rank].epoch):
                 newest[p.rank] = p
-        return {r: (p, events.get(p.plan_id, {})) for r, p in newest.items()}
+        return {r: (p, book.events.get(p.plan_id, {})) for r, p in newest.items()}
 
     def wait_final(self, timeout: float) -> str:
         return wait_until(f"job {self.job} to end", self.state, lambda s: s in FINAL, timeout,

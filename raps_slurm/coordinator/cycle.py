@@ -136,6 +136,7 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
                 view.ckpts[rank], foreign = of_job_nodes(records, nodes)
                 refused.extend(f"{keys.ckpt(job_id, rank, r.generation)}: its primary "
                                f"{r.primary} is not a node of job {job_id}" for r in foreign)
+    members: dict[str, set[str]] = {}  # job -> job_nodes: once per job, not per report
     for kv in store.get_prefix(keys.rank_reports_root()):
         parts = keys.split(kv.key)[2:]  # <node>/<job>/<kind>/<rank>
         if len(parts) != 4 or parts[2] not in _REPORTS or not (
@@ -144,7 +145,9 @@ def read_snapshot(store: StateStore, keys: Keys) -> Snapshot:
         about = jobs.get(parts[1])  # (a purged job's, left by a node that was down: its
         if about is None:          # agent deletes them when it sees the tombstone)
             continue
-        if parts[0] not in job_nodes(about):
+        if parts[1] not in members:
+            members[parts[1]] = job_nodes(about)
+        if parts[0] not in members[parts[1]]:
             refused.append(f"{kv.key}: from {parts[0]}, not a node of job {parts[1]}")
             continue
         try:
