@@ -233,7 +233,12 @@ class FrameReader:
     a frame is ``frame_timeout`` plus its length over ``min_rate`` bytes/s (0: no
     allowance), counted from its first byte. After a :meth:`read`, ``owned`` says whether
     the body returned lives in a buffer of its own (a frame larger than the buffer),
-    which the caller may keep without a copy."""
+    which the caller may keep without a copy.
+
+    :meth:`poll` is the non-blocking way to read (after :meth:`nonblocking`): one thread
+    can read many streams, taking each frame once it is whole, and a stream whose frame
+    stalls half way delays no other (its deadline is checked by :meth:`overdue`). A stream
+    is read with :meth:`read` or with :meth:`poll`, not both."""
 
     def __init__(self, sock: socket.socket, *, max_size: int = MAX_FRAME,
                  frame_timeout: float = 10.0, min_rate: float = 0.0,
@@ -245,6 +250,11 @@ class FrameReader:
         self._start = self._end = 0
         self._timeout: float | None = -1.0  # the socket's, as last set here
         self.owned = False
+        # poll(): the frame under way (its own buffer when large) and its deadline
+        self._big: memoryview | None = None
+        self._got = 0
+        self._due: float | None = None
+        self._sized = False  # _due includes the frame's length allowance
 
     def _settimeout(self, value: float | None) -> None:
         if value != self._timeout:  # each change is a syscall: only when it changes
@@ -293,6 +303,109 @@ class FrameReader:
         while self._end - self._start < n:
             self._end += self._recv(self._view[self._end:], deadline, what,
                                     self._end - self._start, n)
+
+    def nonblocking(self) -> None:
+        """Put the socket in non-blocking mode, for :meth:`poll`."""
+        self._settimeout(0.0)
+
+    def pending(self) -> bool:
+        """Bytes buffered that :meth:`poll` has not returned (the socket may not be
+        readable while a whole frame waits here)."""
+        return self._end > self._start and self._big is None
+
+    def overdue(self, now: float) -> bool:
+        """A frame begun and not whole by its deadline (:meth:`poll` raises for it)."""
+        return self._due is not None and now > self._due
+
+    def _take(self, into: memoryview) -> int:
+        """Bytes read without waiting (0: none now); FrameError when the stream ended."""
+        try:
+            got = self.sock.recv_into(into)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as exc:
+            raise FrameError("closed", f"receive failed: {exc}") from None
+        if not got:
+            if self._big is None and self._end == self._start:
+                raise FrameError("closed", "connection closed by the peer")
+            have = self._got if self._big is not None else self._end - self._start
+            raise FrameError("truncated", f"connection closed after {have} bytes of a frame")
+        return got
+
+    def _late(self) -> None:
+        if self._due is not None and time.monotonic() > self._due:
+            raise FrameError("timeout", "frame not whole before its deadline")
+
+    def poll(self) -> memoryview | None:
+        """The next frame's body (as :meth:`read`) if it is whole with what the socket
+        holds now, else None: never waits. FrameError as :meth:`read`, ``timeout`` when a
+        frame begun is not whole by its deadline."""
+        if self._big is None:
+            n = self._poll_small()
+            if n is None:
+                return None
+            if n + HEADER.size <= len(self._buf):
+                payload = self._view[self._start:self._start + n]
+                self._start += n
+                self._due, self._sized, self.owned = None, False, False
+                return self.mac.check(payload) if self.mac is not None else payload
+            # larger than the buffer: its own, of the length just checked
+            big = memoryview(bytearray(n))
+            self._got = self._end - self._start
+            big[:self._got] = self._view[self._start:self._end]
+            self._start = self._end = 0
+            self._big = big
+        big = self._big
+        while self._got < len(big):
+            k = self._take(big[self._got:])
+            if not k:
+                self._late()
+                return None
+            self._got += k
+        self._big, self._due, self._sized, self.owned = None, None, False, True
+        return self.mac.check(big) if self.mac is not None else big
+
+    def _poll_small(self) -> int | None:
+        """The length of the next frame once its header (and, for a frame that fits the
+        buffer, its body) is buffered, with the header consumed; None: not yet."""
+        if not self._more(HEADER.size):
+            return None
+        n: int = HEADER.unpack_from(self._buf, self._start)[0]
+        if n == 0:
+            raise FrameError("empty", "empty frame")
+        if n > self.max_size:
+            raise FrameError("oversized", f"frame length {n}: at most {self.max_size}")
+        if not self._sized:
+            self._sized = True
+            if self._due is None:
+                self._due = time.monotonic() + self.frame_timeout
+            if self.min_rate > 0:
+                self._due += n / self.min_rate
+        if n + HEADER.size <= len(self._buf) and not self._more(HEADER.size + n):
+            return None
+        self._start += HEADER.size
+        return n
+
+    def _more(self, want: int) -> bool:
+        """At least ``want`` (<= the buffer) bytes buffered, reading what the socket
+        holds; False if it holds too few now."""
+        if self._end - self._start >= want:
+            return True
+        if self._start + want > len(self._buf):  # move what is left to the front
+            left = self._end - self._start
+            self._buf[:left] = self._buf[self._start:self._end]
+            self._start, self._end = 0, left
+        while self._end - self._start < want:
+            k = self._take(self._view[self._end:])
+            if not k:
+                break
+            self._end += k
+        if self._due is None and self._end > self._start:  # a frame's first byte
+            self._due = time.monotonic() + self.frame_timeout
+        if self._end - self._start >= want:
+            return True
+        self._late()
+        return False
 
     def read(self, idle_timeout: float | None = None) -> memoryview:
         """The next frame's body (MAC checked and cut off), valid until the next read.

@@ -71,7 +71,7 @@ def settings_from(env: Mapping[str, str]) -> Settings:
                     high_watermark=m.buffer_high_watermark_mb << 20,
                     checkpoint_interval=interval, max_generations=c.max_generations,
                     recv_timeout=m.recv_timeout_sec, host=host,
-                    stats_interval=m.stats_interval_sec)
+                    stats_interval=m.stats_interval_sec, spin_us=m.spin_us)
 
 
 def _node_address() -> str:

@@ -64,6 +64,9 @@ LARGE_PREFIX = "\0raps/large/"
 # log pulled only in part, leaves them in the checkpoint's copies.
 LOG_ITEM = "\0raps/log"
 CLOSE_WAIT = 10.0  # seconds close() waits for a flush in progress (one log-store write)
+# A send larger than this may wait for the peer to read (more than a socket buffer holds
+# surely): the background thread reads meanwhile (runtime/pump.py).
+RELEASE_AT = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class Settings:
     stats_interval: float = 10.0
     logging: bool = True  # False only for the benchmark's unlogged baseline
     max_message: int = MAX_MESSAGE  # bytes; peers refuse a longer frame from its header
+    spin_us: int = 0  # a receive polls this long before it sleeps (runtime/pump.py)
 
 
 class Context(PeerLinks):
@@ -135,7 +139,8 @@ class Context(PeerLinks):
         self._records_replay: list[bytes] = []
         # Peers authenticate with the job's key (docs/messaging.md, Authentication).
         self.listener = Listener(self.s.host, self._on_frame, self._on_close,
-                                 Auth(port.job_key(), rank, self.s.max_message))
+                                 Auth(port.job_key(), rank, self.s.max_message),
+                                 self.s.spin_us / 1e6)
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)
         self._flusher = threading.Thread(target=self._ticker, name="raps-msg-flush",
@@ -220,6 +225,9 @@ class Context(PeerLinks):
                              f"{self.s.max_message} (Settings.max_message)")
         self._start()
         self._raise_error()
+        if memoryview(payload).nbytes > RELEASE_AT:
+            # It may wait for dst to read, and dst may be sending to us just as well.
+            self.listener.pump.release()
         if self._records_pending:
             # Decisions this send may depend on are durable before it leaves.
             self._records_pending = False
@@ -315,7 +323,7 @@ class Context(PeerLinks):
                     err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for a message "
                                          f"from any of ranks {sources}")
                     break
-                self._arrived.wait(min(left, 0.5))
+                self._await(left)
         self.port.escalate(str(err))
         raise err
 
@@ -352,7 +360,7 @@ class Context(PeerLinks):
                     err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for seq {want} "
                                          f"from rank {src}")
                     break
-                self._arrived.wait(min(left, 0.5))
+                self._await(left)
         self.port.escalate(str(err))
         raise err
 
@@ -584,7 +592,12 @@ class Context(PeerLinks):
                     "duplicates": self.inbox.duplicates, "resent": self.resent,
                     "refused_stale_frames": self.inbox.refused_epoch,
                     "refused_hellos": self.refused_hellos,
-                    "refused_connections": self.listener.auth.refusals(), "peers": peers}
+                    "refused_connections": self.listener.auth.refusals(),
+                    # who read the frames (runtime/pump.py): the waiting application
+                    # thread, or the background one
+                    "frames_read_waiting": self.listener.pump.frames_app,
+                    "frames_read_background": self.listener.pump.frames_background,
+                    "peers": peers}
 
 
 def _own_records(records: Iterable[Entry], rank: int, after: int) -> list[bytes]:

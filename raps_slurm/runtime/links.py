@@ -237,6 +237,22 @@ class PeerLinks:
 
     # --- incoming --------------------------------------------------------------------
 
+    def _await(self, left: float) -> None:
+        """Wait (``_mu`` held, as in ``with self._arrived``) until a frame came, reading
+        the connections on this thread (runtime/pump.py), at most ``left`` s (0.5 at a
+        time, so that the caller's checks run)."""
+        self._mu.release()
+        try:
+            self.listener.pump.wait(min(left, 0.5))
+        finally:
+            self._mu.acquire()
+
+    def poll(self) -> None:
+        """Take in the frames that have come, without waiting (a program that polls with
+        :meth:`try_recv` calls it first; they come anyway within 10 ms)."""
+        self.listener.pump.poll()
+
+
     def _on_frame(self, f: Frame, cid: int) -> None:
         if f.dst != self.rank or not 0 <= f.src < self.size:
             return

@@ -2,9 +2,11 @@
 
 Each rank listens on one TCP port and publishes ``host:port`` and its epoch (through its
 agent, or a directory in local mode). A rank sends over one outgoing connection per
-peer and reads every incoming connection on its own thread, which only decodes frames
-and hands them on: a rank's reading never waits for its application, so two ranks that
-send to each other as fast as they can never block each other in TCP.
+peer. Each incoming connection does its handshake on a thread of its own, then joins
+the rank's :class:`~raps_slurm.runtime.pump.Pump`, which reads every connection on the
+application's thread while it waits for a message and on a background thread otherwise:
+a rank's reading never waits long for its application, so two ranks that send to each
+other as fast as they can never block each other in TCP.
 
 **Authentication** (docs/messaging.md, Authentication). Every rank of a job holds the
 job's 32-byte secret (made at registration, handed by the agent only to the owner's
@@ -59,6 +61,7 @@ from raps_slurm import framing
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.logquota import LogQuota
 from raps_slurm.runtime.msglog import RECORD, checksum
+from raps_slurm.runtime.pump import Conn, Pump
 
 log = logging.getLogger("raps.runtime")
 
@@ -185,7 +188,7 @@ class Listener:
     ``on_frame(frame, conn_id)``."""
 
     def __init__(self, host: str, on_frame: Callable[[Frame, int], None],
-                 on_close: Callable[[int], None], auth: Auth) -> None:
+                 on_close: Callable[[int], None], auth: Auth, spin: float = 0.0) -> None:
         self.auth = auth
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -198,6 +201,7 @@ class Listener:
         self._next = 0
         self._handshaking = 0
         self._closed = False
+        self.pump = Pump(self._body, self._end, spin)
         threading.Thread(target=self._accept, name="raps-accept", daemon=True).start()
 
     def connect(self, address: tuple[str, int], epoch: int, dst: int,
@@ -258,39 +262,52 @@ class Listener:
         return reader, src
 
     def _read(self, conn: socket.socket, cid: int) -> None:
-        authenticated = False
+        """The handshake, on a thread of its own (a stranger's slowness costs no one
+        else); then the connection joins the :class:`Pump`."""
         try:
             try:
                 reader, src = self._handshake(conn)
             finally:
                 with self._lock:
                     self._handshaking -= 1
-            authenticated = True
-            while True:
-                frame = decode(reader.read(), owned=reader.owned)
-                if frame.src != src or frame.dst != self.auth.rank:
-                    raise FrameError(f"frame {frame.src}->{frame.dst} on rank {src}'s "
-                                     "connection")
-                self._on_frame(frame, cid)
-        except framing.FrameError as exc:
+            reader.nonblocking()
+        except Exception as exc:  # refused or logged, then closed
+            self._ended(cid, conn, exc, authenticated=False)
+            return
+        self.pump.add(Conn(cid, conn, reader, src))
+
+    def _body(self, c: Conn, body: memoryview, owned: bool) -> None:
+        frame = decode(body, owned=owned)
+        if frame.src != c.src or frame.dst != self.auth.rank:
+            raise FrameError(f"frame {frame.src}->{frame.dst} on rank {c.src}'s connection")
+        self._on_frame(frame, c.cid)
+
+    def _end(self, c: Conn, exc: BaseException) -> None:
+        self._ended(c.cid, c.sock, exc, authenticated=True)
+
+    def _ended(self, cid: int, conn: socket.socket, exc: BaseException | None, *,
+               authenticated: bool) -> None:
+        """A connection is over: say why (a refusal is counted), forget it."""
+        if isinstance(exc, framing.FrameError):
             if self._closed or exc.kind == "closed" or (
                     authenticated and exc.kind == "truncated"):
                 log.debug("incoming connection %d ended: %s", cid, exc)  # a peer went away
             else:
                 self.auth.refuse(_kind(exc, authenticated), _peer(conn), exc)
-        except FrameError as exc:
+        elif isinstance(exc, FrameError):
             if not self._closed:
                 self.auth.refuse(exc.kind, _peer(conn), exc)
-        except OSError as exc:
+        elif isinstance(exc, OSError):
             if not self._closed:
                 log.debug("incoming connection %d dropped: %s", cid, exc)
-        finally:
-            with self._lock:
-                self._conns.pop(cid, None)
-            with contextlib.suppress(OSError):
-                conn.close()
-            if authenticated:
-                self._on_close(cid)
+        elif exc is not None and not self._closed:
+            log.error("rank %d: incoming connection %d: %r", self.auth.rank, cid, exc)
+        with self._lock:
+            self._conns.pop(cid, None)
+        with contextlib.suppress(OSError):
+            conn.close()
+        if authenticated:
+            self._on_close(cid)
 
     def drop(self, cid: int) -> None:
         """Close one incoming connection (a refused peer)."""
@@ -307,6 +324,7 @@ class Listener:
             conns = list(self._conns.values())
         with contextlib.suppress(OSError):
             self.sock.close()
+        self.pump.close()
         for c in conns:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)

@@ -1,4 +1,5 @@
-"""The one framing module: lengths, caps, deadlines per frame, MACs with sequence numbers."""
+"""The one framing module: lengths, caps, deadlines per frame, MACs with sequence numbers;
+FrameReader.poll: whole frames only, never waiting."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from raps_slurm.framing import (
     TAG_SIZE,
     FrameError,
     FrameMac,
+    FrameReader,
     encode,
     read_frame,
     send_frame,
+    send_parts,
 )
 
 KEY = b"k" * 32
@@ -156,3 +159,117 @@ def test_send_times_out_when_the_peer_reads_nothing(
         for _ in range(10_000):  # fills both socket buffers, then times out
             send_frame(a, b"q" * 65536, timeout=0.05)
     assert err.value.kind == "timeout"
+
+
+# --- FrameReader.poll ---------------------------------------------------------------
+
+
+def _reader(sock: socket.socket, **kw: object) -> FrameReader:
+    r = FrameReader(sock, **kw)  # type: ignore[arg-type]
+    r.nonblocking()
+    return r
+
+
+def test_small_frames_come_whole_and_in_order(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r = _reader(b, buffer_size=64)
+    assert r.poll() is None  # nothing yet, and no wait
+    for body in (b"one", b"two", b"x" * 50):
+        send_parts(a, [body])
+    got = []
+    while (body := r.poll()) is not None:
+        got.append(bytes(body))
+        assert not r.owned
+    assert got == [b"one", b"two", b"x" * 50]
+    assert not r.pending()
+
+
+def test_a_frame_sent_in_pieces_comes_once_whole(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r = _reader(b, buffer_size=64)
+    wire = HEADER.pack(10) + b"0123456789"
+    for i in range(len(wire) - 1):
+        a.send(wire[i:i + 1])
+        assert r.poll() is None, f"a frame after {i + 1} of {len(wire)} bytes"
+    a.send(wire[-1:])
+    assert bytes(r.poll() or b"") == b"0123456789"
+
+
+def test_a_frame_larger_than_the_buffer_gets_its_own(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r = _reader(b, buffer_size=64, max_size=1 << 20)
+    body = bytes(range(256)) * 40  # 10 KiB
+    a.sendall(HEADER.pack(len(body)) + body[:3000])
+    assert r.poll() is None
+    a.sendall(body[3000:] + HEADER.pack(2) + b"ok")
+    got = r.poll()
+    assert got is not None and r.owned and bytes(got) == body
+    assert bytes(r.poll() or b"") == b"ok" and not r.owned
+
+
+def test_a_frame_that_fills_the_buffer_exactly_is_read(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r = _reader(b, buffer_size=64)
+    for n in (60, 61, 64):  # 60 + header fits the buffer; 61 and 64 do not
+        a.sendall(HEADER.pack(n) + b"z" * n)
+        assert bytes(r.poll() or b"") == b"z" * n
+
+
+def test_caps_and_ends_as_read(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r = _reader(b, max_size=100)
+    a.sendall(HEADER.pack(101))
+    with pytest.raises(FrameError) as e:
+        r.poll()
+    assert e.value.kind == "oversized"
+    c, d = socket.socketpair()
+    r = _reader(d)
+    c.sendall(HEADER.pack(0))
+    with pytest.raises(FrameError) as e:
+        r.poll()
+    assert e.value.kind == "empty"
+    c.close()
+    d.close()
+    c, d = socket.socketpair()
+    r = _reader(d)
+    c.close()
+    with pytest.raises(FrameError) as e:
+        r.poll()
+    assert e.value.kind == "closed"
+    d.close()
+    c, d = socket.socketpair()
+    r = _reader(d)
+    c.sendall(HEADER.pack(10) + b"abc")
+    c.close()
+    with pytest.raises(FrameError) as e:
+        r.poll()
+    assert e.value.kind == "truncated"
+    d.close()
+
+
+def test_a_stalled_frame_runs_out_of_its_deadline(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r = _reader(b, frame_timeout=0.2, min_rate=1e6)
+    a.sendall(HEADER.pack(1000) + b"x" * 10)
+    assert r.poll() is None
+    assert not r.overdue(time.monotonic())
+    time.sleep(0.25)
+    assert r.overdue(time.monotonic())
+    with pytest.raises(FrameError) as e:
+        r.poll()
+    assert e.value.kind == "timeout"
+
+
+def test_macs_are_checked_in_order(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r = _reader(b)
+    r.mac = FrameMac(KEY, "blake3", b"c")
+    tx = FrameMac(KEY, "blake3", b"c")
+    send_parts(a, [b"first"], mac=tx)
+    send_parts(a, [b"second"], mac=tx)
+    assert bytes(r.poll() or b"") == b"first"
+    assert bytes(r.poll() or b"") == b"second"
+    send_parts(a, [b"forged"], mac=FrameMac(b"f" * 32, "blake3", b"c"))
+    with pytest.raises(FrameError) as e:
+        r.poll()
+    assert e.value.kind == "mac"

@@ -234,6 +234,16 @@ def test_frames_from_a_fenced_epoch_are_refused_and_counted(tmp_path: Path) -> N
         c.close()
 
 
+def two_ranks(rank: Callable[[int], None]) -> None:
+    """Ranks 0 and 1 of ``rank`` on two threads of this process, within 60 s."""
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+
+
 def test_fast_senders_both_ways_spill_and_never_deadlock(tmp_path: Path) -> None:
     tight = Settings(flush_ms=10, large_threshold=1024, high_watermark=256 << 10,
                      buffer_bytes=512 << 10, recv_timeout=30.0)
@@ -251,15 +261,40 @@ def test_fast_senders_both_ways_spill_and_never_deadlock(tmp_path: Path) -> None
         assert ctx.log.spilled > 0
         ctx.finalize()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "deadlock"
+    two_ranks(rank)
     for r in (0, 1):
         assert done[r] == [bytes([i % 256]) * size for i in range(n)]
         assert peaks[r] <= tight.buffer_bytes
+
+
+def test_a_waiting_rank_reads_its_own_connections(tmp_path: Path) -> None:
+    """A message reaches a rank waiting in recv on that rank's own thread (no hand-off
+    from a reader thread), and large messages sent both ways at once never block."""
+    rounds, big = 200, 2 << 20
+    stats: dict[int, dict[str, int]] = {}
+    got: dict[int, list[bytes]] = {}
+
+    def rank(r: int) -> None:
+        ctx = Context(LocalPort(tmp_path, "1", r, 1, PARAMS), r, 2, 1,
+                      Settings(recv_timeout=30.0))
+        other = 1 - r
+        for i in range(rounds):  # ping-pong: one side always waits in recv
+            if r == 0:
+                ctx.send(other, i.to_bytes(8, "big"))
+                assert ctx.recv(other) == i.to_bytes(8, "big")
+            else:
+                ctx.send(other, ctx.recv(other))
+        for i in range(3):  # both send 2 MiB before either receives: more than TCP holds
+            ctx.send(other, bytes([r * 16 + i]) * big)
+        got[r] = [ctx.recv(other) for _ in range(3)]
+        stats[r] = ctx.stats()
+        ctx.finalize()
+
+    two_ranks(rank)
+    for r in (0, 1):
+        assert got[r] == [bytes([(1 - r) * 16 + i]) * big for i in range(3)]
+        # Nearly all of the 200 pings (or pongs) were read by the thread waiting for them.
+        assert stats[r]["frames_read_waiting"] > rounds // 2, stats[r]
 
 
 def test_the_flush_thread_spills_before_a_send_meets_the_watermark(tmp_path: Path) -> None:

@@ -66,6 +66,9 @@ class ScriptedRuntime:
     def heartbeat(self, step: int, items: int = 0) -> None:
         self.progress.append(step)
 
+    def poll(self) -> None:
+        """Nothing to read: what has arrived is what the test scripted."""
+
 
 def engine(rt: ScriptedRuntime) -> Engine:
     return Engine(rt)  # type: ignore[arg-type]

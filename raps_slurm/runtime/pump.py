@@ -1,0 +1,265 @@
+"""Who reads a rank's incoming connections: the application thread while it waits for a
+message, else a background thread.
+
+A message handed from a reader thread to the waiting application costs a thread wake-up
+and a GIL hand-off (some 45 us on the machines measured, ten times Python's own TCP
+round trip: docs/benchmarks.md). So the thread that waits reads itself: it polls every
+connection and takes in whole frames until what it waits for has come. Reading must
+never wait for the application, though (two ranks sending each other large messages
+would block each other in TCP), so the background thread takes reading back once the
+application has been out of its waits for :data:`HANDOFF` seconds, and at once before a
+large send (:meth:`Pump.release`). Reading is non-blocking (:meth:`FrameReader.poll`):
+one connection whose frame stalls half way delays no other; its deadline closes it.
+
+One lock says who reads; the background thread gives it up when woken through a socket
+pair that is part of what it polls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from raps_slurm import framing
+
+HANDOFF = 0.01  # s out of its waits before the application's reading goes back
+IDLE_POLL = 0.5  # s between deadline checks while nothing comes
+BURST = 64  # frames of one connection per pass, so that one peer cannot starve others
+MISSED_SKIP = 8  # waits that do not spin after one whose spin found nothing
+
+
+@dataclass(eq=False)
+class Conn:
+    """One authenticated incoming connection."""
+
+    cid: int
+    sock: socket.socket
+    reader: framing.FrameReader
+    src: int
+
+
+class Pump:
+    """Reads the connections :meth:`add` gives it: ``on_body(conn, body, owned)`` for each
+    whole frame (an exception it raises ends the connection), ``on_end(conn, exc)`` once
+    when a connection ends, with why."""
+
+    def __init__(self, on_body: Callable[[Conn, memoryview, bool], None],
+                 on_end: Callable[[Conn, BaseException], None],
+                 spin: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._on_body, self._on_end, self._clock = on_body, on_end, clock
+        self.spin = spin  # s a wait polls before it sleeps (:meth:`_spun`)
+        self._skip = 0
+        self.spins_missed = 0
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._lock = threading.Lock()  # held by the thread reading
+        self._cv = threading.Condition()  # guards the fields below
+        self._new: list[Conn] = []
+        self._app = False  # the application thread reads
+        self._app_in = False  # ... and is in a wait now
+        self._app_left = 0.0
+        self._closed = False
+        self._conns: dict[int, Conn] = {}  # the reading thread's alone
+        self._ready: set[Conn] = set()  # may hold whole frames the socket does not show
+        self._next_sweep = 0.0
+        self.frames_app = 0  # frames read on the application's thread
+        self.frames_background = 0
+        self._thread = threading.Thread(target=self._background, name="raps-read",
+                                        daemon=True)
+        self._thread.start()
+
+    def add(self, conn: Conn) -> None:
+        """Read ``conn`` from now on (its handshake is done; bytes its reader buffered
+        count)."""
+        with self._cv:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                self._new.append(conn)
+        if closed:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+            return
+        self._wake()
+
+    def wait(self, timeout: float) -> None:
+        """Read on this (the application's) thread until a frame came or ``timeout``
+        passed; may return early (a new connection). Call it holding none of the rank's
+        locks: the frames' handler takes them."""
+        with self._cv:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                claim = not self._app
+                self._app = self._app_in = True
+        if closed:
+            time.sleep(timeout)  # nothing will come: the caller's deadline decides
+            return
+        try:
+            if claim:
+                self._wake()  # the background thread leaves its poll and the lock
+            if self._lock.acquire(timeout=timeout):
+                try:
+                    if not self._spun():
+                        self._pass(timeout, app=True)
+                finally:
+                    self._lock.release()
+        finally:
+            with self._cv:
+                self._app_in = False
+                self._app_left = self._clock()
+
+    def _spun(self) -> bool:
+        """Poll without sleeping for up to ``spin`` s: True if a frame came. Waking a
+        sleeping thread costs tens of microseconds, more than a short message's round
+        trip; but a wait whose spin found nothing means messages take longer here (or
+        ranks share cores), so the next waits sleep at once."""
+        if self.spin <= 0:
+            return False
+        if self._skip:
+            self._skip -= 1
+            return False
+        end = self._clock() + self.spin
+        while self._clock() < end:
+            if self._pass(0.0, app=True):
+                return True
+        self._skip = MISSED_SKIP
+        self.spins_missed += 1
+        return False
+
+    def poll(self) -> None:
+        """Take in what has come, without waiting, when this (the application's) thread
+        reads; else the background thread does it anyway."""
+        with self._cv:
+            if not self._app or self._closed:
+                return
+        if self._lock.acquire(blocking=False):
+            try:
+                self._pass(0.0, app=True)
+            finally:
+                self._lock.release()
+
+    def release(self) -> None:
+        """Reading goes to the background thread now (before a send that may wait for
+        the peer: the peer may be sending to us just as well)."""
+        with self._cv:
+            if self._app:
+                self._app = False
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        """Stop reading and close every connection (no ``on_end``: the rank is going)."""
+        with self._cv:
+            self._closed = True
+            new, self._new = self._new, []
+            self._cv.notify_all()
+        self._wake()
+        if self._thread is not threading.current_thread():
+            self._thread.join(2.0)
+        for c in [*list(self._conns.values()), *new]:
+            with contextlib.suppress(OSError):
+                c.sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                c.sock.close()
+        # The poller and the wake-up pair go once no pass can be using them.
+        if self._lock.acquire(timeout=2.0):
+            try:
+                self._sel.close()
+                self._wake_r.close()
+                self._wake_w.close()
+            finally:
+                self._lock.release()
+
+    # --- internals -------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+            self._wake_w.send(b"w")
+
+    def _background(self) -> None:
+        while True:
+            with self._cv:
+                while self._app and not self._closed:
+                    idle = self._clock() - self._app_left
+                    if not self._app_in and idle >= HANDOFF:
+                        self._app = False  # out of its waits: reading must not wait for it
+                        break
+                    self._cv.wait(HANDOFF if self._app_in else HANDOFF - idle)
+                if self._closed:
+                    return
+            with self._lock:
+                with self._cv:
+                    if self._app:
+                        continue
+                self._pass(IDLE_POLL, app=False)
+
+    def _pass(self, timeout: float, *, app: bool) -> int:
+        """One round of reading (the lock held): new connections, then a poll of up to
+        ``timeout`` s, then every connection that can have a whole frame."""
+        with self._cv:
+            new, self._new = self._new, []
+            closed = self._closed
+        for c in new:
+            if closed:
+                with contextlib.suppress(OSError):
+                    c.sock.close()
+                continue
+            self._conns[c.cid] = c
+            self._sel.register(c.sock, selectors.EVENT_READ, c)
+            self._ready.add(c)  # the handshake may have buffered its first frames
+        if closed:
+            return 0
+        todo, self._ready = self._ready, set()
+        for key, _ in self._sel.select(0.0 if todo else timeout):
+            if key.data is None:
+                with contextlib.suppress(OSError):
+                    while self._wake_r.recv(4096):
+                        pass
+            else:
+                todo.add(key.data)
+        n = 0
+        for c in todo:
+            n += self._drain(c, app)
+        now = self._clock()
+        if now >= self._next_sweep:
+            self._next_sweep = now + IDLE_POLL
+            for c in [c for c in self._conns.values() if c.reader.overdue(now)]:
+                self._drain(c, app)  # raises its timeout
+        return n
+
+    def _drain(self, c: Conn, app: bool) -> int:
+        n = 0
+        try:
+            while n < BURST:
+                body = c.reader.poll()
+                if body is None:
+                    return n
+                n += 1
+                if app:
+                    self.frames_app += 1
+                else:
+                    self.frames_background += 1
+                self._on_body(c, body, c.reader.owned)
+            self._ready.add(c)  # more may be buffered: the next pass goes on
+        except Exception as exc:  # whatever it was, this connection ends
+            self._end(c, exc)
+        return n
+
+    def _end(self, c: Conn, exc: BaseException) -> None:
+        if self._conns.pop(c.cid, None) is not None:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._sel.unregister(c.sock)
+        self._ready.discard(c)
+        with contextlib.suppress(OSError):
+            c.sock.close()
+        self._on_end(c, exc)

@@ -1,0 +1,146 @@
+"""The pump: the waiting application thread reads, else the background thread; a stalled
+connection delays no other; a frame handler's error ends only its connection."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from raps_slurm.framing import HEADER, FrameReader, send_parts
+from raps_slurm.runtime import pump as pump_mod
+from raps_slurm.runtime.pump import HANDOFF, Conn, Pump
+
+
+class Sink:
+    """What the pump delivered, by connection, with the thread that read it."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[int, bytes, str]] = []
+        self.ended: list[tuple[int, str]] = []
+        self.cv = threading.Condition()
+
+    def body(self, c: Conn, body: memoryview, owned: bool) -> None:
+        if bytes(body) == b"poison":
+            raise ValueError("a frame its handler refuses")
+        with self.cv:
+            self.got.append((c.cid, bytes(body), threading.current_thread().name))
+            self.cv.notify_all()
+
+    def end(self, c: Conn, exc: BaseException) -> None:
+        with self.cv:
+            self.ended.append((c.cid, type(exc).__name__))
+            self.cv.notify_all()
+
+    def until(self, what: str, pred: object, timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while not pred():  # type: ignore[operator]
+                left = deadline - time.monotonic()
+                assert left > 0, f"{what}: got {self.got}, ended {self.ended}"
+                self.cv.wait(left)
+
+
+@pytest.fixture
+def rig() -> Iterator[tuple[Pump, Sink, list[socket.socket]]]:
+    sink = Sink()
+    pump = Pump(sink.body, sink.end)
+    writers: list[socket.socket] = []
+    for cid in (1, 2):
+        a, b = socket.socketpair()
+        reader = FrameReader(b, frame_timeout=30.0)
+        reader.nonblocking()
+        pump.add(Conn(cid, b, reader, src=cid))
+        writers.append(a)
+    try:
+        yield pump, sink, writers
+    finally:
+        pump.close()
+        for w in writers:
+            w.close()
+
+
+def test_the_waiting_thread_reads_and_the_background_takes_over(
+        rig: tuple[Pump, Sink, list[socket.socket]]) -> None:
+    pump, sink, (w1, _) = rig
+    # Sent while this thread waits (before, the background thread may read it first).
+    threading.Timer(0.1, lambda: send_parts(w1, [b"a"])).start()
+    deadline = time.monotonic() + 5
+    while not sink.got and time.monotonic() < deadline:
+        pump.wait(0.5)
+    assert sink.got == [(1, b"a", threading.current_thread().name)]
+    assert pump.frames_app == 1
+    # Out of its waits for longer than HANDOFF: the background thread reads.
+    time.sleep(HANDOFF * 3)
+    send_parts(w1, [b"b"])
+    sink.until("b read by the background thread", lambda: len(sink.got) == 2)
+    assert sink.got[1][:2] == (1, b"b") and sink.got[1][2] == "raps-read"
+    assert pump.frames_background == 1
+
+
+def test_release_hands_reading_back_at_once(rig: tuple[Pump, Sink, list[socket.socket]],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without release() the background thread would wait for this long:
+    monkeypatch.setattr(pump_mod, "HANDOFF", 30.0)
+    pump, sink, (w1, _) = rig
+    threading.Timer(0.1, lambda: send_parts(w1, [b"a"])).start()
+    deadline = time.monotonic() + 5
+    while not sink.got and time.monotonic() < deadline:
+        pump.wait(0.5)
+    assert sink.got[0][2] == threading.current_thread().name
+    pump.release()
+    send_parts(w1, [b"b"])
+    t0 = time.monotonic()
+    sink.until("b after release", lambda: len(sink.got) == 2)
+    assert sink.got[1][2] == "raps-read"
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_stalled_frame_delays_no_other_connection(
+        rig: tuple[Pump, Sink, list[socket.socket]]) -> None:
+    _, sink, (w1, w2) = rig
+    w1.sendall(HEADER.pack(1000) + b"x" * 10)  # a frame that stops half way
+    for i in range(20):
+        send_parts(w2, [f"m{i}".encode()])
+    sink.until("connection 2's frames", lambda: len(sink.got) == 20, timeout=2.0)
+    assert [g[1] for g in sink.got] == [f"m{i}".encode() for i in range(20)]
+    w1.sendall(b"y" * 990)
+    sink.until("connection 1's frame once whole", lambda: len(sink.got) == 21)
+    assert sink.got[-1][:2] == (1, b"x" * 10 + b"y" * 990)
+
+
+def test_a_handler_error_ends_that_connection_only(
+        rig: tuple[Pump, Sink, list[socket.socket]]) -> None:
+    _, sink, (w1, w2) = rig
+    send_parts(w1, [b"poison"])
+    sink.until("connection 1 ended", lambda: sink.ended == [(1, "ValueError")])
+    send_parts(w2, [b"still"])
+    sink.until("connection 2 read", lambda: (2, b"still") in [g[:2] for g in sink.got])
+    w2.close()
+    sink.until("connection 2 ended", lambda: (2, "FrameError") in sink.ended)
+
+
+def test_a_closed_pump_returns_from_waits(rig: tuple[Pump, Sink, list[socket.socket]]) -> None:
+    pump, _, _ = rig
+    pump.close()
+    t0 = time.monotonic()
+    pump.wait(0.05)
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_spinning_stops_after_a_spin_that_found_nothing() -> None:
+    sink = Sink()
+    pump = Pump(sink.body, sink.end, spin=0.002)
+    try:
+        pump.wait(0.01)  # nothing comes: the spin misses, then it sleeps
+        assert pump.spins_missed == 1
+        for _ in range(8):  # the next waits do not spin
+            pump.wait(0.001)
+        assert pump.spins_missed == 1
+        pump.wait(0.01)  # then it tries again
+        assert pump.spins_missed == 2
+    finally:
+        pump.close()
