@@ -14,7 +14,8 @@ last messages spill to disk, as a real program's do between checkpoints.
 Each round also runs the same ping-pong over plain TCP between two processes of this
 interpreter (:mod:`raps_slurm.bench.tcp_floor`): Python's own floor, reported as
 ``*_python_tcp_*`` with its ratio to Open MPI; ``lat_8B_thread_python_tcp_us`` is the
-same latency when a reader thread hands each message over, as RAPS's runtime does.
+same latency when a reader thread hands each message over (what RAPS's runtime avoids
+by reading on the waiting thread: runtime/pump.py).
 """
 
 from __future__ import annotations

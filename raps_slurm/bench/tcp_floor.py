@@ -7,8 +7,9 @@ Python itself costs against Open MPI is the gap between this one and Open MPI's 
 ranks poll rather than sleep in the kernel).
 
 With ``handoff`` each side reads on a thread of its own that hands every message to the
-main thread through a condition variable, as the RAPS runtime's reader threads do: the
-gap between the two latencies is what that hand-off alone costs.
+main thread through a condition variable, as the RAPS runtime's reader threads did
+until the waiting thread read its own connections: the gap between the two latencies is
+what that hand-off alone costs.
 """
 
 from __future__ import annotations

@@ -28,13 +28,12 @@ import logging
 import multiprocessing
 import os
 import pickle
-import select
 import signal
 import socket
 import struct
 import threading
 import time
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -157,7 +156,9 @@ class ReceiverPool:
         while not self._stopping:
             conns: list[Any] = [c for c in self._conns if c is not None]
             try:
-                ready, _, _ = select.select([*conns, self._wake_r], [], [], 1.0)
+                # poll(2), not select(2): a descriptor above 1023 (a busy leader
+                # restarting a receiver) is a ValueError for select, and this loop spun.
+                ready = wait([*conns, self._wake_r], 1.0)
             except (OSError, ValueError):
                 continue  # a pipe closed meanwhile: look again
             if self._wake_r in ready:

@@ -176,6 +176,7 @@ class Launcher:
         env = {"RAPS_JOB": self.job, "RAPS_RANK": str(rank), "RAPS_SIZE": str(self.size),
                "RAPS_EPOCH": str(epoch), "RAPS_AGENT_SOCKET": self.socket_template,
                "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(slot),
+               "RAPS_LOCAL_SIZE": str(slots),
                "SLURM_NTASKS": str(self.size), **self.rank_env}
         self.procs[(rank, epoch)] = self.ctl.start(node, rank, epoch, self.program, env, slot,
                                                    slots)

@@ -51,7 +51,8 @@ def __getattr__(name: str) -> Any:
 
 def settings_from(env: Mapping[str, str]) -> Settings:
     """Runtime settings: the config file if readable (it holds no secret), then the job's
-    ``RAPS_CKPT_INTERVAL`` (``--raps-ckpt-interval``)."""
+    ``RAPS_CKPT_INTERVAL`` (``--raps-ckpt-interval``); no spinning when
+    ``RAPS_LOCAL_SIZE`` (the ranks on this node) exceeds the node's cores."""
     from raps_slurm import config as cfgmod
     from raps_slurm.errors import RapsError
     from raps_slurm.runtime.context import Settings
@@ -66,12 +67,16 @@ def settings_from(env: Mapping[str, str]) -> Settings:
     if text.isdigit() and int(text) > 0:
         interval = float(text)
     host = m.listen_address or env.get("RAPS_LISTEN_ADDRESS", "") or _node_address()
+    spin = m.spin_us
+    local = env.get("RAPS_LOCAL_SIZE", "")
+    if local.isdigit() and int(local) > (os.cpu_count() or 1):
+        spin = 0  # more ranks than cores here: a spinning rank takes the sender's CPU
     return Settings(flush_ms=m.batch_flush_ms, large_threshold=c.large_message_threshold_kb * 1024,
                     buffer_bytes=m.buffer_size_mb << 20,
                     high_watermark=m.buffer_high_watermark_mb << 20,
                     checkpoint_interval=interval, max_generations=c.max_generations,
                     recv_timeout=m.recv_timeout_sec, host=host,
-                    stats_interval=m.stats_interval_sec, spin_us=m.spin_us)
+                    stats_interval=m.stats_interval_sec, spin_us=spin)
 
 
 def _node_address() -> str:

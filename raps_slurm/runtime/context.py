@@ -220,12 +220,13 @@ class Context(PeerLinks):
         """Send a message to rank ``dst`` (logged first; never waits for ``dst``)."""
         if not 0 <= dst < self.size or dst == self.rank:
             raise ValueError(f"destination {dst}: expected another rank in 0..{self.size - 1}")
-        if memoryview(payload).nbytes > self.s.max_message:
-            raise ValueError(f"message of {memoryview(payload).nbytes} bytes: at most "
+        nbytes = memoryview(payload).nbytes
+        if nbytes > self.s.max_message:
+            raise ValueError(f"message of {nbytes} bytes: at most "
                              f"{self.s.max_message} (Settings.max_message)")
         self._start()
         self._raise_error()
-        if memoryview(payload).nbytes > RELEASE_AT:
+        if nbytes > RELEASE_AT:
             # It may wait for dst to read, and dst may be sending to us just as well.
             self.listener.pump.release()
         if self._records_pending:
@@ -242,13 +243,15 @@ class Context(PeerLinks):
             return
         with self._mu:
             spill = self.log.over_watermark()
-            early = not spill and self.log.spill_due()
+            if not spill:  # the usual case: one hold of the lock
+                early = self.log.spill_due()
+                e = self.log.append(dst, payload, self.epoch)
         if spill:
             self._spill()  # the background spill fell behind: this send waits for it
+            with self._mu:
+                e = self.log.append(dst, payload, self.epoch)
         elif early:
             self._wake.set()
-        with self._mu:
-            e = self.log.append(dst, payload, self.epoch)
         self._send_entry(e)
 
     def record(self, data: bytes) -> None:

@@ -88,6 +88,8 @@ class PeerLinks:
     # --- connections -----------------------------------------------------------------
 
     def _start(self) -> None:
+        if self._started:  # every send and receive comes here: no lock once started
+            return
         with self._mu:
             if self._started:
                 return
@@ -366,7 +368,7 @@ class PeerLinks:
                     log.warning("rank %d: log flush failed: %s", self.rank, exc)
 
     def _flush(self) -> None:
-        # The disk write happens outside _mu (sends and the reader threads go on); the
+        # The disk write happens outside _mu (sends and the readers go on); the
         # flush lock keeps batches in order. Entries count as persisted once durable.
         with self._flush_lock:
             with self._mu:

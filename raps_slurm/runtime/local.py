@@ -68,7 +68,8 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
 
     def start(rank: int) -> subprocess.Popen[bytes]:
         env = {**base, "RAPS_LOCAL_DIR": root, "RAPS_RANK": str(rank),
-               "RAPS_SIZE": str(n), "RAPS_EPOCH": str(epochs[rank])}
+               "RAPS_SIZE": str(n), "RAPS_EPOCH": str(epochs[rank]),
+               "RAPS_LOCAL_SIZE": str(n)}
         return subprocess.Popen(prog, env=env)
 
     procs = {r: start(r) for r in range(n)}

@@ -206,9 +206,11 @@ class Pump:
     def _pass(self, timeout: float, *, app: bool) -> int:
         """One round of reading (the lock held): new connections, then a poll of up to
         ``timeout`` s, then every connection that can have a whole frame."""
-        with self._cv:
-            new, self._new = self._new, []
-            closed = self._closed
+        new: list[Conn] = []
+        if self._new or self._closed:  # a glance first: a pass per message, seldom news
+            with self._cv:
+                new, self._new = self._new, []
+        closed = self._closed
         for c in new:
             if closed:
                 with contextlib.suppress(OSError):
@@ -241,6 +243,8 @@ class Pump:
         n = 0
         try:
             while n < BURST:
+                if n and not c.reader.pending():
+                    return n  # nothing buffered: the poller says when the socket has more
                 body = c.reader.poll()
                 if body is None:
                     return n

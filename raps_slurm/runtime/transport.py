@@ -1,4 +1,4 @@
-"""TCP between ranks: an authenticated handshake, MAC'd frames, the reader threads.
+"""TCP between ranks: an authenticated handshake, MAC'd frames, handed to the pump.
 
 Each rank listens on one TCP port and publishes ``host:port`` and its epoch (through its
 agent, or a directory in local mode). A rank sends over one outgoing connection per

@@ -6,6 +6,7 @@ so the next test finds the six nodes idle.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from raps_slurm.config import load_file
+from raps_slurm.errors import SlurmCommandError
 from raps_slurm.model import Topology
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
@@ -200,9 +202,23 @@ def test_requeue_keeps_checkpoint_dirs_and_reregisters(
     jobs.run.run(["scontrol", "requeue", str(job)])
     wait_until(f"job {job} pending again", lambda: jobs.state(job), lambda s: s == "PENDING",
                timeout=30)
-    # Slurm delays a requeued job (BeginTime); start it now.
-    jobs.run.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
-    second = mapped(rapsctl, job, timeout=60, restart_count=1)
+    # Slurm delays a requeued job (BeginTime); start it now. It may set that delay only
+    # once the first run's epilog is over, after the job shows PENDING (seen under load:
+    # not started within 60 s), so the start is asked again while it waits.
+    second = None
+    deadline = time.monotonic() + 120
+    while second is None:
+        if jobs.state(job) == "PENDING":
+            with contextlib.suppress(SlurmCommandError):  # it may have just started
+                jobs.run.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+        try:
+            second = mapped(rapsctl, job, timeout=5, restart_count=1)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                show = jobs.run.run(["scontrol", "show", "job", str(job)])
+                raise AssertionError(f"run 1 of job {job} not mapped in 120 s:\n{show}") \
+                    from None
+
     assert marker.read_text() == "checkpoint data"
     assert [r["epoch"] for r in second["ranks"]] == [2] * len(second["ranks"])
     again = s.get(keys.job_secret(job))  # a new run, a new key

@@ -3,10 +3,12 @@ connection delays no other; a frame handler's error ends only its connection."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +146,15 @@ def test_spinning_stops_after_a_spin_that_found_nothing() -> None:
         assert pump.spins_missed == 2
     finally:
         pump.close()
+
+
+def test_ranks_spin_only_where_each_can_have_a_core(tmp_path: Path) -> None:
+    from raps_slurm.runtime import settings_from
+
+    cfg = tmp_path / "raps.yaml"
+    cfg.write_text("messagelog:\n  spin_us: 150\n")
+    cores = os.cpu_count() or 1
+    env = {"RAPS_CONFIG": str(cfg), "RAPS_LISTEN_ADDRESS": "127.0.0.1"}
+    assert settings_from(env).spin_us == 150  # no count given: the config's
+    assert settings_from({**env, "RAPS_LOCAL_SIZE": str(cores)}).spin_us == 150
+    assert settings_from({**env, "RAPS_LOCAL_SIZE": str(cores + 1)}).spin_us == 0

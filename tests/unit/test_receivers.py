@@ -170,3 +170,34 @@ def test_a_forget_reaches_every_receiver(pool: ReceiverPool,
                  pool.server.address)
         got = _drain_until(pool, 1)
         assert [(r.incarnation, r.counter) for r in got] == [(small, i + 2)]
+
+
+def test_receiver_pipes_above_descriptor_1023_are_read_without_spinning(
+        senders: list[socket.socket]) -> None:
+    """A busy leader's new pipes may get descriptors above select()'s limit of 1023: the
+    reading thread must still wait on them, not fail and retry at once."""
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    server = HeartbeatServer(("127.0.0.1", 0), KEY, max_skew=5.0, leader_revision=lambda: 7,
+                             reuse_port=True)
+    server.start()
+    p = ReceiverPool(server, 2, KEY, None, 5.0)
+    try:
+        p.start()
+        p.publish(7, time.monotonic() + 60)
+        assert max(c.fileno() for c in p._conns if c is not None) > 1023
+        cpu0, t0 = time.process_time(), time.monotonic()
+        time.sleep(1.0)  # idle: the reading thread waits in poll(2)
+        used = time.process_time() - cpu0
+        assert used < 0.5 * (time.monotonic() - t0), f"{used:.2f}s of CPU while idle"
+        now = time.time()
+        for i, s in enumerate(senders):
+            s.sendto(encode(Heartbeat(f"n{i}", 1, 1, now), nk(f"n{i}")), server.address)
+        deadline = time.monotonic() + 10
+        while p.forwarded == 0:  # the reading thread, not collect(), brought them in
+            assert time.monotonic() < deadline, "nothing forwarded"
+            time.sleep(0.02)
+    finally:
+        p.stop()
+        server.stop()
+        for fd in filler:
+            os.close(fd)
