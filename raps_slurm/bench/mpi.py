@@ -143,6 +143,16 @@ def floor_figures(runs: list[dict[str, float]], openmpi: list[dict[str, float]]
     return out
 
 
+def spins() -> dict[str, int]:
+    """How long RAPS's ranks poll before they sleep in each program (the config's
+    ``messagelog.spin_us``, 0 where the ranks outnumber the cores)."""
+    from raps_slurm.runtime import settings_from
+
+    return {f"spin_us_{name}": settings_from({**os.environ, "RAPS_LOCAL_SIZE": str(n),
+                                              "RAPS_LISTEN_ADDRESS": "127.0.0.1"}).spin_us
+            for name, n in (("pingpong", 2), ("allreduce", ALLREDUCE_RANKS))}
+
+
 def run_mpi(iterations: int, repeats: int, warmup: int,
             say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """The benchmark; its JSON object."""
@@ -163,6 +173,7 @@ def run_mpi(iterations: int, repeats: int, warmup: int,
             "repeats": repeats,
             "allreduce_ranks": ALLREDUCE_RANKS, **assemble(runs["raps"], runs["openmpi"]),
             **floor_figures(runs["tcp"], runs["openmpi"]),
+            **spins(),
             "openmpi": version, "python": sys.version.split()[0], "cpus": os.cpu_count(),
             "loadavg": [round(x, 2) for x in load],
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],

@@ -73,6 +73,8 @@ def test_a_tiny_run_measures_both() -> None:
         assert out[key] > 0, (key, out)
     assert set(out["goals_met"]) == {"lat_8B", "bw_1MiB", "bw_8MiB", "allreduce_8MiB"}
     assert out["openmpi"].startswith("mpirun") and len(out["loadavg"]) == 3
+    if (os.cpu_count() or 1) < mpi.ALLREDUCE_RANKS:  # more ranks than cores: no spinning
+        assert out["spin_us_allreduce"] == 0, out
 
 
 def test_without_mpirun_one_line_and_exit_1() -> None:
