@@ -243,9 +243,11 @@ class PeerLinks:
         """Wait (``_mu`` held, as in ``with self._arrived``) until a frame came, reading
         the connections on this thread (runtime/pump.py), at most ``left`` s (0.5 at a
         time, so that the caller's checks run)."""
+        pump = self.listener.pump
+        since = pump.events  # read holding _mu: what was handled so far, the caller saw
         self._mu.release()
         try:
-            self.listener.pump.wait(min(left, 0.5))
+            pump.wait(min(left, 0.5), since)
         finally:
             self._mu.acquire()
 

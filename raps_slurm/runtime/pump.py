@@ -72,6 +72,9 @@ class Pump:
         self._next_sweep = 0.0
         self.frames_app = 0  # frames read on the application's thread
         self.frames_background = 0
+        # Frames handled and connections ended, counted once their handler returned: a
+        # waiter that saw nothing new at count n must not sleep once it moved past n.
+        self.events = 0
         self._thread = threading.Thread(target=self._background, name="raps-read",
                                         daemon=True)
         self._thread.start()
@@ -91,10 +94,13 @@ class Pump:
             return
         self._wake()
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float, since: int | None = None) -> None:
         """Read on this (the application's) thread until a frame came or ``timeout``
         passed; may return early (a new connection). Call it holding none of the rank's
-        locks: the frames' handler takes them."""
+        locks: the frames' handler takes them. ``since``: the :attr:`events` count when
+        the caller last looked at what the handlers deliver; if the background thread
+        handled anything after that, it returns at once (without it, a frame handled
+        between the caller's look and this call would wait for the next one)."""
         with self._cv:
             if self._closed:
                 closed = True
@@ -110,6 +116,8 @@ class Pump:
                 self._wake()  # the background thread leaves its poll and the lock
             if self._lock.acquire(timeout=timeout):
                 try:
+                    if since is not None and self.events != since:
+                        return
                     if not self._spun():
                         self._pass(timeout, app=True)
                 finally:
@@ -254,6 +262,7 @@ class Pump:
                 else:
                     self.frames_background += 1
                 self._on_body(c, body, c.reader.owned)
+                self.events += 1
             self._ready.add(c)  # more may be buffered: the next pass goes on
         except Exception as exc:  # whatever it was, this connection ends
             self._end(c, exc)
@@ -267,3 +276,4 @@ class Pump:
         with contextlib.suppress(OSError):
             c.sock.close()
         self._on_end(c, exc)
+        self.events += 1

@@ -158,3 +158,35 @@ def test_ranks_spin_only_where_each_can_have_a_core(tmp_path: Path) -> None:
     assert settings_from(env).spin_us == 150  # no count given: the config's
     assert settings_from({**env, "RAPS_LOCAL_SIZE": str(cores)}).spin_us == 150
     assert settings_from({**env, "RAPS_LOCAL_SIZE": str(cores + 1)}).spin_us == 0
+
+
+def test_a_frame_handled_before_the_wait_ends_it_at_once(
+        rig: tuple[Pump, Sink, list[socket.socket]]) -> None:
+    # The caller looked (nothing there) at events count `since`; the background thread
+    # then handled a frame before the caller got into wait(): without `since` the wait
+    # would sleep until the next frame or its timeout (seen: 100 ms stalls, until the
+    # next tick's control frame, in a 1 MiB ping-pong).
+    pump, sink, (w1, _) = rig
+    pump.release()
+    since = pump.events
+    send_parts(w1, [b"a"])
+    sink.until("a read by the background thread", lambda: len(sink.got) == 1)
+    deadline = time.monotonic() + 5
+    while pump.events == since:  # counted once its handler returned
+        assert time.monotonic() < deadline, "the frame handled was never counted"
+        time.sleep(0.001)
+    t0 = time.monotonic()
+    pump.wait(3.0, since)
+    assert time.monotonic() - t0 < 1.0
+    # With nothing new since the look, the wait does wait.
+    t0 = time.monotonic()
+    pump.wait(0.3, pump.events)
+    assert time.monotonic() - t0 >= 0.25
+    # A connection that ends counts too.
+    since = pump.events
+    pump.release()
+    w1.close()
+    sink.until("the end of connection 1", lambda: len(sink.ended) == 1)
+    while pump.events == since:
+        assert time.monotonic() < deadline, "the end was never counted"
+        time.sleep(0.001)
