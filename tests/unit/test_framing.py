@@ -12,6 +12,8 @@ import pytest
 
 from raps_slurm.framing import (
     HEADER,
+    STREAM_AT,
+    STREAM_PIECE,
     TAG_SIZE,
     FrameError,
     FrameMac,
@@ -273,3 +275,80 @@ def test_macs_are_checked_in_order(pair: tuple[socket.socket, socket.socket]) ->
     with pytest.raises(FrameError) as e:
         r.poll()
     assert e.value.kind == "mac"
+
+
+def _streamed(a: socket.socket, r: FrameReader, body: bytes, tx: FrameMac) -> bytes:
+    """``body`` sent as one MAC'd frame by a thread (it outgrows the socket's buffer)
+    while ``r`` polls it piece by piece; what poll returned."""
+    t = threading.Thread(target=send_parts, args=(a, [body[:1000], body[1000:]]),
+                         kwargs={"mac": tx, "max_size": 8 << 20})
+    t.start()
+    deadline = time.monotonic() + 10
+    got = None
+    polls = 0
+    while got is None:
+        assert time.monotonic() < deadline, "the streamed frame never came whole"
+        got = r.poll()
+        polls += 1
+    t.join()
+    assert polls > 1  # it did come in pieces: the MAC was fed as they came
+    return bytes(got)
+
+
+def test_a_large_frame_is_macd_as_it_goes_and_checked_as_it_comes(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r = _reader(b, max_size=8 << 20)
+    r.mac = FrameMac(KEY, "blake3", b"c")
+    tx = FrameMac(KEY, "blake3", b"c")
+    body = bytes(range(256)) * (3 * STREAM_AT // 256 + 7)  # several STREAM_PIECEs
+    assert len(body) > STREAM_AT + STREAM_PIECE
+    assert _streamed(a, r, body, tx) == body and r.owned
+    # the sequence moved on both sides: the next (small) frame checks too
+    send_parts(a, [b"after"], mac=tx)
+    assert bytes(r.poll() or b"") == b"after"
+    assert tx.seq == r.mac.seq == 2
+    # and the blocking reader checks a streamed frame the same way
+    c, d = socket.socketpair()
+    try:
+        blocking = FrameReader(d, max_size=8 << 20, mac=FrameMac(KEY, "blake3", b"c"))
+        t = threading.Thread(target=send_parts, args=(c, [body]),
+                             kwargs={"mac": FrameMac(KEY, "blake3", b"c"), "max_size": 8 << 20})
+        t.start()
+        assert bytes(blocking.read()) == body
+        t.join()
+    finally:
+        c.close()
+        d.close()
+
+
+def test_a_large_frame_changed_on_the_way_fails_its_mac(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    r = _reader(b, max_size=8 << 20)
+    r.mac = FrameMac(KEY, "blake3", b"c")
+    body = b"m" * (2 * STREAM_AT)
+    # The true frame, with one byte in its middle piece changed by someone on the path.
+    wire = bytearray(HEADER.pack(len(body) + TAG_SIZE) + body
+                     + FrameMac(KEY, "blake3", b"c").tag_parts([body]))
+    wire[HEADER.size + STREAM_AT + 12345] ^= 1
+    t = threading.Thread(target=a.sendall, args=(bytes(wire),))
+    t.start()
+    deadline = time.monotonic() + 10
+    with pytest.raises(FrameError) as e:
+        while r.poll() is None:
+            assert time.monotonic() < deadline
+    t.join()
+    assert e.value.kind == "mac" and r.mac.seq == 0
+    # A frame too short for its MAC is refused as soon as its length is known.
+    c, d = socket.socketpair()
+    try:
+        short = _reader(d, buffer_size=16)
+        short.mac = FrameMac(KEY, "blake3", b"c")
+        c.sendall(HEADER.pack(20) + b"s" * 20)
+        with pytest.raises(FrameError) as e:
+            short.poll()
+        assert e.value.kind == "mac"
+    finally:
+        c.close()
+        d.close()
