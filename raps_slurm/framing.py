@@ -348,13 +348,18 @@ class FrameReader:
         """At least ``n`` (<= the buffer) bytes buffered."""
         if self._end - self._start >= n:
             return
-        if self._start + n > len(self._buf):  # move what is left to the front
-            left = self._end - self._start
-            self._buf[:left] = self._buf[self._start:self._end]
-            self._start, self._end = 0, left
+        self._room(n)
         while self._end - self._start < n:
             self._end += self._recv(self._view[self._end:], deadline, what,
                                     self._end - self._start, n)
+
+    def _room(self, n: int) -> None:
+        """Room in the buffer for ``n`` bytes from the first one not yet taken: what is
+        left moves to the front if need be."""
+        if self._start + n > len(self._buf):
+            left = self._end - self._start
+            self._buf[:left] = self._buf[self._start:self._end]
+            self._start, self._end = 0, left
 
     def nonblocking(self) -> None:
         """Put the socket in non-blocking mode, for :meth:`poll`."""
@@ -461,10 +466,7 @@ class FrameReader:
         holds; False if it holds too few now."""
         if self._end - self._start >= want:
             return True
-        if self._start + want > len(self._buf):  # move what is left to the front
-            left = self._end - self._start
-            self._buf[:left] = self._buf[self._start:self._end]
-            self._start, self._end = 0, left
+        self._room(want)
         while self._end - self._start < want:
             k = self._take(self._view[self._end:])
             if not k:

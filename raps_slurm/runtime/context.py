@@ -102,7 +102,6 @@ class Context(PeerLinks):
                              high_watermark=self.s.high_watermark)
         self.inbox = Inbox()
         self._mu = threading.Lock()
-        self._arrived = threading.Condition(self._mu)
         self._out: dict[int, Outgoing] = {}
         self._out_lock = threading.Lock()
         self._peer_epoch: dict[int, int] = {}
@@ -303,7 +302,7 @@ class Context(PeerLinks):
         wait = self.s.recv_timeout if timeout is None else timeout
         deadline = self._clock() + wait
         waiting = False
-        with self._arrived:
+        with self._mu:
             while True:
                 if self._error is not None:
                     raise self._error
@@ -342,7 +341,7 @@ class Context(PeerLinks):
         wait = self.s.recv_timeout if timeout is None else timeout
         deadline = self._clock() + wait
         waiting = False
-        with self._arrived:
+        with self._mu:
             while True:
                 if self._error is not None:
                     raise self._error

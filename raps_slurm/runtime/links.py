@@ -59,7 +59,6 @@ class PeerLinks:
     drop_every: int
     _clock: Callable[[], float]
     _mu: threading.Lock
-    _arrived: threading.Condition
     _out: dict[int, Outgoing]
     _out_lock: threading.Lock
     _peer_epoch: dict[int, int]
@@ -240,7 +239,7 @@ class PeerLinks:
     # --- incoming --------------------------------------------------------------------
 
     def _await(self, left: float) -> None:
-        """Wait (``_mu`` held, as in ``with self._arrived``) until a frame came, reading
+        """Wait (``_mu`` held) until a frame came, reading
         the connections on this thread (runtime/pump.py), at most ``left`` s (0.5 at a
         time, so that the caller's checks run)."""
         pump = self.listener.pump
@@ -293,32 +292,33 @@ class PeerLinks:
                     return
             self._work.put(lambda: self._resend(f.src, f.seq, epoch=f.epoch))
             return
-        with self._mu:
-            if self._hello_cids.get(cid) != f.src:
-                return  # no HELLO on this connection: not a peer we know
         if f.kind == DATA:
-            with self._arrived:
+            # Whoever waits for it learns from the pump that a frame was handled.
+            with self._mu:
+                if self._hello_cids.get(cid) != f.src:
+                    return  # no HELLO on this connection: not a peer we know
                 try:
                     verdict, first, last = self.inbox.offer(f.src, f.seq, f.epoch, f.crc,
                                                             f.payload)
                 except NotDeterministic as exc:
                     self._error = exc
-                    self._arrived.notify_all()
-                    log.error("rank %d: %s", self.rank, exc)
-                    reason = str(exc)
-                    self._work.put(lambda: self.port.escalate(reason))
-                    return
-                if verdict == "ok":
-                    self._arrived.notify_all()
-            if verdict == "gap" and self._started:
+                    verdict = "error"
+            if verdict == "error":
+                log.error("rank %d: %s", self.rank, self._error)
+                reason = str(self._error)
+                self._work.put(lambda: self.port.escalate(reason))
+            elif verdict == "gap" and self._started:
                 self._work.put(lambda: self._control(f.src, RESEND, first, last))
-        elif f.kind == RESEND:  # length: last seq wanted, 0 = everything after
+            return
+        with self._mu:
+            if self._hello_cids.get(cid) != f.src:
+                return  # no HELLO on this connection: not a peer we know
+        if f.kind == RESEND:  # length: last seq wanted, 0 = everything after
             self._work.put(lambda: self._resend(f.src, f.seq - 1, f.length or None))
         elif f.kind == DELIVERED:
-            with self._arrived:
+            with self._mu:
                 if f.seq > self._acked.get(f.src, 0):
                     self._acked[f.src] = f.seq
-                    self._arrived.notify_all()
         elif f.kind == COVERED:
             with self._mu:
                 self.log.raise_floor(f.src, f.seq)

@@ -18,7 +18,7 @@ pair that is part of what it polls.
 from __future__ import annotations
 
 import contextlib
-import selectors
+import select
 import socket
 import threading
 import time
@@ -41,6 +41,7 @@ class Conn:
     sock: socket.socket
     reader: framing.FrameReader
     src: int
+    fd: int = -1  # while the pump polls it
 
 
 class Pump:
@@ -55,11 +56,14 @@ class Pump:
         self.spin = spin  # s a wait polls before it sleeps (:meth:`_spun`)
         self._skip = 0
         self.spins_missed = 0
-        self._sel = selectors.DefaultSelector()
+        # epoll itself, not the selectors module: a spinning wait polls it thousands of
+        # times a second, and the module's wrapping costs a microsecond a call.
+        self._ep = select.epoll()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._fds: dict[int, Conn | None] = {self._wake_r.fileno(): None}
+        self._ep.register(self._wake_r.fileno(), select.EPOLLIN)
         self._lock = threading.Lock()  # held by the thread reading
         self._cv = threading.Condition()  # guards the fields below
         self._new: list[Conn] = []
@@ -182,7 +186,7 @@ class Pump:
         # The poller and the wake-up pair go once no pass can be using them.
         if self._lock.acquire(timeout=2.0):
             try:
-                self._sel.close()
+                self._ep.close()
                 self._wake_r.close()
                 self._wake_w.close()
             finally:
@@ -225,18 +229,21 @@ class Pump:
                     c.sock.close()
                 continue
             self._conns[c.cid] = c
-            self._sel.register(c.sock, selectors.EVENT_READ, c)
+            c.fd = c.sock.fileno()
+            self._ep.register(c.fd, select.EPOLLIN)
+            self._fds[c.fd] = c
             self._ready.add(c)  # the handshake may have buffered its first frames
         if closed:
             return 0
         todo, self._ready = self._ready, set()
-        for key, _ in self._sel.select(0.0 if todo else timeout):
-            if key.data is None:
+        for fd, _ in self._ep.poll(0.0 if todo else timeout, len(self._fds)):
+            ready = self._fds.get(fd)
+            if ready is None:
                 with contextlib.suppress(OSError):
                     while self._wake_r.recv(4096):
                         pass
             else:
-                todo.add(key.data)
+                todo.add(ready)
         n = 0
         for c in todo:
             n += self._drain(c, app)
@@ -271,7 +278,8 @@ class Pump:
     def _end(self, c: Conn, exc: BaseException) -> None:
         if self._conns.pop(c.cid, None) is not None:
             with contextlib.suppress(KeyError, ValueError, OSError):
-                self._sel.unregister(c.sock)
+                self._ep.unregister(c.fd)
+            self._fds.pop(c.fd, None)
         self._ready.discard(c)
         with contextlib.suppress(OSError):
             c.sock.close()
