@@ -330,7 +330,18 @@ def test_sigusr1_checkpoints_every_rank_and_the_requeued_job_resumes(
         run.run(["scancel", "--batch", "--signal=USR1", job])
         wait_until(f"job {job} requeued", lambda: cluster.slurm().job(int(job)),
                    lambda j: j.restart_count == 1 and j.state == "PENDING", 60)
-        run.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+        # A requeued job may get its BeginTime delay only once its first run's epilog is
+        # over, after a single update (seen: 104 s to start): ask again while it waits.
+
+        def started() -> str:
+            state = job_state(cluster, job)
+            if state == "PENDING":
+                with contextlib.suppress(SlurmCommandError):  # it may have just started
+                    run.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+            return state
+
+        wait_until(f"job {job} run 1 to start", started, lambda st: st != "PENDING", 120,
+                   interval=1.0)
         text = finish(cluster, job, out, clean)
         assert "raps-run: SIGUSR1: every rank checkpoints now" in text
         stopped = [x for x in text.splitlines() if "checkpointed after SIGUSR1" in x]
