@@ -7,9 +7,9 @@ bytes, 1 MiB and 8 MiB between 2 ranks, and an 8 MiB float64 ``Allreduce`` on 4 
 Each of ``--repeats`` rounds launches both, one after the other (load that comes and
 goes touches both alike); a launch runs untimed warm-up iterations first, and every
 figure is the median of the rounds. Each launch starts with an empty message log and
-the default config; with no checkpoint to collect it, the 8 MiB ping-pong's log passes
-three quarters of the high watermark (``messagelog.buffer_high_watermark_mb``) and its
-last messages spill to disk, as a real program's do between checkpoints.
+the default config; with no checkpoint to collect it, the log keeps every message (90
+MiB a rank by the end of the ping-pong), below the three quarters of the high watermark
+(``messagelog.buffer_high_watermark_mb``) where it would start spilling to disk.
 
 Each round also runs the same ping-pong over plain TCP between two processes of this
 interpreter (:mod:`raps_slurm.bench.tcp_floor`): Python's own floor, reported as

@@ -302,10 +302,9 @@ class PeerLinks:
                                                             f.payload)
                 except NotDeterministic as exc:
                     self._error = exc
-                    verdict = "error"
+                    verdict, reason = "error", str(exc)  # this frame's: another may follow
             if verdict == "error":
-                log.error("rank %d: %s", self.rank, self._error)
-                reason = str(self._error)
+                log.error("rank %d: %s", self.rank, reason)
                 self._work.put(lambda: self.port.escalate(reason))
             elif verdict == "gap" and self._started:
                 self._work.put(lambda: self._control(f.src, RESEND, first, last))
