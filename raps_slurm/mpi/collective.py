@@ -190,7 +190,12 @@ class Intracomm(Comm):
         else:
             mine = copy_array(as_buffer(sendbuf, call).array)
         dtype = mine.dtype
-        got = self._reduce_tree(mine, op.apply, _view,
+
+        def combine(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+            op.apply_into(a, b, a)  # ``a`` is this call's own copy: no array per child
+            return a
+
+        got = self._reduce_tree(mine, combine, _view,
                                 lambda d: np.frombuffer(d, dtype=dtype), max(root, 0))
         return got, rb
 
@@ -207,6 +212,16 @@ class Intracomm(Comm):
         rb = as_buffer(recvbuf, "Allreduce")
         src = rb if sendbuf is IN_PLACE else as_buffer(sendbuf, "Allreduce")
         if n & (n - 1) == 0 and src.array.size >= n > 1:
+            out = rb.array.reshape(-1)[:src.array.size]
+            if out.size == src.array.size and src.array.dtype == out.dtype \
+                    and out.dtype.fields is None:
+                # Reduced in the receive buffer itself (MPI leaves it undefined until the
+                # call returns): no copy of the array and no result to copy back. Not a
+                # structured type: its padding bytes are sent, and copy_array fixes them.
+                if src is not rb:
+                    out[...] = src.array.reshape(-1)
+                self._halving_doubling(out, op, me, n)
+                return
             mine = copy_array(src.array).reshape(-1)
             _fill(rb, _view(self._halving_doubling(mine, op, me, n)), "Allreduce")
             return
@@ -235,7 +250,10 @@ class Intracomm(Comm):
                 raise Exception(f"Allreduce: rank {partner} sent {theirs.size} elements "
                                 f"where {khi - klo} were expected")
             ours = mine[klo:khi]
-            mine[klo:khi] = op.apply(ours, theirs) if me < partner else op.apply(theirs, ours)
+            if me < partner:
+                op.apply_into(ours, theirs, ours)
+            else:
+                op.apply_into(theirs, ours, ours)
             parts.append((lo, hi))
             lo, hi = klo, khi
             d >>= 1

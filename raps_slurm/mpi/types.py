@@ -225,6 +225,15 @@ class Op(metaclass=Namespace):
         """Element-wise ``a op b`` (a's dtype kept)."""
         return np.asarray(self.arr(a, b)).astype(a.dtype, copy=False)
 
+    def apply_into(self, a: np.ndarray[Any, Any], b: np.ndarray[Any, Any],
+                   out: np.ndarray[Any, Any]) -> None:
+        """:meth:`apply` written into ``out`` (which may be ``a`` or ``b``): a numpy
+        ufunc writes there directly, the same operations in the same order."""
+        if isinstance(self.arr, np.ufunc):
+            self.arr(a, b, out=out)
+        else:
+            out[...] = self.apply(a, b)
+
     def __repr__(self) -> str:
         return f"<MPI.{self.name}>"
 
