@@ -20,9 +20,12 @@ from raps_slurm.framing import HEADER, FrameError
 from raps_slurm.launcher.channel import connect
 from raps_slurm.launcher.control import LOST_EXIT, ControlServer, RankHandle
 
-RANK = ["-c", "import os, time\nprint('rank', os.environ['RAPS_RANK'], 'epoch', "
-        "os.environ['RAPS_EPOCH'], 'key' if 'RAPS_CONTROL_KEY' in os.environ else 'nokey', "
-        "flush=True)\ntime.sleep(600)"]
+# one write(2) per line: the ranks share the supervisor's output file, and with
+# PYTHONUNBUFFERED set print() writes each word on its own, so lines could interleave
+RANK = ["-c", "import os, time\nos.write(1, ('rank %s epoch %s %s\\n' % ("
+        "os.environ['RAPS_RANK'], os.environ['RAPS_EPOCH'], "
+        "'key' if 'RAPS_CONTROL_KEY' in os.environ else 'nokey')).encode())\n"
+        "time.sleep(600)"]
 
 
 def wait(what: str, ok: object, timeout: float = 20.0, seen: Path | None = None) -> None:
