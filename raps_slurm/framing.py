@@ -233,9 +233,9 @@ def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], *,
     head = memoryview(HEADER.pack(n))
     try:
         if mac is None:
-            _send_views(sock, [head, *body])
+            send_views(sock, [head, *body])
         elif n <= STREAM_AT:
-            _send_views(sock, [head, *body, memoryview(mac.tag_parts(body))])
+            send_views(sock, [head, *body, memoryview(mac.tag_parts(body))])
         else:
             # MAC'd piece by piece as it goes: the receiver checks each piece while the
             # next is hashed here, instead of both ends hashing the whole in turn.
@@ -247,7 +247,7 @@ def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], *,
                 views = [head, piece] if i == 0 else [piece]
                 if i == len(pieces) - 1:
                     views.append(memoryview(mac.finish(h)))
-                _send_views(sock, views)
+                send_views(sock, views)
     except TimeoutError:
         raise FrameError("timeout", "frame not sent within the socket's timeout") from None
     except OSError as exc:
@@ -265,7 +265,9 @@ def unfilled(n: int) -> bytearray | Any:
     return numpy.empty(n, numpy.uint8)
 
 
-def _send_views(sock: socket.socket, views: list[memoryview]) -> None:
+def send_views(sock: socket.socket, views: list[memoryview]) -> None:
+    """Write ``views`` in order with ``sendmsg`` until all is sent (no copy); consumes
+    the list."""
     while views:
         sent = sock.sendmsg(views)
         while views and sent >= len(views[0]):

@@ -132,14 +132,21 @@ def assemble(raps: list[dict[str, float]], openmpi: list[dict[str, float]]
 def floor_figures(runs: list[dict[str, float]], openmpi: list[dict[str, float]]
                   ) -> dict[str, Any]:
     """Medians of the plain-TCP rounds (:mod:`raps_slurm.bench.tcp_floor`) and their
-    ratios to Open MPI: the best a Python rank that sleeps in the kernel could reach."""
+    ratios to Open MPI: the best a Python rank that sleeps in the kernel could reach
+    (``*_python_tcp_*``), and the bandwidth once each message gets the work a logged,
+    authenticated one needs (``*_python_tcp_logged_*``)."""
     out: dict[str, Any] = {}
-    for key in ("lat_8B", "lat_8B_thread", *BANDWIDTH):
-        unit = UNITS.get(key, "us")
-        mine = statistics.median(r[key] for r in runs)
-        theirs = statistics.median(r[key.removesuffix("_thread")] for r in openmpi)
-        out[f"{key}_python_tcp_{unit}"] = round(mine, 1)
-        out[f"{key}_python_tcp_ratio"] = round(mine / theirs, 3)
+    # (the floor's key, Open MPI's key, the label)
+    rows = [("lat_8B", "lat_8B", "lat_8B_python_tcp"),
+            ("lat_8B_thread", "lat_8B", "lat_8B_thread_python_tcp")]
+    for key in BANDWIDTH:
+        rows += [(key, key, f"{key}_python_tcp"),
+                 (f"{key}_logged", key, f"{key}_python_tcp_logged")]
+    for name, base, label in rows:
+        mine = statistics.median(r[name] for r in runs)
+        theirs = statistics.median(r[base] for r in openmpi)
+        out[f"{label}_{UNITS[base]}"] = round(mine, 1)
+        out[f"{label}_ratio"] = round(mine / theirs, 3)
     return out
 
 

@@ -10,6 +10,14 @@ With ``handoff`` each side reads on a thread of its own that hands every message
 main thread through a condition variable, as the RAPS runtime's reader threads did
 until the waiting thread read its own connections: the gap between the two latencies is
 what that hand-off alone costs.
+
+With ``logged`` each message gets the work RAPS's design requires of it, and nothing
+else (no framing, sequence, thread, lock, log store or disk): the sender checksums it
+(CRC-32C, which the log records), copies it into new memory that it keeps (the log holds
+every message until a checkpoint covers it, and the application may change its buffer
+after a send), and MACs it with keyed blake3 in pieces as it sends it; the receiver MACs
+each piece as it comes and checks the tag. That ping-pong's figures are the most a
+message logged and authenticated this way can reach in Python on this machine.
 """
 
 from __future__ import annotations
@@ -20,6 +28,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from raps_slurm.framing import STREAM_PIECE, TAG_SIZE, FrameMac, send_views, unfilled
+from raps_slurm.runtime.msglog import checksum
 
 
 def _fill(sock: socket.socket, view: memoryview) -> None:
@@ -58,15 +70,57 @@ class _Handoff:
             self.got.popleft()
 
 
-def _receiver(sock: socket.socket, buf: memoryview, handoff: bool) -> Callable[[], None]:
+class _Logged:
+    """One side of a logged ping-pong (the module docstring): :meth:`send` and
+    :meth:`receive` ``buf`` with the work each message needs."""
+
+    def __init__(self, sock: socket.socket, key: bytes, side: bytes) -> None:
+        self.sock = sock
+        self.out = FrameMac(key, "blake3", side)
+        self.back = FrameMac(key, "blake3", b"e" if side == b"s" else b"s")
+        self.log: list[Any] = []
+        self.tag = memoryview(bytearray(TAG_SIZE))
+
+    def send(self, buf: memoryview) -> None:
+        checksum(buf)
+        kept = unfilled(len(buf))
+        memoryview(kept)[:] = buf
+        self.log.append(kept)
+        h = self.out.hasher()
+        for i in range(0, len(buf), STREAM_PIECE):
+            piece = buf[i:i + STREAM_PIECE]
+            h.update(piece)
+            if i + STREAM_PIECE < len(buf):
+                self.sock.sendall(piece)
+        send_views(self.sock, [piece, memoryview(self.out.finish(h))])
+
+    def receive(self, buf: memoryview) -> None:
+        h = self.back.hasher()
+        for i in range(0, len(buf), STREAM_PIECE):
+            piece = buf[i:i + STREAM_PIECE]
+            _fill(self.sock, piece)
+            h.update(piece)
+        _fill(self.sock, self.tag)
+        self.back.verify(h, self.tag)
+
+
+def _ends(sock: socket.socket, buf: memoryview, handoff: bool, logged: tuple[bytes, bytes]
+          | None) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``(send, receive)`` of ``buf`` on ``sock``; ``logged``: (key, this side's label)."""
+    if logged is not None:
+        side = _Logged(sock, *logged)
+        return lambda: side.send(buf), lambda: side.receive(buf)
     if handoff:
-        return _Handoff(sock, len(buf)).get
-    return lambda: _fill(sock, buf)
+        return lambda: sock.sendall(buf), _Handoff(sock, len(buf)).get
+    return lambda: sock.sendall(buf), lambda: _fill(sock, buf)
 
 
-def pingpong(nbytes: int, round_trips: int, warmup: int, handoff: bool = False) -> float:
+def pingpong(nbytes: int, round_trips: int, warmup: int, handoff: bool = False,
+             logged: bool = False) -> float:
     """Seconds of ``round_trips`` round trips of ``nbytes`` (after ``warmup`` untimed);
-    ``handoff``: messages are read on a thread (the module docstring)."""
+    ``handoff``: messages are read on a thread; ``logged``: each message gets the work of
+    a logged, authenticated one (the module docstring)."""
+    key = os.urandom(32) if logged else b""
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -85,10 +139,10 @@ def pingpong(nbytes: int, round_trips: int, warmup: int, handoff: bool = False) 
             c.connect(("127.0.0.1", port))
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             buf = memoryview(bytearray(nbytes))
-            receive = _receiver(c, buf, handoff)
+            send, receive = _ends(c, buf, handoff, (key, b"e") if logged else None)
             for _ in range(total):
                 receive()
-                c.sendall(buf)
+                send()
             code = 0
         finally:
             os._exit(code)
@@ -103,13 +157,13 @@ def pingpong(nbytes: int, round_trips: int, warmup: int, handoff: bool = False) 
             s.close()
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = memoryview(bytearray(nbytes))
-        receive = _receiver(s, buf, handoff)
+        send, receive = _ends(s, buf, handoff, (key, b"s") if logged else None)
         for _ in range(warmup):
-            s.sendall(buf)
+            send()
             receive()
         start = time.perf_counter()
         for _ in range(round_trips):
-            s.sendall(buf)
+            send()
             receive()
         return time.perf_counter() - start
     finally:
@@ -125,10 +179,15 @@ def figures(iterations: int, warmup: int, latency_factor: int, sizes: dict[str, 
             ) -> dict[str, float]:
     """The MPI benchmark's ping-pong figures for plain TCP: half round-trip latency at 8
     bytes (us), read directly and through a reader thread, and, per ``sizes`` key,
-    bandwidth (MB/s, both directions counted)."""
+    bandwidth (MB/s, both directions counted), plain and logged (key + ``_logged``).
+    No logged latency: these ranks sleep in the kernel, where RAPS's poll a while, and on
+    a virtual machine the wake-up (20-45 us on the project's test machine) would hide the
+    few microseconds the work adds to a small message."""
     n = iterations * latency_factor
     out = {"lat_8B": pingpong(8, n, warmup * latency_factor) / n / 2 * 1e6,
            "lat_8B_thread": pingpong(8, n, warmup * latency_factor, handoff=True) / n / 2 * 1e6}
     for key, nbytes in sizes.items():
         out[key] = 2 * nbytes * iterations / pingpong(nbytes, iterations, warmup) / 1e6
+        out[f"{key}_logged"] = 2 * nbytes * iterations / pingpong(
+            nbytes, iterations, warmup, logged=True) / 1e6
     return out

@@ -18,7 +18,9 @@ KEYS = ["lat_8B_raps_us", "lat_8B_openmpi_us", "lat_8B_ratio", "bw_1MiB_raps_MBp
         "allreduce_8MiB_ratio", "lat_8B_python_tcp_us", "lat_8B_python_tcp_ratio",
         "bw_1MiB_python_tcp_MBps", "bw_1MiB_python_tcp_ratio", "bw_8MiB_python_tcp_MBps",
         "bw_8MiB_python_tcp_ratio", "lat_8B_thread_python_tcp_us",
-        "lat_8B_thread_python_tcp_ratio"]
+        "lat_8B_thread_python_tcp_ratio", "bw_1MiB_python_tcp_logged_MBps",
+        "bw_1MiB_python_tcp_logged_ratio", "bw_8MiB_python_tcp_logged_MBps",
+        "bw_8MiB_python_tcp_logged_ratio"]
 
 
 def _launch(lat_s: float, bw_s: float, ar_s: float) -> dict[str, float]:
@@ -46,12 +48,18 @@ def test_python_tcp_floor_ratios_against_openmpi() -> None:
     tcp = [{"lat_8B": 30.0, "lat_8B_thread": 60.0, "bw_1MiB": 3000.0, "bw_8MiB": 2000.0},
            {"lat_8B": 50.0, "lat_8B_thread": 80.0, "bw_1MiB": 1000.0, "bw_8MiB": 1000.0},
            {"lat_8B": 40.0, "lat_8B_thread": 90.0, "bw_1MiB": 2000.0, "bw_8MiB": 9000.0}]
+    for r, logged in zip(tcp, (1.0, 3.0, 2.0), strict=True):  # logged: slower, own medians
+        r |= {"bw_1MiB_logged": 100 * logged, "bw_8MiB_logged": 400 * logged}
     ompi = [{"lat_8B": 4.0, "bw_1MiB": 4000.0, "bw_8MiB": 4000.0}] * 3
     out = mpi.floor_figures(tcp, ompi)
     assert out == {"lat_8B_python_tcp_us": 40.0, "lat_8B_python_tcp_ratio": 10.0,
                    "lat_8B_thread_python_tcp_us": 80.0, "lat_8B_thread_python_tcp_ratio": 20.0,
                    "bw_1MiB_python_tcp_MBps": 2000.0, "bw_1MiB_python_tcp_ratio": 0.5,
-                   "bw_8MiB_python_tcp_MBps": 2000.0, "bw_8MiB_python_tcp_ratio": 0.5}
+                   "bw_1MiB_python_tcp_logged_MBps": 200.0,
+                   "bw_1MiB_python_tcp_logged_ratio": 0.05,
+                   "bw_8MiB_python_tcp_MBps": 2000.0, "bw_8MiB_python_tcp_ratio": 0.5,
+                   "bw_8MiB_python_tcp_logged_MBps": 800.0,
+                   "bw_8MiB_python_tcp_logged_ratio": 0.2}
 
 
 def test_the_tcp_floor_times_real_round_trips() -> None:
@@ -59,9 +67,35 @@ def test_the_tcp_floor_times_real_round_trips() -> None:
 
     secs = tcp_floor.pingpong(1 << 20, 3, 1)
     assert 0 < secs < 30
+    assert 0 < tcp_floor.pingpong(3 << 20, 2, 1, logged=True) < 30  # pieces and a tag
     out = tcp_floor.figures(1, 0, 2, {"bw_1MiB": 1 << 20})
-    assert set(out) == {"lat_8B", "lat_8B_thread", "bw_1MiB"}
+    assert set(out) == {"lat_8B", "lat_8B_thread", "bw_1MiB", "bw_1MiB_logged"}
     assert all(v > 0 for v in out.values())
+
+
+def test_the_logged_floor_checks_every_tag_and_keeps_every_message() -> None:
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from raps_slurm.bench import tcp_floor
+    from raps_slurm.framing import FrameError
+
+    a, b = socket.socketpair()
+    with a, b, ThreadPoolExecutor(1) as pool:
+        key = os.urandom(32)
+        sender, receiver = tcp_floor._Logged(a, key, b"s"), tcp_floor._Logged(b, key, b"e")
+        msg = memoryview(bytearray(os.urandom(3 << 20)))  # pieces, the tag with the last
+        got = memoryview(bytearray(len(msg)))
+        reading = pool.submit(receiver.receive, got)
+        sender.send(msg)
+        reading.result(30)
+        assert got == msg and len(sender.log) == 1 and bytes(sender.log[0]) == bytes(msg)
+        msg[0] ^= 1  # the log keeps what was sent, not the buffer's later bytes
+        assert bytes(sender.log[0]) != bytes(msg)
+        reading = pool.submit(receiver.receive, got)
+        tcp_floor._Logged(a, os.urandom(32), b"s").send(msg)  # another key
+        with pytest.raises(FrameError, match="bad MAC"):
+            reading.result(30)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None,
