@@ -239,9 +239,9 @@ class PeerLinks:
     # --- incoming --------------------------------------------------------------------
 
     def _await(self, left: float) -> None:
-        """Wait (``_mu`` held) until a frame came, reading
-        the connections on this thread (runtime/pump.py), at most ``left`` s (0.5 at a
-        time, so that the caller's checks run)."""
+        """Wait (``_mu`` held) until a frame came, reading the connections on this
+        thread (runtime/pump.py), at most ``left`` s (0.5 at a time, so that the caller's
+        checks run)."""
         pump = self.listener.pump
         since = pump.events  # read holding _mu: what was handled so far, the caller saw
         self._mu.release()
