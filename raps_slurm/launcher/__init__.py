@@ -4,9 +4,10 @@
 ``control``     its control server and the Popen-like handle of each started rank
 ``channel``     the authenticated control channel (over ``raps_slurm.framing``)
 ``supervisor``  the one task per node that starts, pins, watches and signals its ranks
+``output``      the ranks' output passed on in whole lines (supervisors, local launcher)
 
 Nothing is imported here: a supervisor (``python -m raps_slurm.launcher.supervisor``)
-loads only the standard library, the channel and the framing.
+loads only the standard library, the channel, the framing and ``output``.
 """
 
 from __future__ import annotations

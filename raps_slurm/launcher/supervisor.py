@@ -8,7 +8,8 @@ the environment before any rank starts) and says hello with its node name
 
 ``start {rank, epoch, argv, env, slot, slots}``  start the rank: the supervisor's
     environment plus ``env``, stdin from /dev/null, output where the supervisor's goes
-    (srun's), pinned to slot ``slot`` of ``slots``'s share of the CPUs this task got
+    (srun's) in whole lines (launcher/output.py: the node's ranks share that one
+    stream), pinned to slot ``slot`` of ``slots``'s share of the CPUs this task got
     (``os.sched_setaffinity`` in the child before exec); reports
     ``started {rank, epoch, pid}`` or, if it cannot be started, ``exited`` with 127;
 ``signal {rank, epoch, signum}``  signal that incarnation if it still runs;
@@ -37,15 +38,19 @@ from typing import Any
 from raps_slurm.core.launch import cpu_share
 from raps_slurm.framing import FrameError
 from raps_slurm.launcher.channel import ENV_ADDRESS, ENV_KEY, Channel, connect
+from raps_slurm.launcher.output import Lines, pipes
 
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 CANNOT_START = 127
 WAKE_SEC = 1.0  # a rank's exit also wakes the loop at once (SIGCHLD)
+DRAIN_SEC = 5.0  # at the end, how long the ranks' last output may take to come
 
 
 def say(text: str) -> None:
-    """One line on stderr (the job's error file), prefixed like raps-run's."""
-    print(f"raps-supervisor: {text}", file=sys.stderr, flush=True)
+    """One line on stderr (the job's error file), prefixed like raps-run's, in one write
+    (the ranks' lines go there too)."""
+    sys.stderr.write(f"raps-supervisor: {text}\n")
+    sys.stderr.flush()
 
 
 def _is_int(value: object) -> bool:
@@ -58,6 +63,7 @@ class Supervisor:
     def __init__(self, chan: Channel, cpus: set[int],
                  environ: Mapping[str, str] | None = None) -> None:
         self.chan = chan
+        self.output = Lines()
         self.cpus = sorted(cpus)
         self.environ = dict(os.environ if environ is None else environ)
         for name in (ENV_ADDRESS, ENV_KEY):
@@ -105,14 +111,22 @@ class Supervisor:
             return
         assert isinstance(slot, int) and isinstance(slots, int)
         share = cpu_share(self.cpus, slot, slots) if self.cpus else []
+        (out_r, out_w), (err_r, err_w) = pipes()
         try:
             proc = subprocess.Popen(argv, env={**self.environ, **env}, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_pin(share))
+                                    stdout=out_w, stderr=err_w, preexec_fn=_pin(share))
         except OSError as exc:
+            for fd in (out_r, err_r):
+                os.close(fd)
             say(f"rank {rank} epoch {epoch}: cannot start {argv[0]!r}: {exc}")
             self.chan.send({"op": "exited", "rank": rank, "epoch": epoch,
                             "code": CANNOT_START})
             return
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.output.add(out_r, 1)
+        self.output.add(err_r, 2)
         self.ranks[(rank, epoch)] = proc
         self.chan.send({"op": "started", "rank": rank, "epoch": epoch, "pid": proc.pid,
                         "cpus": share})
@@ -215,6 +229,7 @@ def main() -> None:
         code = 1
     finally:
         chan.close()
+        sup.output.close(DRAIN_SEC)  # the ranks' last lines, before srun sees the task end
     sys.exit(code)
 
 

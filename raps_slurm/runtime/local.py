@@ -10,7 +10,8 @@ replay what it missed, as on a cluster. A rank that fails for good (no restart l
 or it called ``MPI.Abort``, which leaves :data:`ABORT_FILE` in the directory) ends the
 job, as ``mpirun`` does: the other ranks are stopped rather than left waiting for it.
 ``--mpi4py`` makes ``from mpi4py import MPI`` in PROGRAM resolve to
-:mod:`raps_slurm.mpi` (docs/mpi.md). The exit code is 0 when every rank ended with 0,
+:mod:`raps_slurm.mpi` (docs/mpi.md). The ranks' output comes out in whole lines, as
+under raps-run (launcher/output.py). The exit code is 0 when every rank ended with 0,
 else the first failing rank's.
 """
 
@@ -23,11 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from raps_slurm.core.launch import hash_seed
+from raps_slurm.launcher.output import Lines, pipes
 
 ABORT_FILE = "abort"  # written by MPI.Abort (raps_slurm.mpi): "RANK CODE"
 STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
+DRAIN_SEC = 5.0       # at the end, how long the ranks' last output may take to come
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,12 +70,46 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
 
         base = shim_env(base)
 
+    output = Lines()
+
     def start(rank: int) -> subprocess.Popen[bytes]:
         env = {**base, "RAPS_LOCAL_DIR": root, "RAPS_RANK": str(rank),
                "RAPS_SIZE": str(n), "RAPS_EPOCH": str(epochs[rank]),
                "RAPS_LOCAL_SIZE": str(n)}
-        return subprocess.Popen(prog, env=env)
+        (out_r, out_w), (err_r, err_w) = pipes()
+        try:
+            proc = subprocess.Popen(prog, env=env, stdout=out_w, stderr=err_w)
+        except OSError:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        output.add(out_r, 1)
+        output.add(err_r, 2)
+        return proc
 
+    try:
+        codes = _watch(start, n, restarts, root, epochs)
+    finally:
+        output.close(DRAIN_SEC)  # the ranks' last lines come before the verdict
+    bad = [(r, c) for r, c in sorted(codes.items()) if c != 0]
+    for r, c in bad:
+        _say(f"rank {r} failed with exit code {c}")
+    return bad[0][1] if bad and bad[0][1] > 0 else (1 if bad else 0)
+
+
+def _say(text: str) -> None:
+    """One line on stderr, in one write (the ranks' lines go there too)."""
+    sys.stderr.write(f"raps-local: {text}\n")
+    sys.stderr.flush()
+
+
+def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: int,
+           root: str, epochs: dict[int, int]) -> dict[int, int]:
+    """Watch the ranks ``start`` starts, relaunch those that fail; each rank's exit
+    code."""
     procs = {r: start(r) for r in range(n)}
     codes: dict[int, int] = {}
     left = restarts
@@ -85,23 +123,19 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
             if code != 0 and left > 0 and not os.path.exists(aborted):
                 left -= 1
                 epochs[rank] += 1
-                print(f"raps-local: rank {rank} exited with {code}; relaunching it with "
-                      f"epoch {epochs[rank]}", file=sys.stderr)
+                _say(f"rank {rank} exited with {code}; relaunching it with epoch "
+                     f"{epochs[rank]}")
                 procs[rank] = start(rank)
                 continue
             codes[rank] = code
             if code != 0 and procs:
                 why = "called MPI.Abort" if os.path.exists(aborted) else "failed"
-                print(f"raps-local: rank {rank} {why} (exit code {code}); stopping ranks "
-                      f"{sorted(procs)}", file=sys.stderr)
+                _say(f"rank {rank} {why} (exit code {code}); stopping ranks {sorted(procs)}")
                 _stop(procs)
                 procs.clear()
                 break
         time.sleep(0.02)
-    bad = [(r, c) for r, c in sorted(codes.items()) if c != 0]
-    for r, c in bad:
-        print(f"raps-local: rank {r} failed with exit code {c}", file=sys.stderr)
-    return bad[0][1] if bad and bad[0][1] > 0 else (1 if bad else 0)
+    return codes
 
 
 def _stop(procs: dict[int, subprocess.Popen[bytes]]) -> None:

@@ -20,12 +20,11 @@ from raps_slurm.framing import HEADER, FrameError
 from raps_slurm.launcher.channel import connect
 from raps_slurm.launcher.control import LOST_EXIT, ControlServer, RankHandle
 
-# one write(2) per line: the ranks share the supervisor's output file, and with
-# PYTHONUNBUFFERED set print() writes each word on its own, so lines could interleave
-RANK = ["-c", "import os, time\nos.write(1, ('rank %s epoch %s %s\\n' % ("
-        "os.environ['RAPS_RANK'], os.environ['RAPS_EPOCH'], "
-        "'key' if 'RAPS_CONTROL_KEY' in os.environ else 'nokey')).encode())\n"
-        "time.sleep(600)"]
+# The ranks print word by word (PYTHONUNBUFFERED, see start()) at the same moment into
+# the supervisor's one output: their lines come out whole (launcher/output.py).
+RANK = ["-c", "import os, time\nprint('rank', os.environ['RAPS_RANK'], 'epoch', "
+        "os.environ['RAPS_EPOCH'], 'key' if 'RAPS_CONTROL_KEY' in os.environ else 'nokey', "
+        "flush=True)\ntime.sleep(600)"]
 
 
 def wait(what: str, ok: object, timeout: float = 20.0, seen: Path | None = None) -> None:
@@ -66,7 +65,8 @@ def ctl() -> Iterator[ControlServer]:
 def start(ctl: ControlServer, node: str, rank: int, epoch: int, slot: int, slots: int
           ) -> RankHandle:
     return ctl.start(node, rank, epoch, [sys.executable, *RANK],
-                     {"RAPS_RANK": str(rank), "RAPS_EPOCH": str(epoch)}, slot, slots)
+                     {"RAPS_RANK": str(rank), "RAPS_EPOCH": str(epoch),
+                      "PYTHONUNBUFFERED": "1"}, slot, slots)
 
 
 def test_four_ranks_one_restarted_in_place_the_others_untouched_then_control_lost(
@@ -80,6 +80,8 @@ def test_four_ranks_one_restarted_in_place_the_others_untouched_then_control_los
         pids = [h.pid for h in handles]
         wait("the ranks' first lines", lambda: out.read_text().count("epoch 1 nokey") == 4,
              seen=out)
+        firsts = sorted(line for line in out.read_text().splitlines() if "epoch" in line)
+        assert firsts == [f"rank {r} epoch 1 nokey" for r in range(4)]
         assert all(p is not None and alive(p) for p in pids)
         cpus = sorted(os.sched_getaffinity(0))
         for h in handles:  # pinned as srun would: each slot's share of the task's CPUs

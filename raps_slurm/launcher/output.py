@@ -1,0 +1,138 @@
+"""Ranks' output in whole lines, as srun keeps each task's.
+
+The ranks of a node share one output stream: the supervisor's, which is the node's one
+Slurm task (the local launcher's, without Slurm). Writing into it directly, two ranks'
+partial writes interleave: a program run with ``PYTHONUNBUFFERED=1`` writes each word of
+a ``print`` on its own, and two ranks printing at once give ``rankrank  12``. Each rank
+therefore writes into pipes of its own (:func:`pipes`), and :class:`Lines` reads them on
+one thread and writes only whole lines to the stream, as slurmstepd does for the tasks
+of a plain srun: a line longer than :data:`LINE_MAX` goes in pieces of that size, and a
+rank's last partial line goes when its pipe closes (the rank, and whatever inherited the
+pipe from it, gone).
+
+The thread is the streams' only writer of ranks' output. If a stream blocks (whoever
+reads it is slow) the thread waits and the ranks' pipes fill, as a rank writing to the
+stream itself would wait; the supervisor's control loop does not. If a stream is gone
+(EPIPE), what comes for it is read and dropped, counted in :attr:`Lines.dropped`, so
+that no rank blocks on a full pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import selectors
+import threading
+
+LINE_MAX = 64 << 10  # a longer line is written in pieces: the buffer per pipe stays bounded
+READ = 64 << 10
+
+
+def pipes() -> tuple[tuple[int, int], tuple[int, int]]:
+    """``(stdout, stderr)``, each ``(read end, write end)``: give the write ends to the
+    rank (``Popen(stdout=w, stderr=w)``), close them here once it started, and hand the
+    read ends to :meth:`Lines.add`."""
+    return os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)
+
+
+class Lines:
+    """Forwards pipes to streams in whole lines, on a thread of its own."""
+
+    def __init__(self) -> None:
+        self.dropped = 0  # bytes read for a stream that was gone
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._lock = threading.Lock()
+        self._new: list[tuple[int, int]] = []
+        self._bufs: dict[int, bytearray] = {}
+        self._gone: set[int] = set()  # streams that raised EPIPE
+        self._closing = self._stop = False
+        self._thread = threading.Thread(target=self._run, name="raps-output", daemon=True)
+        self._thread.start()
+
+    def add(self, pipe: int, stream: int) -> None:
+        """Forward read end ``pipe`` (closed here at its end) to file descriptor
+        ``stream`` (1 or 2)."""
+        os.set_blocking(pipe, False)
+        with self._lock:
+            self._new.append((pipe, stream))
+        self._wake()
+
+    def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for every pipe to close, then write what is left of
+        each and stop (a pipe a stray process still holds is cut off there)."""
+        with self._lock:
+            self._closing = True
+        self._wake()
+        self._thread.join(timeout)
+        with self._lock:
+            self._stop = True
+        self._wake()
+        self._thread.join(5.0)
+        if not self._thread.is_alive():
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+            self._sel.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # full: a wake-up is pending
+            os.write(self._wake_w, b"w")
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                new, self._new = self._new, []
+                done = self._stop or (self._closing and not self._bufs and not new)
+            for pipe, stream in new:
+                self._sel.register(pipe, selectors.EVENT_READ, stream)
+                self._bufs[pipe] = bytearray()
+            if done:
+                break
+            for key, _ in self._sel.select(1.0):
+                if key.data is None:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._wake_r, 512):
+                            pass
+                else:
+                    self._read(key.fd, key.data)
+        for pipe in list(self._bufs):  # stopped with pipes still open: their rests
+            self._end(pipe, self._sel.get_key(pipe).data)
+
+    def _read(self, pipe: int, stream: int) -> None:
+        try:
+            chunk = os.read(pipe, READ)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._end(pipe, stream)
+            return
+        buf = self._bufs[pipe]
+        buf += chunk
+        cut = buf.rfind(b"\n") + 1
+        if not cut and len(buf) >= LINE_MAX:
+            cut = LINE_MAX
+        if cut:
+            self._write(stream, buf[:cut])
+            del buf[:cut]
+
+    def _end(self, pipe: int, stream: int) -> None:
+        rest = self._bufs.pop(pipe)
+        self._sel.unregister(pipe)
+        os.close(pipe)
+        if rest:
+            self._write(stream, rest)
+
+    def _write(self, stream: int, data: bytearray) -> None:
+        view = memoryview(data)
+        while view and stream not in self._gone:
+            try:
+                view = view[os.write(stream, view):]
+            except BlockingIOError:  # a stream someone left non-blocking: wait for room
+                select.select([], [stream], [], 1.0)
+            except OSError:  # EPIPE, EBADF: nobody reads this stream any more
+                self._gone.add(stream)
+        self.dropped += len(view)

@@ -1,0 +1,112 @@
+"""launcher/output.py: ranks' output forwarded in whole lines, with real processes
+writing into real pipes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from raps_slurm.launcher.output import LINE_MAX, Lines, pipes
+
+# print() with several arguments and PYTHONUNBUFFERED=1: one write(2) per word
+WORDY = ("import sys\nr = sys.argv[1]\nfor i in range(300):\n"
+         "    print('rank', r, 'line', i, 'of', 300, 'words', flush=True)\n")
+
+
+def _start(lines: Lines, streams: tuple[int, int], code: str, *args: str
+           ) -> subprocess.Popen[bytes]:
+    """``code`` in a process whose stdout and stderr go to ``streams`` through ``lines``."""
+    (out_r, out_w), (err_r, err_w) = pipes()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out_w,
+                                stderr=err_w, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    lines.add(out_r, streams[0])
+    lines.add(err_r, streams[1])
+    return proc
+
+
+def _files(tmp_path: Path) -> tuple[int, int]:
+    out = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    err = os.open(tmp_path / "err", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return out, err
+
+
+def test_four_processes_printing_word_by_word_give_whole_lines(tmp_path: Path) -> None:
+    out, err = _files(tmp_path)
+    lines = Lines()
+    try:
+        procs = [_start(lines, (out, err), WORDY, str(r)) for r in range(4)]
+        assert [p.wait(60) for p in procs] == [0] * 4
+    finally:
+        lines.close(10)
+        os.close(out)
+        os.close(err)
+    text = (tmp_path / "out").read_text()
+    got = text.splitlines()
+    assert len(got) == 1200 and text.endswith("\n")
+    pattern = re.compile(r"rank (\d) line (\d+) of 300 words")
+    assert all(pattern.fullmatch(line) for line in got), [g for g in got
+                                                          if not pattern.fullmatch(g)][:3]
+    for r in range(4):  # each process's lines, all of them, in its order
+        mine = [int(m.group(2)) for m in map(pattern.fullmatch, got) if m and m[1] == str(r)]
+        assert mine == list(range(300))
+    assert (tmp_path / "err").read_text() == "" and lines.dropped == 0
+
+
+def test_a_last_partial_line_a_long_line_and_stderr(tmp_path: Path) -> None:
+    out, err = _files(tmp_path)
+    long = LINE_MAX + 1000
+    code = (f"import sys\nsys.stdout.write('x' * {long} + '\\n')\nsys.stdout.flush()\n"
+            "sys.stderr.write('warn: ')\nsys.stderr.flush()\nsys.stderr.write('half')\n"
+            "sys.stdout.write('no newline at the end')\n")
+    lines = Lines()
+    try:
+        assert _start(lines, (out, err), code).wait(30) == 0
+    finally:
+        lines.close(10)
+        os.close(out)
+        os.close(err)
+    assert (tmp_path / "out").read_text() == "x" * long + "\nno newline at the end"
+    assert (tmp_path / "err").read_text() == "warn: half"
+
+
+def test_a_stream_nobody_reads_any_more_blocks_no_writer(tmp_path: Path) -> None:
+    dead_r, dead_w = os.pipe()
+    os.close(dead_r)  # writing to dead_w now fails with EPIPE
+    lines = Lines()
+    code = "import sys\nfor i in range(4096):\n    sys.stdout.write('y' * 255 + '\\n')\n"
+    try:
+        proc = _start(lines, (dead_w, dead_w), code)
+        assert proc.wait(30) == 0  # 1 MiB, far more than a pipe holds: it was read
+    finally:
+        lines.close(10)
+        os.close(dead_w)
+    assert lines.dropped == 4096 * 256
+
+
+def test_a_pipe_still_held_is_cut_off_at_close(tmp_path: Path) -> None:
+    out, err = _files(tmp_path)
+    r, w = os.pipe2(os.O_CLOEXEC)
+    lines = Lines()
+    try:
+        lines.add(r, out)
+        os.write(w, b"whole\npart")
+        deadline = time.monotonic() + 10
+        while (tmp_path / "out").read_bytes() != b"whole\n":
+            assert time.monotonic() < deadline, (tmp_path / "out").read_bytes()
+            time.sleep(0.02)
+        started = time.monotonic()
+        lines.close(0.5)  # the write end is still open here: nothing more will come
+        assert time.monotonic() - started < 3
+    finally:
+        os.close(w)
+        os.close(out)
+        os.close(err)
+    assert (tmp_path / "out").read_bytes() == b"whole\npart"
