@@ -20,6 +20,10 @@ OWN_OPTIONS = {
     "--multi-prog": "--multi-prog", "-J": "--job-name", "--job-name": "--job-name",
 }
 
+# raps-run's own flags among the srun options: --mpi4py, and -l/--label, which srun would
+# apply to the supervisors' tasks (one per node) where the user means the ranks.
+RUN_FLAGS = {"--mpi4py": "mpi4py", "-l": "label", "--label": "label"}
+
 # A rank that was fenced (its epoch superseded) exits with this code (EX_TEMPFAIL).
 FENCED_EXIT = 75
 # A rank exits with this code after the checkpoint a SIGUSR1 asked for (preemption).
@@ -51,6 +55,13 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         if not opt.startswith("-") and options.index(opt) == 0:
             raise ValueError(f"{opt!r}: srun options come before '--' and start with '-'")
     return options, program
+
+
+def run_flags(options: Sequence[str]) -> tuple[set[str], list[str]]:
+    """raps-run's own flags among ``options`` (the names in :data:`RUN_FLAGS`' values)
+    and the options left for srun."""
+    return ({RUN_FLAGS[o] for o in options if o in RUN_FLAGS},
+            [o for o in options if o not in RUN_FLAGS])
 
 
 @dataclass(frozen=True)

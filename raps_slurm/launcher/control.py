@@ -134,11 +134,12 @@ class ControlServer:
             return link is not None and link.alive
 
     def start(self, node: str, rank: int, epoch: int, argv: list[str], env: dict[str, str],
-              slot: int, slots: int) -> RankHandle:
-        """Have ``node``'s supervisor start the rank, now or once it connects."""
+              slot: int, slots: int, label: bool = False) -> RankHandle:
+        """Have ``node``'s supervisor start the rank, now or once it connects (``label``:
+        each line of its output starts with ``RANK: ``)."""
         h = RankHandle(self, node, rank, epoch)
         msg = {"op": "start", "rank": rank, "epoch": epoch, "argv": argv, "env": env,
-               "slot": slot, "slots": slots}
+               "slot": slot, "slots": slots, "label": label}
         with self.cond:
             link = self.links.get(node)
             if link is None or not link.alive:

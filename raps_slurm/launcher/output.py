@@ -8,7 +8,7 @@ therefore writes into pipes of its own (:func:`pipes`), and :class:`Lines` reads
 one thread and writes only whole lines to the stream, as slurmstepd does for the tasks
 of a plain srun: a line longer than :data:`LINE_MAX` goes in pieces of that size, and a
 rank's last partial line goes when its pipe closes (the rank, and whatever inherited the
-pipe from it, gone).
+pipe from it, gone). With a label (``raps-run --label``) each line starts with it.
 
 The thread is the streams' only writer of ranks' output. If a stream blocks (whoever
 reads it is slow) the thread waits and the ranks' pipes fill, as a rank writing to the
@@ -45,19 +45,20 @@ class Lines:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
-        self._new: list[tuple[int, int]] = []
+        self._new: list[tuple[int, int, bytes]] = []
         self._bufs: dict[int, bytearray] = {}
+        self._fresh: dict[int, bool] = {}  # per pipe: the next byte starts a line
         self._gone: set[int] = set()  # streams that raised EPIPE
         self._closing = self._stop = False
         self._thread = threading.Thread(target=self._run, name="raps-output", daemon=True)
         self._thread.start()
 
-    def add(self, pipe: int, stream: int) -> None:
+    def add(self, pipe: int, stream: int, label: bytes = b"") -> None:
         """Forward read end ``pipe`` (closed here at its end) to file descriptor
-        ``stream`` (1 or 2)."""
+        ``stream`` (1 or 2), each line starting with ``label``."""
         os.set_blocking(pipe, False)
         with self._lock:
-            self._new.append((pipe, stream))
+            self._new.append((pipe, stream, label))
         self._wake()
 
     def close(self, timeout: float) -> None:
@@ -85,9 +86,10 @@ class Lines:
             with self._lock:
                 new, self._new = self._new, []
                 done = self._stop or (self._closing and not self._bufs and not new)
-            for pipe, stream in new:
-                self._sel.register(pipe, selectors.EVENT_READ, stream)
+            for pipe, stream, label in new:
+                self._sel.register(pipe, selectors.EVENT_READ, (stream, label))
                 self._bufs[pipe] = bytearray()
+                self._fresh[pipe] = True
             if done:
                 break
             for key, _ in self._sel.select(1.0):
@@ -100,7 +102,7 @@ class Lines:
         for pipe in list(self._bufs):  # stopped with pipes still open: their rests
             self._end(pipe, self._sel.get_key(pipe).data)
 
-    def _read(self, pipe: int, stream: int) -> None:
+    def _read(self, pipe: int, to: tuple[int, bytes]) -> None:
         try:
             chunk = os.read(pipe, READ)
         except BlockingIOError:
@@ -108,7 +110,7 @@ class Lines:
         except OSError:
             chunk = b""
         if not chunk:
-            self._end(pipe, stream)
+            self._end(pipe, to)
             return
         buf = self._bufs[pipe]
         buf += chunk
@@ -116,15 +118,37 @@ class Lines:
         if not cut and len(buf) >= LINE_MAX:
             cut = LINE_MAX
         if cut:
-            self._write(stream, buf[:cut])
+            self._put(pipe, to, buf[:cut])
             del buf[:cut]
 
-    def _end(self, pipe: int, stream: int) -> None:
+    def _end(self, pipe: int, to: tuple[int, bytes]) -> None:
         rest = self._bufs.pop(pipe)
         self._sel.unregister(pipe)
         os.close(pipe)
         if rest:
-            self._write(stream, rest)
+            self._put(pipe, to, rest)
+        del self._fresh[pipe]
+
+    def _put(self, pipe: int, to: tuple[int, bytes], data: bytearray) -> None:
+        """Write ``data`` (whole lines, or a piece of a long or last line) to its stream,
+        with the pipe's label at the start of each line."""
+        stream, label = to
+        if label:
+            out, fresh = bytearray(), self._fresh[pipe]
+            parts = data.split(b"\n")
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                if last and not part:
+                    break  # data ended with a newline
+                if fresh:
+                    out += label
+                out += part
+                if not last:
+                    out += b"\n"
+                fresh = not last
+            self._fresh[pipe] = fresh
+            data = out
+        self._write(stream, data)
 
     def _write(self, stream: int, data: bytearray) -> None:
         view = memoryview(data)

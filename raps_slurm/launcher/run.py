@@ -61,6 +61,7 @@ from raps_slurm.core.launch import (
     node_slots,
     outcome,
     relaunches,
+    run_flags,
     split_command,
     step_cpu_options,
 )
@@ -105,8 +106,10 @@ class Launcher:
 
     def __init__(self, cfg: Config, job: str, run: int, agent: CheckpointClient,
                  slurm: SlurmClient, srun_options: list[str], program: list[str],
-                 socket_template: str, ctl: ControlServer, *, mpi4py: bool = False) -> None:
+                 socket_template: str, ctl: ControlServer, *, mpi4py: bool = False,
+                 label: bool = False) -> None:
         self.cfg, self.job, self.run, self.agent, self.slurm = cfg, job, run, agent, slurm
+        self.label = label  # --label: each line of a rank's output starts with "RANK: "
         # --mpi4py: `from mpi4py import MPI` in the ranks resolves to raps_slurm.mpi
         self.rank_env = shim_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")}) if mpi4py \
             else {}
@@ -179,7 +182,7 @@ class Launcher:
                "RAPS_LOCAL_SIZE": str(slots),
                "SLURM_NTASKS": str(self.size), **self.rank_env}
         self.procs[(rank, epoch)] = self.ctl.start(node, rank, epoch, self.program, env, slot,
-                                                   slots)
+                                                   slots, self.label)
         self.current[rank] = Incarnation(rank, node, epoch)
         self.slot_of[rank] = (slot, slots)
         say(f"rank {rank} epoch {epoch} started on {node}")
@@ -428,14 +431,15 @@ class Launcher:
         return 0
 
 
-USAGE = """usage: raps-run [--mpi4py] [SRUN OPTIONS] -- PROGRAM [ARGS]
+USAGE = """usage: raps-run [--mpi4py] [-l|--label] [SRUN OPTIONS] -- PROGRAM [ARGS]
 
 Starts the ranks of this --raps job on the nodes the coordinator chose, as one job
 step with one node supervisor per node, and relaunches a node's ranks on a spare when
 it dies. SRUN OPTIONS (e.g. --cpus-per-task, --mem, --gres) go to every supervisor
 step; --cpus-per-task is per rank. --mpi4py runs an mpi4py program unchanged: its
-`from mpi4py import MPI` resolves to raps_slurm.mpi. The config comes from
-$RAPS_CONFIG, then /etc/raps/raps.yaml."""
+`from mpi4py import MPI` resolves to raps_slurm.mpi. -l/--label starts each line of a
+rank's output with its rank ("3: "). The config comes from $RAPS_CONFIG, then
+/etc/raps/raps.yaml."""
 
 MAP_TIMEOUT_SEC = 120.0
 
@@ -448,8 +452,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(0)
     try:
         srun_options, program = split_command(args)
-        mpi4py = "--mpi4py" in srun_options
-        srun_options = [o for o in srun_options if o != "--mpi4py"]
+        flags, srun_options = run_flags(srun_options)
         cpus_per_rank(srun_options)
     except ValueError as exc:
         _usage_error(str(exc))
@@ -477,7 +480,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     agent = CheckpointClient(node_dir(template, here) if "%n" in template else template,
                              job, 0, 1, timeout=30)
     launcher = Launcher(cfg, job, int(run_text), agent, SlurmClient(CommandRunner(timeout=30)),
-                        srun_options, program, template, ctl, mpi4py=mpi4py)
+                        srun_options, program, template, ctl, mpi4py="mpi4py" in flags,
+                        label="label" in flags)
 
     def on_usr1(signum: int, frame: FrameType | None) -> None:
         # only a flag: the main loop may be in the middle of a command on the channel

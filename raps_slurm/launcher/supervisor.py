@@ -6,10 +6,11 @@ interpreter as ``srun --ntasks-per-node=1 ...``) connects to raps-run's control 
 the environment before any rank starts) and says hello with its node name
 (``SLURMD_NODENAME``). Then it applies what raps-run decides and decides nothing itself:
 
-``start {rank, epoch, argv, env, slot, slots}``  start the rank: the supervisor's
-    environment plus ``env``, stdin from /dev/null, output where the supervisor's goes
-    (srun's) in whole lines (launcher/output.py: the node's ranks share that one
-    stream), pinned to slot ``slot`` of ``slots``'s share of the CPUs this task got
+``start {rank, epoch, argv, env, slot, slots, label}``  start the rank: the
+    supervisor's environment plus ``env``, stdin from /dev/null, output where the
+    supervisor's goes (srun's) in whole lines (launcher/output.py: the node's ranks share
+    that one stream), each starting with ``RANK: `` if ``label`` is true, pinned to slot
+    ``slot`` of ``slots``'s share of the CPUs this task got
     (``os.sched_setaffinity`` in the child before exec); reports
     ``started {rank, epoch, pid}`` or, if it cannot be started, ``exited`` with 127;
 ``signal {rank, epoch, signum}``  signal that incarnation if it still runs;
@@ -125,8 +126,9 @@ class Supervisor:
         finally:
             os.close(out_w)
             os.close(err_w)
-        self.output.add(out_r, 1)
-        self.output.add(err_r, 2)
+        label = f"{rank}: ".encode() if msg.get("label") is True else b""
+        self.output.add(out_r, 1, label)
+        self.output.add(err_r, 2, label)
         self.ranks[(rank, epoch)] = proc
         self.chan.send({"op": "started", "rank": rank, "epoch": epoch, "pid": proc.pid,
                         "cpus": share})

@@ -1,5 +1,5 @@
-"""``python -m raps_slurm.runtime.local -n N [--restarts K] [--mpi4py] -- PROGRAM ARGS``: N
-ranks here.
+"""``python -m raps_slurm.runtime.local -n N [--restarts K] [--mpi4py] [-l] -- PROGRAM
+ARGS``: N ranks here.
 
 A launcher for trying an application without Slurm or agents: it starts PROGRAM N times
 with ``RAPS_LOCAL_DIR`` (peers, logs and checkpoints in one directory),
@@ -11,8 +11,8 @@ or it called ``MPI.Abort``, which leaves :data:`ABORT_FILE` in the directory) en
 job, as ``mpirun`` does: the other ranks are stopped rather than left waiting for it.
 ``--mpi4py`` makes ``from mpi4py import MPI`` in PROGRAM resolve to
 :mod:`raps_slurm.mpi` (docs/mpi.md). The ranks' output comes out in whole lines, as
-under raps-run (launcher/output.py). The exit code is 0 when every rank ended with 0,
-else the first failing rank's.
+under raps-run (launcher/output.py); with ``-l``/``--label`` each starts with its
+rank. The exit code is 0 when every rank ended with 0, else the first failing rank's.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                                                "removed at the end)")
     p.add_argument("--mpi4py", action="store_true",
                    help="run an mpi4py program unchanged: mpi4py resolves to raps_slurm.mpi")
+    p.add_argument("-l", "--label", action="store_true",
+                   help="start each line of a rank's output with its rank (\"3: \")")
     p.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS")
     a = p.parse_args(argv)
     prog = a.program[1:] if a.program[:1] == ["--"] else a.program
@@ -54,14 +56,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--ranks {a.ranks}: expected 1-256")
     root = a.dir or tempfile.mkdtemp(prefix="raps-local-")
     try:
-        return run(prog, a.ranks, a.restarts, root, mpi4py=a.mpi4py)
+        return run(prog, a.ranks, a.restarts, root, mpi4py=a.mpi4py, label=a.label)
     finally:
         if a.dir is None:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = False) -> int:
-    """Start, watch and relaunch the ranks; the exit code."""
+def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = False,
+        label: bool = False) -> int:
+    """Start, watch and relaunch the ranks; the exit code (``label``: each line of a
+    rank's output starts with its rank)."""
     epochs = dict.fromkeys(range(n), 1)
     base = dict(os.environ)
     base.update(hash_seed(base, "local"))  # the same str hashes in a relaunched rank
@@ -86,8 +90,9 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
         finally:
             os.close(out_w)
             os.close(err_w)
-        output.add(out_r, 1)
-        output.add(err_r, 2)
+        tag = f"{rank}: ".encode() if label else b""
+        output.add(out_r, 1, tag)
+        output.add(err_r, 2, tag)
         return proc
 
     try:

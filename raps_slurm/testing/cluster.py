@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -175,16 +175,17 @@ class LocalCluster:
         self._run("etcd-start", *([str(member)] if member is not None else []))
 
     def submit_raps_run(self, program: list[str], sbatch: list[str],
-                        name: str = "heat") -> tuple[str, Path]:
-        """``sbatch --raps --no-kill`` a batch script that execs ``raps-run -- PROGRAM``
-        (this interpreter's); returns the job id and its output file."""
+                        name: str = "heat", run_options: Sequence[str] = ()
+                        ) -> tuple[str, Path]:
+        """``sbatch --raps --no-kill`` a batch script that execs ``raps-run RUN_OPTIONS --
+        PROGRAM`` (this interpreter's); returns the job id and its output file."""
         out = self.run_dir / "jobs"
         out.mkdir(exist_ok=True)
         out.chmod(0o777)  # the job may run as another user
         script = out / f"{name}.sh"
         script.write_text("#!/bin/bash\n"
-                          f"exec {Path(sys.executable).parent / 'raps-run'} -- "
-                          f"{' '.join(program)}\n")
+                          f"exec {Path(sys.executable).parent / 'raps-run'} "
+                          f"{' '.join([*run_options, '--', *program])}\n")
         job = CommandRunner(timeout=60, env=self.env).run(
             ["sbatch", "--parsable", "-o", str(out / f"{name}-%j.out"), "--raps", "--no-kill",
              *sbatch, str(script)]).strip().split(";")[0]

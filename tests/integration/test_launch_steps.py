@@ -50,7 +50,7 @@ def test_four_ranks_per_node_start_as_one_step(
     with leading("launch"):
         job, out = cluster.submit_raps_run(
             [sys.executable, str(HEAT_RING), *ARGS, "--step-sec", "0.05"],
-            ["--raps-spares=2", "--raps-ranks-per-node=4", "-N4"], "launch")
+            ["--raps-spares=2", "--raps-ranks-per-node=4", "-N4"], "launch", ["--label"])
         try:
             data = wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),
                               lambda d: d is not None and d["state"] == "mapped", 60)
@@ -69,7 +69,7 @@ def test_four_ranks_per_node_start_as_one_step(
             # round-robin over the supervisor's CPUs
             cpus = [allowed_cpus(p) for p in pids.values()]
             assert all(c and "," not in c and "-" not in c for c in cpus), cpus
-            text = finish(cluster, job, out, clean)
+            text = finish(cluster, job, out, f"0: {clean}")  # --label: rank 0's line
         finally:
             with contextlib.suppress(SlurmCommandError):
                 run.run(["scancel", job])
@@ -79,3 +79,4 @@ def test_four_ranks_per_node_start_as_one_step(
                                      for r, n in nodes.items()), text[-4000:]
     assert text.count("raps-run: supervisor on ") == 2, text[-4000:]
     assert "raps-run: all 8 ranks finished" in text
+    assert clean not in text.splitlines()  # labelled, and only so

@@ -12,7 +12,7 @@ import click
 from raps_slurm.agent.main import cli as agent_cli
 from raps_slurm.cli import cli as rapsctl_cli
 from raps_slurm.coordinator.main import cli as coordinator_cli
-from raps_slurm.core.launch import OWN_OPTIONS
+from raps_slurm.core.launch import OWN_OPTIONS, RUN_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -179,7 +179,7 @@ def test_jobs_md_names_every_job_option() -> None:
     assert len(spank) == 5, spank
     missing = [f"--{o}" for o in spank if f"`--{o}" not in jobs]
     # raps-run: what it refuses (it sets them itself) and its own flag
-    missing += [o for o in [*OWN_OPTIONS, "--mpi4py"]
+    missing += [o for o in [*OWN_OPTIONS, *RUN_FLAGS]
                 if not re.search(rf"`{re.escape(o)}[`/=]", jobs)]
     local = re.findall(r'add_argument\("(-[-\w]+)"',
                        _text(ROOT / "raps_slurm" / "runtime" / "local.py"))

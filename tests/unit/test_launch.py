@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from raps_slurm.core.launch import Incarnation, Relaunch, outcome, relaunches, split_command
+from raps_slurm.core.launch import (
+    Incarnation,
+    Relaunch,
+    outcome,
+    relaunches,
+    run_flags,
+    split_command,
+)
 from raps_slurm.slurm.commands import srun_rank
+
+
+def test_run_flags_are_taken_out_of_the_srun_options() -> None:
+    assert run_flags(["--mem=1G", "-l", "--mpi4py", "-c", "2"]) == (
+        {"label", "mpi4py"}, ["--mem=1G", "-c", "2"])
+    assert run_flags(["--label"]) == ({"label"}, [])
+    assert run_flags(["-J", "x", "--gres=gpu:1"]) == (set(), ["-J", "x", "--gres=gpu:1"])
 
 
 def test_split_command_passes_user_options_and_refuses_placement_ones() -> None:

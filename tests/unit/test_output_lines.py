@@ -17,8 +17,8 @@ WORDY = ("import sys\nr = sys.argv[1]\nfor i in range(300):\n"
          "    print('rank', r, 'line', i, 'of', 300, 'words', flush=True)\n")
 
 
-def _start(lines: Lines, streams: tuple[int, int], code: str, *args: str
-           ) -> subprocess.Popen[bytes]:
+def _start(lines: Lines, streams: tuple[int, int], code: str, *args: str,
+           label: bytes = b"") -> subprocess.Popen[bytes]:
     """``code`` in a process whose stdout and stderr go to ``streams`` through ``lines``."""
     (out_r, out_w), (err_r, err_w) = pipes()
     try:
@@ -27,8 +27,8 @@ def _start(lines: Lines, streams: tuple[int, int], code: str, *args: str
     finally:
         os.close(out_w)
         os.close(err_w)
-    lines.add(out_r, streams[0])
-    lines.add(err_r, streams[1])
+    lines.add(out_r, streams[0], label)
+    lines.add(err_r, streams[1], label)
     return proc
 
 
@@ -75,6 +75,23 @@ def test_a_last_partial_line_a_long_line_and_stderr(tmp_path: Path) -> None:
         os.close(err)
     assert (tmp_path / "out").read_text() == "x" * long + "\nno newline at the end"
     assert (tmp_path / "err").read_text() == "warn: half"
+
+
+def test_a_label_starts_every_line_once(tmp_path: Path) -> None:
+    out, err = _files(tmp_path)
+    long = 2 * LINE_MAX + 5  # written in three pieces: labelled at its start only
+    code = (f"import sys\nprint('a', 'b', flush=True)\nprint(flush=True)\n"
+            f"sys.stdout.write('x' * {long} + '\\nlast')\nsys.stdout.flush()\n"
+            "print('oops', file=sys.stderr)\n")
+    lines = Lines()
+    try:
+        assert _start(lines, (out, err), code, label=b"7: ").wait(30) == 0
+    finally:
+        lines.close(10)
+        os.close(out)
+        os.close(err)
+    assert (tmp_path / "out").read_text() == f"7: a b\n7: \n7: {'x' * long}\n7: last"
+    assert (tmp_path / "err").read_text() == "7: oops\n"
 
 
 def test_a_stream_nobody_reads_any_more_blocks_no_writer(tmp_path: Path) -> None:

@@ -120,15 +120,31 @@ def test_four_ranks_one_restarted_in_place_the_others_untouched_then_control_los
 
 def test_exit_command_ends_the_supervisor_and_its_ranks(ctl: ControlServer, tmp_path: Path
                                                         ) -> None:
-    sup = supervisor(ctl, "n2", tmp_path / "n2.out")
+    out = tmp_path / "n2.out"
+    sup = supervisor(ctl, "n2", out)
     try:
         h = start(ctl, "n2", 0, 1, 0, 1)
         assert ctl.wait_started([h], 30)
         bad = ctl.start("n2", 1, 1, ["/nonexistent/program"], {}, 0, 1)
         assert bad.wait(10) == 127
+        # labelled: a line that ends, then one the rank has not ended when it is killed
+        env = {"PYTHONUNBUFFERED": "1"}
+        said = ctl.start("n2", 3, 1, [sys.executable, "-c", "print('labelled', 'hello')"],
+                         env, 0, 1, label=True)
+        assert said.wait(10) == 0
+        wrote = tmp_path / "wrote"
+        cut = ctl.start("n2", 4, 1, [sys.executable, "-c", "import sys, time\n"
+                                     "sys.stdout.write('unfinished')\n"
+                                     f"open({str(wrote)!r}, 'w').close()\ntime.sleep(600)"],
+                        env, 0, 1, label=True)
+        assert ctl.wait_started([cut], 30)
+        wait("the labelled line", lambda: "3: labelled hello\n" in out.read_text(), seen=out)
+        wait("the unfinished line written", wrote.exists)
         ctl.close()
         assert sup.wait(15) == 0
         wait("the rank gone", lambda: not alive(h.pid or 0))
+        # what the killed rank had written came out before the supervisor's task ended
+        assert out.read_text().endswith("4: unfinished"), out.read_text()
     finally:
         with contextlib.suppress(ProcessLookupError):
             sup.kill()
