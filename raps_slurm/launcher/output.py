@@ -4,7 +4,7 @@ The ranks of a node share one output stream: the supervisor's, which is the node
 Slurm task (the local launcher's, without Slurm). Writing into it directly, two ranks'
 partial writes interleave: a program run with ``PYTHONUNBUFFERED=1`` writes each word of
 a ``print`` on its own, and two ranks printing at once give ``rankrank  12``. Each rank
-therefore writes into pipes of its own (:func:`pipes`), and :class:`Lines` reads them on
+therefore writes into pipes of its own (:meth:`Lines.start`), and :class:`Lines` reads them on
 one thread and writes only whole lines to the stream, as slurmstepd does for the tasks
 of a plain srun: a line longer than :data:`LINE_MAX` goes in pieces of that size, and a
 rank's last partial line goes when its pipe closes (the rank, and whatever inherited the
@@ -23,17 +23,14 @@ import contextlib
 import os
 import select
 import selectors
+import subprocess
 import threading
+from typing import Any
 
 LINE_MAX = 64 << 10  # a longer line is written in pieces: the buffer per pipe stays bounded
 READ = 64 << 10
 
 
-def pipes() -> tuple[tuple[int, int], tuple[int, int]]:
-    """``(stdout, stderr)``, each ``(read end, write end)``: give the write ends to the
-    rank (``Popen(stdout=w, stderr=w)``), close them here once it started, and hand the
-    read ends to :meth:`Lines.add`."""
-    return os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)
 
 
 class Lines:
@@ -52,6 +49,25 @@ class Lines:
         self._closing = self._stop = False
         self._thread = threading.Thread(target=self._run, name="raps-output", daemon=True)
         self._thread.start()
+
+    def start(self, argv: list[str], label: bytes = b"", **popen: Any
+              ) -> subprocess.Popen[bytes]:
+        """``subprocess.Popen(argv, **popen)`` with its stdout and stderr forwarded to
+        this process's (fds 1 and 2) in whole lines, each starting with ``label``; the
+        pipes' write ends stay with the child alone. OSError if it cannot start."""
+        (out_r, out_w), (err_r, err_w) = os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = subprocess.Popen(argv, stdout=out_w, stderr=err_w, **popen)
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.add(out_r, 1, label)
+        self.add(err_r, 2, label)
+        return proc
 
     def add(self, pipe: int, stream: int, label: bytes = b"") -> None:
         """Forward read end ``pipe`` (closed here at its end) to file descriptor

@@ -39,7 +39,7 @@ from typing import Any
 from raps_slurm.core.launch import cpu_share
 from raps_slurm.framing import FrameError
 from raps_slurm.launcher.channel import ENV_ADDRESS, ENV_KEY, Channel, connect
-from raps_slurm.launcher.output import Lines, pipes
+from raps_slurm.launcher.output import Lines
 
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 CANNOT_START = 127
@@ -112,23 +112,15 @@ class Supervisor:
             return
         assert isinstance(slot, int) and isinstance(slots, int)
         share = cpu_share(self.cpus, slot, slots) if self.cpus else []
-        (out_r, out_w), (err_r, err_w) = pipes()
+        label = f"{rank}: ".encode() if msg.get("label") is True else b""
         try:
-            proc = subprocess.Popen(argv, env={**self.environ, **env}, stdin=subprocess.DEVNULL,
-                                    stdout=out_w, stderr=err_w, preexec_fn=_pin(share))
+            proc = self.output.start(argv, label, env={**self.environ, **env},
+                                     stdin=subprocess.DEVNULL, preexec_fn=_pin(share))
         except OSError as exc:
-            for fd in (out_r, err_r):
-                os.close(fd)
             say(f"rank {rank} epoch {epoch}: cannot start {argv[0]!r}: {exc}")
             self.chan.send({"op": "exited", "rank": rank, "epoch": epoch,
                             "code": CANNOT_START})
             return
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        label = f"{rank}: ".encode() if msg.get("label") is True else b""
-        self.output.add(out_r, 1, label)
-        self.output.add(err_r, 2, label)
         self.ranks[(rank, epoch)] = proc
         self.chan.send({"op": "started", "rank": rank, "epoch": epoch, "pid": proc.pid,
                         "cpus": share})

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 
 from raps_slurm.core.launch import hash_seed
-from raps_slurm.launcher.output import Lines, pipes
+from raps_slurm.launcher.output import Lines
 
 ABORT_FILE = "abort"  # written by MPI.Abort (raps_slurm.mpi): "RANK CODE"
 STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
@@ -80,20 +80,7 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
         env = {**base, "RAPS_LOCAL_DIR": root, "RAPS_RANK": str(rank),
                "RAPS_SIZE": str(n), "RAPS_EPOCH": str(epochs[rank]),
                "RAPS_LOCAL_SIZE": str(n)}
-        (out_r, out_w), (err_r, err_w) = pipes()
-        try:
-            proc = subprocess.Popen(prog, env=env, stdout=out_w, stderr=err_w)
-        except OSError:
-            for fd in (out_r, err_r):
-                os.close(fd)
-            raise
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        tag = f"{rank}: ".encode() if label else b""
-        output.add(out_r, 1, tag)
-        output.add(err_r, 2, tag)
-        return proc
+        return output.start(prog, f"{rank}: ".encode() if label else b"", env=env)
 
     try:
         codes = _watch(start, n, restarts, root, epochs)

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from raps_slurm.launcher.output import LINE_MAX, Lines, pipes
+from raps_slurm.launcher.output import LINE_MAX, Lines
 
 # print() with several arguments and PYTHONUNBUFFERED=1: one write(2) per word
 WORDY = ("import sys\nr = sys.argv[1]\nfor i in range(300):\n"
@@ -19,8 +19,9 @@ WORDY = ("import sys\nr = sys.argv[1]\nfor i in range(300):\n"
 
 def _start(lines: Lines, streams: tuple[int, int], code: str, *args: str,
            label: bytes = b"") -> subprocess.Popen[bytes]:
-    """``code`` in a process whose stdout and stderr go to ``streams`` through ``lines``."""
-    (out_r, out_w), (err_r, err_w) = pipes()
+    """``code`` in a process whose stdout and stderr go to ``streams`` through ``lines``
+    (``streams`` stand in for this process's fds 1 and 2)."""
+    (out_r, out_w), (err_r, err_w) = os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)
     try:
         proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out_w,
                                 stderr=err_w, env={**os.environ, "PYTHONUNBUFFERED": "1"})
