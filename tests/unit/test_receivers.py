@@ -4,6 +4,7 @@ every replay stopped by the coordinator's own guard, a dead receiver replaced.""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -176,13 +177,22 @@ def test_receiver_pipes_above_descriptor_1023_are_read_without_spinning(
         senders: list[socket.socket]) -> None:
     """A busy leader's new pipes may get descriptors above select()'s limit of 1023: the
     reading thread must still wait on them, not fail and retry at once."""
-    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    # Every descriptor up to 1100 taken, and no garbage collected meanwhile: an earlier
+    # test's unreachable socket closed by the collector would free a low one for the pipes.
+    gc.collect()
+    gc.disable()
+    filler = [os.open(os.devnull, os.O_RDONLY)]
+    while filler[-1] < 1100:
+        filler.append(os.open(os.devnull, os.O_RDONLY))
     server = HeartbeatServer(("127.0.0.1", 0), KEY, max_skew=5.0, leader_revision=lambda: 7,
                              reuse_port=True)
     server.start()
     p = ReceiverPool(server, 2, KEY, None, 5.0)
     try:
-        p.start()
+        try:
+            p.start()
+        finally:
+            gc.enable()
         p.publish(7, time.monotonic() + 60)
         assert max(c.fileno() for c in p._conns if c is not None) > 1023
         cpu0, t0 = time.process_time(), time.monotonic()
