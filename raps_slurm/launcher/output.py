@@ -14,7 +14,8 @@ The thread is the streams' only writer of ranks' output. If a stream blocks (who
 reads it is slow) the thread waits and the ranks' pipes fill, as a rank writing to the
 stream itself would wait; the supervisor's control loop does not. If a stream is gone
 (EPIPE), what comes for it is read and dropped, counted in :attr:`Lines.dropped`, so
-that no rank blocks on a full pipe.
+that no rank blocks on a full pipe. An error nothing here expects ends only the pipe it
+came from (:attr:`Lines.cut`): that rank's next write fails, the others' output goes on.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Lines:
 
     def __init__(self) -> None:
         self.dropped = 0  # bytes read for a stream that was gone
+        self.cut = 0  # pipes no longer forwarded after an unexpected error
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
@@ -114,9 +116,15 @@ class Lines:
                         while os.read(self._wake_r, 512):
                             pass
                 else:
-                    self._read(key.fd, key.data)
+                    try:
+                        self._read(key.fd, key.data)
+                    except Exception as exc:  # one pipe's failure, not every rank's
+                        self._cut(key.fd, exc)
         for pipe in list(self._bufs):  # stopped with pipes still open: their rests
-            self._end(pipe, self._sel.get_key(pipe).data)
+            try:
+                self._end(pipe, self._sel.get_key(pipe).data)
+            except Exception as exc:  # the other pipes' rests still go
+                self._cut(pipe, exc)
 
     def _read(self, pipe: int, to: tuple[int, bytes]) -> None:
         try:
@@ -136,6 +144,18 @@ class Lines:
         if cut:
             self._put(pipe, to, buf[:cut])
             del buf[:cut]
+
+    def _cut(self, pipe: int, exc: Exception) -> None:
+        """Stop forwarding ``pipe`` after an error nothing here expects: its rank gets
+        EPIPE (SIGPIPE) on its next write, the other ranks' output goes on."""
+        self.cut += 1
+        self._bufs.pop(pipe, None)
+        self._fresh.pop(pipe, None)
+        if pipe in self._sel.get_map():  # else _end closed it: its number may be reused
+            self._sel.unregister(pipe)
+            os.close(pipe)
+        with contextlib.suppress(OSError):
+            os.write(2, f"raps: a rank's output is cut off: {exc!r}\n".encode())
 
     def _end(self, pipe: int, to: tuple[int, bytes]) -> None:
         rest = self._bufs.pop(pipe)

@@ -12,7 +12,9 @@ job, as ``mpirun`` does: the other ranks are stopped rather than left waiting fo
 ``--mpi4py`` makes ``from mpi4py import MPI`` in PROGRAM resolve to
 :mod:`raps_slurm.mpi` (docs/mpi.md). The ranks' output comes out in whole lines, as
 under raps-run (launcher/output.py); with ``-l``/``--label`` each starts with its
-rank. The exit code is 0 when every rank ended with 0, else the first failing rank's.
+rank. The exit code is 0 when every rank ended with 0, else the first failing rank's;
+a rank whose program cannot be started (not found, not executable) counts as exiting
+with :data:`CANNOT_START`, and the other ranks are stopped.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from raps_slurm.launcher.output import Lines
 ABORT_FILE = "abort"  # written by MPI.Abort (raps_slurm.mpi): "RANK CODE"
 STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
 DRAIN_SEC = 5.0       # at the end, how long the ranks' last output may take to come
+CANNOT_START = 127    # a rank's exit code when its program cannot be started, as a shell's
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,8 +105,24 @@ def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: in
            root: str, epochs: dict[int, int]) -> dict[int, int]:
     """Watch the ranks ``start`` starts, relaunch those that fail; each rank's exit
     code."""
-    procs = {r: start(r) for r in range(n)}
+    procs: dict[int, subprocess.Popen[bytes]] = {}
     codes: dict[int, int] = {}
+
+    def launch(rank: int) -> bool:
+        try:
+            procs[rank] = start(rank)
+        except OSError as exc:  # no such program, not executable: one line, as srun's
+            _say(f"rank {rank} could not start: {exc}")
+            codes[rank] = CANNOT_START
+            return False
+        return True
+
+    for rank in range(n):
+        if not launch(rank):
+            if procs:
+                _say(f"stopping ranks {sorted(procs)}")
+                _stop(procs)
+            return codes
     left = restarts
     aborted = os.path.join(root, ABORT_FILE)
     while procs:
@@ -117,9 +136,11 @@ def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: in
                 epochs[rank] += 1
                 _say(f"rank {rank} exited with {code}; relaunching it with epoch "
                      f"{epochs[rank]}")
-                procs[rank] = start(rank)
-                continue
-            codes[rank] = code
+                if launch(rank):
+                    continue
+            else:
+                codes[rank] = code
+            code = codes[rank]
             if code != 0 and procs:
                 why = "called MPI.Abort" if os.path.exists(aborted) else "failed"
                 _say(f"rank {rank} {why} (exit code {code}); stopping ranks {sorted(procs)}")

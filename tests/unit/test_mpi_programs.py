@@ -190,3 +190,32 @@ def test_abort_ends_the_job_under_both(mpirun: list[str], tmp_path: Path) -> Non
     assert ours.returncode == 3, our_err[-2000:]
     assert "rank 1 called MPI.Abort (exit code 3); stopping ranks [0, 2]" in our_err
     assert "relaunching" not in our_err
+
+
+def test_a_program_that_cannot_start_ends_the_launch_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-program"
+    p = subprocess.run([*_local(2), "--", str(missing)], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert p.returncode == 127, p.stderr
+    assert p.stderr.splitlines() == [
+        f"raps-local: rank 0 could not start: [Errno 2] No such file or directory: "
+        f"'{missing}'", "raps-local: rank 0 failed with exit code 127"], p.stderr
+
+
+def test_a_rank_that_cannot_be_relaunched_stops_the_others(tmp_path: Path) -> None:
+    # Once rank 1 runs, rank 0 removes their program and fails: its relaunch cannot
+    # start, and rank 1, which would sleep for a minute, is stopped.
+    prog = tmp_path / "prog.sh"
+    prog.write_text('#!/bin/sh\nup="$RAPS_LOCAL_DIR/up"\nif [ "$RAPS_RANK" = 0 ]; then\n'
+                    '  while [ ! -e "$up" ]; do sleep 0.05; done; rm -f "$0"; exit 3\nfi\n'
+                    'touch "$up"; exec sleep 60\n')
+    prog.chmod(0o755)
+    p = subprocess.run([*_local(2), "--restarts", "1", "--", str(prog)], capture_output=True,
+                       text=True, timeout=40, check=False)
+    assert p.returncode == 127, p.stderr
+    lines = p.stderr.splitlines()
+    assert lines[:3] == ["raps-local: rank 0 exited with 3; relaunching it with epoch 2",
+                         f"raps-local: rank 0 could not start: [Errno 2] No such file or "
+                         f"directory: '{prog}'",
+                         "raps-local: rank 0 failed (exit code 127); stopping ranks [1]"], lines
+    assert "Traceback" not in p.stderr

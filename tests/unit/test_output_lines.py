@@ -128,3 +128,35 @@ def test_a_pipe_still_held_is_cut_off_at_close(tmp_path: Path) -> None:
         os.close(out)
         os.close(err)
     assert (tmp_path / "out").read_bytes() == b"whole\npart"
+
+
+class _Faulty(Lines):
+    """Lines whose writing fails, as a bug would, for a line that says so."""
+
+    def _put(self, pipe: int, to: tuple[int, bytes], data: bytearray) -> None:
+        if b"boom" in data:
+            raise RuntimeError("injected")
+        super()._put(pipe, to, data)
+
+
+def test_an_unexpected_error_cuts_off_one_pipe_and_the_others_go_on(tmp_path: Path) -> None:
+    out, err = _files(tmp_path)
+    lines = _Faulty()
+    # After "boom" this process writes 1 MiB: far more than a pipe holds, so it would
+    # block for ever if its pipe were neither read nor closed.
+    loud = ("import sys\nprint('boom', flush=True)\ntry:\n"
+            "    for i in range(4096):\n        sys.stdout.write('z' * 255 + '\\n')\n"
+            "    sys.stdout.flush()\nexcept BrokenPipeError:\n    sys.exit(9)\n")
+    try:
+        bad = _start(lines, (out, err), loud)
+        good = _start(lines, (out, err), WORDY, "1")
+        assert bad.wait(30) == 9  # its writes failed: its pipe was closed
+        assert good.wait(60) == 0
+    finally:
+        lines.close(10)
+        os.close(out)
+        os.close(err)
+    got = (tmp_path / "out").read_text().splitlines()
+    assert [g for g in got if g.startswith("rank")] == \
+        [f"rank 1 line {i} of 300 words" for i in range(300)]
+    assert "boom" not in got and lines.cut == 1
