@@ -7,22 +7,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from raps_slurm.core import srun_options
+
 # raps-run places every rank itself (one step per rank, one task, one node): these srun
-# options would contradict it. Everything else (--cpus-per-task, --mem, --gres, ...)
-# passes through to each rank's step.
-OWN_OPTIONS = {
-    "-N": "--nodes", "--nodes": "--nodes", "-n": "--ntasks", "--ntasks": "--ntasks",
-    "-w": "--nodelist", "--nodelist": "--nodelist", "-x": "--exclude",
-    "--exclude": "--exclude", "--ntasks-per-node": "--ntasks-per-node",
-    "-r": "--relative", "--relative": "--relative", "--jobid": "--jobid",
-    "-K": "--kill-on-bad-exit", "--kill-on-bad-exit": "--kill-on-bad-exit",
-    "--exact": "--exact", "--no-kill": "--no-kill", "-k": "--no-kill",
-    "--multi-prog": "--multi-prog", "-J": "--job-name", "--job-name": "--job-name",
-}
+# options (long names; srun's short forms and prefixes too, core/srun_options.py) would
+# contradict it. Everything else (--cpus-per-task, --mem, --gres, ...) passes through.
+OWN_OPTIONS = ("nodes", "ntasks", "nodelist", "exclude", "ntasks-per-node", "relative",
+               "jobid", "kill-on-bad-exit", "exact", "no-kill", "multi-prog", "job-name")
 
 # raps-run's own flags among the srun options: --mpi4py, and -l/--label, which srun would
 # apply to the supervisors' tasks (one per node) where the user means the ranks.
-RUN_FLAGS = {"--mpi4py": "mpi4py", "-l": "label", "--label": "label"}
+RUN_FLAGS = ("mpi4py", "label")
 
 # A rank that was fenced (its epoch superseded) exits with this code (EX_TEMPFAIL).
 FENCED_EXIT = 75
@@ -44,24 +39,25 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     if not program:
         raise ValueError("usage: raps-run [SRUN OPTIONS] -- PROGRAM [ARGS]: no program "
                          "after '--'")
-    for opt in options:
-        name = opt.split("=", 1)[0]
-        if not name.startswith("--") and len(name) > 2 and name.startswith("-"):
-            name = name[:2]  # -N4, -wn1: a short option with its value attached
-        if name in OWN_OPTIONS:
-            raise ValueError(f"srun option {opt!r}: raps-run sets {OWN_OPTIONS[name]} itself "
-                             "(one step per rank on the node the coordinator chose); pass "
-                             "options such as --cpus-per-task, --mem, --gres")
-        if not opt.startswith("-") and options.index(opt) == 0:
-            raise ValueError(f"{opt!r}: srun options come before '--' and start with '-'")
+    for group in srun_options.parse(options, RUN_FLAGS):
+        for opt in group.options:
+            if opt.name in OWN_OPTIONS:
+                raise ValueError(
+                    f"srun option {' '.join(group.words)!r}: raps-run sets --{opt.name} "
+                    "itself (one step per rank on the node the coordinator chose); pass "
+                    "options such as --cpus-per-task, --mem, --gres")
+            if opt.name is None and not group.words[0].startswith("-"):
+                raise ValueError(f"{group.words[0]!r}: srun options come before '--' and "
+                                 "start with '-'")
     return options, program
 
 
 def run_flags(options: Sequence[str]) -> tuple[set[str], list[str]]:
-    """raps-run's own flags among ``options`` (the names in :data:`RUN_FLAGS`' values)
-    and the options left for srun."""
-    return ({RUN_FLAGS[o] for o in options if o in RUN_FLAGS},
-            [o for o in options if o not in RUN_FLAGS])
+    """raps-run's own flags among ``options`` (names in :data:`RUN_FLAGS`) and the
+    options left for srun (``-lK`` leaves ``--kill-on-bad-exit``)."""
+    groups = srun_options.parse(options, RUN_FLAGS)
+    taken = {o.name for g in groups for o in g.options if o.name in RUN_FLAGS}
+    return {str(n) for n in taken}, srun_options.unparse(groups, set(RUN_FLAGS))
 
 
 @dataclass(frozen=True)
@@ -153,35 +149,18 @@ def outcome(current: Mapping[int, Incarnation], now: float, grace: float,
 
 # --- node supervisors -------------------------------------------------------------------
 
-# The user's CPU request per rank: raps-run asks for it times the node's ranks per
-# supervisor task, so it takes these options out of what passes to the step.
-CPU_OPTIONS = ("-c", "--cpus-per-task")
-
-
 def cpus_per_rank(options: Sequence[str]) -> tuple[int, list[str]]:
-    """(the user's ``--cpus-per-task``/``-c``, default 1; the other options);
-    ValueError for a value that is not a positive integer."""
-    rest: list[str] = []
-    cpus, i = 1, 0
-    while i < len(options):
-        opt, value = options[i], None
-        if opt in CPU_OPTIONS:
-            if i + 1 >= len(options):
-                raise ValueError(f"srun option {opt!r} needs a value")
-            value, i = options[i + 1], i + 1
-        elif opt.startswith("--cpus-per-task="):
-            value = opt.split("=", 1)[1]
-        elif opt.startswith("-c") and len(opt) > 2:
-            value = opt[2:]
-        else:
-            rest.append(opt)
-        i += 1
-        if value is None:
-            continue
+    """(the user's ``--cpus-per-task``/``-c``, default 1; the other options): raps-run
+    asks for it times the node's ranks per supervisor task, so it takes it out of what
+    passes to the step. ValueError for a value that is not a positive integer."""
+    groups = srun_options.parse(options, RUN_FLAGS)
+    cpus = 1
+    for opt in (o for g in groups for o in g.options if o.name == "cpus-per-task"):
+        value = opt.value or ""
         if not (value.isascii() and value.isdigit()) or int(value) < 1:
             raise ValueError(f"--cpus-per-task={value!r}: expected an integer >= 1")
         cpus = int(value)
-    return cpus, rest
+    return cpus, srun_options.unparse(groups, {"cpus-per-task"})
 
 
 def job_cpus_per_node(text: str) -> list[int]:

@@ -13,6 +13,7 @@ from raps_slurm.agent.main import cli as agent_cli
 from raps_slurm.cli import cli as rapsctl_cli
 from raps_slurm.coordinator.main import cli as coordinator_cli
 from raps_slurm.core.launch import OWN_OPTIONS, RUN_FLAGS
+from raps_slurm.core.srun_options import SHORT
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -179,8 +180,9 @@ def test_jobs_md_names_every_job_option() -> None:
     assert len(spank) == 5, spank
     missing = [f"--{o}" for o in spank if f"`--{o}" not in jobs]
     # raps-run: what it refuses (it sets them itself) and its own flag
-    missing += [o for o in [*OWN_OPTIONS, *RUN_FLAGS]
-                if not re.search(rf"`{re.escape(o)}[`/=]", jobs)]
+    names = {*OWN_OPTIONS, *RUN_FLAGS}
+    forms = [f"--{n}" for n in names] + [f"-{c}" for c, n in SHORT.items() if n in names]
+    missing += [o for o in forms if not re.search(rf"`{re.escape(o)}[`/=]", jobs)]
     local = re.findall(r'add_argument\("(-[-\w]+)"',
                        _text(ROOT / "raps_slurm" / "runtime" / "local.py"))
     assert "--restarts" in local
