@@ -8,7 +8,8 @@ therefore writes into pipes of its own (:meth:`Lines.start`), and :class:`Lines`
 one thread and writes only whole lines to the stream, as slurmstepd does for the tasks
 of a plain srun: a line longer than :data:`LINE_MAX` goes in pieces of that size, and a
 rank's last partial line goes when its pipe closes (the rank, and whatever inherited the
-pipe from it, gone). With a label (``raps-run --label``) each line starts with it.
+pipe from it, gone). With a label (``raps-run --label``: :func:`label`) each line
+starts with it, and a last partial line is ended with a newline, as srun's are.
 
 The thread is the streams' only writer of ranks' output. If a stream blocks (whoever
 reads it is slow) the thread waits and the ranks' pipes fill, as a rank writing to the
@@ -32,6 +33,12 @@ LINE_MAX = 64 << 10  # a longer line is written in pieces: the buffer per pipe s
 READ = 64 << 10
 
 
+
+
+def label(rank: int, size: int) -> bytes:
+    """The label of rank ``rank`` of ``size``, as srun's ``--label`` writes a task's:
+    right-aligned to the width of the largest rank (`` 3: `` among 16)."""
+    return f"{rank:>{len(str(max(size - 1, 0)))}}: ".encode()
 
 
 class Lines:
@@ -162,6 +169,8 @@ class Lines:
         self._sel.unregister(pipe)
         os.close(pipe)
         if rest:
+            if to[1] and not rest.endswith(b"\n"):
+                rest += b"\n"  # labelled, a last partial line is ended, as srun does
             self._put(pipe, to, rest)
         del self._fresh[pipe]
 

@@ -9,7 +9,8 @@ the environment before any rank starts) and says hello with its node name
 ``start {rank, epoch, argv, env, slot, slots, label}``  start the rank: the
     supervisor's environment plus ``env``, stdin from /dev/null, output where the
     supervisor's goes (srun's) in whole lines (launcher/output.py: the node's ranks share
-    that one stream), each starting with ``RANK: `` if ``label`` is true, pinned to slot
+    that one stream), each starting with ``RANK: `` if ``label`` is true (right-aligned
+    to the width of ``RAPS_SIZE - 1`` in ``env``, as srun's labels), pinned to slot
     ``slot`` of ``slots``'s share of the CPUs this task got
     (``os.sched_setaffinity`` in the child before exec); reports
     ``started {rank, epoch, pid}`` or, if it cannot be started, ``exited`` with 127;
@@ -39,7 +40,7 @@ from typing import Any
 from raps_slurm.core.launch import cpu_share
 from raps_slurm.framing import FrameError
 from raps_slurm.launcher.channel import ENV_ADDRESS, ENV_KEY, Channel, connect
-from raps_slurm.launcher.output import Lines
+from raps_slurm.launcher.output import Lines, label
 
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 CANNOT_START = 127
@@ -112,9 +113,11 @@ class Supervisor:
             return
         assert isinstance(slot, int) and isinstance(slots, int)
         share = cpu_share(self.cpus, slot, slots) if self.cpus else []
-        label = f"{rank}: ".encode() if msg.get("label") is True else b""
+        size = env.get("RAPS_SIZE", "")
+        ranks = int(size) if size.isascii() and size.isdigit() and len(size) < 10 else 0
+        tag = label(rank, max(ranks, rank + 1)) if msg.get("label") is True else b""
         try:
-            proc = self.output.start(argv, label, env={**self.environ, **env},
+            proc = self.output.start(argv, tag, env={**self.environ, **env},
                                      stdin=subprocess.DEVNULL, preexec_fn=_pin(share))
         except OSError as exc:
             say(f"rank {rank} epoch {epoch}: cannot start {argv[0]!r}: {exc}")

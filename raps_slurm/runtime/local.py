@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from raps_slurm.core.launch import hash_seed
 from raps_slurm.launcher.output import Lines
+from raps_slurm.launcher.output import label as tag
 
 ABORT_FILE = "abort"  # written by MPI.Abort (raps_slurm.mpi): "RANK CODE"
 STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
@@ -83,7 +84,7 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
         env = {**base, "RAPS_LOCAL_DIR": root, "RAPS_RANK": str(rank),
                "RAPS_SIZE": str(n), "RAPS_EPOCH": str(epochs[rank]),
                "RAPS_LOCAL_SIZE": str(n)}
-        return output.start(prog, f"{rank}: ".encode() if label else b"", env=env)
+        return output.start(prog, tag(rank, n) if label else b"", env=env)
 
     try:
         codes = _watch(start, n, restarts, root, epochs)

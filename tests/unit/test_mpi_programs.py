@@ -219,3 +219,11 @@ def test_a_rank_that_cannot_be_relaunched_stops_the_others(tmp_path: Path) -> No
                          f"directory: '{prog}'",
                          "raps-local: rank 0 failed (exit code 127); stopping ranks [1]"], lines
     assert "Traceback" not in p.stderr
+
+
+def test_the_local_launchers_labels_are_as_wide_as_sruns(tmp_path: Path) -> None:
+    p = subprocess.run([*_local(11), "-l", "--", "sh", "-c", 'printf "hi $RAPS_RANK"'],
+                       capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines(keepends=True)) == sorted(
+        f"{r:>2}: hi {r}\n" for r in range(11))

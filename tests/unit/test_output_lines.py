@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from raps_slurm.launcher.output import LINE_MAX, Lines
+from raps_slurm.launcher.output import LINE_MAX, Lines, label
 
 # print() with several arguments and PYTHONUNBUFFERED=1: one write(2) per word
 WORDY = ("import sys\nr = sys.argv[1]\nfor i in range(300):\n"
@@ -91,8 +91,14 @@ def test_a_label_starts_every_line_once(tmp_path: Path) -> None:
         lines.close(10)
         os.close(out)
         os.close(err)
-    assert (tmp_path / "out").read_text() == f"7: a b\n7: \n7: {'x' * long}\n7: last"
+    # the last partial line ended, as srun ends a labelled task's
+    assert (tmp_path / "out").read_text() == f"7: a b\n7: \n7: {'x' * long}\n7: last\n"
     assert (tmp_path / "err").read_text() == "7: oops\n"
+
+
+def test_labels_are_as_wide_as_the_largest_rank_as_sruns() -> None:
+    assert [label(r, n) for r, n in ((0, 1), (9, 10), (3, 16), (15, 16), (7, 101))] == [
+        b"0: ", b"9: ", b" 3: ", b"15: ", b"  7: "]
 
 
 def test_a_stream_nobody_reads_any_more_blocks_no_writer(tmp_path: Path) -> None:

@@ -127,8 +127,9 @@ def test_exit_command_ends_the_supervisor_and_its_ranks(ctl: ControlServer, tmp_
         assert ctl.wait_started([h], 30)
         bad = ctl.start("n2", 1, 1, ["/nonexistent/program"], {}, 0, 1)
         assert bad.wait(10) == 127
-        # labelled: a line that ends, then one the rank has not ended when it is killed
-        env = {"PYTHONUNBUFFERED": "1"}
+        # labelled: a line that ends, then one the rank has not ended when it is killed;
+        # of 16 ranks, the label is as wide as "15"
+        env = {"PYTHONUNBUFFERED": "1", "RAPS_SIZE": "16"}
         said = ctl.start("n2", 3, 1, [sys.executable, "-c", "print('labelled', 'hello')"],
                          env, 0, 1, label=True)
         assert said.wait(10) == 0
@@ -138,13 +139,14 @@ def test_exit_command_ends_the_supervisor_and_its_ranks(ctl: ControlServer, tmp_
                                      f"open({str(wrote)!r}, 'w').close()\ntime.sleep(600)"],
                         env, 0, 1, label=True)
         assert ctl.wait_started([cut], 30)
-        wait("the labelled line", lambda: "3: labelled hello\n" in out.read_text(), seen=out)
+        wait("the labelled line", lambda: " 3: labelled hello\n" in out.read_text(), seen=out)
         wait("the unfinished line written", wrote.exists)
         ctl.close()
         assert sup.wait(15) == 0
         wait("the rank gone", lambda: not alive(h.pid or 0))
-        # what the killed rank had written came out before the supervisor's task ended
-        assert out.read_text().endswith("4: unfinished"), out.read_text()
+        # what the killed rank had written came out before the supervisor's task ended,
+        # ended with a newline as srun ends a labelled task's last partial line
+        assert out.read_text().endswith("\n 4: unfinished\n"), out.read_text()
     finally:
         with contextlib.suppress(ProcessLookupError):
             sup.kill()
