@@ -13,7 +13,7 @@ from typing import Any
 from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.testing.cluster import LocalCluster, wait_until
-from raps_slurm.testing.jobs import HEAT_RING, finish, heat_reference
+from raps_slurm.testing.jobs import HEAT_RING, finish, heat_reference, sruns_of_run
 
 ARGS = ["--steps", "160", "--every", "20"]
 
@@ -50,7 +50,8 @@ def test_four_ranks_per_node_start_as_one_step(
     with leading("launch"):
         job, out = cluster.submit_raps_run(
             [sys.executable, str(HEAT_RING), *ARGS, "--step-sec", "0.05"],
-            ["--raps-spares=2", "--raps-ranks-per-node=4", "-N4"], "launch", ["--label"])
+            ["--raps-spares=2", "--raps-ranks-per-node=4", "-N4"], "launch",
+            ["--lab"])  # a prefix of --label, as srun reads it (core/srun_options.py)
         try:
             data = wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),
                               lambda d: d is not None and d["state"] == "mapped", 60)
@@ -58,6 +59,14 @@ def test_four_ranks_per_node_start_as_one_step(
             assert sorted(Counter(nodes.values()).values()) == [4, 4], nodes
             pids = wait_until("all 8 ranks running", lambda: job_ranks(job),
                               lambda p: len(p) == 8, 60)
+            # raps-run took --lab itself: srun would label the supervisors' tasks (nodes)
+            argvs = []
+            for pid in sruns_of_run(cluster, job, 0):
+                with contextlib.suppress(OSError):
+                    argvs.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+            assert argvs, "the run's srun is not found"
+            assert not [a for argv in argvs for a in argv if a.startswith((b"--lab", b"-l"))], \
+                argvs
             steps = run.run(["squeue", "--steps", "-j", job, "-h", "-o", "%i|%N|%j"])
             rows = [x.split("|") for x in steps.splitlines() if x.strip()]
             ours = [r for r in rows if not r[0].endswith((".batch", ".extern"))]
