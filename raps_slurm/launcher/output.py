@@ -17,6 +17,8 @@ stream itself would wait; the supervisor's control loop does not. If a stream is
 (EPIPE), what comes for it is read and dropped, counted in :attr:`Lines.dropped`, so
 that no rank blocks on a full pipe. An error nothing here expects ends only the pipe it
 came from (:attr:`Lines.cut`): that rank's next write fails, the others' output goes on.
+The owner's own lines go through the same thread (:meth:`Lines.say`), so that nothing
+else writes to the streams while it does.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class Lines:
         self._bufs: dict[int, bytearray] = {}
         self._fresh: dict[int, bool] = {}  # per pipe: the next byte starts a line
         self._gone: set[int] = set()  # streams that raised EPIPE
+        self._said: list[tuple[int, bytes]] = []  # the owner's own lines, to write in turn
+        self._exited = False
         self._closing = self._stop = False
         self._thread = threading.Thread(target=self._run, name="raps-output", daemon=True)
         self._thread.start()
@@ -86,6 +90,18 @@ class Lines:
             self._new.append((pipe, stream, label))
         self._wake()
 
+    def say(self, stream: int, data: bytes) -> None:
+        """Write ``data`` (the owner's own whole lines) to ``stream`` between the ranks'
+        lines, from the forwarding thread: a rank's long line the thread is writing into
+        a full pipe is never cut by it. Written at once if the thread has ended."""
+        with self._lock:
+            if not self._exited:
+                self._said.append((stream, data))
+        if self._exited:
+            self._write(stream, bytearray(data))
+        else:
+            self._wake()
+
     def close(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for every pipe to close, then write what is left of
         each and stop (a pipe a stray process still holds is cut off there)."""
@@ -110,11 +126,14 @@ class Lines:
         while True:
             with self._lock:
                 new, self._new = self._new, []
+                said, self._said = self._said, []
                 done = self._stop or (self._closing and not self._bufs and not new)
             for pipe, stream, label in new:
                 self._sel.register(pipe, selectors.EVENT_READ, (stream, label))
                 self._bufs[pipe] = bytearray()
                 self._fresh[pipe] = True
+            for stream, data in said:
+                self._write(stream, bytearray(data))
             if done:
                 break
             for key, _ in self._sel.select(1.0):
@@ -132,6 +151,14 @@ class Lines:
                 self._end(pipe, self._sel.get_key(pipe).data)
             except Exception as exc:  # the other pipes' rests still go
                 self._cut(pipe, exc)
+        while True:  # the owner's last lines; later ones it writes itself
+            with self._lock:
+                said, self._said = self._said, []
+                self._exited = not said
+            if not said:
+                break
+            for stream, data in said:
+                self._write(stream, bytearray(data))
 
     def _read(self, pipe: int, to: tuple[int, bytes]) -> None:
         try:

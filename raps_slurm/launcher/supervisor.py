@@ -48,10 +48,15 @@ WAKE_SEC = 1.0  # a rank's exit also wakes the loop at once (SIGCHLD)
 DRAIN_SEC = 5.0  # at the end, how long the ranks' last output may take to come
 
 
-def say(text: str) -> None:
-    """One line on stderr (the job's error file), prefixed like raps-run's, in one write
-    (the ranks' lines go there too)."""
-    sys.stderr.write(f"raps-supervisor: {text}\n")
+def say(text: str, output: Lines | None = None) -> None:
+    """One line on stderr (the job's error file), prefixed like raps-run's, in one write;
+    through ``output``, the ranks' forwarder, once there is one (their lines go there
+    too)."""
+    line = f"raps-supervisor: {text}\n"
+    if output is not None:
+        output.say(2, line.encode(errors="replace"))
+        return
+    sys.stderr.write(line)
     sys.stderr.flush()
 
 
@@ -83,7 +88,7 @@ class Supervisor:
             return
         rank, epoch = msg.get("rank"), msg.get("epoch")
         if not (_is_int(rank) and _is_int(epoch)):
-            say(f"ignored a {op!r} command without an integer rank and epoch")
+            say(f"ignored a {op!r} command without an integer rank and epoch", self.output)
             return
         assert isinstance(rank, int) and isinstance(epoch, int)
         if op == "start":
@@ -97,7 +102,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signum)
         else:
-            say(f"ignored an unknown command {op!r}")
+            say(f"ignored an unknown command {op!r}", self.output)
 
     def start(self, rank: int, epoch: int, msg: dict[str, Any]) -> None:
         """Start one rank (see the module docstring)."""
@@ -107,7 +112,7 @@ class Supervisor:
                 or not isinstance(env, dict)
                 or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
                 or not (_is_int(slot) and _is_int(slots)) or not 0 <= slot < slots):
-            say(f"rank {rank} epoch {epoch}: malformed start command")
+            say(f"rank {rank} epoch {epoch}: malformed start command", self.output)
             self.chan.send({"op": "exited", "rank": rank, "epoch": epoch,
                             "code": CANNOT_START})
             return
@@ -120,7 +125,7 @@ class Supervisor:
             proc = self.output.start(argv, tag, env={**self.environ, **env},
                                      stdin=subprocess.DEVNULL, preexec_fn=_pin(share))
         except OSError as exc:
-            say(f"rank {rank} epoch {epoch}: cannot start {argv[0]!r}: {exc}")
+            say(f"rank {rank} epoch {epoch}: cannot start {argv[0]!r}: {exc}", self.output)
             self.chan.send({"op": "exited", "rank": rank, "epoch": epoch,
                             "code": CANNOT_START})
             return
@@ -169,7 +174,8 @@ class Supervisor:
                     self.handle(self.chan.recv(idle_timeout=1.0))
                 self.reap()
         except FrameError as exc:
-            say(f"control connection lost ({exc}): killing {len(self.ranks)} running ranks")
+            say(f"control connection lost ({exc}): killing {len(self.ranks)} running ranks",
+                self.output)
             self.kill_all()
             return 1
         self.kill_all()
@@ -221,7 +227,7 @@ def main() -> None:
         chan.send({"op": "hello", "node": node, "pid": os.getpid(), "cpus": sorted(cpus)})
         code = sup.serve(rfd)
     except FrameError as exc:
-        say(f"control connection lost ({exc})")
+        say(f"control connection lost ({exc})", sup.output)
         sup.kill_all()
         code = 1
     finally:

@@ -87,7 +87,7 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
         return output.start(prog, tag(rank, n) if label else b"", env=env)
 
     try:
-        codes = _watch(start, n, restarts, root, epochs)
+        codes = _watch(start, n, restarts, root, epochs, output)
     finally:
         output.close(DRAIN_SEC)  # the ranks' last lines come before the verdict
     bad = [(r, c) for r, c in sorted(codes.items()) if c != 0]
@@ -96,16 +96,21 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
     return bad[0][1] if bad and bad[0][1] > 0 else (1 if bad else 0)
 
 
-def _say(text: str) -> None:
-    """One line on stderr, in one write (the ranks' lines go there too)."""
-    sys.stderr.write(f"raps-local: {text}\n")
+def _say(text: str, output: Lines | None = None) -> None:
+    """One line on stderr, in one write; through ``output``, the ranks' forwarder, while
+    there is one (their lines go there too)."""
+    line = f"raps-local: {text}\n"
+    if output is not None:
+        output.say(2, line.encode(errors="replace"))
+        return
+    sys.stderr.write(line)
     sys.stderr.flush()
 
 
 def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: int,
-           root: str, epochs: dict[int, int]) -> dict[int, int]:
+           root: str, epochs: dict[int, int], output: Lines) -> dict[int, int]:
     """Watch the ranks ``start`` starts, relaunch those that fail; each rank's exit
-    code."""
+    code (what it says goes through ``output``)."""
     procs: dict[int, subprocess.Popen[bytes]] = {}
     codes: dict[int, int] = {}
 
@@ -113,7 +118,7 @@ def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: in
         try:
             procs[rank] = start(rank)
         except OSError as exc:  # no such program, not executable: one line, as srun's
-            _say(f"rank {rank} could not start: {exc}")
+            _say(f"rank {rank} could not start: {exc}", output)
             codes[rank] = CANNOT_START
             return False
         return True
@@ -121,7 +126,7 @@ def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: in
     for rank in range(n):
         if not launch(rank):
             if procs:
-                _say(f"stopping ranks {sorted(procs)}")
+                _say(f"stopping ranks {sorted(procs)}", output)
                 _stop(procs)
             return codes
     left = restarts
@@ -136,7 +141,7 @@ def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: in
                 left -= 1
                 epochs[rank] += 1
                 _say(f"rank {rank} exited with {code}; relaunching it with epoch "
-                     f"{epochs[rank]}")
+                     f"{epochs[rank]}", output)
                 if launch(rank):
                     continue
             else:
@@ -144,7 +149,8 @@ def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: in
             code = codes[rank]
             if code != 0 and procs:
                 why = "called MPI.Abort" if os.path.exists(aborted) else "failed"
-                _say(f"rank {rank} {why} (exit code {code}); stopping ranks {sorted(procs)}")
+                _say(f"rank {rank} {why} (exit code {code}); stopping ranks {sorted(procs)}",
+                     output)
                 _stop(procs)
                 procs.clear()
                 break

@@ -3,10 +3,14 @@ writing into real pipes."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -166,3 +170,42 @@ def test_an_unexpected_error_cuts_off_one_pipe_and_the_others_go_on(tmp_path: Pa
     assert [g for g in got if g.startswith("rank")] == \
         [f"rank 1 line {i} of 300 words" for i in range(300)]
     assert "boom" not in got and lines.cut == 1
+
+
+def test_the_owners_own_line_never_cuts_a_ranks_line(tmp_path: Path) -> None:
+    # The stream is a pipe of one page nobody reads yet: the thread is stuck midway
+    # through a rank's 60 KiB line when the owner says something.
+    r, w = os.pipe2(os.O_CLOEXEC)
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+    out, err = _files(tmp_path)
+    lines = Lines()
+    size = 60 << 10
+    code = ("import sys\nfor c in 'abc':\n    sys.stdout.write(c * " + str(size) +
+            " + '\\n')\n    sys.stdout.flush()\n")
+    try:
+        proc = _start(lines, (w, err), code)
+        deadline = time.monotonic() + 10
+        while _pending(r) < 4096:
+            assert time.monotonic() < deadline, "the thread wrote nothing"
+            time.sleep(0.01)
+        started = time.monotonic()
+        lines.say(w, b"owner says hi\n")
+        assert time.monotonic() - started < 0.5  # queued: the owner does not wait
+        got = bytearray()
+        want = 3 * (size + 1) + len(b"owner says hi\n")
+        while len(got) < want:
+            assert time.monotonic() < deadline + 20, bytes(got[-100:])
+            if select.select([r], [], [], 1.0)[0]:
+                got += os.read(r, 1 << 16)
+        assert proc.wait(30) == 0
+    finally:
+        lines.close(10)
+        for fd in (r, w, out, err):
+            os.close(fd)
+    assert sorted(bytes(got).split(b"\n")) == sorted(
+        [b"", b"owner says hi", b"a" * size, b"b" * size, b"c" * size])
+
+
+def _pending(fd: int) -> int:
+    """Bytes waiting in pipe ``fd``."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
