@@ -93,14 +93,15 @@ class Lines:
     def say(self, stream: int, data: bytes) -> None:
         """Write ``data`` (the owner's own whole lines) to ``stream`` between the ranks'
         lines, from the forwarding thread: a rank's long line the thread is writing into
-        a full pipe is never cut by it. Written at once if the thread has ended."""
+        a full pipe is never cut by it. Written here if the thread has ended."""
         with self._lock:
-            if not self._exited:
+            queued = not self._exited and self._thread.is_alive()
+            if queued:
                 self._said.append((stream, data))
-        if self._exited:
-            self._write(stream, bytearray(data))
-        else:
+        if queued:
             self._wake()
+        else:
+            self._write(stream, bytearray(data))
 
     def close(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for every pipe to close, then write what is left of
