@@ -28,6 +28,7 @@ import os
 import select
 import selectors
 import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -35,6 +36,16 @@ LINE_MAX = 64 << 10  # a longer line is written in pieces: the buffer per pipe s
 READ = 64 << 10
 
 
+
+
+def say(line: str, output: Lines | None = None) -> None:
+    """Write ``line`` (one whole line) to stderr in one write: through ``output``, the
+    ranks' forwarder, while there is one, since their lines go there too."""
+    if output is not None:
+        output.say(2, line.encode(errors="replace"))
+        return
+    sys.stderr.write(line)
+    sys.stderr.flush()
 
 
 def label(rank: int, size: int) -> bytes:

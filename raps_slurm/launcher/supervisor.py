@@ -41,6 +41,7 @@ from raps_slurm.core.launch import cpu_share
 from raps_slurm.framing import FrameError
 from raps_slurm.launcher.channel import ENV_ADDRESS, ENV_KEY, Channel, connect
 from raps_slurm.launcher.output import Lines, label
+from raps_slurm.launcher.output import say as output_say
 
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 CANNOT_START = 127
@@ -52,12 +53,7 @@ def say(text: str, output: Lines | None = None) -> None:
     """One line on stderr (the job's error file), prefixed like raps-run's, in one write;
     through ``output``, the ranks' forwarder, once there is one (their lines go there
     too)."""
-    line = f"raps-supervisor: {text}\n"
-    if output is not None:
-        output.say(2, line.encode(errors="replace"))
-        return
-    sys.stderr.write(line)
-    sys.stderr.flush()
+    output_say(f"raps-supervisor: {text}\n", output)
 
 
 def _is_int(value: object) -> bool:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from raps_slurm.core.launch import hash_seed
 from raps_slurm.launcher.output import Lines
 from raps_slurm.launcher.output import label as tag
+from raps_slurm.launcher.output import say as output_say
 
 ABORT_FILE = "abort"  # written by MPI.Abort (raps_slurm.mpi): "RANK CODE"
 STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
@@ -99,12 +100,7 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
 def _say(text: str, output: Lines | None = None) -> None:
     """One line on stderr, in one write; through ``output``, the ranks' forwarder, while
     there is one (their lines go there too)."""
-    line = f"raps-local: {text}\n"
-    if output is not None:
-        output.say(2, line.encode(errors="replace"))
-        return
-    sys.stderr.write(line)
-    sys.stderr.flush()
+    output_say(f"raps-local: {text}\n", output)
 
 
 def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: int,
