@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from raps_slurm.errors import HistoryCompacted, LeaseExpired, StoreError, StoreUnavailable
 from raps_slurm.store import MAX_TXN_OPS, Delete, EtcdStore, Guard, MemoryStore, Put, WatchEvent
 from raps_slurm.testing import EtcdServer, free_port
+from raps_slurm.testing.cluster import wait_until
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
     from conftest import Backend
@@ -454,6 +455,12 @@ def test_server_loss_breaks_watch_and_calls() -> None:
         store = EtcdStore([server.url], timeout=2.0)
         w = store.watch_prefix("/gone/")
         store.put("/gone/a", b"1")
+        # The event must have reached the watch before the server goes: stopping
+        # right after the put races the stream (on a loaded machine etcd is gone
+        # before it streamed the event). Wait for it to be queued, unread, so the
+        # test still checks that an event received before the loss stays readable.
+        wait_until("the put streamed to the watch", w._events.qsize,  # type: ignore[attr-defined]
+                   lambda n: n >= 1, timeout=10)
         server.stop()
         ev = w.next(5.0)  # delivered before the loss
         assert ev is not None and ev.key == "/gone/a"
