@@ -1,11 +1,17 @@
 """The rank side of checkpoints: save and restore through the local agent.
 
 A :class:`CheckpointClient` has its own connection to the agent's socket (a save may
-take seconds and must not hold up the heartbeat connection). ``save`` cuts, names and
-compresses the state on this process's CPUs, ships only new chunks in sealed memory
-files and commits; the agent records the generation in etcd only if this rank's epoch
-is still the current one. ``restore`` gets the newest verified generation as a memory
-file and maps it copy-on-write, so arrays come back writable without a copy.
+take seconds and must not hold up the heartbeat connection). The agent closes a
+connection idle for a minute (a stranger must not hold one for ever), and checkpoints are
+minutes apart: the client opens a new connection when the agent closed the old one, and
+sends a request again, once, on a new connection when the old one broke before any reply
+(:data:`NOT_RESENT` lists the ops for which that could store a thing twice).
+
+``save`` cuts, names and compresses the state on this process's CPUs, ships only new
+chunks in sealed memory files and commits; the agent records the generation in etcd only
+if this rank's epoch is still the current one. ``restore`` gets the newest verified
+generation as a memory file and maps it copy-on-write, so arrays come back writable
+without a copy.
 
 The state is bytes, a numpy array, or a dict of them (see
 :mod:`raps_slurm.checkpoint.writer`).
@@ -17,6 +23,7 @@ import contextlib
 import json
 import mmap
 import os
+import select
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -55,6 +62,19 @@ class Loaded:
     fallbacks: list[dict[str, Any]] = field(default_factory=list)
 
 
+# A log segment the agent took in before the connection broke would be stored twice if
+# sent again: sent again only when the send itself failed (the agent then never read it).
+NOT_RESENT = frozenset({"log_append"})
+
+
+class _Broken(Exception):
+    """The connection failed; ``replied``: some of the reply had come."""
+
+    def __init__(self, exc: BaseException, *, sent: bool, replied: bool) -> None:
+        super().__init__(str(exc))
+        self.exc, self.sent, self.replied = exc, sent, replied
+
+
 class CheckpointClient:
     """Saves and restores of one rank (thread-safe: one operation at a time)."""
 
@@ -83,29 +103,26 @@ class CheckpointClient:
     def _call(self, message: dict[str, Any], fds: list[int] | None = None
               ) -> tuple[dict[str, Any], list[int]]:
         frame = encode_frame(message)
+        reused = self._sock is not None and self._open()
         try:
-            if self._sock is None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(self.timeout)
-                sock.connect(self.socket_path)
-                self._sock = sock
-            sock = self._sock
-            if fds:
-                sent = socket.send_fds(sock, [frame], fds)
-                if sent < len(frame):
-                    sock.sendall(frame[sent:])
-            else:
-                sock.sendall(frame)
-            head, got, _, _ = socket.recv_fds(sock, _HEADER.size, 4)
-            if not head:
-                raise ConnectionError("the agent closed the connection")
-            head += recv_exact(sock, _HEADER.size - len(head))
-            (n,) = _HEADER.unpack(head)
-            if not 1 <= n <= MAX_REQUEST:
-                raise ConnectionError(f"reply length {n} outside 1..{MAX_REQUEST}")
-            reply = json.loads(recv_exact(sock, n))
+            try:
+                reply, got = self._exchange(frame, fds)
+            except _Broken as broken:
+                self.close()
+                # A connection that served before and broke with no reply: the agent
+                # closed it (idle, or it restarted) rather than dropped this request. A
+                # timeout is not that: the agent may still be working on the request.
+                again = (reused and not broken.replied
+                         and not isinstance(broken.exc, TimeoutError)
+                         and (not broken.sent or message.get("op") not in NOT_RESENT))
+                if not again:
+                    raise broken.exc from None
+                try:
+                    reply, got = self._exchange(frame, fds)
+                except _Broken as second:
+                    self.close()
+                    raise second.exc from None
         except (OSError, ValueError) as exc:
-            self.close()
             raise AgentError(f"checkpoint request to the agent at {self.socket_path} "
                              f"failed: {exc}") from exc
         if not isinstance(reply, dict) or reply.get("ok") is not True:
@@ -116,6 +133,61 @@ class CheckpointClient:
             raise AgentError(f"{message.get('op')}: {error}", kind if isinstance(kind, str)
                              else None)
         return reply, got
+
+    def _open(self) -> bool:
+        """Whether the kept connection is still open; closes it if the agent hung up
+        (nothing is ever due from the agent between requests, so readable means EOF)."""
+        assert self._sock is not None
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN | select.POLLHUP)
+        if poller.poll(0):
+            self.close()
+            return False
+        return True
+
+    def _exchange(self, frame: bytes, fds: list[int] | None
+                  ) -> tuple[Any, list[int]]:
+        """One request and its reply on the kept connection (opened if need be);
+        _Broken if the connection fails, ValueError for a malformed reply."""
+        sent = replied = False
+        try:
+            if self._sock is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(self.timeout)
+                    sock.connect(self.socket_path)
+                except OSError:
+                    sock.close()
+                    raise
+                self._sock = sock
+            sock = self._sock
+            if fds:
+                n = socket.send_fds(sock, [frame], fds)
+                sent = True
+                if n < len(frame):
+                    sock.sendall(frame[n:])
+            else:
+                sock.sendall(frame)
+            sent = True
+            head, got, _, _ = socket.recv_fds(sock, _HEADER.size, 4)
+            if not head:
+                raise ConnectionError("the agent closed the connection")
+            replied = True
+            try:
+                head += recv_exact(sock, _HEADER.size - len(head))
+                (n,) = _HEADER.unpack(head)
+                if not 1 <= n <= MAX_REQUEST:
+                    raise ConnectionError(f"reply length {n} outside 1..{MAX_REQUEST}")
+                return json.loads(recv_exact(sock, n)), got
+            except BaseException:
+                for fd in got:
+                    os.close(fd)
+                raise
+        except OSError as exc:
+            raise _Broken(exc, sent=sent, replied=replied) from None
+        except ValueError:
+            self.close()
+            raise
 
     def save(self, state: object, extra: dict[str, Any] | None = None) -> Saved:
         """Checkpoint ``state`` as this rank's next generation.
