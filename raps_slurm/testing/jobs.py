@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import subprocess
 import sys
 import uuid
@@ -24,6 +25,8 @@ from raps_slurm.testing.cluster import LocalCluster, wait_until
 REPO = Path(__file__).resolve().parents[2]
 HEAT_RING = REPO / "examples" / "heat_ring.py"
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+# a result line, bare or with srun's --label prefix (the rank, right-aligned, and ": ")
+_RESULT = re.compile(r"(?:\s*\d+: )?final ")
 
 
 def heat_reference(tmp: Path, ranks: int, args: Sequence[str]) -> str:
@@ -97,14 +100,32 @@ def job_state(cluster: LocalCluster, job: str) -> str:
     return cluster.slurm().job(int(job)).state
 
 
+def last_final(text: str) -> str | None:
+    """The job output's last ``final ...`` line (labelled or not), None without one: a
+    requeued run appends to the same output, and only its last result is the job's."""
+    return next((x for x in reversed(text.splitlines()) if _RESULT.match(x)), None)
+
+
 def finish(cluster: LocalCluster, job: str, out: Path, clean: str, timeout: float = 150) -> str:
-    """Wait for the job to end; assert it completed with the failure-free result."""
+    """Wait for the job to end; assert it completed and that its last ``final`` line is
+    the failure-free result."""
     wait_until(f"job {job} to end", lambda: job_state(cluster, job), lambda s: s in FINAL,
                timeout)
     text = out.read_text()
-    assert job_state(cluster, job) == "COMPLETED", text[-4000:]
-    assert clean in text.splitlines(), text[-4000:]
+    problem = result_problem(job_state(cluster, job), text, clean)
+    assert problem is None, f"{problem}: {text[-4000:]}"
     return text
+
+
+def result_problem(state: str, text: str, clean: str) -> str | None:
+    """What is wrong with a job that ended in ``state`` with output ``text``, judged
+    against the failure-free line ``clean`` (None: it completed with that result)."""
+    if state != "COMPLETED":
+        return f"the job ended {state}"
+    last = last_final(text)
+    if last != clean:
+        return f"its last final line is {last!r}, not {clean!r}"
+    return None
 
 
 def processes() -> Iterator[tuple[int, set[bytes], bytes]]:

@@ -1,0 +1,32 @@
+"""``raps_slurm.testing.jobs``' judgement of a job's end, without a cluster: only the last
+``final`` line of the output is the job's result."""
+
+from __future__ import annotations
+
+from raps_slurm.testing.jobs import last_final, result_problem
+
+CLEAN = "final aa bb cc dd"
+OTHER = "final aa bb cc 00"
+
+
+def test_the_last_final_line_bare_or_labelled() -> None:
+    assert last_final(f"step 1\n{CLEAN}\nraps-run: all 4 ranks finished\n") == CLEAN
+    assert last_final(f"{CLEAN}\nraps-run: requeued\n{OTHER}\n") == OTHER
+    assert last_final(f" 0: {OTHER}\n10: step 3\n") == f" 0: {OTHER}"
+    assert last_final("finalize done\nstep 1\n") is None
+    assert last_final("") is None
+
+
+def test_a_completed_job_passes_only_with_the_clean_line_last() -> None:
+    assert result_problem("COMPLETED", f"{OTHER}\n{CLEAN}\n", CLEAN) is None
+    # the clean line somewhere is not enough: the requeued run's result came after it
+    assert result_problem("COMPLETED", f"{CLEAN}\n{OTHER}\n", CLEAN) == \
+        f"its last final line is {OTHER!r}, not {CLEAN!r}"
+    assert result_problem("COMPLETED", "step 1\n", CLEAN) == \
+        f"its last final line is None, not {CLEAN!r}"
+    assert result_problem("COMPLETED", f"0: {CLEAN}\n", f"0: {CLEAN}") is None
+
+
+def test_a_job_that_did_not_complete_fails_whatever_it_printed() -> None:
+    for state in ("FAILED", "NODE_FAIL", "CANCELLED", "TIMEOUT"):
+        assert result_problem(state, f"{CLEAN}\n", CLEAN) == f"the job ended {state}"
