@@ -17,7 +17,8 @@ Three nodes lost on this 6-node cluster leave a job of 4 working nodes and 2 spa
 without a spare for one of them: it is requeued, and the requeued run excludes the nodes
 that were dead then. Once they are repaired it still cannot start (Slurm's
 ``BadConstraints``: three nodes left for four): after ``HELD_S`` the harness lifts the
-exclusion as an admin would, and records it (``requeue_held``, ``totals.requeues_held``).
+exclusion as an admin would, and records it (``requeue_held``, ``totals.requeues_held``):
+a run the harness had to rescue misses the campaign's goal.
 
 Each run is judged against the program's failure-free result (the local launcher):
 
@@ -30,7 +31,12 @@ Each run is judged against the program's failure-free result (the local launcher
 - ``lost_data``: the result is missing: the job ended in another state, completed
   without a ``final`` line, or had not ended by the run's deadline (then cancelled).
   ``result`` says whether a ``final`` line was printed and matched all the same, and
-  ``last_word`` is raps-run's last line for a job that did not complete.
+  ``last_word`` is raps-run's last line for a job that did not complete;
+- ``healthy_restarted``, ``healthy_moved``: plans that restarted a rank in place, or moved
+  it, off a node no fault touched (a false verdict on a healthy rank).
+
+Only the output's last ``final`` line counts (a requeued run appends its own). The
+decision is ``judge_run``, a function of what the run left, without I/O.
 
 After each run the crashed nodes are restarted, frozen ones thawed, and every node is back
 in service (resumed in Slurm, registered, not held dead) before the next run. A run whose
@@ -51,12 +57,20 @@ from typing import Any
 
 from raps_slurm.bench.cluster import REPO, private_cluster
 from raps_slurm.config import load_file
+from raps_slurm.core.planner import Plan
 from raps_slurm.errors import BenchError, RapsError, SlurmCommandError
 from raps_slurm.registry import job_view
 from raps_slurm.slurm import CommandRunner, commands
 from raps_slurm.store import Keys, StateStore, open_store
 from raps_slurm.testing.cluster import LocalCluster, wait_until
-from raps_slurm.testing.jobs import FINAL, back_in_service, committed, job_plans, node_dead
+from raps_slurm.testing.jobs import (
+    FINAL,
+    back_in_service,
+    committed,
+    job_plans,
+    last_final,
+    node_dead,
+)
 
 RANKS = 4
 SBATCH = ["--raps-spares=2", "-N6", "--open-mode=append"]
@@ -151,6 +165,38 @@ def draw_faults(rng: random.Random, view: dict[str, Any], host: str,
     return combo, sorted(faults, key=lambda f: f.at_s)
 
 
+def judge_run(text: str, clean: str, state: str, restarts: int, plans: list[Plan],
+              spares: list[str], dead: set[str], victims: set[str]) -> dict[str, Any]:
+    """One run's record from what it left: its output ``text``, Slurm's final ``state``
+    and restart count, the job's recovery ``plans``, the first run's ``spares``, the
+    nodes seen under a DEAD verdict and the nodes faulted (``victims``). Only the last
+    ``final`` line counts: a requeued run appends its own after the first run's."""
+    final = last_final(text)
+    completed = state == "COMPLETED" and final is not None
+    taken = {p.target for p in plans if p.run == 0 and p.target != p.source}
+    said = [x for x in text.splitlines() if x.startswith("raps-run: ")]
+    return {
+        "state": state, "restart_count": restarts,
+        "result": "missing" if final is None else "same" if final == clean else "differs",
+        # why a job that did not recover ended as it did, in raps-run's words
+        "last_word": said[-1] if said and not completed else None,
+        "recovered": completed and final == clean and restarts == 0,
+        "requeued": restarts > 0,
+        "wrong_result": completed and final != clean,
+        "lost_data": not completed,
+        "spares": spares,
+        "spares_left": len([s for s in spares if s not in dead and s not in taken]),
+        "dead_seen": sorted(dead),
+        "moves": len([p for p in plans if p.target != p.source]),
+        "plans_failed": len([p for p in plans if p.state == "failed"]),
+        # a rank restarted in place, or moved, off a node no fault touched: a false verdict
+        "healthy_restarted": len([p for p in plans
+                                  if p.target == p.source and p.source not in victims]),
+        "healthy_moved": len([p for p in plans
+                              if p.target != p.source and p.source not in victims]),
+    }
+
+
 class Campaign:
     """The cluster, its store and the references, shared by the runs of one campaign."""
 
@@ -203,7 +249,7 @@ class Campaign:
             reasons: list[str] = []
             state, held = self.wait_end(job, faults, applied, dead, reasons, started)
             self.note_reason(job, reasons)
-            row.update(self.judge(job, out, clean, view, state, dead),
+            row.update(self.judge(job, out, clean, view, state, dead, faults),
                        requeue_reasons=reasons, requeue_held=held)
         except Exception as exc:  # one failed run must not end the campaign
             row["error"] = f"{type(exc).__name__}: {exc}"
@@ -298,29 +344,12 @@ class Campaign:
                     reasons.append(why)
 
     def judge(self, job: str, out: Path, clean: str, view: dict[str, Any], state: str,
-              dead: set[str]) -> dict[str, Any]:
+              dead: set[str], faults: list[Fault]) -> dict[str, Any]:
+        """Read what the run left (its output, restarts and plans) and judge it."""
         text = out.read_text(errors="replace") if out.exists() else ""
-        final = next((x for x in reversed(text.splitlines()) if x.startswith("final ")), None)
         restarts = self.cluster.slurm().job(int(job)).restart_count
-        plans = job_plans(self.store, self.keys, job)
-        taken = {p.target for p in plans if p.run == 0 and p.target != p.source}
-        spares_left = len([s for s in view["spares"] if s not in dead and s not in taken])
-        completed = state == "COMPLETED" and final is not None
-        said = [x for x in text.splitlines() if x.startswith("raps-run: ")]
-        return {
-            "state": state, "restart_count": restarts,
-            "result": "missing" if final is None else "same" if final == clean else "differs",
-            # why a job that did not recover ended as it did, in raps-run's words
-            "last_word": said[-1] if said and not completed else None,
-            "recovered": completed and final == clean and restarts == 0,
-            "requeued": restarts > 0,
-            "wrong_result": completed and final != clean,
-            "lost_data": not completed,
-            "spares": view["spares"], "spares_left": spares_left,
-            "dead_seen": sorted(dead),
-            "moves": len([p for p in plans if p.target != p.source]),
-            "plans_failed": len([p for p in plans if p.state == "failed"]),
-        }
+        return judge_run(text, clean, state, restarts, job_plans(self.store, self.keys, job),
+                         view["spares"], dead, {f.node for f in faults})
 
     def restore(self, faults: list[Fault]) -> None:
         """Thaw frozen victims, heal partitioned ones, restart crashed ones (each once:
@@ -340,7 +369,8 @@ class Campaign:
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The campaign's counts and whether its goals are met (no wrong result, no lost data,
-    no requeue while a spare remained, no run the harness could not judge)."""
+    no requeue while a spare remained, no healthy rank restarted or moved, no requeued run
+    the harness had to rescue, no run the harness could not judge)."""
     def count(field: str) -> int:
         return sum(1 for r in rows if r.get(field))
 
@@ -349,12 +379,16 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
          "requeued_with_spare_left": sum(1 for r in rows
                                          if r.get("requeued") and r.get("spares_left", 0) > 0),
          "requeues_held": count("requeue_held"), "errors": count("error"),
+         "healthy_restarted": sum(int(r.get("healthy_restarted", 0)) for r in rows),
+         "healthy_moved": sum(int(r.get("healthy_moved", 0)) for r in rows),
          "crashes": sum(1 for r in rows for f in r.get("faults", []) if f["kind"] == "crash"),
          "freezes": sum(1 for r in rows for f in r.get("faults", []) if f["kind"] == "freeze"),
          "partitions": sum(1 for r in rows for f in r.get("faults", [])
                            if f["kind"] == "partition")}
     t["goals_met"] = (t["wrong_results"] == 0 and t["lost_data"] == 0
-                      and t["requeued_with_spare_left"] == 0 and t["errors"] == 0)
+                      and t["requeued_with_spare_left"] == 0 and t["errors"] == 0
+                      and t["healthy_restarted"] == 0 and t["healthy_moved"] == 0
+                      and t["requeues_held"] == 0)
     return t
 
 

@@ -1,4 +1,5 @@
-"""``rapsctl bench faults`` without a cluster: the drawn fault plans and the totals."""
+"""``rapsctl bench faults`` without a cluster: the drawn fault plans, each run's judgement
+(negative controls: every way a run can go wrong is counted) and the totals."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from raps_slurm.bench.faults import COMBOS, KINDS_NS, draw_faults, draw_kind, totals
+from raps_slurm.bench.faults import COMBOS, KINDS_NS, draw_faults, draw_kind, judge_run, totals
+from raps_slurm.core.planner import Plan
 from raps_slurm.errors import BenchError
 
 RACKS: dict[str, tuple[str, ...]] = {"s1": ("n1", "n2"), "s2": ("n3", "n4"), "s3": ("n5", "n6")}
@@ -80,3 +82,98 @@ def test_totals_count_outcomes_and_a_requeue_with_a_spare_left_misses_the_goal()
     assert not totals([ok, {**requeued, "spares_left": 1}])["goals_met"]
     assert not totals([ok, {"lost_data": True}])["goals_met"]
     assert not totals([ok, {"error": "boom"}])["goals_met"]
+
+
+def test_healthy_restarts_moves_and_held_requeues_are_totalled_and_miss_the_goal() -> None:
+    ok = {"recovered": True, "healthy_restarted": 0, "healthy_moved": 0}
+    t = totals([ok, {**ok, "healthy_restarted": 2}, {**ok, "healthy_moved": 1}])
+    assert (t["healthy_restarted"], t["healthy_moved"]) == (2, 1)
+    assert totals([ok, ok])["goals_met"]
+    assert not totals([ok, {**ok, "healthy_restarted": 1}])["goals_met"]
+    assert not totals([ok, {**ok, "healthy_moved": 1}])["goals_met"]
+    held = {"requeued": True, "spares_left": 0, "requeue_held": "BadConstraints ..."}
+    assert totals([ok, held])["requeues_held"] == 1
+    assert not totals([ok, held])["goals_met"]
+
+
+CLEAN = "final 1b5d354b0f5e0c45 9241b67741105f24"
+OTHER = "final 1b5d354b0f5e0c45 0000000000000000"
+SPARES = ["n2", "n4"]
+
+
+def plan(rank: int, source: str, target: str, run: int = 0, state: str = "done") -> Plan:
+    return Plan(f"p{rank}-{source}-{target}", "7", rank, source, target, 2, "DEAD", 0,
+                state=state, run=run)
+
+
+def output(*lines: str) -> str:
+    return "".join(f"{x}\n" for x in ("raps-run: rank 0 epoch 1 started on n1", *lines))
+
+
+def judge(text: str, state: str = "COMPLETED", restarts: int = 0,
+          plans: list[Plan] | None = None, victims: frozenset[str] = frozenset({"n3"}),
+          dead: frozenset[str] = frozenset()) -> dict[str, Any]:
+    return judge_run(text, CLEAN, state, restarts, plans or [], SPARES, set(dead),
+                     set(victims))
+
+
+def test_a_completed_run_with_the_clean_line_and_a_move_off_the_victim_recovered() -> None:
+    got = judge(output(CLEAN), plans=[plan(1, "n3", "n2")])
+    assert got["recovered"] and got["result"] == "same"
+    assert not (got["wrong_result"] or got["lost_data"] or got["requeued"])
+    assert (got["moves"], got["healthy_moved"], got["healthy_restarted"]) == (1, 0, 0)
+    assert got["spares_left"] == 1 and got["last_word"] is None
+    assert totals([got])["goals_met"]
+
+
+def test_a_different_final_line_is_a_wrong_result() -> None:
+    got = judge(output(OTHER))
+    assert got["wrong_result"] and got["result"] == "differs" and not got["recovered"]
+    assert not totals([got])["goals_met"]
+
+
+def test_only_the_last_final_line_counts() -> None:
+    # the first run printed the clean line, the requeued run appended a wrong one
+    got = judge(output(CLEAN, "raps-run: requeued", OTHER), restarts=1)
+    assert got["wrong_result"] and got["requeued"] and not got["recovered"]
+    # and the other way round: a wrong line followed by the clean one is the clean result
+    assert judge(output(OTHER, CLEAN), restarts=1)["result"] == "same"
+    # a labelled line (srun --label) is a final line too
+    assert judge(output(f"0: {OTHER}"))["wrong_result"]
+
+
+def test_a_failed_job_lost_its_data_even_with_the_clean_line() -> None:
+    got = judge(output(CLEAN, "raps-run: rank 3 failed"), state="FAILED")
+    assert got["lost_data"] and not got["recovered"] and not got["wrong_result"]
+    assert got["result"] == "same" and got["last_word"] == "raps-run: rank 3 failed"
+    assert not totals([got])["goals_met"]
+
+
+def test_a_completed_job_without_a_final_line_lost_its_data() -> None:
+    got = judge(output("step 100"))
+    assert got["lost_data"] and got["result"] == "missing" and not got["recovered"]
+    assert not judge("")["recovered"]
+
+
+def test_a_job_that_ends_with_its_data_lost_is_counted() -> None:
+    words = "raps-run: rank 2: generations [3, 4] all have bad chunks: lost"
+    for state in ("FAILED", "NODE_FAIL", "CANCELLED", "TIMEOUT", "unfinished"):
+        got = judge(output("step 40", words), state=state)
+        assert got["lost_data"] and not got["recovered"], state
+        assert got["last_word"] == words
+        assert totals([got])["lost_data"] == 1
+
+
+def test_a_healthy_rank_restarted_in_place_or_moved_is_counted() -> None:
+    plans = [plan(1, "n3", "n2"),     # the victim's rank moved: expected
+             plan(2, "n3", "n3"),     # restarted in place on the (frozen) victim: expected
+             plan(0, "n1", "n1"),     # a healthy rank restarted in place
+             plan(4, "n5", "n4"),     # a healthy rank moved
+             plan(5, "n6", "n6", run=1, state="failed")]
+    got = judge(output(CLEAN), plans=plans)
+    assert (got["healthy_restarted"], got["healthy_moved"]) == (2, 1)
+    assert (got["moves"], got["plans_failed"]) == (2, 1)
+    assert got["recovered"]  # the result is right, but the campaign misses its goal
+    assert not totals([got])["goals_met"]
+    # a spare taken by a move (n2), or seen dead (n4), is not left
+    assert judge(output(CLEAN), plans=plans[:1], dead=frozenset({"n4"}))["spares_left"] == 0
