@@ -1,12 +1,14 @@
 """``rapsctl bench detect``: node crashes on a private 6-node cluster (``bench.cluster``),
 a coordinator and an agent per node; each crash (cgroup kill: its slurmd, step daemons
 and agent at once) is timed, from the same instant, until raps-slurm's DEAD verdict is
-in etcd and until Slurm itself shows the node DOWN (the test cluster's
-``SlurmdTimeout=10``; Slurm's default is 300 s)."""
+in etcd and until Slurm itself shows the node DOWN (after the cluster's
+``SlurmdTimeout``, read from ``scontrol show config``: 10 s on the test cluster; Slurm's
+default is 300 s)."""
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 import time
@@ -14,9 +16,21 @@ from typing import Any
 
 from raps_slurm.bench.cluster import private_cluster
 from raps_slurm.config import load_file
-from raps_slurm.slurm import CommandRunner, commands
+from raps_slurm.errors import BenchError
+from raps_slurm.slurm import CommandRunner, commands, parsers
 from raps_slurm.store import Keys, StateStore, open_store
 from raps_slurm.testing.cluster import LocalCluster, wait_until
+
+
+def slurmd_timeout_s(config: dict[str, str]) -> int:
+    """``SlurmdTimeout`` in seconds from ``scontrol show config``'s pairs
+    (``SlurmdTimeout = 10 sec``); BenchError in one line if it is missing or not that."""
+    value = config.get("SlurmdTimeout")
+    m = re.fullmatch(r"(\d+)(?: sec)?", value or "")
+    if m is None:
+        raise BenchError(f"bench detect: scontrol show config gives SlurmdTimeout {value!r}, "
+                         f"not seconds")
+    return int(m.group(1))
 
 
 class Crasher:
@@ -65,6 +79,8 @@ def measure(cluster: LocalCluster, runs: int, interval: float, quiet: bool) -> d
     d = cfg.detection
     window = d.kernel_heartbeat_interval_sec * d.miss_threshold + d.fence_margin_sec
     bound = window + d.kernel_heartbeat_interval_sec
+    timeout = slurmd_timeout_s(parsers.parse_show_config(
+        CommandRunner(timeout=30, env=cluster.env).run(commands.scontrol_show_config())))
     store, keys = open_store(cfg.store)
     coordinator = cluster.coordinator("bench").start()
     detect: list[float] = []
@@ -92,5 +108,5 @@ def measure(cluster: LocalCluster, runs: int, interval: float, quiet: bool) -> d
             "detect_p50_s": round(statistics.median(detect), 3),
             "detect_max_s": round(max(detect), 3), "bound_s": round(bound, 3),
             "slurm_down_p50_s": round(statistics.median(slurm_down), 2),
-            "slurmd_timeout_s": 10, "slurm_default_slurmd_timeout_s": 300,
+            "slurmd_timeout_s": timeout, "slurm_default_slurmd_timeout_s": 300,
             "detect_s": [round(x, 3) for x in detect]}
