@@ -5,12 +5,16 @@ Both start the same program (``bench/launch_rank.py``) as ``--nodes`` x
 ``--ranks-per-node`` ranks, each in its own ``sbatch -N<nodes> --no-kill`` job: once as a
 ``--raps`` job whose batch script execs ``raps-run`` (one step, one node supervisor per
 node), once as a plain job whose batch script execs ``srun -N<nodes>
---ntasks-per-node=<ranks>``. The batch script writes its pid and the wall-clock time just
-before that exec; a rank "runs" when its program's first statement takes the time. The
-launch time is the last rank's time minus the exec's. While each job runs, the
-descendants of the process the batch script became (raps-run, or srun) are counted
-every ``SAMPLE_SEC``: what it holds on the batch host. Each repeat runs both jobs (in
-turn first), the figures are the medians; ``ratio`` is raps over srun.
+--ntasks-per-node=<ranks>``. The clock starts just before ``sbatch`` (what a user waits
+for: Slurm's scheduling and, for a ``--raps`` job, RAPS's PrologSlurmctld and Prolog are
+inside it); a rank "runs" when its program's first statement takes the time. The launch
+time is the last rank's time minus the submission's. The batch script writes its pid and
+the wall-clock time just before its exec, which splits the launch into the start of the
+batch script and the launcher's own part. While each job runs, the descendants of the
+process the batch script became (raps-run, or srun) are counted every ``SAMPLE_SEC``:
+what it holds on the batch host; a sample that cannot be taken is an error, not a zero.
+Each repeat runs both jobs (in turn first), the figures are the medians; ``ratio`` is
+raps over srun.
 """
 
 from __future__ import annotations
@@ -48,23 +52,36 @@ def one_line(text: str) -> str:
 
 
 class Run(NamedTuple):
-    """One job's figures, in seconds from the launcher's exec (``step_s``: until a process
-    under it was first seen, i.e. raps-run's or srun's own start-up)."""
+    """One job's figures, in seconds from its submission: until the last rank ran
+    (``launch_s``), the first (``first_s``) and the batch script's exec (``start_s``);
+    ``step_s`` from that exec until a process under it was first seen (raps-run's or
+    srun's own start-up)."""
 
     launch_s: float
     first_s: float
+    start_s: float
     step_s: float | None
     processes: int
 
 
 def launch_times(start: float, stamps: dict[int, float], size: int) -> tuple[float, float]:
-    """(last rank's start, first rank's start) minus the launch's; BenchError naming the
-    ranks that never ran."""
+    """(last rank's start, first rank's start) minus ``start`` (the submission);
+    BenchError naming the ranks that never ran."""
     missing = sorted(set(range(size)) - set(stamps))
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         raise BenchError(f"{len(missing)} of {size} ranks never ran: {shown}")
     return max(stamps.values()) - start, min(stamps.values()) - start
+
+
+def sampled_processes(error: str | None, most: int, raps: bool) -> int:
+    """The batch host's process count of one job; BenchError if its sampler failed, or
+    saw nothing under raps-run (which holds its step's srun while the ranks run)."""
+    if error is not None:
+        raise BenchError(f"batch-host sample failed: {error}")
+    if raps and most == 0:
+        raise BenchError("batch-host sample saw no process under raps-run")
+    return most
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -89,6 +106,12 @@ def summary(nodes: int, ranks_per_node: int, raps: list[Run],
             "goals_met": ratio <= GOAL_RATIO and most <= bound,
             "raps_first_rank_s": _median([r.first_s for r in raps]),
             "srun_first_rank_s": _median([r.first_s for r in srun]),
+            # submission -> the batch script's exec: scheduling, and RAPS's prologs
+            "raps_batch_start_s": _median([r.start_s for r in raps]),
+            "srun_batch_start_s": _median([r.start_s for r in srun]),
+            # the batch script's exec -> the last rank: the launcher's own part
+            "raps_from_exec_s": _median([r.launch_s - r.start_s for r in raps]),
+            "srun_from_exec_s": _median([r.launch_s - r.start_s for r in srun]),
             "raps_step_started_s": _median([r.step_s for r in raps]),
             "srun_batch_host_processes": max(r.processes for r in srun),
             "raps_launch_runs_s": [round(r.launch_s, 3) for r in raps],
@@ -97,12 +120,15 @@ def summary(nodes: int, ranks_per_node: int, raps: list[Run],
 
 
 class Sampler(threading.Thread):
-    """The most descendants seen of the process whose pid the batch script wrote."""
+    """The most descendants seen of the process whose pid the batch script wrote;
+    ``error`` says why there is no figure (a count of 0 is then not a measurement)."""
 
     def __init__(self, start_file: Path) -> None:
         super().__init__(daemon=True)
         self.start_file = start_file
         self.most = 0
+        self.samples = 0
+        self.error: str | None = None
         self.first_seen: float | None = None  # wall clock of the first descendant seen
         self.halt = threading.Event()
 
@@ -112,6 +138,7 @@ class Sampler(threading.Thread):
             with contextlib.suppress(OSError, ValueError, IndexError):
                 pid = int(self.start_file.read_text().split()[0])
         if not pid:
+            self.error = f"no pid in {self.start_file}: the batch script never ran"
             return
         try:
             proc = psutil.Process(pid)
@@ -120,9 +147,15 @@ class Sampler(threading.Thread):
                 if count and self.first_seen is None:
                     self.first_seen = time.time()
                 self.most = max(self.most, count)
+                self.samples += 1
                 self.halt.wait(SAMPLE_SEC)
-        except psutil.Error:
-            pass  # it ended between two looks
+        except psutil.NoSuchProcess:
+            if not self.samples:  # once sampled, it ended between two looks: that is all
+                self.error = f"process {pid} ended before it was sampled"
+        except psutil.Error as exc:
+            self.error = f"cannot sample process {pid}: {exc}"
+        if self.samples == 0 and self.error is None:
+            self.error = f"process {pid} was never sampled"
 
 
 class LaunchJob:
@@ -152,8 +185,10 @@ class LaunchJob:
                           f'echo "$$ $EPOCHREALTIME" > {self.start_file}\n'
                           f"exec {launcher} {program}\n")
         self.out = self.dir / "job.out"
+        self.raps = raps
         self.sampler = Sampler(self.start_file)
         self.sampler.start()
+        self.submitted = time.time()  # what the user waits from
         self.job = self.run.run(["sbatch", "--parsable", "-o", str(self.out), "-J", name,
                                  f"-N{nodes}", "--no-kill", *sbatch,
                                  str(script)]).strip().split(";")[0]
@@ -180,11 +215,13 @@ class LaunchJob:
         stamps = {int(p.name): float(p.read_text()) for p in self.stamps.iterdir()
                   if p.name.isdigit()}
         try:
-            last, first = launch_times(start, stamps, self.size)
+            last, first = launch_times(self.submitted, stamps, self.size)
+            sampled = sampled_processes(self.sampler.error, self.sampler.most, self.raps)
         except BenchError as exc:
             raise BenchError(f"job {self.job} ({self.name}): {exc}") from None
         seen = self.sampler.first_seen
-        return Run(last, first, None if seen is None else seen - start, self.sampler.most)
+        return Run(last, first, start - self.submitted,
+                   None if seen is None else seen - start, sampled)
 
     def tail(self) -> str:
         """The job output's last line (what went wrong, usually)."""
@@ -214,8 +251,9 @@ def measure(cluster: LocalCluster, nodes: int, ranks_per_node: int, repeats: int
                 job.cancel()
             (raps if with_raps else srun).append(run)
             if not quiet:
-                print(f"repeat {i + 1}: {kind} started {job.size} ranks in "
-                      f"{run.launch_s:.2f}s (the first in {run.first_s:.2f}s), "
+                print(f"repeat {i + 1}: {kind} started {job.size} ranks "
+                      f"{run.launch_s:.2f}s after sbatch (the first after "
+                      f"{run.first_s:.2f}s, the batch script after {run.start_s:.2f}s), "
                       f"{run.processes} processes under it on the batch host", file=sys.stderr)
     return summary(nodes, ranks_per_node, raps, srun)
 
