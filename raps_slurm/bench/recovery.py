@@ -2,13 +2,18 @@
 ``--raps`` job on a private local cluster (brought up for the command, taken down after).
 
 ``recovery``: ``examples/heat_ring.py`` under ``raps-run`` on 4 nodes with 2 spares,
-``--ranks-per-node`` ranks each; every rank of the last node carries ``--state`` bytes of
-extra state (random, so nothing compresses). Right after the last rank's newest
-checkpoint is committed on its whole group, that node is crashed (cgroup kill) and all
-its ranks move to one spare. ``total_s`` (= ``caught_up_s``) runs from the crash until
-the last moved rank has regained its pre-fault progress (it has sent again everything it
-had sent before the crash); ``running_s`` ends at its first step after the restore. The
-phases come from the plans' timelines (the slowest rank for each). The cluster runs the
+``--ranks-per-node`` ranks each, checkpointing every ``--checkpoint-sec`` seconds (1 by
+default; ``configs/raps.yaml`` has 600); every rank of the last node carries ``--state``
+bytes of extra state (random, so nothing compresses). At a random point of a checkpoint
+interval (drawn from ``--seed``: uniform between the last rank's newest commit on its
+whole group and the next checkpoint due), that node is crashed (cgroup kill) and all its
+ranks move to one spare. ``total_s`` (= ``caught_up_s``) runs from the crash until the
+last moved rank has regained its pre-fault progress (it has sent again everything it had
+sent before the crash): the lost part of the interval redone is inside it;
+``running_s`` ends at its first step after the restore. The phases come from the plans'
+timelines (the slowest rank for each). ``--runs`` jobs, one crash each, on the same
+cluster: p50 and p90 of the phases, the goal (``GOAL_TOTAL_S``) judged on the p50 of
+``total_s``, and the run at the median at the top level. The cluster runs the
 test profile but for what nodes and ranks report in the background, which keeps its
 defaults (``bench/cluster.py`` ``QUIET``; listed in ``background_at_defaults``): the
 test profile's statistics every second, telemetry twice a second and DEBUG logs from
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -41,6 +47,7 @@ from raps_slurm.errors import BenchError, SlurmCommandError
 from raps_slurm.slurm import CommandRunner, commands
 from raps_slurm.store import Keys, StateStore, open_store
 from raps_slurm.testing.cluster import LocalCluster, wait_until
+from raps_slurm.testing.jobs import back_in_service
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 # heat_ring in bench recovery: seconds of work per step, steps between checkpoints, and the
@@ -48,6 +55,51 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 # replays: the "replayed" count of its recovery); reported so that `rapsctl simulate
 # calibrate` can turn replayed messages into replayed work.
 RECOVERY_STEP_SEC, RECOVERY_EVERY, HALO_MESSAGES_PER_STEP = 0.05, 20, 2
+GOAL_TOTAL_S = 12.0  # crash to every moved rank caught up, judged on the runs' p50
+# the phases summarized over the runs (p50 and p90 of each)
+SUMMARIZED = ("total", "running", "detect", "restore", "reexecute")
+
+
+def crash_points(seed: int, runs: int, checkpoint_sec: float) -> list[float]:
+    """Seconds after a commit at which each run's crash comes: uniform over the
+    checkpoint interval, the same for the same seed."""
+    rng = random.Random(seed)
+    return [round(rng.uniform(0.0, checkpoint_sec), 3) for _ in range(runs)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0-1) of ``values``, interpolated between the two nearest
+    (numpy's default); BenchError without values."""
+    if not values:
+        raise BenchError("bench recovery: no run to summarize")
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return round(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo), 3)
+
+
+def summarize(rows: list[dict[str, Any]], checkpoint_sec: float, seed: int
+              ) -> dict[str, Any]:
+    """The JSON object of ``bench recovery`` from its runs: the run at the median of
+    ``total_s`` at the top level (the lower one of an even count; what ``rapsctl
+    simulate calibrate`` reads), p50 and p90 of each phase over the runs, healthy ranks
+    restarted summed over the runs, the goals and every run."""
+    order = sorted(range(len(rows)), key=lambda i: rows[i]["total_s"])
+    median = order[(len(rows) - 1) // 2]
+    out: dict[str, Any] = {**rows[median], "benchmark": "recovery", "runs": len(rows),
+                           "seed": seed, "checkpoint_interval_s": checkpoint_sec,
+                           "median_run": median}
+    for phase in SUMMARIZED:
+        values = [float(r[f"{phase}_s"]) for r in rows]
+        out[f"{phase}_p50_s"] = percentile(values, 0.5)
+        out[f"{phase}_p90_s"] = percentile(values, 0.9)
+    out["healthy_ranks_restarted"] = sum(int(r["healthy_ranks_restarted"]) for r in rows)
+    out["goals"] = {"total_p50_s_max": GOAL_TOTAL_S, "healthy_ranks_restarted_max": 0}
+    out["goals_met"] = out["total_p50_s"] <= GOAL_TOTAL_S \
+        and out["healthy_ranks_restarted"] == 0
+    out["per_run"] = rows
+    return out
 
 
 class JobBench:
@@ -99,14 +151,15 @@ class JobBench:
         return max((int(json.loads(kv.value)["generation"]) for kv in
                     self.store.get_prefix(self.keys.ckpt_prefix(self.job, rank))), default=0)
 
-    def after_next_commit(self, rank: int) -> None:
+    def after_next_commit(self, rank: int, checkpoint_sec: float = 1.0) -> None:
         """Return as soon as a generation newer than the newest committed one is committed
-        on the rank's whole group (the crash then comes right after a checkpoint)."""
+        on the rank's whole group (a checkpoint interval starts then)."""
         wait_until(f"rank {rank}'s state committed on its group", lambda: self.committed(rank),
-                   lambda n: n >= 2, 600, interval=0.05)
+                   lambda n: n >= 2, 600 + 3 * checkpoint_sec, interval=0.05)
         newest = self.committed_gens(rank)[-1]
         wait_until(f"rank {rank}'s next committed generation", lambda: self.committed_gens(rank),
-                   lambda g: bool(g) and g[-1] > newest, 120, interval=0.01)
+                   lambda g: bool(g) and g[-1] > newest, 120 + 2 * checkpoint_sec,
+                   interval=0.01)
 
     def victim(self) -> tuple[int, str]:
         """The last rank, which must not share the batch script's node."""
@@ -143,17 +196,22 @@ def restart_node(cluster: LocalCluster, node: str) -> None:
 
 
 def measure_recovery(cluster: LocalCluster, state: int, steps: int,
-                     ranks_per_node: int = 1) -> dict[str, Any]:
-    """One crash of the node whose ranks each carry ``state`` bytes; the phases of the
-    move of all its ranks to a spare (the slowest rank's, which is what the job waits
+                     ranks_per_node: int = 1, checkpoint_sec: int = 1,
+                     crash_point: float = 0.0, name: str = "recovery") -> dict[str, Any]:
+    """One crash, ``crash_point`` seconds into a checkpoint interval of
+    ``checkpoint_sec``, of the node whose ranks each carry ``state`` bytes; the phases of
+    the move of all its ranks to a spare (the slowest rank's, which is what the job waits
     for)."""
     cfg = load_file(cluster.config_path)
     store, keys = open_store(cfg.store)
-    heat = ["--steps", str(steps), "--every", str(RECOVERY_EVERY),
+    every = max(1, round(checkpoint_sec / RECOVERY_STEP_SEC))
+    heat = ["--steps", str(steps), "--every", str(every),
             "--step-sec", str(RECOVERY_STEP_SEC),
             "--ballast-mb", str(max(1, state >> 20)), "--ballast-ranks", str(ranks_per_node)]
-    bench = JobBench(cluster, store, keys, "recovery",
-                     ["--raps-spares=2", "-N6", f"--raps-ranks-per-node={ranks_per_node}"], heat)
+    # the job's own interval, so that the profile's (5 s) does not checkpoint sooner
+    bench = JobBench(cluster, store, keys, name,
+                     ["--raps-spares=2", "-N6", f"--raps-ranks-per-node={ranks_per_node}",
+                      f"--raps-ckpt-interval={checkpoint_sec}"], heat)
     try:
         rank, node = bench.victim()
         victims = sorted(r for r, (n, _) in bench.ranks().items() if n == node)
@@ -167,8 +225,10 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
         # the start-up's, not a recovery's.
         wait_until("every rank of the node with two generations copied",
                    lambda: [r for r in victims if bench.committed(r) < 2],
-                   lambda left: not left, 300, interval=0.1)
-        bench.after_next_commit(rank)
+                   lambda left: not left, 300 + 3 * checkpoint_sec, interval=0.1)
+        bench.after_next_commit(rank, checkpoint_sec)
+        committed_at = time.time()
+        time.sleep(crash_point)  # the work done since the commit is lost with the node
         crashed = time.time()
         cluster.crash(node)
         # what each rank had saved: the newest generation (on its group or not yet)
@@ -191,6 +251,8 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
             last_running = max(e.at for e in running)
             return {
                 "state_bytes": state, "ranks_per_node": ranks_per_node,
+                "checkpoint_interval_s": checkpoint_sec,
+                "crash_after_commit_s": round(crashed - committed_at, 3),
                 "moved_bytes": state * len(victims), "ranks": victims, "crashed_node": node,
                 "targets": sorted({p.target for p, _ in plans.values()}),
                 "detection_interval_sec": cfg.detection.kernel_heartbeat_interval_sec,
@@ -216,7 +278,7 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
                                       key=str),
                 "replayed_messages": sum(int(e.detail.get("replayed", 0)) for e in caught),
                 "received_messages": sum(int(e.detail.get("received", 0)) for e in caught),
-                "step_sec": RECOVERY_STEP_SEC, "checkpoint_every_steps": RECOVERY_EVERY,
+                "step_sec": RECOVERY_STEP_SEC, "checkpoint_every_steps": every,
                 "messages_per_step_per_rank": HALO_MESSAGES_PER_STEP,
                 "healthy_ranks_restarted": sum(1 for r, (_, epoch) in entries.items()
                                                if r not in victims and epoch > 1),
@@ -284,22 +346,36 @@ def measure_run(cluster: LocalCluster, name: str, sbatch: list[str], steps: int,
         store.close()
 
 
-def run_recovery(state: int, interval: float, port: int,
-                 ranks_per_node: int = 1) -> dict[str, Any]:
-    """Bring up the cluster and a coordinator, crash the node whose ranks hold ``state``
-    bytes each, take it all down; the phases of the recovery (the JSON object of
-    ``bench recovery``)."""
+def run_recovery(state: int, interval: float, port: int, ranks_per_node: int = 1,
+                 runs: int = 5, checkpoint_sec: int = 1, seed: int = 1,
+                 quiet: bool = True) -> dict[str, Any]:
+    """Bring up the cluster and a coordinator; ``runs`` times, crash the node whose ranks
+    hold ``state`` bytes each at a drawn point of the checkpoint interval and bring it
+    back; take it all down; the JSON object of ``bench recovery`` (progress lines on
+    stderr unless ``quiet``)."""
+    points = crash_points(seed, runs, checkpoint_sec)
+    rows: list[dict[str, Any]] = []
     with private_cluster("raps-bench-rec-", port, interval, quiet=True) as cluster:
         coordinator = cluster.coordinator("bench").start()
+        store, keys = open_store(load_file(cluster.config_path).store)
         try:
-            result = measure_recovery(cluster, state, steps=100000,
-                                      ranks_per_node=ranks_per_node)
-            result["background_at_defaults"] = [f"{s}.{k}" for s, k in QUIET]
-            return result
+            for i, point in enumerate(points):
+                row = measure_recovery(cluster, state, 100000, ranks_per_node,
+                                       checkpoint_sec, point, f"recovery-{i}")
+                rows.append(row)
+                if not quiet:
+                    print(f"run {i + 1}: crash {row['crash_after_commit_s']}s after a commit, "
+                          f"caught up after {row['total_s']}s (running after "
+                          f"{row['running_s']}s)", file=sys.stderr, flush=True)
+                back_in_service(cluster, store, keys, row["crashed_node"])
         except AssertionError as exc:  # a wait that timed out: one line, not a traceback
-            raise BenchError(f"bench recovery: {exc}") from None
+            raise BenchError(f"bench recovery: run {len(rows) + 1}: {exc}") from None
         finally:
+            store.close()
             coordinator.stop()
+    result = summarize(rows, checkpoint_sec, seed)
+    result["background_at_defaults"] = [f"{s}.{k}" for s, k in QUIET]
+    return result
 
 
 def run_efficiency(steps: int, step_sec: float, interval: float, port: int) -> dict[str, Any]:

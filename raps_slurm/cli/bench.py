@@ -180,13 +180,22 @@ def bench_mpi(iterations: int, warmup: int, repeats: int, as_json: bool) -> None
               help="Extra state of the crashed rank (e.g. 256MiB, 1GiB).")
 @click.option("--ranks-per-node", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Ranks on each node; every rank of the crashed node holds --state.")
+@click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 100),
+              help="Jobs, one crash each; p50 and p90 over them.")
+@click.option("--checkpoint-sec", default=1, show_default=True,
+              type=click.IntRange(1, 3600),
+              help="Seconds between checkpoints (production: 600, configs/raps.yaml).")
+@click.option("--seed", default=1, show_default=True, type=int,
+              help="Draws each crash's point in the checkpoint interval.")
 @_interval("Kernel heartbeat interval (seconds); 3 misses + 0.5 s make a DEAD verdict.")
 @_port(19200)
 @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
-def bench_recovery(state_text: str, ranks_per_node: int, interval: float, port: int,
-                   as_json: bool) -> None:
-    """Crash a node whose ranks each hold --state bytes; time each phase of their move."""
-    _echo(recovery.run_recovery(_size(state_text, "--state"), interval, port, ranks_per_node))
+def bench_recovery(state_text: str, ranks_per_node: int, runs: int, checkpoint_sec: int,
+                   seed: int, interval: float, port: int, as_json: bool) -> None:
+    """Crash a node whose ranks each hold --state bytes at a random point of the
+    checkpoint interval; time each phase of their move."""
+    _echo(recovery.run_recovery(_size(state_text, "--state"), interval, port, ranks_per_node,
+                                runs, checkpoint_sec, seed, quiet=as_json))
 
 
 @bench.command("efficiency")
