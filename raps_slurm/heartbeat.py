@@ -7,7 +7,9 @@ Every datagram is one message, big-endian, no padding::
     3       1     version (1)
     4       1     kind: 1 Heartbeat (agent -> coordinator), 2 Ack (coordinator -> agent),
                         3 Probe (coordinator -> agent, "answer me now"),
-                  4 AppReport (agent -> coordinator, progress of the node's ranks)
+                  4 AppReport (agent -> coordinator, progress of the node's ranks),
+                  5 AppReport with run delays (the same, each entry with its rank's
+                        run delay: kind 4's entries + waited_ms i32)
     5       n     fixed fields of the kind (u64 = unsigned 64-bit, f64 = IEEE double, seconds):
                     Heartbeat  incarnation u64, counter u64, sent_at f64, flags u8
                                (bit 0 = probe_reply, other bits must be 0)        n = 25
@@ -15,10 +17,14 @@ Every datagram is one message, big-endian, no padding::
                                leader_revision u64, acked_at f64                    n = 40
                     Probe      nonce u64, sent_at f64                               n = 16
                   AppReport  incarnation u64, counter u64, sent_at f64, count u8   n = 25
+                             (kinds 4 and 5)
     5+n     1     name length L (1..64)
     6+n     L     node name, ASCII subset of UTF-8: [A-Za-z0-9][A-Za-z0-9._-]*
     6+n+L   20c   AppReport only: count entries of job u32, rank u32, step u64,
                   blocked_on i32 (-1 = not blocked); at most MAX_APP_ENTRIES
+            (24c) kind 5: each entry then waited_ms i32, the milliseconds the rank's main
+                  thread has waited for a CPU since it started (/proc/PID/schedstat),
+                  modulo 2**31; -1 = unknown (the detector's starved-or-hung test)
     ...     32    HMAC-SHA256(key of the node named, every byte before the tag)
 
 ``decode`` drops anything bad with ``BadDatagram(reason)``, checking in this order:
@@ -64,6 +70,7 @@ import threading
 from dataclasses import dataclass
 
 from raps_slurm import _udp
+from raps_slurm.core.liveness import WAITED_MODULUS as WAITED_MODULUS
 from raps_slurm.errors import BadDatagram, ConfigError
 
 # re-exported (the "as" ones): the daemons, rapsctl, scripts/install.sh and the tests take
@@ -85,7 +92,8 @@ KIND_HEARTBEAT = 1
 KIND_ACK = 2
 KIND_PROBE = 3
 KIND_APP = 4
-MAX_APP_ENTRIES = 16  # 16 x 20 bytes + a 64-byte name still fit MAX_DATAGRAM
+KIND_APP_WAITED = 5
+MAX_APP_ENTRIES = 16  # 16 x 24 bytes + a 64-byte name still fit MAX_DATAGRAM (511 bytes)
 TAG_BYTES = 32  # HMAC-SHA256 output
 
 REASONS = ("size", "magic", "version", "signature", "kind", "length", "name", "field")
@@ -97,7 +105,10 @@ _ACK = struct.Struct(">QQdQd")
 _PROBE = struct.Struct(">Qd")
 _APP = struct.Struct(">QQdB")
 _ENTRY = struct.Struct(">IIQi")
-_FIXED = {KIND_HEARTBEAT: _HB, KIND_ACK: _ACK, KIND_PROBE: _PROBE, KIND_APP: _APP}
+_ENTRY_WAITED = struct.Struct(">IIQii")
+_ENTRIES = {KIND_APP: _ENTRY, KIND_APP_WAITED: _ENTRY_WAITED}
+_FIXED = {KIND_HEARTBEAT: _HB, KIND_ACK: _ACK, KIND_PROBE: _PROBE, KIND_APP: _APP,
+          KIND_APP_WAITED: _APP}
 _NAME_START = _HEADER.size  # offset of the fixed fields
 # Smallest well-formed message: a probe with a one-byte name.
 _MIN_DATAGRAM = _HEADER.size + _PROBE.size + 1 + 1 + TAG_BYTES
@@ -143,12 +154,15 @@ class Probe:
 
 @dataclass(frozen=True, slots=True)
 class RankProgress:
-    """One rank's last app heartbeat, as the agent forwards it."""
+    """One rank's last app heartbeat, as the agent forwards it, with the time its main
+    thread has waited for a CPU (``waited_ms``, cumulative modulo ``WAITED_MODULUS``;
+    None = not known)."""
 
     job: int
     rank: int
     step: int
     blocked_on: int | None
+    waited_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,15 +270,18 @@ def body(msg: Message) -> bytes:
         _check_time("sent_at", msg.sent_at)
         if len(msg.ranks) > MAX_APP_ENTRIES:
             raise BadDatagram("field", f"{len(msg.ranks)} ranks > {MAX_APP_ENTRIES} per report")
-        kind = KIND_APP
+        # kind 4 while no entry knows its run delay: what a coordinator before kind 5 reads
+        kind = KIND_APP if all(r.waited_ms is None for r in msg.ranks) else KIND_APP_WAITED
         fixed = _APP.pack(msg.incarnation, msg.counter, msg.sent_at, len(msg.ranks))
         entries = []
         for r in msg.ranks:
             blocked = -1 if r.blocked_on is None else r.blocked_on
+            waited = -1 if r.waited_ms is None else r.waited_ms
             if not (0 <= r.job < 1 << 32 and 0 <= r.rank < 1 << 31 and 0 <= r.step < 1 << 64
-                    and -1 <= blocked < 1 << 31):
+                    and -1 <= blocked < 1 << 31 and -1 <= waited < WAITED_MODULUS):
                 raise BadDatagram("field", f"rank entry out of range: {r}")
-            entries.append(_ENTRY.pack(r.job, r.rank, r.step, blocked))
+            entries.append(_ENTRY.pack(r.job, r.rank, r.step, blocked) if kind == KIND_APP
+                           else _ENTRY_WAITED.pack(r.job, r.rank, r.step, blocked, waited))
         return b"".join((_HEADER.pack(MAGIC, VERSION, kind), fixed, bytes((len(raw),)), raw,
                          *entries))
     else:
@@ -357,8 +374,9 @@ def _parse(data: bytes) -> Message:
         raise BadDatagram("length", f"{size} bytes too short for kind {kind}")
     name_len = data[len_at]
     name_end = len_at + 1 + name_len
-    entries = data[len_at - 1] if kind == KIND_APP else 0  # the count is the last fixed byte
-    if body_end != name_end + entries * _ENTRY.size or entries > MAX_APP_ENTRIES:
+    entry = _ENTRIES.get(kind, _ENTRY)
+    entries = data[len_at - 1] if kind in _ENTRIES else 0  # the count is the last fixed byte
+    if body_end != name_end + entries * entry.size or entries > MAX_APP_ENTRIES:
         raise BadDatagram("length", f"{size} bytes, name length {name_len}, kind {kind}")
     raw = data[len_at + 1:name_end]
     if _NAME_RE.fullmatch(raw) is None:
@@ -372,16 +390,18 @@ def _parse(data: bytes) -> Message:
         if not math.isfinite(sent_at):
             raise BadDatagram("field", "sent_at not finite")
         return Heartbeat(node, incarnation, counter, sent_at, bool(flags))
-    if kind == KIND_APP:
+    if kind in _ENTRIES:
         incarnation, counter, sent_at, _count = _APP.unpack_from(data, _NAME_START)
         if not math.isfinite(sent_at):
             raise BadDatagram("field", "sent_at not finite")
         ranks = []
         for i in range(entries):
-            job, rank, step, blocked = _ENTRY.unpack_from(data, name_end + i * _ENTRY.size)
-            if blocked < -1 or rank >= 1 << 31:
+            job, rank, step, blocked, *more = entry.unpack_from(data, name_end + i * entry.size)
+            waited = more[0] if more else -1
+            if blocked < -1 or rank >= 1 << 31 or waited < -1:
                 raise BadDatagram("field", f"rank entry {i} out of range")
-            ranks.append(RankProgress(job, rank, step, None if blocked == -1 else blocked))
+            ranks.append(RankProgress(job, rank, step, None if blocked == -1 else blocked,
+                                      None if waited == -1 else waited))
         return AppReport(node, incarnation, counter, sent_at, tuple(ranks))
     if kind == KIND_ACK:
         incarnation, counter, sent_at, revision, acked_at = _ACK.unpack_from(data, _NAME_START)

@@ -2,8 +2,10 @@
 
 - **Relay**: every ``detection.app_heartbeat_interval_sec`` the ranks that sent an app
   heartbeat since the last report go to the leader in signed ``AppReport`` datagrams
-  (16 ranks each). A rank that stopped heartbeating is simply absent, so the leader's
-  detector sees its silence (HUNG) while the node itself stays ALIVE.
+  (16 ranks each), with each rank's run delay. A rank that stopped heartbeating is absent,
+  so the leader's detector sees its silence (HUNG) while the node itself stays ALIVE,
+  unless its process still runs or waits for a CPU: starved, not hung, it is reported
+  (:mod:`raps_slurm.agent.sched`).
 - **Fencing** (defence in depth; epochs are the guarantee, docs/detection.md): once the
   node's validity has run out (no acknowledgement for the miss window *and* etcd out
   of reach), every local rank is killed at once; and a rank whose epoch in etcd is
@@ -19,9 +21,10 @@ import time
 
 from raps_slurm.agent.local_api import RankInfo, RankTable, process_start
 from raps_slurm.agent.node import NodeAgent
+from raps_slurm.agent.sched import RankLiveness
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.errors import RecordError, StoreError
-from raps_slurm.heartbeat import MAX_APP_ENTRIES, AppReport, RankProgress, encode, new_incarnation
+from raps_slurm.heartbeat import MAX_APP_ENTRIES, AppReport, encode, new_incarnation
 from raps_slurm.store import Keys, StateStore
 
 log = logging.getLogger("raps.agent")
@@ -37,20 +40,21 @@ class RankSupervisor:
         self._counter = 0
         self._reported_at = time.monotonic()
         self._fenced = False
+        self.liveness = RankLiveness()
         self.killed: list[tuple[str, int, str]] = []  # (job, rank, why), for logs and tests
 
     def report(self) -> int:
-        """Send the progress of ranks heard from since the last report; returns how many."""
+        """Send the progress of ranks heard from since the last report, or silent but
+        running or waiting for a CPU; returns how many."""
         now = time.monotonic()
-        fresh = [r for r in self.table.fresh_since(self._reported_at) if r.job.isdigit()]
+        fresh = self.liveness.entries(self.table.snapshot(), self._reported_at)
         self._reported_at = now
         leader = self.node.hb.leader
         if leader is None or not fresh:
             return 0
         for i in range(0, len(fresh), MAX_APP_ENTRIES):
             self._counter += 1
-            entries = tuple(RankProgress(int(r.job), r.rank, r.step, r.blocked_on)
-                            for r in fresh[i:i + MAX_APP_ENTRIES])
+            entries = tuple(fresh[i:i + MAX_APP_ENTRIES])
             report = AppReport(self.node.node, self._incarnation, self._counter, time.time(),
                                entries)
             self.node.send(encode(report, self._key), leader)

@@ -123,7 +123,8 @@ class Detection:
         for r in received:
             if isinstance(r, ReceivedApp):
                 for p in r.ranks:
-                    det.app_heartbeat(str(p.job), p.rank, r.node, p.step, p.blocked_on, now)
+                    det.app_heartbeat(str(p.job), p.rank, r.node, p.step, p.blocked_on, now,
+                                      waited_ms=p.waited_ms)
                 continue
             self._addresses[r.node] = r.address
             # The fence deadline counts from the receive time, on this clock: it is after

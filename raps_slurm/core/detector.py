@@ -85,7 +85,13 @@ A rank is HUNG when its node is ALIVE and either
   come from a runtime thread, so only the step, which the application itself reports,
   tells a live process from a working one. A rank that never reported a step above 0 is
   not judged by progress (its program does not report any), and time spent waiting for a
-  peer counts as progress (the peer is judged, not the waiter).
+  peer counts as progress (the peer is judged, not the waiter). The window is the rank's
+  own time: the time its main thread waited for a CPU (reported by its agent) is added,
+  up to ``MAX_STRETCH`` x the window (:mod:`raps_slurm.core.liveness`): a starved rank
+  falls behind, it is not stuck.
+
+A rank whose process is on or waiting for a CPU is reported by its agent even when its
+heartbeats stop (its heartbeat thread starved), so silence means stopped or stuck.
 
 A rank on a SUSPECT or DEAD node is never HUNG: its heartbeats travel through that
 node's agent. Nor is one whose node has not been heard from since the rank's window
@@ -114,6 +120,7 @@ from raps_slurm.core.detector_settings import PROBE_FAILURES as PROBE_FAILURES
 from raps_slurm.core.detector_settings import PROGRESS_STRIKES as PROGRESS_STRIKES
 from raps_slurm.core.detector_settings import DetectorSettings as DetectorSettings
 from raps_slurm.core.detector_settings import probe_plan as probe_plan
+from raps_slurm.core.liveness import progress_due, waited_delta
 
 PROBE_RATE_SHARE = 0.5          # probe budget per second, as a share of watched nodes / I
 MIN_PROBE_RATE = 1000.0         # probes a second allowed however few nodes are watched
@@ -184,6 +191,8 @@ class _Rank:
     hung: bool = False
     progress_at: float = 0.0          # last step change, or last report while blocked
     stalled: float | None = None      # the progress_at a HUNG verdict was given for
+    waited_ms: int | None = None      # the last run-delay counter reported (wire units)
+    waited: float = 0.0               # seconds waited for a CPU since progress_at
 
 
 class Detector:
@@ -284,8 +293,9 @@ class Detector:
         self._service(n, now)
 
     def app_heartbeat(self, job: str, rank: int, node: str, step: int, blocked_on: int | None,
-                      now: float) -> None:
-        """An app heartbeat of ``(job, rank)`` running on ``node`` (relayed by its agent)."""
+                      now: float, waited_ms: int | None = None) -> None:
+        """An app heartbeat of ``(job, rank)`` running on ``node`` (relayed by its agent),
+        with its main thread's run-delay counter (``RankProgress.waited_ms``) if known."""
         now = self._clock(now)
         key = (job, rank)
         if key in self._finished:
@@ -293,11 +303,15 @@ class Detector:
         r = self._ranks.get(key)
         if r is None:
             r = self._ranks[key] = _Rank(node, step, blocked_on, now, next(self._seq),
-                                         progress_at=now)
+                                         progress_at=now, waited_ms=waited_ms)
         else:
             if step != r.step or node != r.node or blocked_on is not None \
                     or r.blocked_on is not None:  # waiting, or just done waiting
-                r.progress_at = now
+                r.progress_at, r.waited = now, 0.0
+            elif waited_ms is not None and r.waited_ms is not None:
+                r.waited += waited_delta(r.waited_ms, waited_ms, now - r.last_at,
+                                         self.settings.app_window)
+            r.waited_ms = waited_ms
             r.node, r.step, r.blocked_on, r.last_at = node, step, blocked_on, now
             r.gen = next(self._seq)
             r.hung = False
@@ -309,7 +323,8 @@ class Detector:
         window = self.settings.app_window * (1 if r.blocked_on is None else BLOCKED_FACTOR)
         due = max(r.last_at, since) + window
         if self._judged_by_progress(r):
-            due = min(due, max(r.progress_at, since) + self.settings.progress_window)
+            due = min(due, progress_due(max(r.progress_at, since), r.waited,
+                                        self.settings.progress_window))
         return due
 
     @staticmethod
@@ -516,7 +531,7 @@ class Detector:
                 r.stalled = r.progress_at  # one verdict per stall, however it was found
             else:  # heartbeating, but the step stood still: the application is stuck
                 evidence.update(reason="no progress", progress_at=r.progress_at,
-                                stalled_s=now - max(r.progress_at, since),
+                                stalled_s=now - max(r.progress_at, since), waited_s=r.waited,
                                 progress_window_s=self.settings.progress_window)
                 r.stalled = r.progress_at
             r.hung = True

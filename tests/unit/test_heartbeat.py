@@ -139,7 +139,7 @@ def test_reason_signature() -> None:
     assert reason_of(bytes(tampered)) == "signature"
 
 
-@pytest.mark.parametrize("kind", [0, 5, 255])
+@pytest.mark.parametrize("kind", [0, 6, 255])
 def test_reason_kind(kind: int) -> None:
     assert reason_of(hbm.sign(body(kind, HB_FIXED), KEY)) == "kind"
 
@@ -520,6 +520,36 @@ def test_app_report_round_trip_and_limits() -> None:
     assert info.value.reason == "field"
     with pytest.raises(BadDatagram):
         encode(AppReport("n1", 1, 1, 1.0, (RankProgress(1, 0, 0, -5),)), KEY)
+
+
+def test_app_report_with_run_delays_is_kind_5_and_round_trips() -> None:
+    from raps_slurm.heartbeat import (
+        KIND_APP,
+        KIND_APP_WAITED,
+        MAX_APP_ENTRIES,
+        MAX_DATAGRAM,
+        WAITED_MODULUS,
+        AppReport,
+        RankProgress,
+    )
+    ranks = tuple(RankProgress(12, i, 1000 + i, None if i % 2 else i + 1,
+                               None if i == 3 else (WAITED_MODULUS - 1 if i == 4 else i * 7))
+                  for i in range(MAX_APP_ENTRIES))
+    msg = AppReport("n" * 64, 7, 9, 123.5, ranks)
+    data = encode(msg, KEY)
+    assert data[4] == KIND_APP_WAITED and len(data) <= MAX_DATAGRAM
+    assert decode(data, KEY) == msg
+    # no run delay known: the old kind, readable by a coordinator that predates kind 5
+    plain = AppReport("n1", 1, 1, 1.0, (RankProgress(1, 0, 5, None),))
+    assert encode(plain, KEY)[4] == KIND_APP and decode(encode(plain, KEY), KEY) == plain
+    for bad in (-2, WAITED_MODULUS):
+        with pytest.raises(BadDatagram) as info:
+            encode(AppReport("n1", 1, 1, 1.0, (RankProgress(1, 0, 0, None, bad),)), KEY)
+        assert info.value.reason == "field"
+    # a kind-5 datagram whose entries are kind 4's size is refused, not misread
+    short = bytearray(encode(plain, KEY)[:-32])
+    short[4] = KIND_APP_WAITED
+    assert reason_of(hbm.sign(bytes(short), KEY)) == "length"
 
 
 def test_app_report_count_must_match_the_entries() -> None:
