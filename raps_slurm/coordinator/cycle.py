@@ -432,12 +432,16 @@ class Coordinator:
         if topo is None:
             why = self._topology_error or "being read"
             return f"job {record.job_id} waits for the topology ({why})"
-        # Never a rank on a node under a DEAD verdict, even if Slurm allocated it (an admin
-        # resumed it while its agent is silent): the run uses a spare fewer instead.
+        # Never a rank on a node whose agent is dead, gone or draining, even if Slurm
+        # allocated it (an admin resumed it while its agent is silent): its ranks could
+        # not reach their agent. The run uses a spare fewer instead.
+        dead = self._dead_nodes()
+        fitness = getattr(self._dead_nodes, "fitness", None)
+        unfit, doubtful = fitness(record.nodes) if fitness is not None else ({}, {})
         plan = build_map(record, topo, default_replicas=self.cfg.checkpoint.replica_count,
                          now=self._clock(), previous_epochs=view.epochs,
                          prefer_original_rack=self.cfg.recovery.prefer_original_rack,
-                         dead=self._dead_nodes())
+                         dead=dead, unfit=unfit, doubtful=doubtful)
         plan = dataclasses.replace(
             plan, rank_map=dataclasses.replace(plan.rank_map, built_by=self.name))
         if not self._write_map(record, kv, plan, view.ranks):
@@ -449,10 +453,13 @@ class Coordinator:
         self.metrics.groups.inc(len(plan.groups))
         degraded = sum(g.degraded for g in plan.groups)
         unused = sorted(set(record.nodes) - set(m.nodes) - set(m.spares))
-        log.info("job %s run %d: %d ranks on %d nodes, spares %s, %d degraded groups%s",
+        kept = [f"{n} ({why})" for n, why in sorted({**doubtful, **unfit}.items())
+                if n not in m.nodes]
+        log.info("job %s run %d: %d ranks on %d nodes, spares %s, %d degraded groups%s%s",
                  m.job_id, m.restart_count, len(m.nodes), len(set(m.nodes)),
                  ",".join(m.spares) or "-", degraded,
-                 f"; unused (DEAD): {','.join(unused)}" if unused else "")
+                 f"; unused (DEAD): {','.join(unused)}" if unused else "",
+                 f"; no ranks on {', '.join(kept)}" if kept else "")
         return f"mapped job {m.job_id} ({len(m.nodes)} ranks, {len(m.spares)} spares)"
 
     def _write_map(self, record: JobRecord, kv: KeyValue, plan: MapPlan, old_ranks: int) -> bool:

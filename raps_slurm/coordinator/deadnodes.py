@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
+from raps_slurm.core.jobs import node_fitness
 from raps_slurm.core.membership import dead_nodes
 from raps_slurm.errors import StoreError
 from raps_slurm.store import Keys, StateStore
@@ -43,6 +44,7 @@ class DeadNodes:
         self._health: dict[str, tuple[str, str, float]] = {}  # node -> (level, reason, at)
         self._dead: set[str] = set()
         self.unhealthy: set[str] = set()
+        self.suspect: set[str] = set()  # under a SUSPECT verdict (also in unhealthy)
         # node -> (reason, time) of a health verdict at DRAIN, the node alive
         self.draining: dict[str, tuple[str, float]] = {}
         self.dead_at: dict[str, float] = {}
@@ -70,12 +72,20 @@ class DeadNodes:
             self._apply(event)
         self._dead = dead_nodes(self._created, {n: v[0] for n, v in self._verdicts.items()})
         self.registered = set(self._created) - self._dead
+        self.suspect = set(self._suspect)
         self.unhealthy = self._suspect | {n for n, h in self._health.items()
                                           if h[0] in _UNHEALTHY}
         self.draining = {n: (h[1], h[2]) for n, h in self._health.items()
                          if h[0] == "DRAIN" and n not in self._dead}
         self.dead_at = {n: self._verdicts[n][1] for n in self._dead}
         return set(self._dead)
+
+    def fitness(self, nodes: Collection[str]) -> tuple[dict[str, str], dict[str, str]]:
+        """(unfit, doubtful) among ``nodes`` as last read (``core.jobs.node_fitness``):
+        what a rank map keeps ranks off."""
+        return node_fitness(nodes, dead=self._dead, registered=self.registered,
+                            suspect=self.suspect, unhealthy=self.unhealthy,
+                            draining={n: v[0] for n, v in self.draining.items()})
 
     def _apply(self, event: WatchEvent) -> None:
         rest = event.key[len(self._prefix):]

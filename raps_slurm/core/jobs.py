@@ -304,18 +304,55 @@ def choose_spares(topology: Topology, nodes: Collection[str], count: int
     return working, tuple(sorted(spares, key=_natural))
 
 
+def node_fitness(nodes: Collection[str], *, dead: Collection[str],
+                 registered: Collection[str] | None, suspect: Collection[str],
+                 unhealthy: Collection[str], draining: Mapping[str, str]
+                 ) -> tuple[dict[str, str], dict[str, str]]:
+    """(unfit, doubtful): which of ``nodes``, none of them ``dead``, may not run ranks, and
+    which run ranks only when the others are too few; each node with why.
+
+    Unfit: no live agent registration (``registered``, None when not known yet: nobody is
+    unfit for it), since a rank there cannot reach its agent; or draining for health
+    (``draining``: node -> reason), since its ranks would be moved off at once.
+    Doubtful: a SUSPECT verdict (``suspect``), which this machine's load can give a
+    healthy node for a moment, or health DEGRADED (``unhealthy``, the other unhealthy
+    levels). A job with too few good nodes runs on a doubtful one rather than not at all.
+    """
+    gone = set(dead)
+    unfit: dict[str, str] = {}
+    doubtful: dict[str, str] = {}
+    for n in nodes:
+        if n in gone:
+            continue
+        if registered is not None and n not in registered:
+            unfit[n] = "no live agent"
+        elif n in draining:
+            unfit[n] = f"draining ({draining[n]})"
+        elif n in suspect:
+            doubtful[n] = "SUSPECT"
+        elif n in unhealthy:
+            doubtful[n] = "health DEGRADED"
+    return unfit, doubtful
+
+
 def build_map(record: JobRecord, topology: Topology, *, default_replicas: int, now: float,
               previous_epochs: Mapping[int, int] | None = None,
               prefer_original_rack: bool = False,
               unhealthy: Collection[str] = frozenset(),
-              dead: Collection[str] = frozenset()) -> MapPlan:
+              dead: Collection[str] = frozenset(),
+              unfit: Mapping[str, str] | None = None,
+              doubtful: Mapping[str, str] | None = None) -> MapPlan:
     """The rank map, rank entries and backup groups of one job run.
 
     The node is the unit: ranks go ``ranks_per_node`` at a time to the working nodes in
     name order, and all ranks of a node share that node's backup group (one log backup,
-    one mirror set). Nodes under a DEAD verdict (``dead``) get nothing, neither ranks nor
-    spare duty: the run uses one spare fewer for each (a requeued job that lost nodes
-    still starts), and cannot be mapped only when too few nodes are left for its ranks.
+    one mirror set). Only nodes whose agent is alive and healthy run ranks
+    (:func:`node_fitness`). Nodes under a DEAD verdict (``dead``) get nothing, neither
+    ranks nor spare duty: the run uses one spare fewer for each (a requeued job that lost
+    nodes still starts). ``unfit`` nodes (node -> why) get no ranks and become spares
+    that hold no backup and come last in every spare order: recovery takes one only once
+    it is healthy again. ``doubtful`` ones are spares too, unless the good nodes are too
+    few for the ranks. A run is not mapped only when too few nodes are left for its ranks.
     The rank count is the prior run's when ``previous_epochs`` holds one entry for each of
     its ranks 0..N-1, so a run on fewer nodes restores the same ranks; otherwise it is
     (nodes - spares) x ranks_per_node. Each rank's epoch is
@@ -326,8 +363,12 @@ def build_map(record: JobRecord, topology: Topology, *, default_replicas: int, n
     replicas = default_replicas if spec.replicas is None else spec.replicas
     prev = previous_epochs or {}
     per_node = spec.ranks_per_node
-    lost = sorted(set(record.nodes) & set(dead), key=_natural)
-    usable = [n for n in record.nodes if n not in set(dead)]
+    gone = set(dead)
+    lost = sorted(set(record.nodes) & gone, key=_natural)
+    usable = [n for n in dict.fromkeys(record.nodes) if n not in gone]
+    bad = {n: why for n, why in (unfit or {}).items() if n in usable}
+    maybe = {n: why for n, why in (doubtful or {}).items() if n in usable and n not in bad}
+    good = [n for n in usable if n not in bad and n not in maybe]
     try:
         if prev and sorted(prev) == list(range(len(prev))):
             size = len(prev)
@@ -336,17 +377,25 @@ def build_map(record: JobRecord, topology: Topology, *, default_replicas: int, n
                 choose_spares(topology, record.nodes, spec.spares)  # raises the usual error
             size = (len(set(record.nodes)) - spec.spares) * per_node
         needed = -(-size // per_node)
-        if needed > len(usable):
+        if needed > len(good) + len(maybe):
+            why = ([f"{','.join(lost)} under a DEAD verdict"] if lost else []) + \
+                [f"{n}: {bad[n]}" for n in sorted(bad, key=_natural)]
             raise PlacementError(
                 f"{size} ranks at {per_node} per node need {needed} nodes, but only "
-                f"{len(usable)} of the {len(record.nodes)} allocated are usable"
-                + (f" ({','.join(lost)} under a DEAD verdict)" if lost else ""))
-        working, spares = choose_spares(topology, usable, len(usable) - needed)
+                f"{len(good) + len(maybe)} of the {len(record.nodes)} allocated are usable"
+                + (f" ({'; '.join(why)})" if why else ""))
+        # Doubtful nodes fill in only what the good ones lack, the least doubtful first.
+        fill = good + sorted(maybe, key=lambda n: (maybe[n] != "SUSPECT", _natural(n))
+                             )[:max(0, needed - len(good))]
+        working, spares = choose_spares(topology, fill, len(fill) - needed)
+        idle = tuple(sorted((n for n in usable if n not in fill), key=_natural))
+        spares = tuple(sorted((*spares, *idle), key=_natural))
         rank_nodes = {i * per_node + k: n for i, n in enumerate(working)
                       for k in range(per_node) if i * per_node + k < size}
         by_node: dict[int, RankPlacement] = compute_placement(
             topology, dict(enumerate(working)), spares, replicas=replicas,
-            prefer_original_rack=prefer_original_rack, unhealthy=unhealthy)
+            prefer_original_rack=prefer_original_rack,
+            unhealthy={*unhealthy, *maybe}, no_backups=[n for n in idle if n in bad])
     except PlacementError as exc:
         return MapPlan(RankMap(record.job_id, record.restart_count, built_at=now,
                                replicas=replicas, error=str(exc)))

@@ -2,7 +2,8 @@
 
 Vocabulary. The *working nodes* run the job's ranks (the values of the rank map);
 the *spares* are the idle nodes the job allocated for relaunches; together they are
-the job's *pool*. A node's *fault domain* is its rack (leaf switch). Two nodes are
+the job's *pool* (minus spares kept from backups, ``no_backups``: a spare whose agent
+cannot serve now). A node's *fault domain* is its rack (leaf switch). Two nodes are
 *domain-disjoint* when they sit in different racks and, if both power domains are
 known, in different power domains (a node with no known power domain is compared by
 rack only).
@@ -61,7 +62,7 @@ pass runs before further mirrors exist; those go to the least loaded of the equa
 independent candidates when picked, with no swap-stability guarantee.
 
 Spare order. Every rank gets all the job's spares: healthy spares first (a spare is
-unhealthy when it or its rack is listed in ``unhealthy``), then -- with
+unhealthy when it or its rack is listed in ``unhealthy``, or it is in ``no_backups``), then -- with
 ``prefer_original_rack`` and the primary's rack healthy -- spares in the primary's
 rack, then spares domain-disjoint from the primary, then fewer switch hops (cheaper
 chunk transfer), then name.
@@ -187,24 +188,31 @@ def _order_spares(d: _Domains, primary: str, spares: Iterable[str], prefer: bool
 def compute_placement(topology: Topology, rank_nodes: Mapping[int, str],
                       spares: Iterable[str] = (), *, replicas: int = 2,
                       prefer_original_rack: bool = False,
-                      unhealthy: Collection[str] = frozenset()) -> dict[int, RankPlacement]:
+                      unhealthy: Collection[str] = frozenset(),
+                      no_backups: Collection[str] = frozenset()) -> dict[int, RankPlacement]:
     """Backup group and ordered spare list for every rank of one job.
 
     ``rank_nodes`` maps rank -> node (several ranks may share a node); ``replicas`` is
     the number of copies besides the primary (0-8: log backup, then mirrors);
     ``unhealthy`` names racks or nodes known to be sick (default: all healthy); it orders
     spares only, backups are drawn from working nodes and spares whatever their health
-    (re-plan after a drain). Raises PlacementError on a replica count that is not an
-    integer 0-8, an empty rank map, a negative rank, a node or spare missing from the
-    topology, a spare listed twice or a spare that also runs ranks.
+    (re-plan after a drain). ``no_backups`` names spares that hold no backup role and
+    come last in every spare order: their agent cannot serve now (none registered, or
+    the node is draining), so they are spares only should they recover. Raises
+    PlacementError on a replica count that is not an integer 0-8, an empty rank map, a
+    negative rank, a node or spare missing from the topology, a spare listed twice, a
+    spare that also runs ranks or a node in ``no_backups`` that is no spare.
     """
     if (isinstance(replicas, bool) or not isinstance(replicas, int)
             or not 0 <= replicas <= MAX_REPLICAS):
         raise PlacementError(f"replicas: expected an integer 0-{MAX_REPLICAS}, got {replicas!r}")
     d = _domains(topology)
     ranks, working, spare_list = _validate(d, rank_nodes, spares)
-    sick = frozenset(unhealthy)
-    pool = sorted({*working, *spare_list})
+    outside = sorted(set(no_backups) - set(spare_list))
+    if outside:
+        raise PlacementError(f"{', '.join(outside)}: only a spare can be kept from backups")
+    sick = frozenset(unhealthy) | frozenset(no_backups)
+    pool = sorted({*working, *spare_list} - set(no_backups))
     loads = BackupLoads(d, pool)
     backups = _assign_backups(d, ranks, pool, rank_nodes, loads, min(replicas, 2))
     if replicas > 2:

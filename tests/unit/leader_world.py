@@ -7,6 +7,7 @@ is in conftest.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from raps_slurm.config import parse_config
@@ -45,8 +46,10 @@ class World:
     batch_host: str = "n1"
 
     def coordinator(self, name: str = "c1", max_concurrent: int = 4,
-                    max_requeues: int = 3) -> Coordinator:
-        """A coordinator named ``name`` on this world's store and clock."""
+                    max_requeues: int = 3,
+                    dead_nodes: Callable[[], set[str]] | None = None) -> Coordinator:
+        """A coordinator named ``name`` on this world's store and clock; what it holds
+        dead is ``self.dead`` unless ``dead_nodes`` (e.g. a DeadNodes on the store)."""
         cfg = parse_config({"coordinator": {"leader_lease_sec": 10, "metrics_address": ""},
                             "recovery": {"max_concurrent_recoveries": max_concurrent,
                                          "recovery_timeout_sec": 60,
@@ -55,7 +58,8 @@ class World:
         lead = Leadership(self.store, self.keys.leader(), 10, {"name": name}, clock=self.clock)
         c = Coordinator(cfg, self.store, self.keys, lead, topology=lambda: TOPOLOGY,
                         job_states=lambda: {"7": self.state}, name=name, clock=self.clock,
-                        monotonic=self.clock, dead_nodes=lambda: set(self.dead),
+                        monotonic=self.clock,
+                        dead_nodes=dead_nodes or (lambda: set(self.dead)),
                         finished_ranks=self.finished.append)
         c.recovery = Recovery(
             cfg, self.store, self.keys, lead, job_info=self.info,

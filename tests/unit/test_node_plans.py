@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from leader_world import NODES, TOPOLOGY, World, step
 
+from raps_slurm.coordinator.deadnodes import DeadNodes
 from raps_slurm.coordinator.recovery import GIVE_UP_GRACE_SEC
 from raps_slurm.core import requeue
-from raps_slurm.core.jobs import JobRecord, JobSpec, build_map
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankMap, build_map, node_fitness
 from raps_slurm.core.planner import PlanEvent
 from raps_slurm.core.requeue import EscalationRecord
 from raps_slurm.errors import RecordError
@@ -51,6 +52,60 @@ def test_a_dead_node_gets_no_ranks_and_the_run_has_a_spare_fewer() -> None:
     plan = build_map(record(), TOPOLOGY, default_replicas=2, now=0.0, dead={"n3", "n4", "n5"})
     assert plan.rank_map.error == ("12 ranks at 3 per node need 4 nodes, but only 3 of the "
                                    "6 allocated are usable (n3,n4,n5 under a DEAD verdict)")
+
+
+def test_node_fitness_keeps_ranks_off_nodes_whose_agent_is_gone_or_draining() -> None:
+    unfit, doubtful = node_fitness(
+        NODES, dead={"n1"}, registered={"n2", "n3", "n4", "n5"}, suspect={"n3"},
+        unhealthy={"n3", "n4", "n5"}, draining={"n5": "nvme0 temp 72C > 70C"})
+    # n1 is dead (build_map's own case), n6 has no registration, n5 drains for health
+    assert unfit == {"n6": "no live agent", "n5": "draining (nvme0 temp 72C > 70C)"}
+    assert doubtful == {"n3": "SUSPECT", "n4": "health DEGRADED"}
+    # Registrations not read yet: no node is unfit for lack of one.
+    assert node_fitness(NODES, dead=(), registered=None, suspect=(), unhealthy=(),
+                        draining={}) == ({}, {})
+
+
+def test_an_unfit_node_gets_no_ranks_and_is_a_spare_that_holds_no_backup() -> None:
+    # The case of issue 44: n5's agent is gone, the job asked 2 spares of 6 nodes.
+    plan = build_map(record(), TOPOLOGY, default_replicas=2, now=0.0,
+                     unfit={"n5": "no live agent"})
+    m = plan.rank_map
+    assert not m.error
+    assert "n5" not in m.nodes and len(m.nodes) == 12 and len(set(m.nodes)) == 4
+    assert "n5" in m.spares and len(m.spares) == 2
+    for entry, group in zip(plan.entries, plan.groups, strict=True):
+        assert "n5" not in (group.log_backup, *group.ckpt_mirrors)
+        assert entry.spares[-1] == "n5"  # last: taken only once its agent is back
+    # With n5 and n6 unfit too few good nodes are left: the error says why.
+    plan = build_map(record(spares=1), TOPOLOGY, default_replicas=2, now=0.0, dead={"n1"},
+                     unfit={"n5": "no live agent", "n6": "draining (fan)"})
+    assert plan.rank_map.error == (
+        "15 ranks at 3 per node need 5 nodes, but only 3 of the 6 allocated are usable "
+        "(n1 under a DEAD verdict; n5: no live agent; n6: draining (fan))")
+
+
+def test_a_doubtful_node_runs_ranks_only_when_the_good_ones_are_too_few() -> None:
+    plan = build_map(record(), TOPOLOGY, default_replicas=2, now=0.0,
+                     doubtful={"n3": "SUSPECT"})
+    assert "n3" not in plan.rank_map.nodes and "n3" in plan.rank_map.spares
+    # No spare asked: every node runs ranks, the doubtful one included, rather than none.
+    plan = build_map(record(spares=0), TOPOLOGY, default_replicas=2, now=0.0,
+                     doubtful={"n3": "SUSPECT", "n4": "health DEGRADED"},
+                     unfit={"n6": "no live agent"})
+    assert plan.rank_map.error.startswith("18 ranks at 3 per node need 6 nodes, but only 5")
+    plan = build_map(record(spares=1), TOPOLOGY, default_replicas=2, now=0.0,
+                     doubtful={"n3": "SUSPECT", "n4": "health DEGRADED"},
+                     unfit={"n6": "no live agent"})
+    m = plan.rank_map
+    assert not m.error and set(m.nodes) == {"n1", "n2", "n3", "n4", "n5"}
+    assert m.spares == ("n6",)
+    plan = build_map(record(spares=2), TOPOLOGY, default_replicas=2, now=0.0,
+                     doubtful={"n3": "SUSPECT", "n4": "health DEGRADED"},
+                     unfit={"n6": "no live agent"})
+    # one doubtful node needed: the SUSPECT one, which is likely well again in a moment
+    assert set(plan.rank_map.nodes) == {"n1", "n2", "n3", "n5"}
+    assert plan.rank_map.spares == ("n4", "n6")
 
 
 def test_a_requeued_run_on_fewer_nodes_keeps_its_ranks() -> None:
@@ -203,6 +258,28 @@ def test_a_dead_node_in_the_allocation_is_never_mapped_and_the_requeue_excludes_
     world.state = "RUNNING"
     step(c, world, 3)
     assert len(world.updated) == 3 and len(world.released) == 3
+
+
+def test_the_leader_maps_no_rank_on_a_node_whose_agent_is_not_registered(
+        world: World) -> None:
+    """The case of issue 44 as the leader sees it in etcd: n5's agent stopped (its
+    registration gone with its lease), no verdict needed. n5 becomes a spare that holds
+    no backup; the job's 12 ranks run on 4 of the 5 others."""
+    for n in NODES:
+        if n != "n5":
+            world.store.put(world.keys.node(n), b"{}")
+    dead = DeadNodes(world.store, world.keys, every=0.0)
+    c = world.coordinator(dead_nodes=dead)
+    try:
+        step(c, world)
+        nodes = {world.entry(r).node for r in range(12)}
+        assert "n5" not in nodes and len(nodes) == 4
+        kv = world.store.get(world.keys.job_map("7"))
+        assert kv is not None and "n5" in RankMap.from_json(kv.key, kv.value).spares
+        groups = [world.store.get(world.keys.job_group("7", r)) for r in range(12)]
+        assert all(g is not None and b"n5" not in g.value for g in groups)
+    finally:
+        dead.close()
 
 
 def test_raps_gives_up_after_max_requeues_and_the_job_fails(world: World) -> None:

@@ -573,3 +573,15 @@ def test_replace_dead_backups_prefers_disjoint_then_least_loaded() -> None:
     new = replace_dead_backups(topo, g, {"b1", "c1"}, ["a1", "b1", "c1"], {})
     assert new is not None and new.log_backup is None and new.ckpt_mirrors == ()
     assert new.degraded and "too few live nodes" in new.reason
+
+
+def test_spares_kept_from_backups_hold_none_and_come_last() -> None:
+    # n5 (rack r3) would be the mirror of n1's and n3's groups, were it not kept off
+    out = compute_placement(CONTIGUOUS, {0: "n1", 1: "n3"}, ["n5", "n2", "n6"],
+                            no_backups={"n5"})
+    for p in out.values():
+        assert "n5" not in p.group.members
+        assert p.spares[-1] == "n5"
+    with pytest.raises(PlacementError, match="only a spare can be kept from backups"):
+        compute_placement(CONTIGUOUS, {0: "n1"}, ["n3"], no_backups={"n1"})
+
