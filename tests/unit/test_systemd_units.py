@@ -73,6 +73,13 @@ def test_agent_unit_is_notify_with_watchdog_hardening_and_before_slurmd() -> Non
     assert "--node ${RAPS_NODE}" in svc["ExecStart"]
 
 
+def test_agent_runs_above_the_jobs_cpu_priority() -> None:
+    """A busy node must not starve the agent's heartbeats (docs/detection.md): a CPU weight
+    above the default 100 the jobs' cgroups get, and a negative nice value."""
+    svc = _unit(REPO / "slurm/systemd/raps-agent.service")["Service"]
+    assert int(svc["CPUWeight"]) > 100 and int(svc["Nice"]) < 0
+
+
 def _listen(tmp_path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "notify"))
