@@ -73,8 +73,9 @@ class MessageLogConfig:
     buffer_size_mb: int = _f(256, "in-memory log buffer per rank", 1, 1024 * 1024)
     buffer_high_watermark_mb: int = _f(192, "above this the log spills to local disk",
                                        1, 1024 * 1024)
-    recv_timeout_sec: float = _f(600.0, "a receive waiting this long is an error, escalated",
-                                 0.1, 7 * 86400)
+    recv_timeout_sec: float = _f(600.0, "a receive whose source makes no progress this long "
+                                 "(re-sent messages of a relaunched source are progress) is an "
+                                 "error, escalated", 0.1, 7 * 86400)
     listen_address: str = _f("", "address ranks listen on for peers ('' = the node's name)")
     stats_interval_sec: float = _f(10.0, "ranks report their message-log figures this often",
                                    0.1, 3600)
@@ -125,7 +126,9 @@ class RecoveryConfig:
 
     prefer_original_rack: bool = _f(True, "try spares in the failed node's rack first if healthy")
     max_concurrent_recoveries: int = _f(4, "recoveries run at once; the rest queue", 1, 1024)
-    recovery_timeout_sec: int = _f(300, "a recovery not done by then escalates", 10, 86400)
+    recovery_timeout_sec: int = _f(300, "a relaunched rank not running again by then "
+                                   "escalates (its re-execution is judged by its progress)",
+                                   10, 86400)
     use_delta_transfer: bool = _f(True, "send only the chunks a spare lacks")
     max_requeues: int = _f(3, "whole-job requeues within requeue_window_sec before RAPS "
                            "gives up and the job fails", 0, 1000)
@@ -387,6 +390,19 @@ def _check_pairs(cfg: Config, errors: list[str], failed: frozenset[str] = frozen
         errors.append(
             f"messagelog.buffer_high_watermark_mb: {m.buffer_high_watermark_mb} must be below "
             f"messagelog.buffer_size_mb = {m.buffer_size_mb}")
+    window = d.app_progress_timeout_sec or 5 * d.app_heartbeat_interval_sec
+    need = cfg.recovery.recovery_timeout_sec + window
+    if (ok("messagelog.recv_timeout_sec", "recovery.recovery_timeout_sec",
+           "detection.app_progress_timeout_sec", "detection.app_heartbeat_interval_sec")
+            and m.recv_timeout_sec <= need):
+        # A peer's waiters must outlast its loss: a hang found (the progress window), then
+        # its relaunch running again (recovery_timeout_sec), before its re-sent messages
+        # show progress. Shorter, a healthy waiter requeues the job a recovery would save.
+        errors.append(
+            f"messagelog.recv_timeout_sec: {m.recv_timeout_sec:g} must exceed "
+            f"recovery.recovery_timeout_sec + the hang window (detection.app_progress_timeout"
+            f"_sec, or 5 x app_heartbeat_interval_sec) = {need:g}: a rank waiting for a lost "
+            "peer would give up before the peer's relaunch runs")
     st, lease = cfg.store, cfg.coordinator.leader_lease_sec
     if (ok("store.timeout_sec", "store.endpoints", "coordinator.leader_lease_sec")
             and len(st.endpoints) > 1 and st.timeout_sec >= lease * 2 / 3):

@@ -114,11 +114,15 @@ class Recovery(Escalations):
             if asked:
                 done.append(self._escalate(job, rec.restart_count, book, asked, lost))
                 continue
-            late = planner.overdue(plans, now, self.cfg.recovery.recovery_timeout_sec)
+            late = planner.overdue(plans, now, self.cfg.recovery.recovery_timeout_sec,
+                                   view.hung)
             if late:
-                done.append(self._escalate(job, rec.restart_count, book,
-                                           f"plan {late[0].plan_id} not done within "
-                                           f"{self.cfg.recovery.recovery_timeout_sec}s"))
+                p = late[0]
+                why = (f"plan {p.plan_id}: rank {p.rank} judged HUNG while re-executing its "
+                       "lost work" if p.state == "restored" else
+                       f"plan {p.plan_id}: rank {p.rank} not running again within "
+                       f"{self.cfg.recovery.recovery_timeout_sec}s")
+                done.append(self._escalate(job, rec.restart_count, book, why))
                 continue
             if dead and topology is not None:
                 done.extend(self._plan(job, view, plans, book, dead, unhealthy, dead_at,

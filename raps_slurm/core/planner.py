@@ -20,7 +20,8 @@ Rules:
   is launched **and restored**,
   not until its replay ends (a restored rank may wait in replay for a neighbour whose
   plan is still queued; holding the queue meanwhile would deadlock them);
-- a plan not done within ``recovery_timeout_sec`` escalates;
+- a plan whose rank is not running again within ``recovery_timeout_sec``, or that stalls
+  (a HUNG verdict) while it re-executes its lost work, escalates;
 - a started plan whose target dies before it is done has ``failed``: the rank, now on a
   dead node with the plan's epoch, gets a new plan with the next epoch; a queued plan
   whose target died is given another target instead (``retarget``).
@@ -263,9 +264,24 @@ def restore_early(plan: Plan, node: str) -> bool:
     return plan.target == node and plan.state == "running" and not plan.planned
 
 
-def overdue(plans: Iterable[Plan], now: float, timeout: float) -> list[Plan]:
-    """Active plans older than ``timeout``: their jobs escalate."""
-    return [p for p in plans if p.state in ACTIVE and now - p.created_at > timeout]
+def overdue(plans: Iterable[Plan], now: float, timeout: float,
+            hung: Mapping[int, float] | None = None) -> list[Plan]:
+    """Active plans whose jobs escalate: not running again (``restored``) within
+    ``timeout`` of the plan, or, once running again, stalled: judged HUNG (``hung``: rank
+    -> time of its verdict) after it restored. The re-execution of the lost work has no
+    time limit of its own: with checkpoints minutes apart it can take longer than any
+    fixed one, and the detector judges a rank that stops making progress."""
+    out = []
+    for p in plans:
+        if p.state not in ACTIVE:
+            continue
+        if p.state == "restored":
+            at = (hung or {}).get(p.rank)
+            if at is not None and p.restored_at is not None and at > p.restored_at:
+                out.append(p)
+        elif now - p.created_at > timeout:
+            out.append(p)
+    return out
 
 
 def cancelled(plans: Iterable[Plan], events: Mapping[str, Mapping[str, PlanEvent]]

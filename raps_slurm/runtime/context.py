@@ -10,8 +10,11 @@ Semantics an application relies on (docs/messaging.md):
   it comes back. It blocks only for a local disk write when the log is over its high
   watermark (``messagelog.buffer_high_watermark_mb``): the log then *spills*;
 - ``recv`` returns messages from one source in the order they were sent, exactly once,
-  across failures of either side; it gives up after ``recv_timeout`` with an error
-  naming the pair and the sequence it waits for, and reports it to the agent.
+  across failures of either side; it gives up after ``recv_timeout`` in which the source
+  made no progress (no frame with a seq beyond those it sent before: a relaunched source
+  re-executing its lost work re-sends in order), with an error naming the pair and the
+  sequence it waits for, and reports it to the agent. An explicit ``timeout`` is wall
+  time.
 
 Connections, incoming frames and the background flushes: :mod:`raps_slurm.runtime.links`.
 """
@@ -133,6 +136,7 @@ class Context(PeerLinks):
         self._last_step = 0
         self._restored_delivered: dict[int, int] = {}  # per source, at the restored checkpoint
         self._peer_had: dict[int, int] = {}  # per peer, what its HELLO says it delivered
+        self._heard: dict[int, tuple[int, int, float]] = {}  # src -> its progress (links)
         self.preempted = False
         self._records_pending = False  # determinants not yet flushed (see record())
         self._records_replay: list[bytes] = []
@@ -300,7 +304,7 @@ class Context(PeerLinks):
             return sources[0], self._recv(sources[0], timeout)
         self._start()
         wait = self.s.recv_timeout if timeout is None else timeout
-        deadline = self._clock() + wait
+        start = self._clock()
         waiting = False
         with self._mu:
             while True:
@@ -320,7 +324,7 @@ class Context(PeerLinks):
                 now = self._clock()
                 for s in sources:
                     self._blocked.setdefault(s, now)
-                left = deadline - now
+                left = self._since(start, sources, timeout) + wait - now
                 if left <= 0:
                     err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for a message "
                                          f"from any of ranks {sources}")
@@ -339,7 +343,7 @@ class Context(PeerLinks):
             raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
         self._start()
         wait = self.s.recv_timeout if timeout is None else timeout
-        deadline = self._clock() + wait
+        start = self._clock()
         waiting = False
         with self._mu:
             while True:
@@ -356,7 +360,7 @@ class Context(PeerLinks):
                     self.port.blocked(src)
                     waiting = True
                 self._blocked.setdefault(src, self._clock())
-                left = deadline - self._clock()
+                left = self._since(start, (src,), timeout) + wait - self._clock()
                 if left <= 0:
                     want = self.inbox.delivered(src) + 1
                     err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for seq {want} "
@@ -365,6 +369,11 @@ class Context(PeerLinks):
                 self._await(left)
         self.port.escalate(str(err))
         raise err
+
+    def _since(self, start: float, sources: Iterable[int], timeout: float | None) -> float:
+        """Where a receive's wait counts from (``_mu`` held): its start, or the sources'
+        last progress after it unless the caller gave a timeout of its own."""
+        return start if timeout is not None else max(start, self.heard_at(sources))
 
     def heartbeat(self, step: int, items: int = 0) -> None:
         """Report progress (through the agent). After a relaunch, the first one tells the

@@ -9,7 +9,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
@@ -78,6 +78,7 @@ class PeerLinks:
     _confirmed: dict[int, int]
     _sent_frames: int
     _peer_had: dict[int, int]
+    _heard: dict[int, tuple[int, int, float]]
     segment_limit: int = MAX_SEGMENT  # bytes of one log-store write (the store's bound)
 
     def stats(self) -> dict[str, Any]:
@@ -267,6 +268,8 @@ class PeerLinks:
                     stale = True
                 else:
                     stale = False
+                    if f.epoch > known:
+                        self._progress(f.src, f.epoch, 0)  # a new incarnation: it restored
                     self._peer_epoch[f.src] = f.epoch
                     self.inbox.set_epoch(f.src, f.epoch)
                     self._peer_had[f.src] = max(self._peer_had.get(f.src, 0), f.seq)
@@ -297,6 +300,7 @@ class PeerLinks:
             with self._mu:
                 if self._hello_cids.get(cid) != f.src:
                     return  # no HELLO on this connection: not a peer we know
+                self._progress(f.src, f.epoch, f.seq)
                 try:
                     verdict, first, last = self.inbox.offer(f.src, f.seq, f.epoch, f.crc,
                                                             f.payload)
@@ -325,6 +329,19 @@ class PeerLinks:
         elif f.kind == SENT_FLOOR:
             with self._mu:
                 self.inbox.trim_checksums(f.src, f.seq)
+
+    def _progress(self, src: int, epoch: int, seq: int) -> None:
+        """Note (``_mu`` held) a frame from ``src``: a seq (or epoch) beyond any heard
+        before is progress, even a duplicate: a relaunched peer re-executing its lost work
+        sends again what this rank has had, in order. A receive waits for a peer as long as
+        it progresses (:meth:`heard_at`)."""
+        e, q, _ = self._heard.get(src, (0, 0, 0.0))
+        if (epoch, seq) > (e, q):
+            self._heard[src] = (epoch, seq, self._clock())
+
+    def heard_at(self, sources: Iterable[int]) -> float:
+        """When the last progress came from any of ``sources`` (``_mu`` held; 0: never)."""
+        return max((self._heard[s][2] for s in sources if s in self._heard), default=0.0)
 
     def _on_close(self, cid: int) -> None:
         with self._mu:

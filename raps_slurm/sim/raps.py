@@ -210,7 +210,7 @@ class RapsSim:
         self.escalations += 1
         kind = ("no spare" if "no usable spare" in reason else
                 "batch host" if "batch script" in reason else
-                "timeout" if "not done within" in reason else
+                "timeout" if "not running again within" in reason else
                 "no copy" if "no live copy" in reason else "other")
         self.escalation_kinds[kind] = self.escalation_kinds.get(kind, 0) + 1
         for p in self._plans():
@@ -414,7 +414,7 @@ class RapsSim:
     def _on_overdue(self, plan_id: object) -> None:
         p = self._plan(plan_id)
         if p is not None and planner.overdue([p], self.now, self.s.raps.recovery_timeout_s):
-            self._escalate(f"plan {p.plan_id} not done within "
+            self._escalate(f"plan {p.plan_id} not running again within "
                            f"{self.s.raps.recovery_timeout_s:g} s")
 
     # ------------------------------------------------------------------ result

@@ -207,3 +207,20 @@ def test_docs_document_every_key() -> None:
     keys = {path for path, _default, _doc in cfgmod.describe()}
     assert not keys - documented, f"docs/configuration.md's table lacks {sorted(keys - documented)}"
     assert not documented - keys, f"docs/configuration.md names unknown keys {sorted(documented - keys)}"
+
+
+def test_a_receive_limit_that_a_lost_peers_relaunch_cannot_meet_is_refused() -> None:
+    """A waiter that gives up before its lost peer runs again requeues a job a recovery
+    would have saved: recv_timeout_sec must exceed recovery_timeout_sec + the hang window."""
+    [err] = errors_of({"messagelog": {"recv_timeout_sec": 60},
+                       "recovery": {"recovery_timeout_sec": 60},
+                       "detection": {"app_progress_timeout_sec": 10}})
+    assert "messagelog.recv_timeout_sec: 60 must exceed" in err and "= 70" in err
+    # the hang window defaults to 5 app heartbeats
+    [err] = errors_of({"messagelog": {"recv_timeout_sec": 340}})
+    assert "= 350" in err
+    cfg = cfgmod.parse_config({"messagelog": {"recv_timeout_sec": 71},
+                               "recovery": {"recovery_timeout_sec": 60},
+                               "detection": {"app_progress_timeout_sec": 10}})
+    assert cfg.messagelog.recv_timeout_sec == 71
+    assert cfgmod.parse_config({}).messagelog.recv_timeout_sec == 600  # > 300 + 50

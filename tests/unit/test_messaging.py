@@ -512,3 +512,38 @@ def test_a_restored_rank_defers_its_checkpoints_until_it_has_caught_up(
     finally:
         slow.close()
 
+
+
+def test_a_receive_waits_as_long_as_a_relaunched_peer_re_executes(tmp_path: Path) -> None:
+    """recv_timeout bounds a silence, not a re-execution: the relaunched peer re-sends its
+    old messages (duplicates) for longer than recv_timeout before the new one comes."""
+    quick = Settings(**{**SMALL.__dict__, "recv_timeout": 1.0})
+    a = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, quick)
+    b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, quick)
+    old = [f"m{i}".encode() for i in range(8)]
+    for m in old:
+        a.send(1, m)
+    assert [b.recv(0) for _ in old] == old
+    a.close()  # rank 0 lost; its relaunch re-executes 8 sends, 0.4 s apart
+    newer = Context(LocalPort(tmp_path, "1", 0, 2, PARAMS), 0, 2, 2, quick)
+
+    def re_execute() -> None:
+        for m in old:
+            newer.send(1, m)
+            time.sleep(0.4)
+        newer.send(1, b"new")
+
+    t = threading.Thread(target=re_execute)
+    started = time.monotonic()
+    t.start()
+    assert b.recv(0) == b"new"  # 3.2 s of re-execution, recv_timeout 1 s
+    assert time.monotonic() - started > 3.0
+    t.join()
+    assert b.stats()["duplicates"] >= len(old)
+    # Negative control: a silent peer still ends the wait after recv_timeout.
+    began = time.monotonic()
+    with pytest.raises(MessagingError, match="waited 1s for seq 10 from rank 0"):
+        b.recv(0)
+    assert 0.9 < time.monotonic() - began < 5
+    for c in (b, newer):
+        c.close()

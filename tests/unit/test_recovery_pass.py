@@ -353,23 +353,50 @@ def test_a_malformed_requeue_field_is_one_error_ignored_and_counted(
     assert c.metrics.malformed._value.get() == before + 1
 
 
-def test_a_plan_that_stalls_past_the_recovery_timeout_escalates_its_job(world: World) -> None:
+def test_a_rank_re_executing_longer_than_the_recovery_timeout_is_not_escalated(
+        world: World) -> None:
+    """Running again, a rank redoes up to a checkpoint interval of lost work (minutes in
+    production): that is no stall. A HUNG verdict after its restore is one."""
     c = world.coordinator("c1")  # recovery_timeout_sec: 60
     step(c, world)
     world.dead = {"n6"}
     step(c, world, 2)
     [pid] = world.plans()
     assert world.plans()[pid] == "running"
-    world.report(pid, "restored", world.entry(3).node)  # and then nothing: it stalls
+    world.report(pid, "restored", world.entry(3).node)
     step(c, world)
     assert world.plans() == {pid: "restored"}
-    world.clock.advance(58)
+    world.clock.advance(600)  # re-executing ten minutes of lost work
     step(c, world, 3)
     assert world.requeued == [] and world.plans() == {pid: "restored"}
-    world.clock.advance(2)
+    # A verdict from before the restore (the fault's own) is not a stall of the replay.
+    entry = world.entry(3)
+    old = {"kind": "HUNG", "node": entry.node, "job": "7", "rank": 3, "at": 1.0}
+    world.store.put(world.keys.job_hung_verdict("7", 3), json.dumps(old).encode())
+    step(c, world, 3)
+    assert world.requeued == [] and world.plans() == {pid: "restored"}
+    verdict = {**old, "at": world.clock()}
+    world.store.put(world.keys.job_hung_verdict("7", 3), json.dumps(verdict).encode())
     step(c, world, 3)
     assert world.requeued == ["7"] and world.plans() == {pid: "escalated"}
-    assert "not done within 60s" in world.escalation().reason
+    assert "rank 3 judged HUNG while re-executing" in world.escalation().reason
+
+
+def test_a_plan_not_running_again_within_the_recovery_timeout_escalates_its_job(
+        world: World) -> None:
+    c = world.coordinator("c1")  # recovery_timeout_sec: 60
+    step(c, world)
+    world.dead = {"n6"}
+    step(c, world, 2)
+    [pid] = world.plans()
+    assert world.plans()[pid] == "running"  # launched, never restored
+    world.clock.advance(58)
+    step(c, world, 3)
+    assert world.requeued == [] and world.plans() == {pid: "running"}
+    world.clock.advance(3)
+    step(c, world, 3)
+    assert world.requeued == ["7"] and world.plans() == {pid: "escalated"}
+    assert "rank 3 not running again within 60s" in world.escalation().reason
 
 
 LOST = "its checkpoint could not be restored: no generation of rank 3 of job 7 could be restored"
