@@ -62,13 +62,17 @@ def run_flags(options: Sequence[str]) -> tuple[set[str], list[str]]:
 
 @dataclass(frozen=True)
 class Incarnation:
-    """One start of one rank: where, with which epoch, and how it ended (None: running)."""
+    """One start of one rank: where, with which epoch, and how it ended (None: running).
+
+    ``node_failed``: it ended unable to reach its node's agent, a failure of the node
+    that the node's DEAD verdict and a move to a spare mend, not of the program."""
 
     rank: int
     node: str
     epoch: int
     exit_code: int | None = None
     exited_at: float | None = None
+    node_failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,19 +133,26 @@ class Outcome:
 
 
 def outcome(current: Mapping[int, Incarnation], now: float, grace: float,
-            fenced_grace: float | None = None) -> Outcome:
+            fenced_grace: float | None = None, node_grace: float | None = None) -> Outcome:
     """The job's state from each rank's newest incarnation.
 
     A rank that stopped itself as fenced (exit 75) while no newer epoch took over lost
     its agent's word under load, not its program: it is waited for ``fenced_grace`` (the
-    leader's HUNG verdict and plan come slower than a dead node's)."""
+    leader's HUNG verdict and plan come slower than a dead node's). One that could not
+    reach its node's agent (``node_failed``) is waited for ``node_grace``: the move
+    follows the node's DEAD verdict, which a silent agent is given within the detector's
+    miss window, and the plan may wait its turn under the bound on recoveries."""
     if current and all(i.exit_code == 0 for i in current.values()):
         return Outcome(done=True)
     for rank in sorted(current):
         inc = current[rank]
         if inc.exit_code in (None, 0) or inc.exited_at is None:
             continue
-        wait = grace if inc.exit_code != FENCED_EXIT or fenced_grace is None else fenced_grace
+        wait = grace
+        if inc.exit_code == FENCED_EXIT and fenced_grace is not None:
+            wait = fenced_grace
+        elif inc.node_failed and node_grace is not None:
+            wait = node_grace
         if now - inc.exited_at >= wait:
             return Outcome(failed=True, rank=rank, exit_code=inc.exit_code or 1)
     return Outcome()

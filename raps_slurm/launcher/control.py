@@ -51,6 +51,8 @@ class RankHandle:
         self.pid: int | None = None
         self.returncode: int | None = None
         self.cpus: list[int] = []
+        # The supervisor found the node's agent out of reach when the rank failed.
+        self.agent_lost = False
 
     def poll(self) -> int | None:
         """The exit code once the rank ended (or was killed or lost), else None."""
@@ -290,6 +292,7 @@ class ControlServer:
                 elif op == "exited" and isinstance(msg.get("code"), int):
                     del link.handles[key]  # type: ignore[arg-type]
                     if h.returncode is None:
+                        h.agent_lost = msg.get("agent") is False
                         h.returncode = msg["code"]
                         self.cond.notify_all()
 

@@ -237,6 +237,14 @@ class Launcher:
             elif code == FENCED_EXIT:
                 say(f"rank {rank} epoch {epoch} stopped as fenced; waiting up to "
                     f"{self.cfg.recovery.recovery_timeout_sec}s for a newer epoch")
+            elif proc.agent_lost:
+                # Its node's agent is gone: the node failed, not the program. Its DEAD
+                # verdict moves the node's ranks to a spare; the plan may wait its turn.
+                self.current[rank] = Incarnation(rank, inc.node, epoch, code, time.monotonic(),
+                                                 node_failed=True)
+                say(f"rank {rank} epoch {epoch} on {inc.node} exited with {code}: it could "
+                    f"not reach its node's agent, a failure of {inc.node}; waiting up to "
+                    f"{self.cfg.recovery.recovery_timeout_sec}s for its move to a spare")
             else:
                 say(f"rank {rank} epoch {epoch} on {inc.node} exited with {code}; waiting "
                     f"up to {self.grace:g}s for a recovery plan")
@@ -410,14 +418,18 @@ class Launcher:
                     self.stop_all()
                     return self._requeue()
                 continue
-            o = outcome(self.current, time.monotonic(), self.grace,
-                        float(self.cfg.recovery.recovery_timeout_sec))
+            limit = float(self.cfg.recovery.recovery_timeout_sec)
+            o = outcome(self.current, time.monotonic(), self.grace, limit, node_grace=limit)
             if o.done:
                 say(f"all {self.size} ranks finished")
                 return 0
             if o.failed and not escalated:
+                inc = self.current.get(o.rank if o.rank is not None else -1)
                 say(f"rank {o.rank} failed with exit code {o.exit_code} and no recovery "
-                    "came: stopping the other ranks")
+                    + (f"of its node {inc.node}, whose agent it could not reach, came "
+                       f"within {limit:g}s" if inc is not None and inc.node_failed
+                       else "came")
+                    + ": stopping the other ranks")
                 self.stop_all()
                 return o.exit_code
 

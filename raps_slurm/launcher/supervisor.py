@@ -19,10 +19,13 @@ the environment before any rank starts) and says hello with its node name
 ``exit``  kill what still runs and end the task.
 
 Each rank that ends is reported ``exited {rank, epoch, code}`` (``code`` as
-``subprocess`` gives it: negative for a signal). SIGUSR1, SIGTERM and SIGINT that srun
-or Slurm deliver to the supervisor are passed on to every running rank. When the control
-connection is lost (raps-run gone, its node gone, a bad frame) the supervisor kills its
-ranks and exits 1: ranks raps-run no longer watches must not run on.
+``subprocess`` gives it: negative for a signal), with ``agent: false`` when it failed
+and its node's agent takes no connection at the rank's ``RAPS_AGENT_SOCKET``: the rank
+could not reach it, a failure of the node rather than of the program. SIGUSR1, SIGTERM
+and SIGINT that srun or Slurm deliver to the supervisor are passed on to every running
+rank. When the control connection is lost (raps-run gone, its node gone, a bad frame)
+the supervisor kills its ranks and exits 1: ranks raps-run no longer watches must not
+run on.
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ import contextlib
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
-from raps_slurm.core.launch import cpu_share
+from raps_slurm.config import node_dir
+from raps_slurm.core.launch import FENCED_EXIT, LOST_EXIT, PREEMPTED_EXIT, cpu_share
 from raps_slurm.framing import FrameError
 from raps_slurm.launcher.channel import ENV_ADDRESS, ENV_KEY, Channel, connect
 from raps_slurm.launcher.output import Lines, label
@@ -45,6 +50,10 @@ from raps_slurm.launcher.output import say as output_say
 
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 CANNOT_START = 127
+AGENT_CONNECT_SEC = 2.0  # an agent's listener accepts at once, however busy the agent
+# Exits the runtime chose (fenced, checkpointed for a move, no generation whole): their
+# rank reached its agent.
+_OWN_EXITS = (0, FENCED_EXIT, PREEMPTED_EXIT, LOST_EXIT)
 WAKE_SEC = 1.0  # a rank's exit also wakes the loop at once (SIGCHLD)
 DRAIN_SEC = 5.0  # at the end, how long the ranks' last output may take to come
 
@@ -60,6 +69,20 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def agent_answers(path: str, timeout: float = AGENT_CONNECT_SEC) -> bool:
+    """Whether an agent takes connections on the unix socket ``path`` (a connection opened
+    and closed at once: nothing is asked of it)."""
+    if not path:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 class Supervisor:
     """One node's ranks: started, watched, signalled and reported over ``chan``."""
 
@@ -72,6 +95,7 @@ class Supervisor:
         for name in (ENV_ADDRESS, ENV_KEY):
             self.environ.pop(name, None)  # the ranks never see the channel's secret
         self.ranks: dict[tuple[int, int], subprocess.Popen[bytes]] = {}
+        self.sockets: dict[tuple[int, int], str] = {}  # each rank's agent socket
         self.done = False
 
     # -- commands -----------------------------------------------------------------------
@@ -126,6 +150,8 @@ class Supervisor:
                             "code": CANNOT_START})
             return
         self.ranks[(rank, epoch)] = proc
+        where = env.get("RAPS_AGENT_SOCKET") or self.environ.get("RAPS_AGENT_SOCKET", "")
+        self.sockets[(rank, epoch)] = node_dir(where, self.environ.get("SLURMD_NODENAME", ""))
         self.chan.send({"op": "started", "rank": rank, "epoch": epoch, "pid": proc.pid,
                         "cpus": share})
 
@@ -138,7 +164,15 @@ class Supervisor:
             if code is None:
                 continue
             del self.ranks[(rank, epoch)]
-            self.chan.send({"op": "exited", "rank": rank, "epoch": epoch, "code": code})
+            path = self.sockets.pop((rank, epoch), "")
+            msg: dict[str, Any] = {"op": "exited", "rank": rank, "epoch": epoch, "code": code}
+            # Only a failure the runtime did not choose, and not a kill (raps-run's, or
+            # the node's end), can be an agent out of reach.
+            if code > 0 and code not in _OWN_EXITS and path and not agent_answers(path):
+                msg["agent"] = False
+                say(f"rank {rank} epoch {epoch} exited with {code} and the agent at {path} "
+                    "takes no connection", self.output)
+            self.chan.send(msg)
 
     def forward(self, signum: int) -> None:
         """Pass a signal srun delivered on to every running rank."""

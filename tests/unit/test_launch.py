@@ -81,6 +81,17 @@ def test_a_rank_that_stopped_as_fenced_is_waited_for_longer() -> None:
     assert outcome(fenced, 20.0, 6.0).failed  # without a longer grace: the usual one
 
 
+def test_a_rank_that_could_not_reach_its_agent_waits_for_its_nodes_move() -> None:
+    # Exit 1 on n5 with no agent there: a failure of n5, not of the program.
+    lost = {0: Incarnation(0, "n5", 1, 1, 5.0, node_failed=True), 1: Incarnation(1, "n3", 1)}
+    assert not outcome(lost, 20.0, 6.4, 60.0, node_grace=60.0).failed
+    o = outcome(lost, 65.5, 6.4, 60.0, node_grace=60.0)
+    assert o.failed and o.rank == 0 and o.exit_code == 1
+    # The same exit with its agent there is the program's: the usual grace.
+    failed = {**lost, 0: Incarnation(0, "n5", 1, 1, 5.0)}
+    assert outcome(failed, 20.0, 6.4, 60.0, node_grace=60.0).failed
+
+
 def test_planned_moves_ask_the_running_rank_once() -> None:
     from raps_slurm.core.launch import Incarnation, moves_to_prepare
 

@@ -96,6 +96,30 @@ def test_an_escalation_alone_keeps_waiting_for_slurm(
     assert run.gave_up == "" and not proc.killed
 
 
+class Failed:
+    """A rank that exited 1, its node's agent found out of reach or not."""
+
+    def __init__(self, agent_lost: bool) -> None:
+        self.agent_lost = agent_lost
+
+    def poll(self) -> int:
+        return 1
+
+
+def test_a_rank_that_could_not_reach_its_agent_is_a_failure_of_its_node(
+        ctl: ControlServer, capsys: pytest.CaptureFixture[str]) -> None:
+    run = launcher(Agent({}), ctl)
+    for r, lost in ((0, True), (1, False)):
+        run.current[r] = Incarnation(r, "n5", 1)
+        run.procs[(r, 1)] = Failed(lost)  # type: ignore[assignment]
+    run.poll()
+    assert run.current[0].node_failed and not run.current[1].node_failed
+    err = capsys.readouterr().err
+    assert ("rank 0 epoch 1 on n5 exited with 1: it could not reach its node's agent, a "
+            "failure of n5; waiting up to 300s for its move to a spare") in err
+    assert "rank 1 epoch 1 on n5 exited with 1; waiting up to" in err
+
+
 class Runner:
     """Spawns a stand-in for each srun (a sleeping process)."""
 

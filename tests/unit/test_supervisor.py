@@ -153,6 +153,41 @@ def test_exit_command_ends_the_supervisor_and_its_ranks(ctl: ControlServer, tmp_
         sup.wait(10)
 
 
+def test_a_rank_that_fails_with_its_agent_out_of_reach_is_reported_so(
+        ctl: ControlServer, tmp_path: Path) -> None:
+    """Exit 1 with no agent on the rank's socket: ``agent: false`` (a failure of the node);
+    the same exit with an agent listening, or a kill, is the rank's own."""
+    out = tmp_path / "n3.out"
+    sup = supervisor(ctl, "n3", out)
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        fail = [sys.executable, "-c", "raise SystemExit(1)"]
+        here = tmp_path / "%n.sock"
+        gone = ctl.start("n3", 0, 1, fail, {"RAPS_AGENT_SOCKET": str(here)}, 0, 1)
+        assert gone.wait(15) == 1 and gone.agent_lost
+        wait("the supervisor's word", lambda: "n3.sock takes no connection" in out.read_text(),
+             seen=out)
+        agent.bind(str(tmp_path / "n3.sock"))  # %n is the node's name
+        agent.listen(4)
+        there = ctl.start("n3", 1, 1, fail, {"RAPS_AGENT_SOCKET": str(here)}, 0, 1)
+        assert there.wait(15) == 1 and not there.agent_lost
+        agent.close()
+        killed = ctl.start("n3", 2, 1, [sys.executable, *RANK],
+                           {"RAPS_AGENT_SOCKET": str(here), "RAPS_RANK": "2",
+                            "RAPS_EPOCH": "1"}, 0, 1)
+        assert ctl.wait_started([killed], 30)
+        killed.kill()
+        assert killed.wait(5) == LOST_EXIT and not killed.agent_lost
+    finally:
+        agent.close()
+        ctl.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            sup.wait(15)
+        with contextlib.suppress(ProcessLookupError):
+            sup.kill()
+        sup.wait(10)
+
+
 def test_the_listener_refuses_strangers_wrong_keys_and_unexpected_nodes(
         ctl: ControlServer) -> None:
     # wrong key: the supervisor side fails, raps-run counts an auth refusal
