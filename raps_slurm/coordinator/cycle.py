@@ -437,7 +437,8 @@ class Coordinator:
         # not reach their agent. The run uses a spare fewer instead.
         dead = self._dead_nodes()
         fitness = getattr(self._dead_nodes, "fitness", None)
-        unfit, doubtful = fitness(record.nodes) if fitness is not None else ({}, {})
+        unfit, doubtful = fitness(record.nodes, record.registered_at) if fitness is not None \
+            else ({}, {})
         plan = build_map(record, topo, default_replicas=self.cfg.checkpoint.replica_count,
                          now=self._clock(), previous_epochs=view.epochs,
                          prefer_original_rack=self.cfg.recovery.prefer_original_rack,

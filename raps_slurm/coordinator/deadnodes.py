@@ -80,12 +80,12 @@ class DeadNodes:
         self.dead_at = {n: self._verdicts[n][1] for n in self._dead}
         return set(self._dead)
 
-    def fitness(self, nodes: Collection[str]) -> tuple[dict[str, str], dict[str, str]]:
-        """(unfit, doubtful) among ``nodes`` as last read (``core.jobs.node_fitness``):
-        what a rank map keeps ranks off."""
+    def fitness(self, nodes: Collection[str], since: float
+                ) -> tuple[dict[str, str], dict[str, str]]:
+        """(unfit, doubtful) among ``nodes`` as last read, for a run registered at
+        ``since`` (``core.jobs.node_fitness``): what its rank map keeps ranks off."""
         return node_fitness(nodes, dead=self._dead, registered=self.registered,
-                            suspect=self.suspect, unhealthy=self.unhealthy,
-                            draining={n: v[0] for n, v in self.draining.items()})
+                            suspect=self.suspect, draining=self.draining, since=since)
 
     def _apply(self, event: WatchEvent) -> None:
         rest = event.key[len(self._prefix):]

@@ -306,17 +306,20 @@ def choose_spares(topology: Topology, nodes: Collection[str], count: int
 
 def node_fitness(nodes: Collection[str], *, dead: Collection[str],
                  registered: Collection[str] | None, suspect: Collection[str],
-                 unhealthy: Collection[str], draining: Mapping[str, str]
+                 draining: Mapping[str, tuple[str, float]], since: float
                  ) -> tuple[dict[str, str], dict[str, str]]:
     """(unfit, doubtful): which of ``nodes``, none of them ``dead``, may not run ranks, and
     which run ranks only when the others are too few; each node with why.
 
-    Unfit: no live agent registration (``registered``, None when not known yet: nobody is
-    unfit for it), since a rank there cannot reach its agent; or draining for health
-    (``draining``: node -> reason), since its ranks would be moved off at once.
-    Doubtful: a SUSPECT verdict (``suspect``), which this machine's load can give a
-    healthy node for a moment, or health DEGRADED (``unhealthy``, the other unhealthy
-    levels). A job with too few good nodes runs on a doubtful one rather than not at all.
+    Unfit: no live agent registration (``registered``; None when not read yet: nobody is
+    unfit for it), since a rank there cannot reach its agent; or drained for health
+    (``draining``: node -> (reason, when)) at or after ``since``, the run's registration,
+    since its ranks would be moved off at once. An older health verdict does not count:
+    Slurm allocated the node after RAPS drained it, so an admin resumed it (the verdict
+    stays in etcd until the node's level changes again). Doubtful: a SUSPECT verdict
+    (``suspect``), which becomes DEAD or clears within seconds, and which a loaded
+    machine can give a healthy node: a job with too few good nodes runs there rather
+    than not at all.
     """
     gone = set(dead)
     unfit: dict[str, str] = {}
@@ -326,12 +329,10 @@ def node_fitness(nodes: Collection[str], *, dead: Collection[str],
             continue
         if registered is not None and n not in registered:
             unfit[n] = "no live agent"
-        elif n in draining:
-            unfit[n] = f"draining ({draining[n]})"
+        elif n in draining and draining[n][1] >= since:
+            unfit[n] = f"draining ({draining[n][0]})"
         elif n in suspect:
             doubtful[n] = "SUSPECT"
-        elif n in unhealthy:
-            doubtful[n] = "health DEGRADED"
     return unfit, doubtful
 
 
@@ -384,9 +385,8 @@ def build_map(record: JobRecord, topology: Topology, *, default_replicas: int, n
                 f"{size} ranks at {per_node} per node need {needed} nodes, but only "
                 f"{len(good) + len(maybe)} of the {len(record.nodes)} allocated are usable"
                 + (f" ({'; '.join(why)})" if why else ""))
-        # Doubtful nodes fill in only what the good ones lack, the least doubtful first.
-        fill = good + sorted(maybe, key=lambda n: (maybe[n] != "SUSPECT", _natural(n))
-                             )[:max(0, needed - len(good))]
+        # Doubtful nodes fill in only what the good ones lack.
+        fill = good + sorted(maybe, key=_natural)[:max(0, needed - len(good))]
         working, spares = choose_spares(topology, fill, len(fill) - needed)
         idle = tuple(sorted((n for n in usable if n not in fill), key=_natural))
         spares = tuple(sorted((*spares, *idle), key=_natural))

@@ -522,10 +522,11 @@ def test_dead_nodes_follow_health_verdicts_deletes_and_a_lost_watch() -> None:
     dead()
     assert dead.draining == {"n2": ("nvme0 temp 72C > 70C", 7.0)}
     assert dead.unhealthy == {"n2", "n3"}
-    # What a rank map keeps ranks off: a draining node, a DEGRADED one if it can.
-    assert dead.fitness(["n1", "n2", "n3", "n4"]) == (
-        {"n2": "draining (nvme0 temp 72C > 70C)", "n4": "no live agent"},
-        {"n3": "health DEGRADED"})
+    # What a rank map keeps ranks off: a node drained for health since the run registered
+    # (not one drained before: an admin resumed it), one whose agent is not registered.
+    assert dead.fitness(["n1", "n2", "n3", "n4"], 7.0) == (
+        {"n2": "draining (nvme0 temp 72C > 70C)", "n4": "no live agent"}, {})
+    assert dead.fitness(["n2"], 8.0) == ({}, {})
     # Back to OK, and a registration gone with its lease: both followed.
     store.put(keys.node_health_verdict("n3"), json.dumps({"level": "OK"}).encode())
     store.delete(keys.node("n1"))

@@ -57,13 +57,14 @@ def test_a_dead_node_gets_no_ranks_and_the_run_has_a_spare_fewer() -> None:
 def test_node_fitness_keeps_ranks_off_nodes_whose_agent_is_gone_or_draining() -> None:
     unfit, doubtful = node_fitness(
         NODES, dead={"n1"}, registered={"n2", "n3", "n4", "n5"}, suspect={"n3"},
-        unhealthy={"n3", "n4", "n5"}, draining={"n5": "nvme0 temp 72C > 70C"})
+        draining={"n5": ("nvme0 temp 72C > 70C", 100.0), "n4": ("fan", 50.0)}, since=100.0)
     # n1 is dead (build_map's own case), n6 has no registration, n5 drains for health
     assert unfit == {"n6": "no live agent", "n5": "draining (nvme0 temp 72C > 70C)"}
-    assert doubtful == {"n3": "SUSPECT", "n4": "health DEGRADED"}
+    # n4 was drained before the run registered: Slurm allocated it, an admin resumed it
+    assert doubtful == {"n3": "SUSPECT"}
     # Registrations not read yet: no node is unfit for lack of one.
-    assert node_fitness(NODES, dead=(), registered=None, suspect=(), unhealthy=(),
-                        draining={}) == ({}, {})
+    assert node_fitness(NODES, dead=(), registered=None, suspect=(), draining={},
+                        since=0.0) == ({}, {})
 
 
 def test_an_unfit_node_gets_no_ranks_and_is_a_spare_that_holds_no_backup() -> None:
@@ -91,19 +92,19 @@ def test_a_doubtful_node_runs_ranks_only_when_the_good_ones_are_too_few() -> Non
     assert "n3" not in plan.rank_map.nodes and "n3" in plan.rank_map.spares
     # No spare asked: every node runs ranks, the doubtful one included, rather than none.
     plan = build_map(record(spares=0), TOPOLOGY, default_replicas=2, now=0.0,
-                     doubtful={"n3": "SUSPECT", "n4": "health DEGRADED"},
+                     doubtful={"n3": "SUSPECT", "n4": "SUSPECT"},
                      unfit={"n6": "no live agent"})
     assert plan.rank_map.error.startswith("18 ranks at 3 per node need 6 nodes, but only 5")
     plan = build_map(record(spares=1), TOPOLOGY, default_replicas=2, now=0.0,
-                     doubtful={"n3": "SUSPECT", "n4": "health DEGRADED"},
+                     doubtful={"n3": "SUSPECT", "n4": "SUSPECT"},
                      unfit={"n6": "no live agent"})
     m = plan.rank_map
     assert not m.error and set(m.nodes) == {"n1", "n2", "n3", "n4", "n5"}
     assert m.spares == ("n6",)
     plan = build_map(record(spares=2), TOPOLOGY, default_replicas=2, now=0.0,
-                     doubtful={"n3": "SUSPECT", "n4": "health DEGRADED"},
+                     doubtful={"n3": "SUSPECT", "n4": "SUSPECT"},
                      unfit={"n6": "no live agent"})
-    # one doubtful node needed: the SUSPECT one, which is likely well again in a moment
+    # one doubtful node needed: the first by name
     assert set(plan.rank_map.nodes) == {"n1", "n2", "n3", "n5"}
     assert plan.rank_map.spares == ("n4", "n6")
 
