@@ -223,10 +223,15 @@ def test_requeue_keeps_checkpoint_dirs_and_reregisters(
     assert [r["epoch"] for r in second["ranks"]] == [2] * len(second["ranks"])
     again = s.get(keys.job_secret(job))  # a new run, a new key
     assert again is not None and again.value != key_kv.value
-    prolog_log = (cluster.run_dir / "log" / "raps" / "prolog-slurmctld.log").read_text()
-    assert f"job={job}: registered run 1 (requeue)" in prolog_log
-    epilog_log = (cluster.run_dir / "log" / "raps" / "epilog-slurmctld.log").read_text()
-    assert f"job={job}: run 0 ended" in epilog_log
+    # The hooks log after their etcd write (the leader may map the run first), and
+    # run 0's EpilogSlurmctld is not ordered with run 1's registration: wait for each line.
+    hook_logs = cluster.run_dir / "log" / "raps"
+    for hook, line in (("prolog-slurmctld", f"job={job}: registered run 1 (requeue)"),
+                       ("epilog-slurmctld", f"job={job}: run 0 ended")):
+        log_file = hook_logs / f"{hook}.log"
+        wait_until(f"{hook} to log {line!r}",
+                   lambda f=log_file: f.read_text() if f.exists() else "",
+                   lambda t, want=line: want in t, timeout=30)
 
 
 def test_finished_job_keys_and_data_go_after_the_grace_period(
