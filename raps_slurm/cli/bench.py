@@ -283,3 +283,35 @@ def bench_churn(days: float, nodes: int, jobs_per_day: float, job_nodes: int, jo
         raise click.BadParameter(str(exc), param_hint="--quota") from None
     _echo(churn.run_churn(days, nodes, jobs_per_day, job_nodes, job_hours, failures_per_day,
                           quota_bytes, retention_sec, interval_sec))
+
+
+@bench.command("busy")
+@click.option("--settings", "which", type=click.Choice(["both", "production", "test"]),
+              default="both", show_default=True,
+              help="production: configs/raps.yaml (with the local cluster's wiring); "
+                   "test: configs/test.yaml; both: one after the other.")
+@click.option("--steps", default=300, show_default=True, type=click.IntRange(40, 100000),
+              help="Steps of each heat_ring job (longer runs: more steps).")
+@click.option("--step-sec", default=0.05, show_default=True, type=click.FloatRange(0.001, 10),
+              help="Sleep of each step (the pace; the result does not depend on it).")
+@click.option("--every", default=20, show_default=True, type=click.IntRange(1, 10000),
+              help="Steps between checkpoints.")
+@click.option("--spin-at", default=100, show_default=True, type=click.IntRange(1),
+              help="Step at which the last rank spins in the hang runs (a multiple of "
+                   "--every below --steps).")
+@click.option("--hogs-per-core", default=2, show_default=True, type=click.IntRange(0, 64),
+              help="CPU hogs per usable core in the loaded runs, at the ranks' nice and "
+                   "CPU cgroups.")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 50),
+              help="Rounds of the three runs (idle hang, loaded, loaded hang) per setting; "
+                   "the hang figures are medians.")
+@_port(21000)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_busy(which: str, steps: int, step_sec: float, every: int, spin_at: int,
+               hogs_per_core: int, repeats: int, port: int, as_json: bool) -> None:
+    """A 4-node job among CPU hogs: false HUNG/DEAD verdicts, healthy ranks restarted or
+    moved, and the time to find a real hang against the idle figure."""
+    from raps_slurm.bench import busy  # here: this command's hunk stays at the file's end
+    settings = busy.SETTINGS if which == "both" else (which,)
+    _echo(busy.run_busy(settings, steps, step_sec, every, spin_at, hogs_per_core, repeats,
+                        port, quiet=as_json))
