@@ -1,11 +1,13 @@
 """Progress-based hang detection on the real local cluster: a rank that spins in a Python
 loop (alive, its runtime thread heartbeating, its step frozen) is found HUNG by its step
-alone and restarted in place; a slow rank that keeps making progress never is."""
+alone and restarted in place; a slow rank that keeps making progress never is; the
+agents run above the ranks' CPU priority (a busy node must not starve them)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -94,3 +96,22 @@ def test_a_slow_rank_that_progresses_is_never_restarted(
         # the silence kind, judged elsewhere, and the result above is still checked.)
         assert not [v for v in verdicts.values()
                     if (v.get("evidence") or {}).get("reason") == "no progress"], verdicts
+
+
+def test_the_agents_run_above_the_ranks(cluster: LocalCluster, store: tuple[StateStore, Keys],
+                                        leading: Callable[[str], Any], tmp_path: Path) -> None:
+    """As raps-agent.service does (Nice=-5): every agent's nice value is below its ranks'."""
+    args = ["--steps", "40", "--every", "20", "--step-sec", "0.05"]
+    with leading("nice"):
+        job, out, clean = _run(cluster, tmp_path, args, "nice")
+        try:
+            [pid] = wait_until("rank 0 running", lambda: rank_pids(job, 0, 1), bool, 60)
+            rank_nice = os.getpriority(os.PRIO_PROCESS, pid)
+            finish(cluster, job, out, clean)
+        finally:
+            with contextlib.suppress(SlurmCommandError):
+                CommandRunner(timeout=60, env=cluster.env).run(["scancel", job])
+    agents = {n: int((cluster.run_dir / "pids" / f"agent-{n}.pid").read_text())
+              for n in cluster.node_names}
+    nice = {n: os.getpriority(os.PRIO_PROCESS, p) for n, p in agents.items()}
+    assert all(v < rank_nice for v in nice.values()), (nice, rank_nice)
