@@ -119,7 +119,9 @@ def test_leader_frozen_mid_plan_and_etcd_quorum_lost_kill_no_rank(
         assert leader(s, keys) == new
         [plan] = job_plans(s, keys, job)
         assert (plan.plan_id, plan.rank, plan.epoch) == (frozen.plan_id, victim, 2)
-        assert f"plan {plan.plan_id}" in coordinators[new].log()
+        # it logs the step after committing it: the plan can be seen done first
+        wait_until(f"{new} to log the plan", coordinators[new].log,
+                   lambda t: f"plan {plan.plan_id}" in t, 10)
         assert {r: e.epoch for r, e in rank_entries(s, keys, job).items()} == {
             r: 2 if r == victim else 1 for r in ranks}
 
