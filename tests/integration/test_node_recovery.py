@@ -119,10 +119,8 @@ def test_a_dead_nodes_ranks_move_together_to_one_spare(
                 f"{got}\n{text[-4000:]}"
             [target] = {p.target for p in got}
             assert target in data["spares"]
-            # Anything else is a rank restarted in place after a HUNG verdict (this 2-core
-            # machine under load can starve a rank's heartbeats for 3 s): never a move.
-            assert all(p.source == p.target for p in every if p.source != node), \
-                f"{every}\n{text[-4000:]}"
+            # No plan for a rank whose node did not fail: a starved rank is not hung.
+            assert every == got, f"{every}\n{text[-4000:]}"
             now = rank_entries(*store, job)
             assert {r for r, e in now.items() if e.node == target} == set(victims)
             assert cluster.slurm().job(int(job)).restart_count == 0, text[-3000:]
@@ -149,7 +147,7 @@ def test_two_nodes_of_a_rack_lost_together_are_two_moves(
             got = [p for p in every if p.source in lost]
             assert sorted(p.rank for p in got) == victims, every
             assert {p.state for p in got} == {"done"}
-            assert all(p.source == p.target for p in every if p.source not in lost), every
+            assert every == got, every  # none for a rank whose node did not fail
             by_source: dict[str, set[str]] = {}
             for p in got:
                 by_source.setdefault(p.source, set()).add(p.target)
@@ -183,9 +181,9 @@ def test_a_dead_node_resumed_in_slurm_gets_no_ranks_and_no_requeue_loop(
                 assert node not in {r["node"] for r in data["ranks"]}
                 assert node not in data["spares"] and len(data["spares"]) == 1
                 finish(cluster, job, out, clean, timeout=180)
-                # No plan ever involves the dead node (a HUNG verdict under this machine's
-                # load may restart a rank in place elsewhere: not what this test is about).
-                assert all(node not in (p.source, p.target) for p in job_plans(*store, job))
+                # No node failed during the job: no plan at all (none onto the dead node, no
+                # healthy rank restarted in place).
+                assert job_plans(*store, job) == []
                 assert cluster.slurm().job(int(job)).restart_count == 0
                 assert s.get(k.job_escalation(job)) is None
         finally:
@@ -221,7 +219,7 @@ def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
             assert all(p.state == "done" or (p.state == "failed" and p.target in lost)
                        for p in got), f"{every}\n{text[-4000:]}"
             assert {p.rank for p in got if p.state == "done"} == set(victims), every
-            assert all(p.source == p.target for p in every if p.source not in lost), every
+            assert every == got, every  # none for a rank whose node did not fail
             assert cluster.slurm().job(int(job)).restart_count == 0, text[-3000:]
 
 

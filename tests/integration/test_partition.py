@@ -74,8 +74,8 @@ def _netns_missing() -> str:
 @pytest.fixture(scope="module")
 def ns_cluster() -> Iterator[LocalCluster]:
     why = _netns_missing()
-    if why:
-        pytest.skip(why)
+    if why:  # a failure, not a skip: a skipped partition test proves nothing (CI can)
+        pytest.fail(why)
     # Three etcd members, each in a namespace of its own on the core bridge: one of them
     # can be cut off while the store keeps its quorum. A request to the cut member fails
     # over to the next one only after store.timeout_sec: at the default 5 s, longer than
@@ -237,10 +237,8 @@ def test_partitioned_node_is_dead_its_rank_moves_and_its_copy_fenced_itself_firs
             assert not rank_pids(job, rank, 1)
             finish(cluster, job, out, clean)
             every = job_plans(s, keys, job)
-            # One move. Anything else is a rank restarted in place after a HUNG verdict:
-            # on this loaded 2-core machine a rank's agent can answer late enough for the
-            # test profile's 0.6 s validity to lapse (its rank then fences itself).
-            [plan] = [p for p in every if p.source != p.target]
+            # One move, and no plan for a rank whose node was not cut off.
+            [plan] = every
             assert (plan.rank, plan.source, plan.epoch, plan.state) == (rank, node, 2, "done")
             assert all(p.state == "done" for p in every), every
             # Nothing the old epoch wrote was committed after the new one existed.

@@ -220,9 +220,8 @@ def test_primary_and_mirror_lost_restores_from_the_remaining_holder(
             # now: the job's keys and its nodes' reports go purge_grace_sec (5 s here)
             # after its end, and the nodes' return to service below may take longer
             every = plans(store, job)
-            # The moves; anything else is a rank restarted in place after a HUNG verdict
-            # (this 2-core machine under load can starve a rank's heartbeats).
-            mine = sorted((p for p in every if p.source != p.target), key=lambda p: p.epoch)
+            # only the victim's moves: no plan for a rank whose node did not fail
+            mine = sorted(every, key=lambda p: p.epoch)
             assert mine, every
             raw = s.get(k.plan_event(mine[-1].target, mine[-1].plan_id, "restored"))
         assert {p.rank for p in mine} == {victim}, every
@@ -254,10 +253,10 @@ def test_no_spare_left_requeues_the_job_which_resumes_from_checkpoints(
             text = finish(cluster, job, out, clean, timeout=180)
         assert esc["run"] == 0 and "no usable spare" in esc["reason"]
         assert esc["requeued_at"] is not None and esc["released_at"] is not None
-        # every rank of the second run resumed from a checkpoint, none from scratch
+        # every rank of the second run resumed from a checkpoint, none from scratch, and
+        # once: no healthy rank was restarted in place
         resumed = [x for x in text.splitlines() if " resumed at step " in x]
-        # (a set: a rank fenced under load is relaunched in place, and resumes once more)
-        assert {int(x.split()[1]) for x in resumed} == set(ranks), text[-4000:]
+        assert sorted(int(x.split()[1]) for x in resumed) == sorted(ranks), text[-4000:]
         assert all(int(x.rsplit(" ", 1)[1]) > 0 for x in resumed)
 
 
@@ -355,8 +354,8 @@ def test_sigusr1_checkpoints_every_rank_and_the_requeued_job_resumes(
         stopped = [x for x in text.splitlines() if "checkpointed after SIGUSR1" in x]
         assert stopped, text[-4000:]
         resumed = [x for x in text.splitlines() if " resumed at step " in x]
-        # (a set: a rank fenced under load is relaunched in place, and resumes once more)
-        assert {int(x.split()[1]) for x in resumed} == set(ranks), text[-4000:]
+        # once each: no rank was restarted in place
+        assert sorted(int(x.split()[1]) for x in resumed) == sorted(ranks), text[-4000:]
 
 
 def test_hung_rank_is_relaunched_on_its_own_node(
