@@ -10,7 +10,8 @@ ways, ``--repeats`` times:
   (heat_ring's ``--spin-at``: alive, its runtime thread heartbeating, its step frozen, not
   waiting on a peer);
 - ``loaded``: no fault, with CPU hogs (``--hogs-per-core`` per usable core) running from
-  before the submission until the job ends;
+  before the submission until the job ends; the job is given steps enough to last at
+  least ``--windows`` of the setting's longest verdict window at its own pace;
 - ``loaded_hang``: the spin of ``idle_hang`` under the same hogs.
 
 The hogs start at this process's nice and cgroups (those slurmd hands its tasks); once the
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import statistics
@@ -300,24 +302,26 @@ class Hogs:
 class Runner:
     """The runs of one setting on its cluster."""
 
-    def __init__(self, cluster: LocalCluster, store: StateStore, keys: Keys, args: list[str],
-                 pace: list[str], clean: str, say: Callable[[str], None]) -> None:
+    def __init__(self, cluster: LocalCluster, store: StateStore, keys: Keys, every: int,
+                 step_sec: float, reference: Callable[[int], str],
+                 say: Callable[[str], None]) -> None:
         self.cluster, self.store, self.keys, self.say = cluster, store, keys, say
-        self.args, self.pace, self.clean = args, pace, clean
+        self.every, self.step_sec, self.reference = every, step_sec, reference
         self.run = CommandRunner(timeout=60, env=cluster.env)
         self.cfg = load_file(cluster.config_path)
 
-    def deadline(self, steps: int, step_sec: float, hang: bool) -> float:
+    def deadline(self, steps: int, hang: bool) -> float:
         """Seconds a run may take before it is given up (see JOB_START_S)."""
-        d, r = self.cfg.detection, self.cfg.recovery
-        window = max(d.app_progress_timeout_sec or PROGRESS_STRIKES * d.app_heartbeat_interval_sec,
-                     d.app_heartbeat_interval_sec * d.app_miss_threshold)
-        return JOB_START_S + LOAD_SLOWDOWN * steps * step_sec + \
-            (2 * window + r.recovery_timeout_sec if hang else 0.0)
+        return JOB_START_S + LOAD_SLOWDOWN * steps * self.step_sec + \
+            (2 * verdict_window(self.cfg) + self.cfg.recovery.recovery_timeout_sec
+             if hang else 0.0)
 
-    def one(self, kind: str, hogs: int, spin_at: int | None, limit: float) -> dict[str, Any]:
+    def one(self, kind: str, steps: int, hogs: int, spin_at: int | None) -> dict[str, Any]:
         """One job: submit (hogs first), watch, judge; its record."""
-        row: dict[str, Any] = {"kind": kind, "hogs": hogs}
+        row: dict[str, Any] = {"kind": kind, "steps": steps, "hogs": hogs}
+        args = ["--steps", str(steps), "--every", str(self.every)]
+        clean = self.reference(steps)
+        limit = self.deadline(steps, spin_at is not None)
         hung = RANKS - 1 if spin_at is not None else None  # heat_ring spins its last rank
         since = time.time()
         load = Hogs(hogs) if hogs else None
@@ -325,7 +329,8 @@ class Runner:
         try:
             spin = ["--spin-at", str(spin_at)] if spin_at is not None else []
             job, out = self.cluster.submit_raps_run(
-                [sys.executable, str(HEAT_RING), *self.args, *self.pace, *spin], SBATCH,
+                [sys.executable, str(HEAT_RING), *args, "--step-sec", str(self.step_sec),
+                 *spin], SBATCH,
                 f"busy-{kind}")
             row["job"] = job
             plans: dict[str, Plan] = {}
@@ -356,7 +361,7 @@ class Runner:
             finals = [x for x in text.splitlines() if x.startswith("final ")]
             row.update(state=state, restart_count=self.cluster.slurm().job(int(job)).restart_count,
                        result="missing" if not finals else
-                       "same" if finals[-1] == self.clean else "differs",
+                       "same" if finals[-1] == clean else "differs",
                        wall_s=round(until - since, 1), epochs=epochs)
             if state != "COMPLETED":  # why, in the job's own last words
                 row["last_lines"] = text.splitlines()[-TAIL_LINES:]
@@ -438,10 +443,20 @@ def code_state() -> dict[str, Any] | None:
     return {"commit": head, "modified": [x[3:] for x in dirty]}
 
 
-def measure(setting: str, port: int, opts: dict[str, Any], args: list[str], clean: str,
-            say: Callable[[str], None]) -> dict[str, Any]:
+def verdict_window(cfg: Config) -> float:
+    """The longest a rank or node may go unheard or stand still before a verdict: the
+    span in which a false verdict can build up."""
+    d = cfg.detection
+    return max(d.app_progress_timeout_sec or PROGRESS_STRIKES * d.app_heartbeat_interval_sec,
+               d.app_heartbeat_interval_sec * d.app_miss_threshold,
+               d.kernel_heartbeat_interval_sec * d.miss_threshold + d.fence_margin_sec)
+
+
+def measure(setting: str, port: int, opts: dict[str, Any],
+            reference: Callable[[int], str], say: Callable[[str], None]) -> dict[str, Any]:
     """One setting: its cluster, a coordinator and its runs; its figures."""
     test = yaml.safe_load((REPO / "configs" / "test.yaml").read_text())
+    started = time.monotonic()
     with setting_cluster(setting, port) as cluster:
         coordinator = cluster.coordinator("bench").start()
         cfg = load_file(cluster.config_path)
@@ -452,20 +467,30 @@ def measure(setting: str, port: int, opts: dict[str, Any], args: list[str], clea
             wait_until("the coordinator to lead", lambda: store.get(keys.leader()),
                        lambda kv: kv is not None, timeout=60)
             time.sleep(window)  # a new leader gives no verdict within its grace
-            pace = ["--step-sec", str(opts["step_sec"])]
-            runner = Runner(cluster, store, keys, args, pace, clean, say)
-            steps, step_sec = opts["steps"], opts["step_sec"]
+            runner = Runner(cluster, store, keys, opts["every"], opts["step_sec"], reference,
+                            say)
+            steps = opts["steps"]
+            # the run without a fault lasts at least --windows verdict windows of this
+            # setting at the job's own pace (under load it takes longer): a shorter one
+            # could not show a false verdict at all
+            loaded_steps = max(steps, math.ceil(opts["windows"] * verdict_window(cfg)
+                                                / opts["step_sec"]))
             runs: list[dict[str, Any]] = []
             for i in range(opts["repeats"]):
                 say(f"{setting}: repeat {i + 1} of {opts['repeats']}")
-                hang_limit = runner.deadline(steps, step_sec, True)
-                runs.append(runner.one("idle_hang", 0, opts["spin_at"], hang_limit))
-                runs.append(runner.one("loaded", opts["hogs"], None,
-                                       runner.deadline(steps, step_sec, False)))
-                runs.append(runner.one("loaded_hang", opts["hogs"], opts["spin_at"],
-                                       hang_limit))
-            return {**summary(runs), "parameters": parameters(setting, cfg, test),
-                    "runs": runs}
+                runs.append(runner.one("idle_hang", steps, 0, opts["spin_at"]))
+                runs.append(runner.one("loaded", loaded_steps, opts["hogs"], None))
+                runs.append(runner.one("loaded_hang", steps, opts["hogs"], opts["spin_at"]))
+            params = parameters(setting, cfg, test)
+            params["verdict_window_s"] = {
+                "value": verdict_window(cfg),
+                "from": "the longest of the progress window, app_heartbeat_interval_sec x "
+                        "app_miss_threshold, and the node miss window with its margin"}
+            params["loaded_steps"] = {"value": loaded_steps,
+                                      "from": "--steps, or --windows x verdict_window_s / "
+                                              "--step-sec if more"}
+            return {**summary(runs), "wall_s": round(time.monotonic() - started, 1),
+                    "parameters": params, "runs": runs}
         except AssertionError as exc:  # a wait that timed out: one line, not a traceback
             raise BenchError(f"bench busy ({setting}): {exc}") from None
         finally:
@@ -474,7 +499,7 @@ def measure(setting: str, port: int, opts: dict[str, Any], args: list[str], clea
 
 
 def run_busy(settings: tuple[str, ...], steps: int, step_sec: float, every: int,
-             spin_at: int, hogs_per_core: int, repeats: int, port: int,
+             spin_at: int, hogs_per_core: int, repeats: int, windows: float, port: int,
              quiet: bool) -> dict[str, Any]:
     """Every setting in turn (each on its own cluster, one after the other on the same
     ports); the JSON object."""
@@ -486,15 +511,21 @@ def run_busy(settings: tuple[str, ...], steps: int, step_sec: float, every: int,
         raise BenchError(f"--spin-at {spin_at} must be a multiple of --every {every} below "
                          f"--steps {steps}: the hang's start is the checkpoint at that step")
     cores = len(os.sched_getaffinity(0))
-    args = ["--steps", str(steps), "--every", str(every)]
-    with tempfile.TemporaryDirectory(prefix="raps-busy-ref-") as tmp:
-        clean = reference(Path(tmp), HEAT_RING, args, RANKS)
-    opts = {"steps": steps, "step_sec": step_sec, "spin_at": spin_at, "repeats": repeats,
-            "hogs": hogs_per_core * cores}
-    code = code_state()
-    out: dict[str, Any] = {"benchmark": "busy", "code": code, "settings": {}}
+    references: dict[int, str] = {}
+
+    def clean(n: int) -> str:  # the failure-free result of n steps, computed once
+        if n not in references:
+            with tempfile.TemporaryDirectory(prefix="raps-busy-ref-") as tmp:
+                references[n] = reference(Path(tmp), HEAT_RING,
+                                          ["--steps", str(n), "--every", str(every)], RANKS)
+        return references[n]
+
+    opts = {"steps": steps, "step_sec": step_sec, "every": every, "spin_at": spin_at,
+            "repeats": repeats, "windows": windows, "hogs": hogs_per_core * cores}
+    started = time.monotonic()
+    out: dict[str, Any] = {"benchmark": "busy", "code": code_state(), "settings": {}}
     for setting in settings:
-        out["settings"][setting] = measure(setting, port, opts, args, clean, say)
+        out["settings"][setting] = measure(setting, port, opts, clean, say)
     out["goals_met"] = all(s["goals_met"] for s in out["settings"].values())
     out["parameters"] = {
         "ranks": {"value": RANKS, "from": "issue 44 item 4 (a 4-node job)"},
@@ -502,13 +533,17 @@ def run_busy(settings: tuple[str, ...], steps: int, step_sec: float, every: int,
         "cores": {"value": cores, "from": "os.sched_getaffinity (cores this bench may use)"},
         "hogs_per_core": {"value": hogs_per_core, "from": "--hogs-per-core (issue 44: 2)"},
         "hogs": {"value": opts["hogs"], "from": "hogs_per_core x cores"},
-        "program": {"value": ["examples/heat_ring.py", *args, "--step-sec", str(step_sec)],
-                    "from": "--steps, --every, --step-sec"},
+        "program": {"value": ["examples/heat_ring.py", "--steps", str(steps), "--every",
+                              str(every), "--step-sec", str(step_sec)],
+                    "from": "--steps, --every, --step-sec (the loaded run: loaded_steps)"},
+        "windows": {"value": windows, "from": "--windows (the loaded run's length)"},
         "spin_at": {"value": spin_at, "from": "--spin-at (the last rank, first epoch)"},
         "repeats": {"value": repeats, "from": "--repeats"},
-        "reference": {"value": clean, "from": "the local launcher, no fault, same args"},
+        "references": {"value": {str(k): v for k, v in references.items()},
+                       "from": "the local launcher, no fault, same steps and --every"},
         "goal_hang_ratio": {"value": HANG_RATIO_GOAL,
                             "from": "issue 44 item 4 (loaded <= 2 x idle)"},
     }
+    out["wall_s"] = round(time.monotonic() - started, 1)
     return out
 

@@ -305,13 +305,17 @@ def bench_churn(days: float, nodes: int, jobs_per_day: float, job_nodes: int, jo
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 50),
               help="Rounds of the three runs (idle hang, loaded, loaded hang) per setting; "
                    "the hang figures are medians.")
+@click.option("--windows", default=2.0, show_default=True, type=click.FloatRange(0, 1000),
+              help="The loaded run without a fault lasts at least this many of the "
+                   "setting's verdict windows at the job's pace (more steps if needed).")
 @_port(21000)
 @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 def bench_busy(which: str, steps: int, step_sec: float, every: int, spin_at: int,
-               hogs_per_core: int, repeats: int, port: int, as_json: bool) -> None:
+               hogs_per_core: int, repeats: int, windows: float, port: int,
+               as_json: bool) -> None:
     """A 4-node job among CPU hogs: false HUNG/DEAD verdicts, healthy ranks restarted or
     moved, and the time to find a real hang against the idle figure."""
     from raps_slurm.bench import busy  # here: this command's hunk stays at the file's end
     settings = busy.SETTINGS if which == "both" else (which,)
     _echo(busy.run_busy(settings, steps, step_sec, every, spin_at, hogs_per_core, repeats,
-                        port, quiet=as_json))
+                        windows, port, quiet=as_json))

@@ -17,6 +17,7 @@ from raps_slurm.bench.busy import (
     key_source,
     production_profile,
     summary,
+    verdict_window,
 )
 from raps_slurm.config import parse_config
 from raps_slurm.core.history import FailureEvent
@@ -180,6 +181,18 @@ def test_the_production_profile_is_raps_yaml_with_the_wiring_only() -> None:
     for section in ("detection:", "agent:", "coordinator:"):
         assert f"\n{section}\n" in text
     assert "\n  local_dir: " in text and "\n  log_dir: " in text
+
+
+def test_the_verdict_window_is_the_longest_of_rank_and_node_windows() -> None:
+    raps = yaml.safe_load((ROOT / "configs" / "raps.yaml").read_text())
+    assert verdict_window(parse_config(raps)) == 50.0  # 5 x 10 s, both for ranks
+    assert verdict_window(parse_config({"detection": {
+        "app_heartbeat_interval_sec": 1.0, "app_miss_threshold": 3,
+        "app_progress_timeout_sec": 10}})) == 10.0
+    assert verdict_window(parse_config({"detection": {
+        "app_heartbeat_interval_sec": 1.0, "app_miss_threshold": 3,
+        "app_progress_timeout_sec": 2, "kernel_heartbeat_interval_sec": 2.0,
+        "lease_duration_sec": 30}})) == 6.5  # 3 x 2 s + 0.5 s: the node's
 
 
 def test_key_sources() -> None:
