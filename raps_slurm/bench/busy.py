@@ -37,6 +37,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -521,7 +522,26 @@ def run_busy(settings: tuple[str, ...], steps: int, step_sec: float, every: int,
         return references[n]
 
     opts = {"steps": steps, "step_sec": step_sec, "every": every, "spin_at": spin_at,
-            "repeats": repeats, "windows": windows, "hogs": hogs_per_core * cores}
+            "repeats": repeats, "windows": windows, "hogs_per_core": hogs_per_core,
+            "cores": cores, "hogs": hogs_per_core * cores}
+    # SIGTERM (a timeout, an admin) unwinds like an error: hogs killed, clusters down
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        out = _run(settings, opts, port, say, clean)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    out["parameters"]["references"] = {
+        "value": {str(k): v for k, v in references.items()},
+        "from": "the local launcher, no fault, same steps and --every"}
+    return out
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run(settings: tuple[str, ...], opts: dict[str, Any], port: int,
+         say: Callable[[str], None], clean: Callable[[int], str]) -> dict[str, Any]:
     started = time.monotonic()
     out: dict[str, Any] = {"benchmark": "busy", "code": code_state(), "settings": {}}
     for setting in settings:
@@ -530,17 +550,19 @@ def run_busy(settings: tuple[str, ...], steps: int, step_sec: float, every: int,
     out["parameters"] = {
         "ranks": {"value": RANKS, "from": "issue 44 item 4 (a 4-node job)"},
         "sbatch": {"value": SBATCH[:2], "from": "as bench faults: 4 working nodes, 2 spares"},
-        "cores": {"value": cores, "from": "os.sched_getaffinity (cores this bench may use)"},
-        "hogs_per_core": {"value": hogs_per_core, "from": "--hogs-per-core (issue 44: 2)"},
+        "cores": {"value": opts["cores"],
+                  "from": "os.sched_getaffinity (cores this bench may use)"},
+        "hogs_per_core": {"value": opts["hogs_per_core"],
+                          "from": "--hogs-per-core (issue 44: 2)"},
         "hogs": {"value": opts["hogs"], "from": "hogs_per_core x cores"},
-        "program": {"value": ["examples/heat_ring.py", "--steps", str(steps), "--every",
-                              str(every), "--step-sec", str(step_sec)],
+        "program": {"value": ["examples/heat_ring.py", "--steps", str(opts["steps"]),
+                              "--every", str(opts["every"]), "--step-sec",
+                              str(opts["step_sec"])],
                     "from": "--steps, --every, --step-sec (the loaded run: loaded_steps)"},
-        "windows": {"value": windows, "from": "--windows (the loaded run's length)"},
-        "spin_at": {"value": spin_at, "from": "--spin-at (the last rank, first epoch)"},
-        "repeats": {"value": repeats, "from": "--repeats"},
-        "references": {"value": {str(k): v for k, v in references.items()},
-                       "from": "the local launcher, no fault, same steps and --every"},
+        "windows": {"value": opts["windows"], "from": "--windows (the loaded run's length)"},
+        "spin_at": {"value": opts["spin_at"],
+                    "from": "--spin-at (the last rank, first epoch)"},
+        "repeats": {"value": opts["repeats"], "from": "--repeats"},
         "goal_hang_ratio": {"value": HANG_RATIO_GOAL,
                             "from": "issue 44 item 4 (loaded <= 2 x idle)"},
     }
