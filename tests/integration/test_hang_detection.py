@@ -91,11 +91,9 @@ def test_a_slow_rank_that_progresses_is_never_restarted(
         finally:
             with contextlib.suppress(SlurmCommandError):
                 CommandRunner(timeout=60, env=cluster.env).run(["scancel", job])
-        # No verdict for want of progress. (Under load on this 2-core machine, a rank's
-        # heartbeats can stop reaching the leader for the silence window: that verdict is
-        # the silence kind, judged elsewhere, and the result above is still checked.)
-        assert not [v for v in verdicts.values()
-                    if (v.get("evidence") or {}).get("reason") == "no progress"], verdicts
+        # No verdict at all: neither for want of progress nor for silence (a rank starved
+        # on this loaded 2-core machine is reported by its agent, not taken for hung).
+        assert verdicts == {}, verdicts
 
 
 def test_the_agents_run_above_the_ranks(cluster: LocalCluster, store: tuple[StateStore, Keys],
