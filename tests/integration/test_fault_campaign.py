@@ -1,7 +1,8 @@
 """A short seeded fault campaign (``rapsctl bench faults``' runs) on the session cluster:
 heat_ring and random programs under crashed and frozen nodes (a working node, a node with
 its log backup, a whole rack, a rack and one more node) end with their failure-free
-results, and a job is requeued only when no spare remained."""
+results, a job is requeued only when no spare remained, and no rank of a node no fault
+touched is restarted or moved."""
 
 from __future__ import annotations
 
@@ -31,3 +32,8 @@ def test_a_seeded_fault_campaign_loses_no_data_and_computes_no_wrong_result(
     assert totals["lost_data"] == 0, report
     assert totals["requeued_with_spare_left"] == 0, report
     assert totals["recovered"] + totals["requeued"] == RUNS, report
+    # no healthy rank restarted or moved, no requeue the harness had to rescue
+    assert totals["healthy_restarted"] == 0, report
+    assert totals["healthy_moved"] == 0, report
+    assert totals["requeues_held"] == 0, report
+    assert totals["goals_met"] is True, report
