@@ -137,6 +137,7 @@ class Context(PeerLinks):
         self._restored_delivered: dict[int, int] = {}  # per source, at the restored checkpoint
         self._peer_had: dict[int, int] = {}  # per peer, what its HELLO says it delivered
         self._heard: dict[int, tuple[int, int, float]] = {}  # src -> its progress (links)
+        self._relayed = 0.0  # the last progress origin told to the peers (links)
         self.preempted = False
         self._records_pending = False  # determinants not yet flushed (see record())
         self._records_replay: list[bytes] = []

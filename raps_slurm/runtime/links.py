@@ -28,6 +28,7 @@ from raps_slurm.runtime.transport import (
     DATA,
     DELIVERED,
     HELLO,
+    PROGRESS,
     RESEND,
     SENT_FLOOR,
     Frame,
@@ -79,6 +80,7 @@ class PeerLinks:
     _sent_frames: int
     _peer_had: dict[int, int]
     _heard: dict[int, tuple[int, int, float]]
+    _relayed: float
     segment_limit: int = MAX_SEGMENT  # bytes of one log-store write (the store's bound)
 
     def stats(self) -> dict[str, Any]:
@@ -329,6 +331,12 @@ class PeerLinks:
         elif f.kind == SENT_FLOOR:
             with self._mu:
                 self.inbox.trim_checksums(f.src, f.seq)
+        elif f.kind == PROGRESS:
+            with self._mu:
+                e, q, at = self._heard.get(f.src, (0, 0, 0.0))
+                origin = self._clock() - f.seq / 1000
+                if origin > at:
+                    self._heard[f.src] = (e, q, origin)
 
     def _progress(self, src: int, epoch: int, seq: int) -> None:
         """Note (``_mu`` held) a frame from ``src``: a seq (or epoch) beyond any heard
@@ -338,6 +346,31 @@ class PeerLinks:
         e, q, _ = self._heard.get(src, (0, 0, 0.0))
         if (epoch, seq) > (e, q):
             self._heard[src] = (epoch, seq, self._clock())
+
+    def _relay_progress(self) -> None:
+        """While this rank waits for peers that progress, tell the peers it is connected
+        to how long ago that progress was (PROGRESS): their receives waiting on this rank
+        then wait as long as the chain moves (a neighbour's neighbour re-executing).
+
+        The age only grows from hop to hop, never refreshed by a relay: in a real
+        deadlock (nobody progresses) every wait still ends after ``recv_timeout``. A rank
+        relays an origin at most once per ``recv_timeout / 64`` (0.05-5 s), so a chain
+        of waits longer than about 64 ranks may still time out."""
+        now = self._clock()
+        with self._mu:
+            if not self._blocked:
+                return
+            origin = self.heard_at(self._blocked)
+            period = max(0.05, min(5.0, self.s.recv_timeout / 64))
+            if now - origin >= self.s.recv_timeout or origin - self._relayed < period:
+                return
+            self._relayed = origin
+            waiting = set(self._blocked)
+        with self._out_lock:
+            peers = [d for d in self._out if d not in waiting]
+        age_ms = min(int((now - origin) * 1000), 2**63 - 1)
+        for dst in peers:
+            self._control(dst, PROGRESS, age_ms)
 
     def heard_at(self, sources: Iterable[int]) -> float:
         """When the last progress came from any of ``sources`` (``_mu`` held; 0: never)."""
@@ -381,6 +414,7 @@ class PeerLinks:
                 if self._started:  # before restore() our delivered vector is not known
                     self._reask()
                     self._confirm()
+                    self._relay_progress()
             except Exception as exc:
                 if not self._closed:
                     log.warning("rank %d: log flush failed: %s", self.rank, exc)

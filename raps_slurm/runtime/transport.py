@@ -39,7 +39,9 @@ what comes after), ``RESEND`` (``seq`` .. ``length`` field carries the last seq:
 for a range), ``COVERED`` (``seq``: the floor below which the receiver's kept
 checkpoints never ask again; the sender may collect), ``SENT_FLOOR`` (``seq``: the
 sender's oldest kept checkpoint sent this much; the receiver may forget those
-checksums), ``DELIVERED`` (``seq``: delivered so far; a finalizing sender waits for it).
+checksums), ``DELIVERED`` (``seq``: delivered so far; a finalizing sender waits for it),
+``PROGRESS`` (``seq``: how many ms ago a peer the sender waits for last made progress: a
+rank blocked on a rank that re-executes its lost work is not stalled either).
 """
 
 from __future__ import annotations
@@ -66,9 +68,9 @@ from raps_slurm.runtime.pump import Conn, Pump
 log = logging.getLogger("raps.runtime")
 
 HEADER = struct.Struct(">BIIQQII")
-DATA, HELLO, RESEND, COVERED, SENT_FLOOR, DELIVERED = 1, 2, 3, 4, 5, 6
+DATA, HELLO, RESEND, COVERED, SENT_FLOOR, DELIVERED, PROGRESS = 1, 2, 3, 4, 5, 6, 7
 NAMES = {DATA: "DATA", HELLO: "HELLO", RESEND: "RESEND", COVERED: "COVERED",
-         SENT_FLOOR: "SENT_FLOOR", DELIVERED: "DELIVERED"}
+         SENT_FLOOR: "SENT_FLOOR", DELIVERED: "DELIVERED", PROGRESS: "PROGRESS"}
 PROTOCOL = b"raps-rank/1"
 KEY_BYTES = 32
 # The default bound on one message's payload (Settings.max_message): a logged message is

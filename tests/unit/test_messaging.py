@@ -547,3 +547,57 @@ def test_a_receive_waits_as_long_as_a_relaunched_peer_re_executes(tmp_path: Path
     assert 0.9 < time.monotonic() - began < 5
     for c in (b, newer):
         c.close()
+
+
+def test_a_receive_waits_for_a_peer_blocked_on_a_re_executing_one(tmp_path: Path) -> None:
+    """A chain: rank 2 waits for rank 1, which waits for rank 0 while rank 0 re-executes
+    for longer than recv_timeout. Rank 1 sends rank 2 nothing meanwhile, but its PROGRESS
+    frames say the chain moves, so rank 2 waits too; a chain that stops still times out."""
+    quick = Settings(**{**SMALL.__dict__, "recv_timeout": 1.0, "flush_ms": 20})
+    ctx = [Context(LocalPort(tmp_path, "1", r, 1, PARAMS), r, 3, 1, quick) for r in range(3)]
+    a, b, c = ctx
+    old = [f"m{i}".encode() for i in range(8)]
+    for m in old:
+        a.send(1, m)
+    assert [b.recv(0) for _ in old] == old
+    b.send(2, b"hello")
+    assert c.recv(1) == b"hello"
+    a.close()
+    newer = Context(LocalPort(tmp_path, "1", 0, 2, PARAMS), 0, 3, 2, quick)
+
+    def re_execute() -> None:
+        for m in old:
+            newer.send(1, m)
+            time.sleep(0.4)
+        newer.send(1, b"new")
+
+    def middle() -> None:
+        assert b.recv(0) == b"new"  # 3.2 s of re-execution
+        b.send(2, b"after")
+
+    threads = [threading.Thread(target=re_execute), threading.Thread(target=middle)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    assert c.recv(1) == b"after"  # rank 1 sent nothing for 3.2 s, recv_timeout 1 s
+    assert time.monotonic() - started > 3.0
+    for t in threads:
+        t.join()
+    # Negative control: the chain stops (rank 0 silent, rank 1 waiting on it): both end.
+    errors: list[BaseException] = []
+
+    def stuck() -> None:
+        try:
+            b.recv(0)
+        except MessagingError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=stuck)
+    began = time.monotonic()
+    t.start()
+    with pytest.raises(MessagingError, match="from rank 1"):
+        c.recv(1)
+    t.join()
+    assert errors and time.monotonic() - began < 6
+    for x in (b, c, newer):
+        x.close()
