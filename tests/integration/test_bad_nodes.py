@@ -29,24 +29,7 @@ from raps_slurm.testing.jobs import (
     node_dead,
     rank_entries,
 )
-
-HEAT = ["--steps", "160", "--every", "20", "--step-sec", "0.05"]
-
-
-@contextmanager
-def heat_job(cluster: LocalCluster, *sbatch: str) -> Iterator[tuple[str, Path]]:
-    job, out = cluster.submit_raps_run([sys.executable, str(HEAT_RING), *HEAT], list(sbatch),
-                                       "badnodes")
-    try:
-        yield job, out
-    finally:
-        with contextlib.suppress(SlurmCommandError):
-            CommandRunner(timeout=60, env=cluster.env).run(["scancel", job])
-
-
-def mapped(rapsctl: Any, job: str) -> dict[str, Any]:
-    return wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),
-                      lambda d: d is not None and d["state"] == "mapped", 60)
+from tests.integration.test_node_recovery import HEAT, heat_job, mapped
 
 
 @contextmanager

@@ -514,6 +514,18 @@ def test_a_restored_rank_defers_its_checkpoints_until_it_has_caught_up(
 
 
 
+def re_executing(newer: Context, old: list[bytes]) -> threading.Thread:
+    """A thread (not started) in which relaunched rank 0 re-sends ``old`` to rank 1, 0.4 s
+    apart, then a new message, b"new"."""
+    def re_execute() -> None:
+        for m in old:
+            newer.send(1, m)
+            time.sleep(0.4)
+        newer.send(1, b"new")
+
+    return threading.Thread(target=re_execute)
+
+
 def test_a_receive_waits_as_long_as_a_relaunched_peer_re_executes(tmp_path: Path) -> None:
     """recv_timeout bounds a silence, not a re-execution: the relaunched peer re-sends its
     old messages (duplicates) for longer than recv_timeout before the new one comes."""
@@ -527,13 +539,7 @@ def test_a_receive_waits_as_long_as_a_relaunched_peer_re_executes(tmp_path: Path
     a.close()  # rank 0 lost; its relaunch re-executes 8 sends, 0.4 s apart
     newer = Context(LocalPort(tmp_path, "1", 0, 2, PARAMS), 0, 2, 2, quick)
 
-    def re_execute() -> None:
-        for m in old:
-            newer.send(1, m)
-            time.sleep(0.4)
-        newer.send(1, b"new")
-
-    t = threading.Thread(target=re_execute)
+    t = re_executing(newer, old)
     started = time.monotonic()
     t.start()
     assert b.recv(0) == b"new"  # 3.2 s of re-execution, recv_timeout 1 s
@@ -565,17 +571,11 @@ def test_a_receive_waits_for_a_peer_blocked_on_a_re_executing_one(tmp_path: Path
     a.close()
     newer = Context(LocalPort(tmp_path, "1", 0, 2, PARAMS), 0, 3, 2, quick)
 
-    def re_execute() -> None:
-        for m in old:
-            newer.send(1, m)
-            time.sleep(0.4)
-        newer.send(1, b"new")
-
     def middle() -> None:
         assert b.recv(0) == b"new"  # 3.2 s of re-execution
         b.send(2, b"after")
 
-    threads = [threading.Thread(target=re_execute), threading.Thread(target=middle)]
+    threads = [re_executing(newer, old), threading.Thread(target=middle)]
     started = time.monotonic()
     for t in threads:
         t.start()
