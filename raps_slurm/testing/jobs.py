@@ -95,20 +95,43 @@ def phase_report(store: StateStore, keys: Keys, plan_id: str, phase: str) -> Key
     return min(found, key=lambda kv: kv.mod_revision, default=None)
 
 
+def ended_seeing(cluster: LocalCluster, store: StateStore, keys: Keys, jobs: list[str],
+                 timeout: float) -> tuple[dict[str, dict[str, Plan]], dict[str, bytes]]:
+    """Wait for every job to end; per job, every plan seen meanwhile as last seen, and
+    its escalation record if one was seen (a finished job's keys are purged seconds after
+    its end: reading them after ``finish`` races the purge)."""
+    plans: dict[str, dict[str, Plan]] = {j: {} for j in jobs}
+    escalations: dict[str, bytes] = {}
+
+    def states() -> list[str]:
+        for j in jobs:
+            plans[j].update((p.plan_id, p) for p in job_plans(store, keys, j))
+            kv = store.get(keys.job_escalation(j))
+            if kv is not None:
+                escalations[j] = kv.value
+        return [job_state(cluster, j) for j in jobs]
+
+    wait_until(f"jobs {jobs} to end", states, lambda st: all(x in FINAL for x in st),
+               timeout, interval=0.2)
+    return plans, escalations
+
+
 def job_state(cluster: LocalCluster, job: str) -> str:
     """The job's state in Slurm."""
     return cluster.slurm().job(int(job)).state
 
 
-def last_final(text: str) -> str | None:
-    """The job output's last ``final ...`` line (labelled or not), None without one: a
+def last_final(text: str, word: str = "final") -> str | None:
+    """The job output's last result line, ``final ...`` (or ``WORD ...``: a program that
+    prints its result under another word), labelled or not; None without one: a
     requeued run appends to the same output, and only its last result is the job's."""
-    return next((x for x in reversed(text.splitlines()) if _RESULT.match(x)), None)
+    pattern = _RESULT if word == "final" else re.compile(rf"(?:\s*\d+: )?{re.escape(word)} ")
+    return next((x for x in reversed(text.splitlines()) if pattern.match(x)), None)
 
 
 def finish(cluster: LocalCluster, job: str, out: Path, clean: str, timeout: float = 150) -> str:
-    """Wait for the job to end; assert it completed and that its last ``final`` line is
-    the failure-free result."""
+    """Wait for the job to end; assert it completed and that its last result line (one
+    starting with ``clean``'s first word) is the failure-free result ``clean``."""
     wait_until(f"job {job} to end", lambda: job_state(cluster, job), lambda s: s in FINAL,
                timeout)
     text = out.read_text()
@@ -122,9 +145,11 @@ def result_problem(state: str, text: str, clean: str) -> str | None:
     against the failure-free line ``clean`` (None: it completed with that result)."""
     if state != "COMPLETED":
         return f"the job ended {state}"
-    last = last_final(text)
+    # the result's own first word (final, tasks, ...), after any --label prefix
+    word = re.sub(r"^\s*\d+: ", "", clean).split(" ", 1)[0]
+    last = last_final(text, word)
     if last != clean:
-        return f"its last final line is {last!r}, not {clean!r}"
+        return f"its last {word} line is {last!r}, not {clean!r}"
     return None
 
 

@@ -16,7 +16,7 @@ from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
-from raps_slurm.testing.jobs import REPO, back_in_service, committed, finish, job_plans
+from raps_slurm.testing.jobs import REPO, back_in_service, committed, ended_seeing, finish
 
 PROGRAM = REPO / "examples" / "mpi_master_worker.py"
 ARGS = ["--tasks", "240", "--every", "5", "--work-sec", "0.1"]
@@ -68,8 +68,9 @@ def test_master_worker_loses_a_worker_node_and_prints_the_failure_free_result(
                        lambda: committed(s, keys, job, victim), bool, 90)
             cluster.crash(node)
             try:
-                text = finish(cluster, job, out, clean, timeout=180)
-                [plan] = job_plans(s, keys, job)
+                seen, _ = ended_seeing(cluster, s, keys, [job], 180)
+                text = finish(cluster, job, out, clean)
+                [plan] = seen[job].values()
                 assert (plan.rank, plan.source, plan.state) == (victim, node, "done"), plan
                 assert f"raps-run: rank {victim} epoch 2 started on {plan.target}" in text, \
                     text[-4000:]

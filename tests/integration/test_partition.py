@@ -439,8 +439,10 @@ def test_the_leaders_head_cut_off_mid_plan_a_standby_leads_and_the_plan_runs_onc
                     assert inflight.state in ("queued", "running"), inflight
                     wait_until("the standby to lead", lambda: leader_name(ns_store),
                                lambda n: n == "part-b", lease + 10, interval=0.05)
-                    wait_until("the plan done", lambda: job_plans(s, keys, job),
-                               lambda p: len(p) == 1 and p[0].state == "done", 60)
+                    # read while the job runs: its keys are purged seconds after its end
+                    [plan] = wait_until("the plan done", lambda: job_plans(s, keys, job),
+                                        lambda p: len(p) == 1 and p[0].state == "done", 60)
+                    epochs = {r: e.epoch for r, e in rank_entries(s, keys, job).items()}
                     cut_off = wait_until("the cut-off leader to step down",
                                          lambda: ns_leader.log()[before:],
                                          lambda t: "lost leadership" in t, lease + 5)
@@ -460,11 +462,9 @@ def test_the_leaders_head_cut_off_mid_plan_a_standby_leads_and_the_plan_runs_onc
                   f"standby led at {took_over.time()} (lease {lease:g}s); said at "
                   f"{logged_at(cut_off, 'lost leadership').time()}")
             assert ran_out <= took_over, (ran_out, took_over)
-            [plan] = job_plans(s, keys, job)
             assert (plan.plan_id, plan.rank, plan.epoch) == (inflight.plan_id, rank, 2)
             assert f"plan {plan.plan_id}" in standby.log()
-            assert {r: e.epoch for r, e in rank_entries(s, keys, job).items()} == {
-                r: 2 if r == rank else 1 for r in ranks}
+            assert epochs == {r: 2 if r == rank else 1 for r in ranks}
             started = sorted(x for x in text.splitlines()
                              if x.startswith("raps-run: rank ") and " started on " in x)
             assert started == sorted(

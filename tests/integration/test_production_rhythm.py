@@ -23,7 +23,6 @@ import pytest
 
 from raps_slurm.config import load_file
 from raps_slurm.core.checkpoints import CkptRecord
-from raps_slurm.core.planner import Plan
 from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import Keys, StateStore
@@ -32,9 +31,9 @@ from raps_slurm.testing.jobs import (
     FINAL,
     HEAT_RING,
     crashed,
+    ended_seeing,
     finish,
     heat_reference,
-    job_plans,
     job_state,
     rank_entries,
 )
@@ -76,27 +75,6 @@ def reporting(s: StateStore, k: Keys, job: str) -> set[int]:
     return ranks
 
 
-def ended_seeing_plans(cluster: LocalCluster, s: StateStore, k: Keys, jobs: list[str],
-                       timeout: float) -> dict[str, dict[str, Plan]]:
-    """Wait for every job to end; per job, every plan seen meanwhile, as last seen (a
-    finished job's plans are purged soon after its end)."""
-    seen: dict[str, dict[str, Plan]] = {j: {} for j in jobs}
-    said: set[bytes] = set()
-
-    def states() -> list[str]:
-        for j in jobs:
-            seen[j].update((p.plan_id, p) for p in job_plans(s, k, j))
-            escalation = s.get(k.job_escalation(j))
-            if escalation is not None and escalation.value not in said:
-                said.add(escalation.value)  # say why, once (shown if the test fails)
-                print(f"job {j} escalated: {escalation.value!r}")
-        return [job_state(cluster, j) for j in jobs]
-
-    wait_until(f"jobs {jobs} to end", states, lambda st: all(x in FINAL for x in st),
-               timeout, interval=0.2)
-    return seen
-
-
 @pytest.mark.timeout(1200)
 def test_jobs_checkpointing_minutes_apart_complete_with_and_without_a_crash(
         cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
@@ -115,7 +93,7 @@ def test_jobs_checkpointing_minutes_apart_complete_with_and_without_a_crash(
     jobs: list[str] = []
     outs: list[Path] = []
     try:
-        with leading("rhythm") as coordinator:
+        with leading("rhythm"):
             quiet, quiet_out = cluster.submit_raps_run(
                 program, [f"--raps-ckpt-interval={INTERVAL}", "--raps-ranks-per-node=2",
                           "-N2"], "quiet")
@@ -145,15 +123,15 @@ def test_jobs_checkpointing_minutes_apart_complete_with_and_without_a_crash(
                 wait_until(f"every rank of job {quiet} saved a checkpoint",
                            lambda: generations(s, k, quiet), lambda g: len(g) == 4,
                            INTERVAL + 120)
-                seen = ended_seeing_plans(cluster, s, k, [quiet, hit], 900)
+                seen, escalated = ended_seeing(cluster, s, k, [quiet, hit], 900)
                 text = finish(cluster, quiet, quiet_out, quiet_ref)
-                assert cluster.slurm().job(int(quiet)).restart_count == 0, text[-3000:]
+                assert cluster.slurm().job(int(quiet)).restart_count == 0, \
+                    f"{escalated}\n{text[-3000:]}"
                 assert seen[quiet] == {}, seen
                 text = finish(cluster, hit, hit_out, crash_ref)
                 plans = list(seen[hit].values())
-                lines = [x for x in coordinator.log().splitlines() if "escalat" in x]
                 assert cluster.slurm().job(int(hit)).restart_count == 0, \
-                    "\n".join([text[-3000:], *lines[-20:]])
+                    f"{escalated}\n{text[-3000:]}"
                 assert sorted(p.rank for p in plans) == victims, plans
                 assert {(p.source, p.state) for p in plans} == {(node, "done")}, plans
     finally:

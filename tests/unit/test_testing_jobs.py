@@ -30,3 +30,14 @@ def test_a_completed_job_passes_only_with_the_clean_line_last() -> None:
 def test_a_job_that_did_not_complete_fails_whatever_it_printed() -> None:
     for state in ("FAILED", "NODE_FAIL", "CANCELLED", "TIMEOUT"):
         assert result_problem(state, f"{CLEAN}\n", CLEAN) == f"the job ended {state}"
+
+
+def test_a_program_whose_result_line_has_another_first_word_is_judged_by_it() -> None:
+    """An mpi4py program prints ``tasks ...``: its last such line is its result."""
+    clean, other = "tasks 240 sum 125940 digest 46", "tasks 240 sum 125940 digest 00"
+    text = f"raps-run: rank 3 epoch 2 started on n2\n{clean}\nraps-run: all 4 ranks finished\n"
+    assert result_problem("COMPLETED", text, clean) is None
+    assert result_problem("COMPLETED", f"{clean}\n{other}\n", clean) == \
+        f"its last tasks line is {other!r}, not {clean!r}"
+    assert result_problem("COMPLETED", "raps-run: all 4 ranks finished\n", clean) == \
+        f"its last tasks line is None, not {clean!r}"
