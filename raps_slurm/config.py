@@ -81,6 +81,10 @@ class MessageLogConfig:
                                    0.1, 3600)
     spin_us: int = _f(200, "a receive polls this long before it sleeps (0: never polls; "
                       "set 0 where ranks share cores)", 0, 100_000)
+    frame_mac: str = _f("control", "which rank-to-rank frames carry a MAC: control (replay "
+                        "and collection frames; data is authenticated by its connection) or "
+                        "all (also every message: for a fabric an attacker can write to)",
+                        choices=("control", "all"))
 
 
 @dataclass(frozen=True)

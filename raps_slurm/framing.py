@@ -25,6 +25,10 @@ copied GiB. A large frame's MAC is computed as it goes: :func:`send_parts` hashe
 sends it in pieces, :meth:`FrameReader.poll` hashes what came while the rest comes, so
 the two ends hash at once instead of in turn (the body is still returned only once its
 tag checked).
+
+A stream may MAC only some of its frames (rank traffic under ``frame_mac: control``: its
+control frames, not its data): the reader's ``tagged`` says, from a frame's first body
+byte, whether that frame carries a tag; the tagged frames are counted on their own.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import hmac
 import socket
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from raps_slurm.errors import RapsError
@@ -290,12 +294,16 @@ class FrameReader:
     :meth:`poll` is the non-blocking way to read (after :meth:`nonblocking`): one thread
     can read many streams, taking each frame once it is whole, and a stream whose frame
     stalls half way delays no other (its deadline is checked by :meth:`overdue`). A stream
-    is read with :meth:`read` or with :meth:`poll`, not both."""
+    is read with :meth:`read` or with :meth:`poll`, not both.
+
+    ``tagged`` (with ``mac``): a frame carries a tag only if ``tagged(first body byte)``
+    (None: every frame does)."""
 
     def __init__(self, sock: socket.socket, *, max_size: int = MAX_FRAME,
                  frame_timeout: float = 10.0, min_rate: float = 0.0,
-                 mac: FrameMac | None = None, buffer_size: int = 256 << 10) -> None:
-        self.sock, self.max_size, self.mac = sock, max_size, mac
+                 mac: FrameMac | None = None, buffer_size: int = 256 << 10,
+                 tagged: Callable[[int], bool] | None = None) -> None:
+        self.sock, self.max_size, self.mac, self.tagged = sock, max_size, mac, tagged
         self.frame_timeout, self.min_rate = frame_timeout, min_rate
         self._buf = bytearray(buffer_size)
         self._view = memoryview(self._buf)
@@ -309,6 +317,16 @@ class FrameReader:
         self._sized = False  # _due includes the frame's length allowance
         self._hash: Any = None  # the MAC of _big, fed its first _hashed bytes
         self._hashed = 0
+        self._tagged: bool | None = None  # whether _big carries a tag, once known
+
+    def _is_tagged(self, first: int) -> bool:
+        return self.mac is not None and (self.tagged is None or self.tagged(first))
+
+    def _checked(self, payload: memoryview) -> memoryview:
+        """A whole frame's body: its tag checked and cut off if it carries one."""
+        if self.mac is not None and self._is_tagged(payload[0]):
+            return self.mac.check(payload)
+        return payload
 
     def _settimeout(self, value: float | None) -> None:
         if value != self._timeout:  # each change is a syscall: only when it changes
@@ -407,17 +425,14 @@ class FrameReader:
                 payload = self._view[self._start:self._start + n]
                 self._start += n
                 self._due, self._sized, self.owned = None, False, False
-                return self.mac.check(payload) if self.mac is not None else payload
+                return self._checked(payload)
             # larger than the buffer: its own, of the length just checked
             big = memoryview(unfilled(n))
             self._got = self._end - self._start
             big[:self._got] = self._view[self._start:self._end]
             self._start = self._end = 0
             self._big = big
-            if self.mac is not None:
-                if n < TAG_SIZE:
-                    raise FrameError("mac", f"frame of {n} bytes is shorter than its MAC")
-                self._hash, self._hashed = self.mac.hasher(), 0
+            self._hash, self._hashed, self._tagged = None, 0, None
         big = self._big
         while self._got < len(big):
             k = self._take(big[self._got:])
@@ -427,16 +442,25 @@ class FrameReader:
                 return None
             self._got += k
         self._big, self._due, self._sized, self.owned = None, None, False, True
-        if self.mac is None:
-            return big
         self._feed(big)
-        h, self._hash = self._hash, None
+        h, self._hash, self._tagged = self._hash, None, None
+        if h is None:
+            return big
+        assert self.mac is not None
         self.mac.verify(h, big[-TAG_SIZE:])
         return big[:-TAG_SIZE]
 
     def _feed(self, big: memoryview) -> None:
         """The MAC of a large frame under way takes the body bytes come so far (it
-        checks them while the rest arrives)."""
+        checks them while the rest arrives); its first byte says whether it has one."""
+        if self._tagged is None and self._got:
+            self._tagged = self._is_tagged(big[0])
+            if self._tagged:
+                assert self.mac is not None
+                if len(big) < TAG_SIZE:
+                    raise FrameError("mac", f"frame of {len(big)} bytes is shorter than "
+                                     "its MAC")
+                self._hash = self.mac.hasher()
         upto = min(self._got, len(big) - TAG_SIZE)
         if self._hash is not None and upto > self._hashed:
             self._hash.update(big[self._hashed:upto])
@@ -513,4 +537,4 @@ class FrameReader:
             while got < n:
                 got += self._recv(view[got:], deadline, "body", got, n)
             payload = view
-        return self.mac.check(payload) if self.mac is not None else payload
+        return self._checked(payload)

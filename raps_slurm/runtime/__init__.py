@@ -76,7 +76,8 @@ def settings_from(env: Mapping[str, str]) -> Settings:
                     high_watermark=m.buffer_high_watermark_mb << 20,
                     checkpoint_interval=interval, max_generations=c.max_generations,
                     recv_timeout=m.recv_timeout_sec, host=host,
-                    stats_interval=m.stats_interval_sec, spin_us=spin)
+                    stats_interval=m.stats_interval_sec, spin_us=spin,
+                    frame_mac=m.frame_mac)
 
 
 def _node_address() -> str:

@@ -88,6 +88,7 @@ class Settings:
     logging: bool = True  # False only for the benchmark's unlogged baseline
     max_message: int = MAX_MESSAGE  # bytes; peers refuse a longer frame from its header
     spin_us: int = 0  # a receive polls this long before it sleeps (runtime/pump.py)
+    frame_mac: str = "control"  # which frames carry a MAC (runtime/transport.py)
 
 
 class Context(PeerLinks):
@@ -143,7 +144,8 @@ class Context(PeerLinks):
         self._records_replay: list[bytes] = []
         # Peers authenticate with the job's key (docs/messaging.md, Authentication).
         self.listener = Listener(self.s.host, self._on_frame, self._on_close,
-                                 Auth(port.job_key(), rank, self.s.max_message),
+                                 Auth(port.job_key(), rank, self.s.max_message,
+                                      epoch=epoch, frame_mac=self.s.frame_mac),
                                  self.s.spin_us / 1e6)
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)

@@ -41,6 +41,7 @@ class Conn:
     sock: socket.socket
     reader: framing.FrameReader
     src: int
+    epoch: int = 0  # the source's, bound by the handshake
     fd: int = -1  # while the pump polls it
 
 

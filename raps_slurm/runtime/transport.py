@@ -14,19 +14,30 @@ ranks). A connection starts with a challenge-response in plain frames of
 :mod:`raps_slurm.framing` (at most :data:`HANDSHAKE_MAX` bytes, within
 :data:`HANDSHAKE_TIMEOUT`):
 
-1. the connecting rank sends ``"raps-rank/1" | Nc (16 random bytes) | src u32 | dst u32``;
+1. the connecting rank sends ``"raps-rank/2" | Nc (16 random bytes) | src u32 | dst u32
+   | src epoch u64 | dst epoch u64 | mode u8``;
 2. the listening rank answers ``Ns (16 random bytes) | P("s")``;
 3. the connecting rank checks ``P("s")`` and answers ``P("c")``,
 
-where ``P(side) = blake3(key=secret, "raps-rank/1" | side | Nc | Ns | src | dst)``. Both
-sides prove they hold the secret, and each proof covers the other side's fresh nonce:
-a recorded handshake replayed on a new connection fails. The session key is
-``P("k")``; every later frame is a framing frame ``u32 length | body | tag`` whose tag is
-keyed blake3 (session key) over the direction, the frame's number on this connection
-and the body: a frame forged, replayed, reordered or moved to another connection is
-refused. A frame whose length is above the job's bound is refused from its 4-byte
-header, before anything is allocated. Each refusal closes the connection, is counted
-in :attr:`Auth.refused` by kind and logged in one line (at most one per kind per 10 s,
+where ``P(side) = blake3(key=secret, "raps-rank/2" | side | Nc | Ns | src | dst | epochs
+| mode)``. Both sides prove they hold the secret, and each proof covers the other side's
+fresh nonce: a recorded handshake replayed on a new connection fails. The listener
+refuses a hello for another rank, another incarnation of itself (``dst epoch``) or
+another ``mode``; every frame on the connection must then carry the handshake's source,
+destination and source epoch.
+
+``mode`` is ``messagelog.frame_mac``. Under ``all`` every later frame is a framing frame
+``u32 length | body | tag`` whose tag is keyed blake3 (session key ``P("k")``) over the
+direction, the frame's number on this connection and the body: a frame forged,
+replayed, reordered or moved to another connection is refused. Under ``control`` (the
+default) only the control frames carry a tag, numbered among themselves: DATA frames
+travel as Open MPI's and Slurm's do, authenticated by the connection they come on, so a
+message costs no MAC pass at either end. What each mode defends against:
+docs/architecture.md, Trust boundaries.
+
+A frame whose length is above the job's bound is refused from its 4-byte header,
+before anything is allocated. Each refusal closes the connection, is counted in
+:attr:`Auth.refused` by kind and logged in one line (at most one per kind per 10 s,
 :mod:`raps_slurm.logquota`).
 
 A frame body is a 34-byte header ``type u8, src u32, dst u32, seq u64, epoch u64,
@@ -71,7 +82,8 @@ HEADER = struct.Struct(">BIIQQII")
 DATA, HELLO, RESEND, COVERED, SENT_FLOOR, DELIVERED, PROGRESS = 1, 2, 3, 4, 5, 6, 7
 NAMES = {DATA: "DATA", HELLO: "HELLO", RESEND: "RESEND", COVERED: "COVERED",
          SENT_FLOOR: "SENT_FLOOR", DELIVERED: "DELIVERED", PROGRESS: "PROGRESS"}
-PROTOCOL = b"raps-rank/1"
+PROTOCOL = b"raps-rank/2"
+FRAME_MAC = ("control", "all")  # messagelog.frame_mac: which frames carry a MAC
 KEY_BYTES = 32
 # The default bound on one message's payload (Settings.max_message): a logged message is
 # one record of one log segment, or it could never be spilled to the log store.
@@ -81,7 +93,8 @@ HANDSHAKE_TIMEOUT = 10.0  # the whole handshake, so a slow or silent stranger go
 MAX_HANDSHAKES = 32  # connections in their handshake at once; more are refused at accept
 FRAME_TIMEOUT = 30.0  # once a frame started: this, plus its length at MIN_RATE
 MIN_RATE = 10e6  # bytes/s
-_HELLO = struct.Struct(f">{len(PROTOCOL)}s16sII")
+_HELLO = struct.Struct(f">{len(PROTOCOL)}s16sIIQQB")
+_BOUND = struct.Struct(">IIQQB")  # what a proof binds besides the nonces
 _NONCE = 16
 
 
@@ -139,24 +152,42 @@ def decode(body: bytes | bytearray | memoryview, *, owned: bool = False) -> Fram
     return Frame(kind, src, dst, seq, epoch, length, crc)
 
 
-class Auth:
-    """One rank's side of its job's secret: proofs, session keys, refusal counts."""
+def tagged(kind: int, mode: str) -> bool:
+    """Whether a frame of ``kind`` carries a MAC under ``frame_mac`` ``mode``."""
+    return mode == "all" or kind != DATA
 
-    def __init__(self, key: bytes, rank: int, max_message: int = MAX_MESSAGE) -> None:
+
+class Auth:
+    """One rank's side of its job's secret: proofs, session keys, refusal counts.
+    ``epoch`` is this incarnation's, ``frame_mac`` which frames carry a MAC
+    (:data:`FRAME_MAC`)."""
+
+    def __init__(self, key: bytes, rank: int, max_message: int = MAX_MESSAGE, *,
+                 epoch: int = 0, frame_mac: str = "control") -> None:
         if len(key) != KEY_BYTES:
             raise ValueError(f"job key of {len(key)} bytes: exactly {KEY_BYTES} are needed")
         if not 0 < max_message <= (1 << 32) - 1 - HEADER.size - framing.TAG_SIZE:
             raise ValueError(f"max_message {max_message}: expected 1..4 GiB")
+        if frame_mac not in FRAME_MAC:
+            raise ValueError(f"frame_mac {frame_mac!r}: expected one of {', '.join(FRAME_MAC)}")
         self._key, self.rank, self.max_message = key, rank, max_message
+        self.epoch, self.frame_mac = epoch, frame_mac
+        self.mode = FRAME_MAC.index(frame_mac)
         self.max_frame = HEADER.size + max_message + framing.TAG_SIZE
         self.refused: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._quota = LogQuota(log)
 
-    def proof(self, side: bytes, nc: bytes, ns: bytes, src: int, dst: int) -> bytes:
-        """``P(side)`` of the module docstring."""
-        return bytes(blake3.blake3(PROTOCOL + side + nc + ns + struct.pack(">II", src, dst),
+    def proof(self, side: bytes, nc: bytes, ns: bytes, src: int, dst: int,
+              src_epoch: int = 0, dst_epoch: int = 0) -> bytes:
+        """``P(side)`` of the module docstring (this rank's ``frame_mac`` bound in)."""
+        bound = _BOUND.pack(src, dst, src_epoch, dst_epoch, self.mode)
+        return bytes(blake3.blake3(PROTOCOL + side + nc + ns + bound,
                                    key=self._key).digest())
+
+    def tagged(self, first: int) -> bool:
+        """Whether a frame whose body starts with ``first`` (its kind) carries a MAC."""
+        return tagged(first, self.frame_mac)
 
     def refuse(self, kind: str, peer: str, reason: object) -> None:
         """Count one refusal and log it (one line, at most one per kind per 10 s)."""
@@ -236,39 +267,47 @@ class Listener:
             threading.Thread(target=self._read, args=(conn, cid), name=f"raps-read-{cid}",
                              daemon=True).start()
 
-    def _handshake(self, conn: socket.socket) -> tuple[framing.FrameReader, int]:
-        """The server side of the handshake: the reader for the session and the peer."""
+    def _handshake(self, conn: socket.socket) -> tuple[framing.FrameReader, int, int]:
+        """The server side of the handshake: the reader for the session, the peer and its
+        epoch."""
         reader = framing.FrameReader(conn, max_size=HANDSHAKE_MAX,
                                      frame_timeout=HANDSHAKE_TIMEOUT, buffer_size=64 << 10)
         hello = reader.read(idle_timeout=HANDSHAKE_TIMEOUT)
         if len(hello) != _HELLO.size:
             raise FrameError(f"first frame of {len(hello)} bytes is not a rank hello",
                              "handshake")
-        proto, nc, src, dst = _HELLO.unpack(hello)
+        proto, nc, src, dst, src_epoch, dst_epoch, mode = _HELLO.unpack(hello)
         if proto != PROTOCOL:
             raise FrameError("first frame is not a rank hello", "handshake")
-        if dst != self.auth.rank:
-            raise FrameError(f"hello for rank {dst}, this is rank {self.auth.rank}",
-                             "handshake")
+        if dst != self.auth.rank or dst_epoch != self.auth.epoch:
+            raise FrameError(f"hello for rank {dst} epoch {dst_epoch}, this is rank "
+                             f"{self.auth.rank} epoch {self.auth.epoch}", "handshake")
+        if mode != self.auth.mode:
+            theirs = FRAME_MAC[mode] if mode < len(FRAME_MAC) else f"mode {mode}"
+            raise FrameError(f"rank {src} uses frame_mac {theirs}, this rank "
+                             f"{self.auth.frame_mac}: a job's nodes must share "
+                             "messagelog.frame_mac", "handshake")
+        bound = (src, dst, src_epoch, dst_epoch)
         ns = os.urandom(_NONCE)
-        framing.send_parts(conn, [ns, self.auth.proof(b"s", nc, ns, src, dst)],
+        framing.send_parts(conn, [ns, self.auth.proof(b"s", nc, ns, *bound)],
                            max_size=HANDSHAKE_MAX)
         answer = reader.read(idle_timeout=HANDSHAKE_TIMEOUT)
-        if not hmac.compare_digest(answer, self.auth.proof(b"c", nc, ns, src, dst)):
+        if not hmac.compare_digest(answer, self.auth.proof(b"c", nc, ns, *bound)):
             raise FrameError(f"rank {src}'s proof does not match the job key",
                              "authentication")
-        reader.mac = framing.FrameMac(self.auth.proof(b"k", nc, ns, src, dst), "blake3",
+        reader.mac = framing.FrameMac(self.auth.proof(b"k", nc, ns, *bound), "blake3",
                                       b"c")
+        reader.tagged = self.auth.tagged
         reader.max_size = self.auth.max_frame
         reader.frame_timeout, reader.min_rate = FRAME_TIMEOUT, MIN_RATE
-        return reader, src
+        return reader, src, src_epoch
 
     def _read(self, conn: socket.socket, cid: int) -> None:
         """The handshake, on a thread of its own (a stranger's slowness costs no one
         else); then the connection joins the :class:`Pump`."""
         try:
             try:
-                reader, src = self._handshake(conn)
+                reader, src, epoch = self._handshake(conn)
             finally:
                 with self._lock:
                     self._handshaking -= 1
@@ -276,12 +315,16 @@ class Listener:
         except Exception as exc:  # refused or logged, then closed
             self._ended(cid, conn, exc, authenticated=False)
             return
-        self.pump.add(Conn(cid, conn, reader, src))
+        self.pump.add(Conn(cid, conn, reader, src, epoch))
 
     def _body(self, c: Conn, body: memoryview, owned: bool) -> None:
+        if len(body) > self.auth.max_frame - framing.TAG_SIZE:  # an untagged frame's bound
+            raise FrameError(f"frame of {len(body)} bytes: at most "
+                             f"{self.auth.max_frame - framing.TAG_SIZE}", "oversized")
         frame = decode(body, owned=owned)
-        if frame.src != c.src or frame.dst != self.auth.rank:
-            raise FrameError(f"frame {frame.src}->{frame.dst} on rank {c.src}'s connection")
+        if frame.src != c.src or frame.dst != self.auth.rank or frame.epoch != c.epoch:
+            raise FrameError(f"frame {frame.src}->{frame.dst} epoch {frame.epoch} on rank "
+                             f"{c.src}'s connection of epoch {c.epoch}")
         self._on_frame(frame, c.cid)
 
     def _end(self, c: Conn, exc: BaseException) -> None:
@@ -340,6 +383,7 @@ class Outgoing:
                  timeout: float = 5.0) -> None:
         self.peer_epoch = epoch
         self._max = auth.max_frame
+        self._tagged = auth.tagged
         self.sock = socket.create_connection(address, timeout=timeout)
         try:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -352,8 +396,9 @@ class Outgoing:
 
     def _handshake(self, auth: Auth, dst: int, peer: str, timeout: float) -> framing.FrameMac:
         nc = os.urandom(_NONCE)
+        bound = (auth.rank, dst, auth.epoch, self.peer_epoch)
         try:
-            framing.send_parts(self.sock, [_HELLO.pack(PROTOCOL, nc, auth.rank, dst)],
+            framing.send_parts(self.sock, [_HELLO.pack(PROTOCOL, nc, *bound, auth.mode)],
                                max_size=HANDSHAKE_MAX)
             reader = framing.FrameReader(self.sock, max_size=HANDSHAKE_MAX,
                                          frame_timeout=timeout, buffer_size=256)
@@ -363,25 +408,27 @@ class Outgoing:
                              "handshake") from None
         ns, proof = answer[:_NONCE], answer[_NONCE:]
         if len(ns) != _NONCE or not hmac.compare_digest(
-                proof, auth.proof(b"s", nc, ns, auth.rank, dst)):
+                proof, auth.proof(b"s", nc, ns, *bound)):
             # someone else listens there (a stale address, or a stranger): not our peer
             auth.refuse("authentication", peer, f"it did not prove it holds the job key "
                         f"of rank {dst}")
             raise FrameError(f"rank {dst} at {peer} failed authentication", "authentication")
         try:
-            framing.send_parts(self.sock, [auth.proof(b"c", nc, ns, auth.rank, dst)],
+            framing.send_parts(self.sock, [auth.proof(b"c", nc, ns, *bound)],
                                max_size=HANDSHAKE_MAX)
         except framing.FrameError as exc:
             raise FrameError(f"handshake with rank {dst} at {peer}: {exc}",
                              "handshake") from None
-        return framing.FrameMac(auth.proof(b"k", nc, ns, auth.rank, dst), "blake3", b"c")
+        return framing.FrameMac(auth.proof(b"k", nc, ns, *bound), "blake3", b"c")
 
     def send(self, parts: list[bytes | memoryview]) -> None:
-        """Write one frame whole (OSError if the peer is gone or the frame is larger
-        than the job's bound)."""
+        """Write one frame whole, its header first (OSError if the peer is gone or the
+        frame is larger than the job's bound); MAC'd as ``frame_mac`` says."""
+        mac = self.mac if self._tagged(parts[0][0]) else None
+        bound = self._max if mac is not None else self._max - framing.TAG_SIZE
         with self.lock:
             try:
-                framing.send_parts(self.sock, parts, mac=self.mac, max_size=self._max)
+                framing.send_parts(self.sock, parts, mac=mac, max_size=bound)
             except framing.FrameError as exc:
                 raise FrameError(str(exc), exc.kind) from None
 

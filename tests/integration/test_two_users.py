@@ -79,7 +79,8 @@ for t in targets:
         s = socket.create_connection((t["host"], t["port"]), timeout=20)
         try:
             if data is None:  # a well-formed challenge, then a proof made without the key
-                body = b"raps-rank/1" + os.urandom(16) + struct.pack(">II", 0, rank)
+                # (rank 0 of epoch 1 calling epoch 1 of this rank, frame_mac control)
+                body = b"raps-rank/2" + os.urandom(16) + struct.pack(">IIQQB", 0, rank, 1, 1, 0)
                 s.sendall(struct.pack(">I", len(body)) + body)
                 s.recv(4096)
                 s.sendall(struct.pack(">I", 32) + os.urandom(32))
@@ -180,6 +181,7 @@ def test_another_user_is_refused_every_door_and_the_job_is_untouched(
         assert "y" * 100 not in json.dumps(stats)
         refused = stats["refused_connections"]
         assert sum(refused.values()) >= 3, (r, refused)
+        assert refused.get("authentication", 0) >= 1, (r, refused)  # the wrong proof
     for node in NODES:
         text = (cluster.run_dir / "log" / f"agent-{node}.log").read_text()
         assert f"you are uid {bob}" in text, f"{node}'s agent did not log bob's refusals"

@@ -352,3 +352,33 @@ def test_a_large_frame_changed_on_the_way_fails_its_mac(
     finally:
         c.close()
         d.close()
+
+
+def test_a_stream_may_tag_only_some_frames_counted_among_themselves(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """``tagged`` (rank traffic under ``frame_mac: control``): frames whose first byte it
+    accepts carry a tag, numbered only among themselves; the others carry none, small or
+    larger than the buffer; a frame that should be tagged and is not fails."""
+    a, b = pair
+    r = _reader(b, max_size=8 << 20)
+    r.mac, r.tagged = FrameMac(KEY, "blake3", b"c"), lambda first: first != 1
+    tx = FrameMac(KEY, "blake3", b"c")
+    big = b"\x01" + bytes(range(256)) * (STREAM_AT // 256 + 3)
+    send_parts(a, [b"\x02control"], mac=tx)
+    send_parts(a, [b"\x01data"])
+    got = [bytes(r.poll() or b""), bytes(r.poll() or b"")]
+    t = threading.Thread(target=send_parts, args=(a, [big]), kwargs={"max_size": 8 << 20})
+    t.start()
+    deadline = time.monotonic() + 10
+    while (whole := r.poll()) is None:
+        assert time.monotonic() < deadline, "the untagged large frame never came whole"
+    t.join()
+    assert bytes(whole) == big and r.owned
+    send_parts(a, [b"\x02again"], mac=tx)  # the second tagged frame: number 1
+    got.append(bytes(r.poll() or b""))
+    assert got == [b"\x02control", b"\x01data", b"\x02again"]
+    assert tx.seq == r.mac.seq == 2
+    send_parts(a, [b"\x02no tag at all, but long enough to hold one"])
+    with pytest.raises(FrameError) as e:
+        r.poll()
+    assert e.value.kind == "mac"

@@ -24,11 +24,13 @@ from raps_slurm.runtime.ports import LocalPort
 from raps_slurm.runtime.transport import (
     COVERED,
     DATA,
+    DELIVERED,
     HELLO,
     PROTOCOL,
     Auth,
     Frame,
     Listener,
+    Outgoing,
     encode,
 )
 
@@ -37,7 +39,7 @@ SETTINGS = Settings(flush_ms=20, large_threshold=256, high_watermark=1 << 20,
                     buffer_bytes=2 << 20, checkpoint_interval=1e9, max_generations=2,
                     recv_timeout=30.0)
 HUGE_EPOCH = 1 << 62
-HELLO_BYTES = struct.Struct(f">{len(PROTOCOL)}s16sII")
+HELLO_BYTES = struct.Struct(f">{len(PROTOCOL)}s16sIIQQB")
 
 
 def attack_frames(src: int, dst: int) -> list[bytes]:
@@ -69,11 +71,11 @@ def wrong_key_attack(address: tuple[str, int], src: int, dst: int) -> None:
     bad = Auth(os.urandom(32), src)
     with socket.create_connection(address, timeout=10) as s:
         nc = os.urandom(16)
-        framing.send_parts(s, [HELLO_BYTES.pack(PROTOCOL, nc, src, dst)])
+        framing.send_parts(s, [HELLO_BYTES.pack(PROTOCOL, nc, src, dst, 0, 1, bad.mode)])
         answer = bytes(framing.FrameReader(s, max_size=64).read(idle_timeout=10))
         ns = answer[:16]
-        framing.send_parts(s, [bad.proof(b"c", nc, ns, src, dst)])
-        mac = framing.FrameMac(bad.proof(b"k", nc, ns, src, dst), "blake3", b"c")
+        framing.send_parts(s, [bad.proof(b"c", nc, ns, src, dst, 0, 1)])
+        mac = framing.FrameMac(bad.proof(b"k", nc, ns, src, dst, 0, 1), "blake3", b"c")
         try:
             for f in attack_frames(src, dst):
                 framing.send_parts(s, [f], mac=mac)
@@ -221,24 +223,28 @@ class Recorder:
         self.sock = socket.create_connection(address, timeout=10)
         self.sent = bytearray()
 
-    def handshake(self, auth: Auth, src: int, dst: int) -> framing.FrameMac:
+    def handshake(self, auth: Auth, src: int, dst: int, epochs: tuple[int, int] = (1, 0)
+                  ) -> framing.FrameMac:
+        """As rank ``src`` of epoch ``epochs[0]`` calling ``dst`` of epoch ``epochs[1]``."""
         nc = os.urandom(16)
-        self.send(framing.HEADER.pack(HELLO_BYTES.size) + HELLO_BYTES.pack(PROTOCOL, nc, src,
-                                                                          dst))
+        bound = (src, dst, *epochs)
+        self.send(framing.HEADER.pack(HELLO_BYTES.size) + HELLO_BYTES.pack(
+            PROTOCOL, nc, *bound, auth.mode))
         answer = bytes(framing.FrameReader(self.sock, max_size=64).read(idle_timeout=10))
         ns = answer[:16]
-        assert answer[16:] == auth.proof(b"s", nc, ns, src, dst)  # the listener holds it
-        proof = auth.proof(b"c", nc, ns, src, dst)
+        assert answer[16:] == auth.proof(b"s", nc, ns, *bound)  # the listener holds it
+        proof = auth.proof(b"c", nc, ns, *bound)
         self.send(framing.HEADER.pack(len(proof)) + proof)
-        return framing.FrameMac(auth.proof(b"k", nc, ns, src, dst), "blake3", b"c")
+        return framing.FrameMac(auth.proof(b"k", nc, ns, *bound), "blake3", b"c")
 
     def send(self, data: bytes) -> None:
         self.sent += data
         self.sock.sendall(data)
 
 
-def framed(body: list[bytes | memoryview], mac: framing.FrameMac) -> bytes:
-    tag = mac.tag_parts(body)
+def framed(body: list[bytes | memoryview], mac: framing.FrameMac | None) -> bytes:
+    """One frame as it goes on the wire, tagged unless ``mac`` is None."""
+    tag = mac.tag_parts(body) if mac is not None else b""
     data = b"".join(bytes(p) for p in body) + tag
     return framing.HEADER.pack(len(data)) + data
 
@@ -251,7 +257,7 @@ def test_a_replayed_handshake_and_a_replayed_frame_are_refused(
     mac = rec.handshake(auth, 0, 1)
     hello = framed(encode(HELLO, 0, 1, 0, 1), mac)
     rec.send(hello)
-    rec.send(framed(encode(DATA, 0, 1, 1, 1, b"one"), mac))
+    rec.send(framed(encode(DATA, 0, 1, 1, 1, b"one"), None))  # frame_mac control
     wait_for(lambda: len(got) == 2)
     # the same bytes again on a new connection: the listener's nonce is new, so the
     # recorded proof is wrong for it
@@ -276,11 +282,11 @@ def test_frames_are_bound_to_the_authenticated_rank_and_the_bound(
     auth = Auth(b"K" * 32, 0)
     for frame_src, length, kind in ((2, 3, "frame"), (0, 1025, "oversized")):
         rec = Recorder(lst.address)
-        mac = rec.handshake(auth, 0, 1)
+        rec.handshake(auth, 0, 1)
         if kind == "oversized":  # a header past the bound: refused before the body comes
             rec.send(framing.HEADER.pack(38 + length + 32))
         else:  # a frame claiming another source than the handshake's
-            rec.send(framed(encode(DATA, frame_src, 1, 1, 1, b"x" * length), mac))
+            rec.send(framed(encode(DATA, frame_src, 1, 1, 1, b"x" * length), None))
         wait_for(lambda k=kind: lst.auth.refusals().get(k) == 1)  # type: ignore[misc]
         rec.sock.close()
     assert got == []
@@ -291,15 +297,15 @@ def test_a_listener_for_another_rank_or_key_is_not_connected_to(
     lst, _ = listener
     other = Listener("127.0.0.1", lambda f, c: None, lambda c: None, Auth(b"X" * 32, 0))
     with pytest.raises(OSError, match="failed authentication"):
-        other.connect(lst.address, 1, 1)  # the listener cannot prove the key we hold
+        other.connect(lst.address, 0, 1)  # the listener cannot prove the key we hold
     assert other.auth.refusals() == {"authentication": 1}
     other.close()
     good = Listener("127.0.0.1", lambda f, c: None, lambda c: None,
                     Auth(b"K" * 32, 0, max_message=1024))
     with pytest.raises(OSError, match="handshake"):  # this listener is rank 1, not 3
-        good.connect(lst.address, 1, 3)
+        good.connect(lst.address, 0, 3)
     wait_for(lambda: lst.auth.refusals() == {"handshake": 1})
-    out = good.connect(lst.address, 1, 1)
+    out = good.connect(lst.address, 0, 1)
     with pytest.raises(OSError, match="at most"):
         out.send(encode(DATA, 0, 1, 1, 1, b"y" * 1025))  # refused here, nothing written
     out.send(encode(HELLO, 0, 1, 0, 1))
@@ -324,3 +330,64 @@ def test_the_local_key_is_made_once_and_private(tmp_path: Path) -> None:
     assert len(key) == 32 and b.job_key() == key
     assert (tmp_path / "job.key").stat().st_mode & 0o777 == 0o600
     assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_frames_must_carry_the_handshakes_epoch(
+        listener: tuple[Listener, list[Frame]]) -> None:
+    """The source's epoch is bound at the handshake: a frame claiming another (a HELLO
+    from a far-future incarnation, a DATA frame of an older one) closes the connection;
+    a hello for another incarnation of the listener is refused before any proof."""
+    lst, got = listener
+    auth = Auth(b"K" * 32, 0)
+    for n, frame in enumerate(([HELLO, 0, 1, 0, HUGE_EPOCH], [DATA, 0, 1, 1, 0, b"old"]), 1):
+        rec = Recorder(lst.address)
+        mac = rec.handshake(auth, 0, 1, epochs=(1, 0))
+        kind = frame[0]
+        rec.send(framed(encode(*frame), mac if kind != DATA else None))  # type: ignore[arg-type]
+        wait_for(lambda n=n: lst.auth.refusals().get("frame") == n)  # type: ignore[misc]
+        rec.sock.close()
+    with socket.create_connection(lst.address, timeout=10) as s:
+        s.sendall(framing.HEADER.pack(HELLO_BYTES.size) + HELLO_BYTES.pack(
+            PROTOCOL, os.urandom(16), 0, 1, 1, 7, auth.mode))  # listener's epoch is 0
+        s.settimeout(10)
+        assert s.recv(4096) == b""
+    wait_for(lambda: lst.auth.refusals().get("handshake") == 1)
+    assert got == []
+
+
+@pytest.mark.parametrize("mode", ["control", "all"])
+def test_frame_mac_says_which_frames_are_tagged(mode: str) -> None:
+    """Under ``control`` a DATA frame travels untagged and control frames keep their own
+    count; under ``all`` a DATA frame without its tag is refused. Either way a peer set to
+    the other mode is refused at the handshake, naming the setting."""
+    got: list[Frame] = []
+    lst = Listener("127.0.0.1", lambda f, cid: got.append(f), lambda cid: None,
+                   Auth(b"K" * 32, 1, max_message=1 << 20, frame_mac=mode))
+    try:
+        auth = Auth(b"K" * 32, 0, frame_mac=mode, epoch=1)
+        out = Outgoing(lst.address, 0, auth, 1)
+        out.send(encode(HELLO, 0, 1, 0, 1))
+        out.send(encode(DATA, 0, 1, 1, 1, b"m" * 600_000))  # larger than a read buffer
+        out.send(encode(DATA, 0, 1, 2, 1, b"small"))
+        out.send(encode(DELIVERED, 0, 1, 5, 1))
+        wait_for(lambda: len(got) == 4)
+        assert [(f.kind, bytes(f.payload)[:5]) for f in got] == [
+            (HELLO, b""), (DATA, b"mmmmm"), (DATA, b"small"), (DELIVERED, b"")]
+        assert out.mac.seq == (2 if mode == "control" else 4)
+        rec = Recorder(lst.address)
+        rec.handshake(auth, 0, 1, epochs=(1, 0))
+        rec.send(framed(encode(DATA, 0, 1, 1, 1, b"an untagged message, long enough"), None))
+        refusal = "frame" if mode == "control" else "mac"  # control: the tag it lacks is
+        # not the point; all: the last 32 bytes read as a tag fail
+        if mode == "control":  # it is accepted; an untagged control frame is not
+            wait_for(lambda: len(got) == 5)
+            rec.send(framed(encode(HELLO, 0, 1, 0, 1), None))
+            refusal = "mac"
+        wait_for(lambda: lst.auth.refusals().get(refusal) == 1)
+        rec.sock.close()
+        other = Auth(b"K" * 32, 0, frame_mac="all" if mode == "control" else "control")
+        with pytest.raises(OSError, match="handshake"):
+            Outgoing(lst.address, 0, other, 1)
+        wait_for(lambda: lst.auth.refusals().get("handshake") == 1)
+    finally:
+        lst.close()
