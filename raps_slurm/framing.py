@@ -37,6 +37,7 @@ import hashlib
 import hmac
 import socket
 import struct
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -269,6 +270,40 @@ def unfilled(n: int) -> bytearray | Any:
     return numpy.empty(n, numpy.uint8)
 
 
+class BufferPool:
+    """Receive buffers for frames larger than a reader's own buffer, reused once nobody
+    holds a view of them any more: a frame read into fresh memory pays for the kernel
+    mapping every page (ten times a copy into warm memory on the project's test machine).
+    Whether a buffer is free is its reference count (CPython's views of it hold it), so
+    a body the caller keeps is never written over. At most ``keep`` buffers of at most
+    ``limit`` bytes each are kept; a frame that finds none free gets a new one."""
+
+    def __init__(self, keep: int = 8, limit: int = 64 << 20) -> None:
+        self.keep, self.limit = keep, limit
+        self._bufs: list[Any] = []
+        self.reused = 0
+        self.fresh = 0
+
+    def get(self, n: int) -> memoryview:
+        """A buffer of ``n`` bytes (content undefined)."""
+        for buf in self._bufs:
+            # references: the list, this loop's name, getrefcount's argument
+            if n <= len(buf) <= 2 * n and sys.getrefcount(buf) <= 3:
+                self.reused += 1
+                return memoryview(buf)[:n]
+        self.fresh += 1
+        buf = unfilled(n)
+        if n <= self.limit:
+            if len(self._bufs) >= self.keep:
+                # the smallest free one goes (a busy one stays: someone reads it)
+                free = [b for b in self._bufs if sys.getrefcount(b) <= 3]
+                if free:
+                    self._bufs.remove(min(free, key=len))
+            if len(self._bufs) < self.keep:
+                self._bufs.append(buf)
+        return memoryview(buf)
+
+
 def send_views(sock: socket.socket, views: list[memoryview]) -> None:
     """Write ``views`` in order with ``sendmsg`` until all is sent (no copy); consumes
     the list."""
@@ -304,6 +339,7 @@ class FrameReader:
                  mac: FrameMac | None = None, buffer_size: int = 256 << 10,
                  tagged: Callable[[int], bool] | None = None) -> None:
         self.sock, self.max_size, self.mac, self.tagged = sock, max_size, mac, tagged
+        self.pool: BufferPool | None = None  # poll()'s large frames: their buffers
         self.frame_timeout, self.min_rate = frame_timeout, min_rate
         self._buf = bytearray(buffer_size)
         self._view = memoryview(self._buf)
@@ -427,7 +463,7 @@ class FrameReader:
                 self._due, self._sized, self.owned = None, False, False
                 return self._checked(payload)
             # larger than the buffer: its own, of the length just checked
-            big = memoryview(unfilled(n))
+            big = self.pool.get(n) if self.pool is not None else memoryview(unfilled(n))
             self._got = self._end - self._start
             big[:self._got] = self._view[self._start:self._end]
             self._start = self._end = 0

@@ -3,10 +3,14 @@
 :mod:`raps_slurm.bench.mpi_prog` (nothing but ``from mpi4py import MPI`` and numpy) runs
 on this machine with the local launcher's ``--mpi4py`` (the logged runtime) and with
 ``mpirun --mca btl tcp,self`` (Debian's Open MPI and python3-mpi4py): a ping-pong of 8
-bytes, 1 MiB and 8 MiB between 2 ranks, and an 8 MiB float64 ``Allreduce`` on 4 ranks.
-Each of ``--repeats`` rounds launches both, one after the other (load that comes and
-goes touches both alike); a launch runs untimed warm-up iterations first, and every
-figure is the median of the rounds. Each launch starts with an empty message log and
+bytes, 4 KiB, 1 MiB and 8 MiB between 2 ranks, and an 8 MiB float64 ``Allreduce`` on 4
+ranks. Each round also runs the ping-pong under RAPS without logging (the local
+launcher's ``--unlogged``: ``logged_vs_unlogged_*``, what logging itself costs) and under
+Open MPI with its default transports (shared memory between ranks of one node:
+``same_node_*``, against RAPS's path between two ranks of one node). Each of
+``--repeats`` rounds launches them one after the other (load that comes and goes
+touches all alike); a launch runs untimed warm-up iterations first, and every figure is
+the median of the rounds. Each launch starts with an empty message log and
 the default config; with no checkpoint to collect it, the log keeps every message (90
 MiB a rank by the end of the ping-pong), below the three quarters of the high watermark
 (``messagelog.buffer_high_watermark_mb``) where it would start spilling to disk.
@@ -42,21 +46,38 @@ TIMEOUT = 300.0
 MIB = 1 << 20
 # measure -> (size in the program's result, the goal: ratio raps/openmpi at least / at most)
 BANDWIDTH = {"bw_1MiB": MIB, "bw_8MiB": 8 * MIB}
-GOALS: dict[str, tuple[str, float]] = {"bw_1MiB": (">=", 0.5), "bw_8MiB": (">=", 0.5),
-                                       "lat_8B": ("<=", 5.0), "allreduce_8MiB": (">=", 0.5)}
+SMALL_BANDWIDTH = {"bw_4KiB": 4096}
+GOALS: dict[str, tuple[str, float]] = {"bw_1MiB": (">=", 0.7), "bw_8MiB": (">=", 0.7),
+                                       "lat_8B": ("<=", 3.0), "allreduce_8MiB": (">=", 0.6),
+                                       "same_node_bw_1MiB": (">=", 0.5),
+                                       "logged_vs_unlogged_4KiB": (">=", 0.9),
+                                       "logged_vs_unlogged_8MiB": (">=", 0.95)}
 
 
-def openmpi_argv(ranks: int, python: str = SYSTEM_PYTHON) -> list[str]:
-    """``mpirun`` over TCP (shared memory off), as root if need be, cores oversubscribed."""
+def openmpi_argv(ranks: int, python: str = SYSTEM_PYTHON, *, tcp: bool = True) -> list[str]:
+    """``mpirun`` over TCP (shared memory off; ``tcp=False``: its default transports), as
+    root if need be, cores oversubscribed."""
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", *root, "--oversubscribe", "--mca", "btl", "tcp,self", "-n", str(ranks),
-            python, str(PROG)]
+    btl = ["--mca", "btl", "tcp,self"] if tcp else []
+    return ["mpirun", *root, "--oversubscribe", *btl, "-n", str(ranks), python, str(PROG)]
 
 
-def raps_argv(ranks: int) -> list[str]:
-    """The local launcher with ``--mpi4py``, ranks on this interpreter."""
+def openmpi_default_argv(ranks: int) -> list[str]:
+    """``mpirun`` with Open MPI's default transports (shared memory on one node)."""
+    return openmpi_argv(ranks, tcp=False)
+
+
+def raps_argv(ranks: int, *, unlogged: bool = False) -> list[str]:
+    """The local launcher with ``--mpi4py``, ranks on this interpreter (``unlogged``: no
+    message logging, the baseline)."""
+    flags = ["--unlogged"] if unlogged else []
     return [sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(ranks), "--mpi4py",
-            "--", sys.executable, str(PROG)]
+            *flags, "--", sys.executable, str(PROG)]
+
+
+def raps_unlogged_argv(ranks: int) -> list[str]:
+    """:func:`raps_argv` without message logging."""
+    return raps_argv(ranks, unlogged=True)
 
 
 def check_openmpi(python: str = SYSTEM_PYTHON) -> str:
@@ -97,15 +118,45 @@ def figures(pingpong: dict[str, Any], allreduce: dict[str, Any]) -> dict[str, fl
     directions counted), seconds per allreduce."""
     lat = pingpong["8"]
     out = {"lat_8B": lat["seconds"][0] / lat["round_trips"] / 2 * 1e6}
-    for key, nbytes in BANDWIDTH.items():
+    for key, nbytes in {**SMALL_BANDWIDTH, **BANDWIDTH}.items():
         r = pingpong[str(nbytes)]
         out[key] = 2 * nbytes * r["round_trips"] / r["seconds"][0] / 1e6
-    (ar,) = allreduce.values()
-    out["allreduce_8MiB"] = ar["seconds"][0] / ar["calls"]
+    if allreduce:
+        (ar,) = allreduce.values()
+        out["allreduce_8MiB"] = ar["seconds"][0] / ar["calls"]
     return out
 
 
 UNITS = {"lat_8B": "us", "bw_1MiB": "MBps", "bw_8MiB": "MBps", "allreduce_8MiB": "s"}
+
+
+def _judge(key: str, ratio: float) -> bool:
+    sense, goal = GOALS[key]
+    return ratio >= goal if sense == ">=" else ratio <= goal
+
+
+def side_figures(raps: list[dict[str, float]], unlogged: list[dict[str, float]],
+                 default: list[dict[str, float]]) -> tuple[dict[str, Any], dict[str, bool]]:
+    """Logged against unlogged RAPS (``logged_vs_unlogged_*``: bandwidth ratios) and RAPS
+    against Open MPI's default transports on one node (``same_node_*``); their goals."""
+    def med(runs: list[dict[str, float]], key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    out: dict[str, Any] = {}
+    met: dict[str, bool] = {}
+    for size, key in (("4KiB", "bw_4KiB"), ("8MiB", "bw_8MiB")):
+        mine, base = med(raps, key), med(unlogged, key)
+        out[f"{key}_raps_MBps"] = round(mine, 1)
+        out[f"{key}_raps_unlogged_MBps"] = round(base, 1)
+        name = f"logged_vs_unlogged_{size}"
+        out[name] = round(mine / base, 3)
+        met[name] = _judge(name, mine / base)
+    mine, theirs = med(raps, "bw_1MiB"), med(default, "bw_1MiB")
+    out["same_node_bw_1MiB_raps_MBps"] = round(mine, 1)
+    out["same_node_bw_1MiB_openmpi_MBps"] = round(theirs, 1)
+    out["same_node_bw_1MiB_ratio"] = round(mine / theirs, 3)
+    met["same_node_bw_1MiB"] = _judge("same_node_bw_1MiB", mine / theirs)
+    return out, met
 
 
 def assemble(raps: list[dict[str, float]], openmpi: list[dict[str, float]]
@@ -122,8 +173,7 @@ def assemble(raps: list[dict[str, float]], openmpi: list[dict[str, float]]
         out[f"{key}_raps_{unit}"] = round(mine, digits)
         out[f"{key}_openmpi_{unit}"] = round(theirs, digits)
         out[f"{key}_ratio"] = round(ratio, 3)
-        sense, goal = GOALS[key]
-        goals[key] = ratio >= goal if sense == ">=" else ratio <= goal
+        goals[key] = _judge(key, ratio)
     out["goals"] = {k: f"{s} {g}" for k, (s, g) in GOALS.items()}
     out["goals_met"] = goals
     return out
@@ -166,19 +216,31 @@ def run_mpi(iterations: int, repeats: int, warmup: int,
     load = os.getloadavg()
     version = check_openmpi()
     started = time.monotonic()
-    runs: dict[str, list[dict[str, float]]] = {"raps": [], "openmpi": [], "tcp": []}
+    runs: dict[str, list[dict[str, float]]] = {
+        "raps": [], "openmpi": [], "tcp": [], "raps_unlogged": [], "openmpi_default": []}
+    main_runs: list[tuple[str, Callable[[int], list[str]]]] = [
+        ("raps", raps_argv), ("openmpi", openmpi_argv)]
+    side_runs: list[tuple[str, Callable[[int], list[str]]]] = [
+        ("raps_unlogged", raps_unlogged_argv), ("openmpi_default", openmpi_default_argv)]
     for i in range(repeats):
-        for who, argv in (("raps", raps_argv), ("openmpi", openmpi_argv)):
+        for who, argv in main_runs:
             say(f"round {i + 1}/{repeats}: {who}")
             pp = launch(who, argv(2), "pingpong", iterations, warmup)
             ar = launch(who, argv(ALLREDUCE_RANKS), "allreduce", iterations, warmup)
             runs[who].append(figures(pp, ar))
+        for who, argv in side_runs:
+            say(f"round {i + 1}/{repeats}: {who}")
+            runs[who].append(figures(launch(who, argv(2), "pingpong", iterations, warmup),
+                                     {}))
         say(f"round {i + 1}/{repeats}: python tcp")
         runs["tcp"].append(tcp_floor.figures(iterations, warmup, LATENCY_FACTOR, BANDWIDTH))
+    main = assemble(runs["raps"], runs["openmpi"])
+    side, met = side_figures(runs["raps"], runs["raps_unlogged"], runs["openmpi_default"])
+    main["goals_met"].update(met)
     return {"benchmark": "mpi", "iterations": iterations,
             "latency_round_trips": iterations * LATENCY_FACTOR, "warmup": warmup,
             "repeats": repeats,
-            "allreduce_ranks": ALLREDUCE_RANKS, **assemble(runs["raps"], runs["openmpi"]),
+            "allreduce_ranks": ALLREDUCE_RANKS, **main, **side,
             **floor_figures(runs["tcp"], runs["openmpi"]),
             **spins(),
             "openmpi": version, "python": sys.version.split()[0], "cpus": os.cpu_count(),

@@ -3,10 +3,10 @@ it imports nothing but ``from mpi4py import MPI`` and numpy, so it runs unchange
 ``mpirun ... python3 mpi_prog.py`` and with the local launcher's ``--mpi4py``.
 
 ``pingpong`` (2 ranks): rank 0 sends a float64 buffer with ``Send`` and rank 1 sends it
-back, for 8 bytes, 1 MiB and 8 MiB. ``allreduce`` (any number of ranks): ``Allreduce``
+back, for 8 bytes, 4 KiB, 1 MiB and 8 MiB. ``allreduce`` (any number of ranks): ``Allreduce``
 with ``SUM`` of 8 MiB of float64. Each measure runs ``--warmup`` untimed iterations, then
 ``--repeats`` timed blocks of ``--iterations`` (a barrier before and after each block;
-the 8-byte ping-pong runs ``--latency-factor`` times as many round trips); rank 0 prints
+the 8-byte and 4 KiB ping-pongs run ``--latency-factor`` times as many round trips); rank 0 prints
 one line ``RESULT {json}`` with the seconds of every block.
 """
 
@@ -22,7 +22,8 @@ import numpy as np
 from mpi4py import MPI  # type: ignore[import-not-found]  # the venv has only the shim
 
 MIB = 1 << 20
-PINGPONG_BYTES = (8, MIB, 8 * MIB)
+PINGPONG_BYTES = (8, 4096, MIB, 8 * MIB)
+SMALL = 64 << 10  # a ping-pong below this runs latency_factor times the iterations
 ALLREDUCE_BYTES = 8 * MIB
 
 
@@ -63,7 +64,7 @@ def pingpong(comm: Any, iterations: int, warmup: int, repeats: int, latency_fact
     result: dict[str, Any] = {}
     for nbytes in PINGPONG_BYTES:
         buf = np.arange(nbytes // 8, dtype=np.float64)
-        n = iterations * latency_factor if nbytes < 1024 else iterations
+        n = iterations * latency_factor if nbytes < SMALL else iterations
         secs = _blocks(comm, _round_trip(comm, buf), n, warmup, repeats)
         if comm.Get_rank() < 2 and buf[-1] != buf.size - 1:
             raise RuntimeError(f"ping-pong of {nbytes} bytes came back changed")

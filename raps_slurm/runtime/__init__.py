@@ -158,7 +158,9 @@ def _init_local(local: int | None, env: dict[str, str]) -> Context:
             atexit.register(_wait_children)
     epoch = int(env.get("RAPS_EPOCH") or 1)
     s = settings_from({**env, "RAPS_LISTEN_ADDRESS": "127.0.0.1"})
-    s = Settings(**{**s.__dict__, "host": "127.0.0.1"})
+    # --unlogged (the local launcher): a benchmark's baseline, only in a local run
+    s = Settings(**{**s.__dict__, "host": "127.0.0.1",
+                    "logging": env.get("RAPS_LOCAL_UNLOGGED") != "1"})
     return Context(LocalPort(root, "0", rank, epoch), rank, size, epoch, s, job="0")
 
 

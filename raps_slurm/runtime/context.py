@@ -35,6 +35,7 @@ from typing import Any
 
 from raps_slurm.core.launch import LOST_EXIT, PREEMPTED_EXIT
 from raps_slurm.errors import RapsError
+from raps_slurm.runtime.arena import Arena
 from raps_slurm.runtime.links import PeerLinks
 from raps_slurm.runtime.msglog import (
     Entry,
@@ -102,8 +103,11 @@ class Context(PeerLinks):
         self.port, self.rank, self.size, self.epoch, self.job = port, rank, size, epoch, job
         self.s = settings or Settings()
         self._clock = clock
+        # The log's copies go to warm memory (runtime/arena.py); the unlogged baseline
+        # keeps nothing.
+        self.arena = Arena(self.s.buffer_bytes) if self.s.logging else None
         self.log = SenderLog(large_threshold=self.s.large_threshold,
-                             high_watermark=self.s.high_watermark)
+                             high_watermark=self.s.high_watermark, arena=self.arena)
         self.inbox = Inbox()
         self._mu = threading.Lock()
         self._out: dict[int, Outgoing] = {}
@@ -139,6 +143,7 @@ class Context(PeerLinks):
         self._peer_had: dict[int, int] = {}  # per peer, what its HELLO says it delivered
         self._heard: dict[int, tuple[int, int, float]] = {}  # src -> its progress (links)
         self._relayed = 0.0  # the last progress origin told to the peers (links)
+        self._unsendable: set[tuple[int, int]] = set()  # logged bodies that failed a check
         self.preempted = False
         self._records_pending = False  # determinants not yet flushed (see record())
         self._records_replay: list[bytes] = []
@@ -224,9 +229,17 @@ class Context(PeerLinks):
 
     def send(self, dst: int, payload: bytes | bytearray | memoryview) -> None:
         """Send a message to rank ``dst`` (logged first; never waits for ``dst``)."""
+        self.send_parts(dst, payload if isinstance(payload, bytes) else [payload])
+
+    def send_parts(self, dst: int, payload: bytes | list[bytes | bytearray | memoryview]
+                   ) -> None:
+        """:meth:`send` of one message given as ``bytes`` (kept by reference) or as a list
+        of parts, joined as they are copied into the log (the MPI layer's envelope and the
+        application's buffer: one copy, into warm memory)."""
         if not 0 <= dst < self.size or dst == self.rank:
             raise ValueError(f"destination {dst}: expected another rank in 0..{self.size - 1}")
-        nbytes = memoryview(payload).nbytes
+        nbytes = len(payload) if isinstance(payload, bytes) else sum(
+            memoryview(p).nbytes for p in payload)
         if nbytes > self.s.max_message:
             raise ValueError(f"message of {nbytes} bytes: at most "
                              f"{self.s.max_message} (Settings.max_message)")
@@ -243,7 +256,7 @@ class Context(PeerLinks):
             with self._mu:
                 seq = self.log.sent.get(dst, 0) + 1
                 self.log.sent[dst] = seq
-            body = bytes(payload) if not isinstance(payload, bytes) else payload
+            body = payload if isinstance(payload, bytes) else b"".join(payload)
             self._send_unlogged(Entry(dst, seq, self.epoch, len(body), checksum(body),
                                       False, body))
             return
@@ -468,14 +481,9 @@ class Context(PeerLinks):
             parts += Entry(e.dst, e.seq, e.epoch, e.size, e.crc, False, body).record(True)
         return b"".join(parts)
 
-    def _checkpoint(self, state: Any) -> int:
-        self._flush()
-        with self._mu:
-            delivered = self.inbox.delivered_vector()
-            sent = self.log.sent_vector()
-            floors = dict(self.log.floors)
-            large = [(e.dst, e.seq, e.body) for e in self.log.large_uncovered()]
-            logged = [(e, e.body) for q in self.log.entries.values() for e in q]
+    def _items(self, state: Any, logged: list[tuple[Entry, bytes | memoryview | None]],
+               large: list[tuple[int, int, bytes | memoryview | None]]) -> dict[str, Any]:
+        """A checkpoint's items: the state, the log records, the large bodies uncovered."""
         items: dict[str, Any] = dict(state) if isinstance(state, dict) and all(
             isinstance(k, str) and not k.startswith("\0") for k in state) else {STATE_ITEM: state}
         items[LOG_ITEM] = self._log_records(logged)
@@ -490,6 +498,21 @@ class Context(PeerLinks):
         for d, s, b in large:
             if b is not None:
                 items[f"{LARGE_PREFIX}{d}/{s}"] = bytes(b)
+        return items
+
+    def _checkpoint(self, state: Any) -> int:
+        self._flush()
+        with self._mu:
+            delivered = self.inbox.delivered_vector()
+            sent = self.log.sent_vector()
+            floors = dict(self.log.floors)
+            large = [(e.dst, e.seq, e.body) for e in self.log.large_uncovered()]
+            logged = [(e, e.body) for q in self.log.entries.values() for e in q]
+            pinned = contextlib.ExitStack()
+            if self.arena is not None:  # the bodies read below stay whole until copied
+                pinned.enter_context(self.arena.pin())
+        with pinned:
+            items = self._items(state, logged, large)
         extra = {"raps_msg": {"delivered": {str(k): v for k, v in delivered.items()},
                               "sent": {str(k): v for k, v in sent.items()},
                               "floors": {str(k): v for k, v in floors.items()},
@@ -581,6 +604,8 @@ class Context(PeerLinks):
         if self._flusher is not threading.current_thread():
             self._flusher.join(CLOSE_WAIT)
         self.port.close()
+        if self.arena is not None:
+            self.arena.close()
 
     def stats(self) -> dict[str, Any]:
         """Sent, delivered, logged and collected ranges per peer; buffer use; gaps."""
@@ -611,6 +636,7 @@ class Context(PeerLinks):
                     # thread, or the background one
                     "frames_read_waiting": self.listener.pump.frames_app,
                     "frames_read_background": self.listener.pump.frames_background,
+                    **(self.arena.stats() if self.arena is not None else {}),
                     "peers": peers}
 
 

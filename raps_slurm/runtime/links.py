@@ -5,6 +5,7 @@ tell peers what was delivered."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -13,12 +14,14 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
+from raps_slurm.runtime.arena import Arena
 from raps_slurm.runtime.msglog import (
     Entry,
     Inbox,
     MessagingError,
     NotDeterministic,
     SenderLog,
+    checksum,
     parse_records,
     segments,
 )
@@ -53,6 +56,7 @@ class PeerLinks:
     epoch: int
     s: Settings
     log: SenderLog
+    arena: Arena | None
     inbox: Inbox
     listener: Listener
     refused_hellos: int
@@ -80,6 +84,7 @@ class PeerLinks:
     _sent_frames: int
     _peer_had: dict[int, int]
     _heard: dict[int, tuple[int, int, float]]
+    _unsendable: set[tuple[int, int]]  # (dst, seq) refused at a resend, escalated
     _relayed: float
     segment_limit: int = MAX_SEGMENT  # bytes of one log-store write (the store's bound)
 
@@ -140,13 +145,20 @@ class PeerLinks:
                 del self._out[dst]
                 cur.close()
 
-    def _send_entry(self, e: Entry) -> None:
+    def _send_entry(self, e: Entry, *, again: bool = False) -> None:
+        """Send a logged entry; ``again`` (a resend or a replay): its body is checked
+        against the checksum it was logged with first (a frame carries no MAC under
+        ``frame_mac: control``, and a body kept in memory or on disk for minutes must not
+        reach the receiver changed)."""
         body = e.body
         if body is None:
-            body = self._persisted().get((e.dst, e.seq))
+            body = self._persisted().get((e.dst, e.seq))  # checked as it is parsed
             if body is None:
                 raise MessagingError(f"rank {self.rank}: body of seq {e.seq} to rank {e.dst} "
                                      "is neither in memory nor in the log store")
+        elif again and checksum(body) != e.crc:
+            raise MessagingError(f"rank {self.rank}: logged body of seq {e.seq} to rank "
+                                 f"{e.dst} does not match its checksum: not replayed")
         self._sent_frames += 1
         if self.drop_every and self._sent_frames % self.drop_every == 0:
             return  # test knob: as if the network lost it
@@ -237,7 +249,20 @@ class PeerLinks:
             if last is not None and e.seq > last:
                 break
             self.resent += 1
-            self._send_entry(e)
+            try:
+                self._send_entry(e, again=True)
+            except MessagingError as exc:
+                with self._mu:
+                    collected = e.seq <= self.log.floors.get(dst, 0)
+                if collected:
+                    # COVERED came meanwhile and its room went to a newer message: the
+                    # receiver needs it no more (a copy that left anyway is a duplicate).
+                    continue
+                if (dst, e.seq) not in self._unsendable:  # the receiver asks again and again
+                    self._unsendable.add((dst, e.seq))
+                    log.error("%s", exc)
+                    self.port.escalate(str(exc))
+                return
 
     # --- incoming --------------------------------------------------------------------
 
@@ -442,10 +467,14 @@ class PeerLinks:
         (default: three quarters of the high watermark)."""
         self._flush()
         with self._flush_lock:
+            pinned = contextlib.ExitStack()
             with self._mu:
                 plan = self.log.spill_plan(target)
                 records = [e.record(with_body=True) for e in plan]
-            self._append(records)
+                if self.arena is not None:  # a body collected meanwhile stays whole
+                    pinned.enter_context(self.arena.pin())
+            with pinned:
+                self._append(records)
             with self._mu:
                 for e in plan:
                     e.body_persisted = True

@@ -1,5 +1,5 @@
-"""``python -m raps_slurm.runtime.local -n N [--restarts K] [--mpi4py] [-l] -- PROGRAM
-ARGS``: N ranks here.
+"""``python -m raps_slurm.runtime.local -n N [--restarts K] [--mpi4py] [-l] [--unlogged] --
+PROGRAM ARGS``: N ranks here.
 
 A launcher for trying an application without Slurm or agents: it starts PROGRAM N times
 with ``RAPS_LOCAL_DIR`` (peers, logs and checkpoints in one directory),
@@ -10,7 +10,9 @@ replay what it missed, as on a cluster. A rank that fails for good (no restart l
 or it called ``MPI.Abort``, which leaves :data:`ABORT_FILE` in the directory) ends the
 job, as ``mpirun`` does: the other ranks are stopped rather than left waiting for it.
 ``--mpi4py`` makes ``from mpi4py import MPI`` in PROGRAM resolve to
-:mod:`raps_slurm.mpi` (docs/mpi.md). The ranks' output comes out in whole lines, as
+:mod:`raps_slurm.mpi` (docs/mpi.md). ``--unlogged`` runs the ranks without message
+logging (``RAPS_LOCAL_UNLOGGED=1``): the baseline ``rapsctl bench mpi`` compares the logged
+path with; a rank lost then cannot be recovered. The ranks' output comes out in whole lines, as
 under raps-run (launcher/output.py); with ``-l``/``--label`` each starts with its
 rank. The exit code is 0 when every rank ended with 0, else the first failing rank's;
 a rank whose program cannot be started (not found, not executable) counts as exiting
@@ -50,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                                                "removed at the end)")
     p.add_argument("--mpi4py", action="store_true",
                    help="run an mpi4py program unchanged: mpi4py resolves to raps_slurm.mpi")
+    p.add_argument("--unlogged", action="store_true",
+                   help="no message logging (a benchmark's baseline: no recovery possible)")
     p.add_argument("-l", "--label", action="store_true",
                    help="start each line of a rank's output with its rank (\"3: \")")
     p.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS")
@@ -61,18 +65,25 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--ranks {a.ranks}: expected 1-256")
     root = a.dir or tempfile.mkdtemp(prefix="raps-local-")
     try:
-        return run(prog, a.ranks, a.restarts, root, mpi4py=a.mpi4py, label=a.label)
+        if a.unlogged and a.restarts:
+            p.error("--unlogged: a rank run without its message log cannot be recovered; "
+                    "leave out --restarts")
+        return run(prog, a.ranks, a.restarts, root, mpi4py=a.mpi4py, label=a.label,
+                   unlogged=a.unlogged)
     finally:
         if a.dir is None:
             shutil.rmtree(root, ignore_errors=True)
 
 
 def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = False,
-        label: bool = False) -> int:
+        label: bool = False, unlogged: bool = False) -> int:
     """Start, watch and relaunch the ranks; the exit code (``label``: each line of a
-    rank's output starts with its rank)."""
+    rank's output starts with its rank; ``unlogged``: no message logging)."""
     epochs = dict.fromkeys(range(n), 1)
     base = dict(os.environ)
+    base.pop("RAPS_LOCAL_UNLOGGED", None)
+    if unlogged:
+        base["RAPS_LOCAL_UNLOGGED"] = "1"
     base.update(hash_seed(base, "local"))  # the same str hashes in a relaunched rank
     if mpi4py:
         from raps_slurm.mpi import shim_env

@@ -10,7 +10,8 @@ sender may collect them.
 :class:`SenderLog` keeps, per destination, the entries not yet collected: small
 messages with their body (persisted at the next flush), large ones (over the
 threshold) as metadata with the body kept in memory (a reference when the payload is
-immutable ``bytes``, a copy otherwise) until the receiver's floor passes them. When the
+immutable ``bytes``, a copy otherwise: into the warm :class:`~raps_slurm.runtime.arena.Arena`
+when it is large) until the receiver's floor passes them. When the
 bodies held exceed the high watermark, the log *spills*: bodies already persisted are
 dropped from memory and large bodies are persisted first, then dropped; the sender
 blocks only for that local disk write, never for a peer.
@@ -30,9 +31,16 @@ from dataclasses import dataclass, field
 import crc32c
 
 from raps_slurm.errors import RapsError
+from raps_slurm.runtime.arena import Arena, Slot
 
 RECORD = struct.Struct(">IQQIIB")  # dst, seq, epoch, size, CRC-32C, flags
 F_BODY, F_LARGE = 1, 2
+ARENA_AT = 64 << 10  # copies of at least this many bytes go to the arena (smaller: heap)
+# A flush writes the bodies of messages up to this size (and of determinants); a longer
+# body reaches the log store only when it spills or in a checkpoint: writing every
+# message's bytes to a new file cost more CPU than sending them (2.5 ms per MiB on the
+# test machine, docs/benchmarks.md), and a re-execution sends them again anyway.
+FLUSH_BODY_MAX = 64 << 10
 
 
 class MessagingError(RapsError):
@@ -64,7 +72,7 @@ class Entry:
     body: bytes | memoryview | None
     persisted: bool = False       # a record is in the log store
     body_persisted: bool = False  # ... and it carries the body
-
+    slot: Slot | None = None      # the body's room in the arena
     def record(self, with_body: bool) -> list[bytes | memoryview]:
         """The log-store record (header, then the body when asked and known)."""
         flags = (F_LARGE if self.large else 0) | (F_BODY if with_body else 0)
@@ -117,8 +125,10 @@ def segments(records: Iterable[list[bytes | memoryview]], limit: int
 class SenderLog:
     """The sender's side: sequence numbers, the log, flush batches, spilling, collection."""
 
-    def __init__(self, *, large_threshold: int, high_watermark: int) -> None:
+    def __init__(self, *, large_threshold: int, high_watermark: int,
+                 arena: Arena | None = None) -> None:
         self.large_threshold = large_threshold
+        self.arena = arena
         self.high_watermark = high_watermark
         self.sent: dict[int, int] = {}          # dst -> last seq
         self.entries: dict[int, deque[Entry]] = {}
@@ -133,14 +143,23 @@ class SenderLog:
 
     # --- sending ---------------------------------------------------------------------
 
-    def append(self, dst: int, payload: bytes | bytearray | memoryview, epoch: int) -> Entry:
-        """Log a message to ``dst``; the entry carries its seq and checksum."""
-        size = len(payload)
-        large = size > self.large_threshold
+    def append(self, dst: int, payload: bytes | bytearray | memoryview | list[
+               bytes | bytearray | memoryview], epoch: int) -> Entry:
+        """Log a message to ``dst`` (``payload``: the message, or its parts to join); the
+        entry carries its seq and checksum."""
+        slot = None
         if isinstance(payload, bytes):
             body: bytes | memoryview = payload  # immutable: a reference is enough
         else:
-            body = bytes(payload)  # the application may change its buffer after send()
+            # The application may change its buffer after send(): a copy.
+            parts = payload if isinstance(payload, list) else [payload]
+            size = sum(memoryview(p).nbytes for p in parts)
+            if self.arena is not None and size >= ARENA_AT:
+                body, slot = self.arena.copy(parts)
+            else:
+                body = b"".join(parts)
+        size = len(body)
+        large = size > self.large_threshold
         seq = self.sent.get(dst, 0) + 1
         self.sent[dst] = seq
         ahead = self.ahead.get(dst)
@@ -148,30 +167,34 @@ class SenderLog:
             ahead.pop(seq, None)  # sent again by re-execution: from the log from now on
             if not ahead:
                 del self.ahead[dst]
-        e = Entry(dst, seq, epoch, size, checksum(body), large, body)
+        e = Entry(dst, seq, epoch, size, checksum(body), large, body, slot=slot)
         self.entries.setdefault(dst, deque()).append(e)
         self._unpersisted.append(e)
         self.held += size
         self.peak = max(self.peak, self.held)
         return e
 
+    def flushes_body(self, e: Entry) -> bool:
+        """Whether a flush writes ``e`` with its body (:data:`FLUSH_BODY_MAX`)."""
+        return not e.large and e.size <= FLUSH_BODY_MAX
+
     def take_unpersisted(self) -> tuple[list[Entry], list[list[bytes | memoryview]]]:
-        """The entries to persist now and their records (small messages with their bodies,
-        large ones as metadata); call :meth:`persisted` with them once they are durable."""
+        """The entries to persist now and their records (messages up to
+        :data:`FLUSH_BODY_MAX` with their bodies, longer ones as metadata); call
+        :meth:`persisted` with them once they are durable."""
         batch, self._unpersisted = self._unpersisted, []
-        return batch, [e.record(with_body=not e.large) for e in batch]
+        return batch, [e.record(with_body=self.flushes_body(e)) for e in batch]
 
     def unpersisted_again(self, batch: list[Entry]) -> None:
         """A batch from :meth:`take_unpersisted` that could not be written: it goes first
         in the next one."""
         self._unpersisted[:0] = batch
 
-    @staticmethod
-    def persisted(batch: list[Entry]) -> None:
+    def persisted(self, batch: list[Entry]) -> None:
         """Mark a batch from :meth:`take_unpersisted` as durable."""
         for e in batch:
             e.persisted = True
-            e.body_persisted = not e.large
+            e.body_persisted = self.flushes_body(e)
 
     def over_watermark(self) -> bool:
         """Bodies held exceed the high watermark: spill before the next send."""
@@ -186,7 +209,7 @@ class SenderLog:
         return self.high_watermark * 3 // 4 if target is None else target
 
     def spill_plan(self, target: int | None = None) -> list[Entry]:
-        """Large entries whose bodies must be written out before memory can shrink
+        """Entries whose bodies must be written out before memory can shrink
         (oldest first) until the held bytes would fall to ``target`` (default: three
         quarters of the watermark)."""
         goal = self._goal(target)
@@ -213,7 +236,7 @@ class SenderLog:
             if e.body is not None and e.body_persisted:
                 self.held -= e.size
                 freed += e.size
-                e.body = None
+                self._drop_body(e)
                 self.spilled += 1
         return freed
 
@@ -235,8 +258,16 @@ class SenderLog:
             e = q.popleft()
             if e.body is not None:
                 self.held -= e.size
+                self._drop_body(e)
             n += 1
         return n
+
+    def _drop_body(self, e: Entry) -> None:
+        """Forget an entry's body; its arena room goes back."""
+        e.body = None
+        if e.slot is not None and self.arena is not None:
+            self.arena.release(e.slot)
+            e.slot = None
 
     def after(self, dst: int, seq: int) -> list[Entry]:
         """Entries to ``dst`` with a sequence above ``seq`` (a resend or a replay).
@@ -295,6 +326,9 @@ class SenderLog:
         a peer that asks meanwhile gets them from there: :meth:`ahead_after`)."""
         self.sent = {int(k): int(v) for k, v in sent.items()}
         self.floors = {int(k): int(v) for k, v in floors.items()}
+        for q in self.entries.values():
+            for gone in q:
+                self._drop_body(gone)
         self.entries = {}
         self.ahead = {}
         self.held = 0

@@ -73,6 +73,8 @@ class Pump:
         self._app_left = 0.0
         self._closed = False
         self._conns: dict[int, Conn] = {}  # the reading thread's alone
+        # large frames' buffers, reused once released (read under the reading lock only)
+        self.buffers = framing.BufferPool()
         self._ready: set[Conn] = set()  # may hold whole frames the socket does not show
         self._next_sweep = 0.0
         self.frames_app = 0  # frames read on the application's thread

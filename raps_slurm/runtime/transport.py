@@ -312,6 +312,7 @@ class Listener:
                 with self._lock:
                     self._handshaking -= 1
             reader.nonblocking()
+            reader.pool = self.pump.buffers
         except Exception as exc:  # refused or logged, then closed
             self._ended(cid, conn, exc, authenticated=False)
             return

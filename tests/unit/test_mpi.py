@@ -60,6 +60,9 @@ class ScriptedRuntime:
     def send(self, dst: int, payload: bytes) -> None:
         self.sent.append((dst, payload))
 
+    def send_parts(self, dst: int, parts: list[bytes | memoryview]) -> None:
+        self.send(dst, b"".join(parts))
+
     def record(self, data: bytes) -> None:
         self.records.append(data)
 

@@ -1,0 +1,237 @@
+"""The sender's log memory: pre-faulted chunks, reused in place between checkpoints.
+
+A logged message is copied once, into memory the rank keeps until the receiver's
+checkpoint covers it. Copied into fresh memory, that copy costs ten times a copy into
+warm memory (the kernel zeroes and maps every new page on first touch: 0.44-0.68 ms per
+MiB against 0.04 on the project's test machine, docs/benchmarks.md). So the log copies
+into an :class:`Arena`: one anonymous mapping of ``size`` bytes (the config's
+``messagelog.buffer_size_mb``) cut into chunks of :data:`CHUNK` bytes. A message takes
+the next bytes of the current chunk (a message larger than a chunk takes a run of free
+chunks); each chunk counts its live messages and is free again once the last of them is
+released (collected when a checkpoint covers it, or spilled to the log store), and its
+pages stay mapped, warm for the next ones.
+
+No page is touched for the first time on the data path when the prefaulter keeps up:
+a background thread populates the free chunks ahead of the current one
+(``madvise(MADV_POPULATE_WRITE)``, else a ``memset``, both with the GIL released), at
+least :data:`AHEAD` bytes and twice what the last round used. A copy that finds no
+free room (every chunk live: the log holds more than the mapping) is made on the heap
+instead and counted in :attr:`Arena.misses`.
+
+Freed room is reused only when no one may still be reading it: a writer that reads
+bodies outside the rank's lock (a spill, a checkpoint) :meth:`pin` s the arena, and a
+chunk freed meanwhile waits for the last pin to go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+CHUNK = 4 << 20
+AHEAD = 32 << 20  # bytes kept faulted past the current chunk, at least
+MADV_POPULATE_WRITE = 23  # Linux 5.14
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    """One message's room: chunks ``first`` .. ``first + count - 1``."""
+
+    first: int
+    count: int
+
+
+def _populate(addr: int, length: int) -> None:
+    """Map and write-fault ``length`` bytes at ``addr`` (no GIL held: a ctypes call)."""
+    if _libc.madvise(addr, length, MADV_POPULATE_WRITE) != 0:
+        ctypes.memset(addr, 0, length)  # an older kernel: touch every page
+
+
+class Arena:
+    """Pre-faulted memory for logged bodies (see the module docstring). Thread-safe."""
+
+    def __init__(self, size: int, chunk: int = CHUNK, ahead: int = AHEAD) -> None:
+        self.chunk = max(1, min(chunk, size))  # a small log: one chunk of its size
+        self.nchunks = max(1, size // self.chunk)
+        self._map = mmap.mmap(-1, self.nchunks * self.chunk,
+                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self._view = memoryview(self._map)
+        self._cbuf = ctypes.c_char.from_buffer(self._map)  # held: the address stays valid
+        self._base = ctypes.addressof(self._cbuf)
+        self._live = [0] * self.nchunks  # messages in each chunk
+        # free | current (being filled) | used | limbo (freed while pinned) | warming
+        self._state = ["free"] * self.nchunks
+        self._faulted = [False] * self.nchunks
+        self._cur = -1  # the chunk being filled
+        self._off = 0  # its next free byte
+        self._pins = 0
+        self._ahead = ahead
+        self._used_round = 0  # bytes handed out since the prefaulter last ran
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self.misses = 0  # copies that found no free room (made on the heap)
+        self.cold = 0  # chunks first touched by a copy, not by the prefaulter
+        self.copied = 0  # bytes copied in
+        self._thread = threading.Thread(target=self._prefaulter, name="raps-log-arena",
+                                        daemon=True)
+        self._thread.start()  # it readies chunks once the first copy wants one
+
+    # --- the data path ---------------------------------------------------------------
+
+    def copy(self, parts: Sequence[bytes | bytearray | memoryview]
+             ) -> tuple[memoryview | bytes, Slot | None]:
+        """``parts`` joined, copied into the arena: the copy and its slot (None when it
+        went to the heap: no room)."""
+        views = [memoryview(p).cast("B") for p in parts]
+        n = sum(v.nbytes for v in views)
+        with self._lock:
+            slot, start = self._take(n)
+        if slot is None:
+            self.misses += 1
+            return b"".join(views), None
+        out = self._view[start:start + n]
+        pos = 0
+        for v in views:
+            out[pos:pos + v.nbytes] = v
+            pos += v.nbytes
+        self.copied += n
+        return out, slot
+
+    def release(self, slot: Slot | None) -> None:
+        """One message's room is not needed any more."""
+        if slot is None:
+            return
+        with self._lock:
+            i = slot.first
+            self._live[i] -= 1
+            if self._live[i]:
+                return
+            if self._state[i] == "current":
+                if not self._pins:
+                    self._off = 0  # empty: filled again from its start, warm
+                return
+            for j in range(i, i + slot.count):
+                self._state[j] = "limbo" if self._pins else "free"
+
+    @contextlib.contextmanager
+    def pin(self) -> Iterator[None]:
+        """While held, room released is not reused (a reader outside the rank's lock
+        may still be reading it)."""
+        with self._lock:
+            self._pins += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pins -= 1
+                if not self._pins:
+                    for j, st in enumerate(self._state):
+                        if st == "limbo":
+                            self._state[j] = "free"
+            self._wake.set()
+
+    def _take(self, n: int) -> tuple[Slot | None, int]:
+        """Room for ``n`` bytes (the lock held): a slot and its offset in the map."""
+        if n <= self.chunk and self._cur >= 0 and self._off + n <= self.chunk:
+            slot = Slot(self._cur, 1)
+            start = self._cur * self.chunk + self._off
+            self._off += n
+            self._live[self._cur] += 1
+            self._used_round += n
+            return slot, start
+        count = max(1, -(-n // self.chunk))
+        first = self._find(count)
+        if first < 0:
+            return None, 0
+        if self._cur >= 0:
+            self._state[self._cur] = "used" if self._live[self._cur] else (
+                "limbo" if self._pins else "free")
+        for j in range(first, first + count):
+            self._state[j] = "used"
+            if not self._faulted[j]:
+                self.cold += 1
+                self._faulted[j] = True  # the copy touches it now
+        self._live[first] += 1
+        self._used_round += n
+        if count == 1:
+            self._state[first] = "current"
+            self._cur, self._off = first, n
+        else:
+            self._cur, self._off = -1, 0
+        self._wake.set()
+        return Slot(first, count), first * self.chunk
+
+    def _find(self, count: int) -> int:
+        """The first of ``count`` free chunks in a row, searched from the current one
+        on (round the map): the order the prefaulter readies them in."""
+        start = self._cur + 1 if self._cur >= 0 else 0
+        run = 0
+        for k in range(self.nchunks + count):
+            j = (start + k) % self.nchunks
+            if j == 0:
+                run = 0  # a run does not wrap round the end of the map
+            if self._state[j] == "free":
+                run += 1
+                if run == count:
+                    return j - count + 1
+            else:
+                run = 0
+        return -1
+
+    # --- readying chunks ahead ---------------------------------------------------------
+
+    def _prefaulter(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                want = max(self._ahead, 2 * self._used_round)
+                self._used_round = 0
+            while not self._closed:
+                with self._lock:
+                    todo = self._next_cold(want)
+                    if todo >= 0:
+                        self._state[todo] = "warming"  # no copy may take it meanwhile
+                if todo < 0:
+                    break
+                _populate(self._base + todo * self.chunk, self.chunk)
+                with self._lock:
+                    self._faulted[todo] = True
+                    self._state[todo] = "free"
+
+    def _next_cold(self, want: int) -> int:
+        """The next free chunk ahead of the current one not yet faulted, while fewer than
+        ``want`` bytes ahead are ready (the lock held); -1: enough."""
+        ready = 0
+        start = self._cur + 1 if self._cur >= 0 else 0
+        for k in range(self.nchunks):
+            j = (start + k) % self.nchunks
+            if self._state[j] != "free":
+                continue
+            if not self._faulted[j]:
+                return j
+            ready += self.chunk
+            if ready >= want:
+                return -1
+        return -1
+
+    def stats(self) -> dict[str, int]:
+        """Figures for the rank's statistics."""
+        with self._lock:
+            faulted = sum(self._faulted)
+            live = sum(1 for s in self._state if s in ("used", "current"))
+        return {"arena_bytes": self.nchunks * self.chunk, "arena_faulted": faulted * self.chunk,
+                "arena_chunks_live": live, "arena_misses": self.misses,
+                "arena_cold_chunks": self.cold}
+
+    def close(self) -> None:
+        """Stop the prefaulter (the mapping goes with the last view of it)."""
+        self._closed = True
+        self._wake.set()
