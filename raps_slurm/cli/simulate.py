@@ -324,8 +324,9 @@ def recommend_cmd(mtbf_h: float, state_gb: float, nodes: int, scenario: str | No
 @simulate.command("calibrate")
 @click.argument("bench_files", nargs=-1, type=click.Path(dir_okay=False), metavar="BENCH.json...")
 @click.option("--comm-share", type=click.FloatRange(0, 1), default=0.25, show_default=True,
-              help="Share of its time the application communicates (turns bench messaging's "
-                   "logged/unlogged ratio into raps.log_overhead); an assumption, recorded.")
+              help="Share of its time the application communicates (turns bench mpi's "
+                   "RAPS/Open MPI speed, or bench messaging's logged/unlogged ratio, into "
+                   "raps.log_overhead); an assumption, recorded.")
 @click.option("--scenario", "scenario", type=click.Path(dir_okay=False), default=None,
               help="Check the values against this scenario (each set like --set).")
 @click.option("--json", "as_json", is_flag=True,
@@ -333,8 +334,8 @@ def recommend_cmd(mtbf_h: float, state_gb: float, nodes: int, scenario: str | No
                    "with one comment per value saying where it came from).")
 def calibrate_cmd(bench_files: tuple[str, ...], comm_share: float, scenario: str | None,
                   as_json: bool) -> None:
-    """Scenario parameters from the JSON outputs of rapsctl bench checkpoint, messaging,
-    detect and recovery, each with the file and fields it came from."""
+    """Scenario parameters from the JSON outputs of rapsctl bench checkpoint, mpi,
+    messaging, detect and recovery, each with the file and fields it came from."""
     from raps_slurm.sim import calibrate
 
     result = calibrate.calibrate(list(bench_files), comm_share)

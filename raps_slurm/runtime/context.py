@@ -107,7 +107,8 @@ class Context(PeerLinks):
         # keeps nothing.
         self.arena = Arena(self.s.buffer_bytes) if self.s.logging else None
         self.log = SenderLog(large_threshold=self.s.large_threshold,
-                             high_watermark=self.s.high_watermark, arena=self.arena)
+                             high_watermark=self.s.high_watermark, arena=self.arena,
+                             own=rank)
         self.inbox = Inbox()
         self._mu = threading.Lock()
         self._out: dict[int, Outgoing] = {}

@@ -36,11 +36,7 @@ from raps_slurm.runtime.arena import Arena, Slot
 RECORD = struct.Struct(">IQQIIB")  # dst, seq, epoch, size, CRC-32C, flags
 F_BODY, F_LARGE = 1, 2
 ARENA_AT = 64 << 10  # copies of at least this many bytes go to the arena (smaller: heap)
-# A flush writes the bodies of messages up to this size (and of determinants); a longer
-# body reaches the log store only when it spills or in a checkpoint: writing every
-# message's bytes to a new file cost more CPU than sending them (2.5 ms per MiB on the
-# test machine, docs/benchmarks.md), and a re-execution sends them again anyway.
-FLUSH_BODY_MAX = 64 << 10
+
 
 
 class MessagingError(RapsError):
@@ -126,9 +122,10 @@ class SenderLog:
     """The sender's side: sequence numbers, the log, flush batches, spilling, collection."""
 
     def __init__(self, *, large_threshold: int, high_watermark: int,
-                 arena: Arena | None = None) -> None:
+                 arena: Arena | None = None, own: int | None = None) -> None:
         self.large_threshold = large_threshold
         self.arena = arena
+        self.own = own  # the rank itself: entries to it are determinants
         self.high_watermark = high_watermark
         self.sent: dict[int, int] = {}          # dst -> last seq
         self.entries: dict[int, deque[Entry]] = {}
@@ -175,13 +172,16 @@ class SenderLog:
         return e
 
     def flushes_body(self, e: Entry) -> bool:
-        """Whether a flush writes ``e`` with its body (:data:`FLUSH_BODY_MAX`)."""
-        return not e.large and e.size <= FLUSH_BODY_MAX
+        """Whether a flush writes ``e`` with its body: only a determinant (an entry to
+        the rank itself, which a re-execution reads back). A message's body reaches the
+        log store when it spills or in a checkpoint: writing every message's bytes to a
+        new file at each flush cost more CPU than sending them (2.5 ms per MiB on the test
+        machine, docs/benchmarks.md), and a re-executed sender sends them again anyway."""
+        return e.dst == self.own
 
     def take_unpersisted(self) -> tuple[list[Entry], list[list[bytes | memoryview]]]:
-        """The entries to persist now and their records (messages up to
-        :data:`FLUSH_BODY_MAX` with their bodies, longer ones as metadata); call
-        :meth:`persisted` with them once they are durable."""
+        """The entries to persist now and their records (determinants with their bodies,
+        messages as metadata); call :meth:`persisted` with them once they are durable."""
         batch, self._unpersisted = self._unpersisted, []
         return batch, [e.record(with_body=self.flushes_body(e)) for e in batch]
 

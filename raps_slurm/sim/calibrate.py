@@ -6,8 +6,12 @@ from its fields. What each kind gives (docs/simulator.md, "Calibration"):
 - ``bench checkpoint``: ``raps.incr_s_per_gb`` (incremental save time per GB of state),
   ``raps.restore_gbps`` (restore throughput), ``raps.storage_ratio`` (bytes written by a
   full save per state byte);
-- ``bench messaging``: ``raps.log_overhead`` from the logged/unlogged time ratio of small
-  messages and an assumed share of time the application communicates (``comm_share``);
+- ``bench mpi``: ``raps.log_overhead`` from RAPS's messaging speed against Open MPI's
+  (what a user who turns RAPS on pays: the logged path against the MPI it replaces, not
+  against RAPS unlogged) and an assumed share of time the application communicates
+  (``comm_share``);
+- ``bench messaging``: the same key from the logged/unlogged time ratio of small
+  messages (logging alone; kept under ``also_measured`` when ``bench mpi`` is given);
 - ``bench detect``: ``raps.detect_s`` (median crash -> DEAD verdict) and the detection
   settings it ran with;
 - ``bench recovery``: ``raps.plan_s``, ``raps.launch_s``, ``raps.replay_speedup``
@@ -31,7 +35,7 @@ from raps_slurm.sim.detect import detection_delays
 from raps_slurm.sim.scenario import RapsSpec, Scenario, override
 
 GB = 1e9
-KINDS = ("checkpoint", "messaging", "detect", "recovery")
+KINDS = ("checkpoint", "mpi", "messaging", "detect", "recovery")
 
 # Values no benchmark here measures, and why they stay assumed.
 NOT_MEASURED = {
@@ -67,7 +71,7 @@ def kind_of(data: Any) -> str | None:
     """Which benchmark printed ``data`` (None: not one calibrate reads)."""
     if not isinstance(data, dict):
         return None
-    if data.get("benchmark") in ("checkpoint", "messaging", "detect"):
+    if data.get("benchmark") in ("checkpoint", "mpi", "messaging", "detect"):
         return str(data["benchmark"])
     if {"restore_s", "replay_s", "detect_s", "plan_s"} <= set(data):
         return "recovery"  # bench recovery prints no "benchmark" field
@@ -135,12 +139,35 @@ def log_overhead(ratio: float, comm_share: float) -> float:
 
 
 def from_messaging(d: dict[str, Any], path: str, comm_share: float) -> list[Value]:
-    """Message logging overhead of ``bench messaging``."""
+    """Message logging overhead of ``bench messaging`` (logged against unlogged RAPS)."""
     ratio = _num(d, "ratio", path)
     size = d.get("size_bytes")
     return [Value("raps.log_overhead", round(log_overhead(ratio, comm_share), 4), path,
                   ("ratio",),
                   f"logged/unlogged speed of {size}-byte messages {ratio:g}; an application "
+                  f"communicating {comm_share:g} of its time (assumed, --comm-share): "
+                  f"1 - 1 / (1 - c + c / ratio)", 1)]
+
+
+MPI_SPEEDS = ("bw_1MiB_ratio", "bw_8MiB_ratio", "allreduce_8MiB_ratio")
+
+
+def from_mpi(d: dict[str, Any], path: str, comm_share: float) -> list[Value]:
+    """Messaging cost of ``bench mpi``: RAPS's speed against Open MPI's over TCP, the
+    geometric mean of the 8-byte latency's inverse ratio and the 1 MiB, 8 MiB and
+    allreduce throughput ratios (an application's messages assumed spread over those
+    sizes)."""
+    speeds = [1.0 / _num(d, "lat_8B_ratio", path)] + [_num(d, k, path) for k in MPI_SPEEDS]
+    if any(v <= 0 for v in speeds):
+        raise ScenarioError([f"{path}: a ratio of bench mpi is not positive ({speeds})"])
+    ratio = 1.0
+    for v in speeds:
+        ratio *= v
+    ratio **= 1 / len(speeds)
+    return [Value("raps.log_overhead", round(log_overhead(ratio, comm_share), 4), path,
+                  ("lat_8B_ratio", *MPI_SPEEDS),
+                  f"RAPS's speed against Open MPI's (TCP): geometric mean {ratio:.3g} of "
+                  f"1/lat_8B_ratio and {', '.join(MPI_SPEEDS)}; an application "
                   f"communicating {comm_share:g} of its time (assumed, --comm-share): "
                   f"1 - 1 / (1 - c + c / ratio)", 0)]
 
@@ -237,6 +264,8 @@ def calibrate(paths: list[str], comm_share: float = 0.25) -> dict[str, Any]:
             values += from_checkpoint(d, str(path))
         elif kind == "messaging":
             values += from_messaging(d, str(path), comm_share)
+        elif kind == "mpi":
+            values += from_mpi(d, str(path), comm_share)
         elif kind == "detect":
             values += from_detect(d, str(path))
             detect = d

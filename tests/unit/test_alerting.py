@@ -24,8 +24,15 @@ RULE_TESTS = REPO / "slurm" / "prometheus" / "raps.rules.test.yml"
 DASHBOARD = REPO / "slurm" / "grafana" / "raps-dashboard.json"
 ALERTS = {"RapsNoLeader", "RapsNodeDead", "RapsCheckpointsUnderReplicated",
           "RapsEtcdNearQuota", "RapsRecoveryEscalated"}
-needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
-                                    reason="promtool not installed (Debian package prometheus)")
+
+
+@pytest.fixture
+def _promtool() -> None:
+    # scripts/test.sh installs it (Debian package prometheus): missing fails, never skips
+    assert shutil.which("promtool"), "promtool not installed: run scripts/test.sh"
+
+
+needs_promtool = pytest.mark.usefixtures("_promtool")
 
 # The series names a metric family appears under when scraped (prometheus_client).
 SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram":

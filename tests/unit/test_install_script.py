@@ -23,9 +23,14 @@ SCRIPT = REPO / "scripts" / "install.sh"
 LIB = "usr/local/lib/raps"
 HOOKS = ("prolog-slurmctld", "epilog-slurmctld", "prolog", "epilog")
 
-pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("gcc") is None
-                                or not Path("/usr/include/slurm/spank.h").exists(),
-                                reason="building spank/ needs make, gcc and libslurm-dev")
+
+
+@pytest.fixture(autouse=True)
+def _build_tools() -> None:
+    # scripts/test.sh installs them: missing fails, never skips
+    assert shutil.which("make") and shutil.which("gcc") and Path(
+        "/usr/include/slurm/spank.h").exists(), \
+        "building spank/ needs make, gcc and libslurm-dev: run scripts/test.sh"
 
 
 def install(root: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -115,10 +115,14 @@ def test_a_failed_log_write_is_written_again_by_the_next_flush(tmp_path: Path) -
         sent = [bytes([i]) * 100 for i in range(5)]
         for m in sent:
             a.send(1, m)
+        a.record(b"a determinant")  # flushed with its body (messages: metadata only)
         with pytest.raises(OSError, match="no space"):
             a._flush()
         assert port.failed == 1 and port.log_read() == b""
         a._flush()
-        bodies = {e.seq: e.body for e in parse_records(port.log_read())}
-        assert [bodies[i + 1] for i in range(5)] == sent
+        got = {(e.dst, e.seq): e for e in parse_records(port.log_read())}
+        assert [(got[(1, i + 1)].crc, got[(1, i + 1)].body) for i in range(5)] == [
+            (checksum(m), None) for m in sent]
+        assert got[(0, 1)].body == b"a determinant"
+        assert all(e.persisted for e in a.log.entries[1])
         assert [b.recv(0) for _ in range(5)] == sent

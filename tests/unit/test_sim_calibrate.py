@@ -68,6 +68,27 @@ def test_each_value_is_computed_from_named_fields(tmp_path: Path) -> None:
     assert s.raps.detect_s == 2.9 and s.raps.replay_speedup == p["raps.replay_speedup"]
 
 
+def test_the_messaging_cost_is_against_open_mpi_when_bench_mpi_is_given(
+        tmp_path: Path) -> None:
+    """bench mpi (RAPS against Open MPI) gives raps.log_overhead; bench messaging (logged
+    against unlogged RAPS, logging alone) is kept under also_measured."""
+    mpi = {"benchmark": "mpi", "lat_8B_ratio": 8.0, "bw_1MiB_ratio": 0.25,
+           "bw_8MiB_ratio": 0.5, "allreduce_8MiB_ratio": 0.5}
+    paths = write(tmp_path, messaging=MESSAGING, mpi=mpi)
+    r = calibrate(paths, comm_share=0.25)
+    speed = (1 / 8 * 0.25 * 0.5 * 0.5) ** 0.25
+    assert r["files"][paths[1]] == "mpi"
+    assert r["parameters"]["raps.log_overhead"] == pytest.approx(
+        1 - 1 / (0.75 + 0.25 / speed), abs=1e-4)
+    assert r["sources"]["raps.log_overhead"]["file"] == paths[1]
+    assert r["sources"]["raps.log_overhead"]["fields"] == [
+        "lat_8B_ratio", "bw_1MiB_ratio", "bw_8MiB_ratio", "allreduce_8MiB_ratio"]
+    (other,) = r["also_measured"]["raps.log_overhead"]
+    assert other["file"] == paths[0]
+    with pytest.raises(ScenarioError, match="lat_8B_ratio"):
+        calibrate(write(tmp_path, bad={"benchmark": "mpi", "bw_1MiB_ratio": 0.2}))
+
+
 def test_log_overhead_formula() -> None:
     assert log_overhead(1.0, 0.25) == 0.0
     assert log_overhead(1.08, 0.25) == 0.0       # logged faster is noise, not a gain
@@ -88,8 +109,8 @@ def test_recovery_without_replay_fields_says_why(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("content", "message"), [
     ("{not json", "not JSON"),
-    ('{"benchmark": "loss"}', "not the output of rapsctl bench checkpoint|messaging|detect|"
-                              "recovery"),
+    ('{"benchmark": "loss"}', "not the output of rapsctl bench checkpoint|mpi|messaging|"
+                              "detect|recovery"),
     ('{"benchmark": "checkpoint", "size_bytes": 1e9}', "field 'incr_seconds' is missing or "
                                                        "not a number (got None)"),
 ])
@@ -135,7 +156,7 @@ def test_cli_yaml_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     bad.write_text("[]")
     rc, out, err = rapsctl(capsys, "calibrate", str(bad))
     assert rc == 2 and err.splitlines() == [f"rapsctl: {bad}: not the output of rapsctl "
-                                            f"bench checkpoint|messaging|detect|recovery (no "
+                                            f"bench checkpoint|mpi|messaging|detect|recovery (no "
                                             f'"benchmark" field naming one, nor bench '
                                             f"recovery's restore_s/replay_s)"], err
 

@@ -29,12 +29,16 @@ def test_both_daemons_have_a_unit() -> None:
     assert [u.name for u in UNITS] == ["raps-agent.service", "raps-coordinator.service"]
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                    reason="systemd-analyze not installed (Debian package systemd)")
+def _need_analyze() -> None:
+    # scripts/test.sh installs it (Debian package systemd): missing fails, never skips
+    assert shutil.which("systemd-analyze"), "systemd-analyze not installed: run scripts/test.sh"
+
+
 def test_systemd_analyze_verify_is_silent(tmp_path: Path) -> None:
     """`systemd-analyze verify` exits 0 and prints nothing (it only warns, exit 0, about
     a bad Type= or WatchdogSec=, so silence is the check). ExecStart must name an
     executable: the copies point at this interpreter's console scripts."""
+    _need_analyze()
     for unit in UNITS:
         text = unit.read_text().replace("/opt/raps/venv/bin/", f"{Path(sys.executable).parent}/")
         (tmp_path / unit.name).write_text(text)
@@ -46,8 +50,7 @@ def test_systemd_analyze_verify_is_silent(tmp_path: Path) -> None:
 
 def test_verify_catches_a_broken_unit(tmp_path: Path) -> None:
     """The check above can fail: a typo in the agent unit is reported."""
-    if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze not installed (Debian package systemd)")
+    _need_analyze()
     bad = tmp_path / "raps-agent.service"
     bad.write_text((REPO / "slurm/systemd/raps-agent.service").read_text()
                    .replace("/opt/raps/venv/bin/", f"{Path(sys.executable).parent}/")
