@@ -223,18 +223,29 @@ class PeerLinks:
                 epoch: int | None = None) -> None:
         if not self.s.logging:
             return  # the unlogged baseline keeps nothing to resend
-        with self._mu:
-            floor = self.log.floors.get(dst, 0)
-            if after < floor and (epoch is None or epoch <= self._floor_epoch.get(dst, 0)):
-                # A request older than the floor the same incarnation reported since (a
-                # HELLO overtaken by its COVERED): nothing below the floor is wanted.
-                after = floor
-            try:
-                entries = self.log.after(dst, after)
-                entries += self.log.ahead_after(dst, after)
-            except MessagingError as exc:
-                err = exc
-                entries = None
+        err: MessagingError | None = None
+        with contextlib.ExitStack() as pinned:
+            with self._mu:
+                if self.arena is not None:
+                    # The bodies sent below are read outside the lock: room a spill or a
+                    # collection frees meanwhile must not take a new message's bytes.
+                    pinned.enter_context(self.arena.pin())
+                floor = self.log.floors.get(dst, 0)
+                if after < floor and (epoch is None
+                                      or epoch <= self._floor_epoch.get(dst, 0)):
+                    # A request older than the floor the same incarnation reported since
+                    # (a HELLO overtaken by its COVERED): nothing below it is wanted.
+                    after = floor
+                entries: list[Entry] | None
+                try:
+                    entries = self.log.after(dst, after) + self.log.ahead_after(dst, after)
+                except MessagingError as exc:
+                    err, entries = exc, None
+            self._resend_entries(dst, entries, last, err)
+
+    def _resend_entries(self, dst: int, entries: list[Entry] | None, last: int | None,
+                        err: MessagingError | None) -> None:
+        """:meth:`_resend`'s sends (``entries`` None: ``err`` says why none can be)."""
         if entries is None:
             log.error("rank %d: %s", self.rank, err)
             # Recorded, but no requeue asked: this sender is not stuck, and the request it
@@ -255,8 +266,8 @@ class PeerLinks:
                 with self._mu:
                     collected = e.seq <= self.log.floors.get(dst, 0)
                 if collected:
-                    # COVERED came meanwhile and its room went to a newer message: the
-                    # receiver needs it no more (a copy that left anyway is a duplicate).
+                    # COVERED came meanwhile and the body went with it: the receiver
+                    # needs it no more.
                     continue
                 if (dst, e.seq) not in self._unsendable:  # the receiver asks again and again
                     self._unsendable.add((dst, e.seq))
