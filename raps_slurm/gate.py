@@ -7,9 +7,17 @@ whose thread wakes at once (its socket is shut down) and frees the slot. Hundred
 connections that send nothing, or one byte now and then, therefore cannot lock a
 legitimate peer out: its request takes milliseconds, theirs never end and are the
 first to go. A new connection is refused only when every slot holds a peer past its
-first request. The owner counts each refusal by kind: ``busy`` (no slot) and
-``evicted``. Deadlines on the requests themselves are the owner's (see
-:func:`raps_slurm.framing.recv_into`).
+first request.
+
+Per source (the peer's IP address): the connection evicted is the oldest waiting one of
+the source that holds the most waiting slots, so a flood from one host evicts its own
+connections before anyone else's. With ``per_source`` a source holds at most that many
+waiting slots (its oldest goes when it opens another), and with ``deadline`` a
+connection still waiting that long is shut down at the next admission, so a slow peer
+holds a slot a bounded time whatever the owner's own read timeouts. The owner counts
+each refusal by kind: ``busy`` (no slot), ``evicted`` (for a newer connection),
+``source`` (its source's limit) and ``timeout`` (past the deadline). Deadlines on the
+requests themselves are the owner's (see :func:`raps_slurm.framing.recv_into`).
 """
 
 from __future__ import annotations
@@ -18,47 +26,98 @@ import contextlib
 import socket
 import socketserver
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 EVICT_WAIT = 1.0  # seconds the accept loop waits for an evicted connection's slot
 
 
-class Gate:
-    """The slots of one server; ``count(kind)`` is called for each refusal."""
+def source_of(sock: socket.socket) -> str:
+    """The peer's address without its port ('' for a unix socket or a closed one)."""
+    try:
+        peer = sock.getpeername()
+    except OSError:
+        return ""
+    return str(peer[0]) if isinstance(peer, tuple) else ""
 
-    def __init__(self, cap: int, count: Callable[[str], None]) -> None:
+
+class Gate:
+    """The slots of one server; ``count(kind)`` is called for each refusal.
+    ``per_source``: waiting slots one source may hold (0: no limit); ``deadline``:
+    seconds a connection may stay waiting (0: no limit)."""
+
+    def __init__(self, cap: int, count: Callable[[str], None], *, per_source: int = 0,
+                 deadline: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         if cap < 1:
             raise ValueError(f"connection cap {cap}: at least 1")
-        self.cap = cap
-        self._count = count
+        if per_source < 0 or deadline < 0:
+            raise ValueError(f"per_source {per_source}, deadline {deadline}: at least 0")
+        self.cap, self.per_source, self.deadline = cap, per_source, deadline
+        self._count, self._clock = count, clock
         self._slots = threading.BoundedSemaphore(cap)
         self._lock = threading.Lock()
-        self._waiting: dict[socket.socket, None] = {}  # oldest first
+        # waiting connection -> (admitted at, source), oldest first
+        self._waiting: dict[socket.socket, tuple[float, str]] = {}
         self._evicted: set[socket.socket] = set()
         self._exiting: list[threading.Thread] = []  # slot freed, thread not yet ended
         self._held = 0
 
-    def admit(self, sock: socket.socket) -> bool:
-        """A slot for ``sock`` (in the accept loop), evicting the oldest waiting
-        connection when all are taken; False (counted ``busy``) if none is free."""
-        if not self._slots.acquire(blocking=False):
-            with self._lock:
-                victim = next(iter(self._waiting), None)
-                if victim is not None:
-                    del self._waiting[victim]
-                    self._evicted.add(victim)
-            if victim is None:
-                self._count("busy")
-                return False
-            self._count("evicted")
+    def _heaviest(self) -> socket.socket | None:
+        """The oldest waiting connection of the source holding the most waiting slots
+        (with the lock held)."""
+        held = Counter(src for _, src in self._waiting.values())
+        if not held:
+            return None
+        top = max(held.values())
+        return next(s for s, (_, src) in self._waiting.items() if held[src] == top)
+
+    def _evict(self, sock: socket.socket) -> None:
+        """Mark ``sock`` evicted (with the lock held); the caller shuts it down."""
+        del self._waiting[sock]
+        self._evicted.add(sock)
+
+    def admit(self, sock: socket.socket, source: str | None = None) -> bool:
+        """A slot for ``sock`` from ``source`` (default: its peer's address), in the
+        accept loop: connections past the deadline and the source's oldest beyond its
+        limit go first, then, when all slots are taken, the oldest waiting connection
+        of the heaviest source; False (counted ``busy``) if no slot can be had."""
+        src = source_of(sock) if source is None else source
+        now = self._clock()
+        gone: list[tuple[socket.socket, str]] = []
+        with self._lock:
+            if self.deadline:
+                gone += [(s, "timeout") for s, (at, _) in self._waiting.items()
+                         if now - at >= self.deadline]
+            for s, _ in gone:
+                self._evict(s)
+            if self.per_source:
+                mine = [s for s, (_, other) in self._waiting.items() if other == src]
+                if len(mine) >= self.per_source:
+                    self._evict(mine[0])
+                    gone.append((mine[0], "source"))
+        for s, kind in gone:
+            self._count(kind)
             with contextlib.suppress(OSError):
-                victim.shutdown(socket.SHUT_RDWR)
+                s.shutdown(socket.SHUT_RDWR)
+        if not self._slots.acquire(blocking=False):
+            if not gone:  # no slot is on its way back: make one
+                with self._lock:
+                    victim = self._heaviest()
+                    if victim is not None:
+                        self._evict(victim)
+                if victim is None:
+                    self._count("busy")
+                    return False
+                self._count("evicted")
+                with contextlib.suppress(OSError):
+                    victim.shutdown(socket.SHUT_RDWR)
             if not self._slots.acquire(timeout=EVICT_WAIT):
                 self._count("busy")
                 return False
         with self._lock:
-            self._waiting[sock] = None
+            self._waiting[sock] = (now, src)
             self._held += 1
             exiting, self._exiting = self._exiting, []
         # A thread frees its slot a few instructions before it ends: wait for those, so
@@ -92,6 +151,11 @@ class Gate:
         """Connections admitted and not yet ended (waiting or not)."""
         with self._lock:
             return self._held
+
+    def waiting(self) -> int:
+        """Connections admitted and still waiting (evictable)."""
+        with self._lock:
+            return len(self._waiting)
 
 
 class BoundedServer(socketserver.ThreadingTCPServer):

@@ -2,11 +2,14 @@
 and one :class:`RankHandle` per started rank, with the ``poll``/``send_signal``/``kill``/
 ``wait`` face of ``subprocess.Popen`` backed by the supervisors' reports.
 
-The listener bounds what it accepts: at most the nodes it expects plus
-:data:`EXTRA_PEERS` connections at a time, :data:`AUTH_SEC` for a peer to authenticate,
-hellos only from nodes raps-run started a step on. Each refusal is counted by kind
-(``busy``, ``timeout``, ``auth``, ``malformed``, ``unexpected``, ...) and said at most
-once per kind and 10 s.
+The listener bounds what it accepts (:class:`raps_slurm.gate.Gate`): at most
+:data:`HANDSHAKES` connections in their handshake at once, :data:`PER_SOURCE` of them
+from one address, each for at most :data:`AUTH_SEC`; when all are taken a new one
+evicts the oldest unauthenticated connection of the address holding the most, so
+strangers that connect and say nothing cannot keep a supervisor out (it retries until
+it gets through). Hellos come only from nodes raps-run started a step on. Each refusal
+is counted by kind (``busy``, ``evicted``, ``source``, ``timeout``, ``auth``,
+``malformed``, ``unexpected``, ...) and said at most once per kind and 10 s.
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from collections import Counter
 from typing import Any
 
 from raps_slurm.framing import FrameError
+from raps_slurm.gate import Gate
 from raps_slurm.launcher.channel import AUTH_SEC, ENV_ADDRESS, ENV_KEY, Channel, accept
 from raps_slurm.logquota import LogQuota
 
 # A rank whose supervisor's connection dropped (its node died, its step ended) counts as
 # exited at that moment with this code, as ``Popen`` reports a SIGKILLed process.
 LOST_EXIT = -9
-EXTRA_PEERS = 4
+HANDSHAKES = 32  # connections authenticating at once (an authenticated one holds no slot)
+PER_SOURCE = 16  # of those, from one address
 
 log = logging.getLogger("raps.run")
 
@@ -101,7 +106,8 @@ class ControlServer:
         self.pending: dict[str, list[tuple[RankHandle, dict[str, Any]]]] = {}
         self.refused: Counter[str] = Counter()
         self._quota = LogQuota(log, 10.0)
-        self._peers = 0  # connections accepted and not yet closed
+        self._gate = Gate(HANDSHAKES, self._gate_refused, per_source=PER_SOURCE,
+                          deadline=AUTH_SEC)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -206,6 +212,13 @@ class ControlServer:
         self._quota.log(kind, logging.WARNING, "control: refused a connection (%s, %d so "
                         "far): %s", kind, total, detail)
 
+    def _gate_refused(self, kind: str) -> None:
+        self._refuse(kind, {"busy": f"{HANDSHAKES} connections authenticating",
+                            "evicted": "the oldest unauthenticated one, for a newer one",
+                            "source": f"its address had {PER_SOURCE} authenticating",
+                            "timeout": f"not authenticated within {AUTH_SEC:g} s"}
+                     .get(kind, kind))
+
     def _accept_loop(self) -> None:
         while True:
             try:
@@ -213,37 +226,47 @@ class ControlServer:
             except OSError:
                 return  # closed
             with self.cond:
-                limit = len(self.expected | set(self.links)) + EXTRA_PEERS
-                busy = self._peers >= limit or self._closed
-                if not busy:
-                    self._peers += 1
-            if busy:
+                closed = self._closed
+            if closed:
                 sock.close()
-                self._refuse("busy", f"{peer[0]}: {limit} connections already")
+                self._refuse("busy", f"{peer[0]}: raps-run is closing")
                 continue
-            threading.Thread(target=self._serve, args=(sock, peer[0]), daemon=True,
-                             name=f"control-{peer[0]}").start()
+            if not self._gate.admit(sock, peer[0]):
+                sock.close()
+                continue
+            try:
+                threading.Thread(target=self._serve, args=(sock, peer[0]), daemon=True,
+                                 name=f"control-{peer[0]}").start()
+            except RuntimeError:  # no thread could be started: the slot goes back
+                self._gate.leave(sock)
+                sock.close()
+                self._refuse("busy", f"{peer[0]}: no thread to serve it")
 
     def _serve(self, sock: socket.socket, peer: str) -> None:
         try:
-            self._serve_one(sock, peer)
+            chan = self._authenticate(sock, peer)
         finally:
-            with self.cond:
-                self._peers -= 1
+            self._gate.leave(sock)  # authenticated or not, it holds no slot from here
+        if chan is not None:
+            self._link(chan, peer)
 
-    def _serve_one(self, sock: socket.socket, peer: str) -> None:
+    def _authenticate(self, sock: socket.socket, peer: str
+                      ) -> tuple[Channel, dict[str, Any]] | None:
+        """The handshake and the hello, within the slot; None (counted) if refused."""
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             chan = accept(sock, self.key, AUTH_SEC)
             hello = chan.recv(idle_timeout=AUTH_SEC)
-        except FrameError as exc:
+        except (FrameError, OSError) as exc:
             sock.close()
-            self._refuse(exc.kind, f"{peer}: {exc}")
-            return
-        except OSError as exc:
-            sock.close()
-            self._refuse("closed", f"{peer}: {exc}")
-            return
+            if not self._gate.evicted(sock):  # else the gate counted it
+                kind = exc.kind if isinstance(exc, FrameError) else "closed"
+                self._refuse(kind, f"{peer}: {exc}")
+            return None
+        return chan, hello
+
+    def _link(self, authenticated: tuple[Channel, dict[str, Any]], peer: str) -> None:
+        chan, hello = authenticated
         node, pid, cpus = chan.node, hello.get("pid"), hello.get("cpus")
         old: _Link | None = None
         starts: list[tuple[RankHandle, dict[str, Any]]] = []

@@ -25,18 +25,24 @@ could not reach it, a failure of the node rather than of the program. SIGUSR1, S
 and SIGINT that srun or Slurm deliver to the supervisor are passed on to every running
 rank. When the control connection is lost (raps-run gone, its node gone, a bad frame)
 the supervisor kills its ranks and exits 1: ranks raps-run no longer watches must not
-run on.
+run on. Connecting, it retries a refused, dropped or timed-out attempt with backoff
+(:data:`RETRY_FIRST_SEC` doubling up to :data:`RETRY_MAX_SEC`, jittered) for
+:data:`CONNECT_SEC`: strangers holding raps-run's listener are evicted for it, and it
+must be there to take its slot. A peer that fails to prove the run's secret is not
+raps-run: that ends the attempts at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import select
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
@@ -56,6 +62,9 @@ AGENT_CONNECT_SEC = 2.0  # an agent's listener accepts at once, however busy the
 _OWN_EXITS = (0, FENCED_EXIT, PREEMPTED_EXIT, LOST_EXIT)
 WAKE_SEC = 1.0  # a rank's exit also wakes the loop at once (SIGCHLD)
 DRAIN_SEC = 5.0  # at the end, how long the ranks' last output may take to come
+CONNECT_SEC = 50.0  # tries to reach raps-run this long (it gives up on a node after 60 s)
+RETRY_FIRST_SEC = 0.1
+RETRY_MAX_SEC = 2.0
 
 
 def say(text: str, output: Lines | None = None) -> None:
@@ -214,6 +223,32 @@ class Supervisor:
         return 0
 
 
+def connect_retrying(address: str, key: bytes, node: str, *, within: float = CONNECT_SEC,
+                     clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep,
+                     dial: Callable[[str, bytes, str], Channel] = connect) -> Channel:
+    """The authenticated channel to raps-run, retrying with backoff for ``within``
+    seconds; the last error if none succeeded (a FrameError of kind ``auth`` at once)."""
+    deadline = clock() + within
+    pause = RETRY_FIRST_SEC
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return dial(address, key, node)
+        except (OSError, FrameError) as exc:
+            if isinstance(exc, FrameError) and exc.kind == "auth":
+                raise
+            left = deadline - clock()
+            if left <= 0:
+                raise
+            if attempt == 1:
+                say(f"raps-run at {address} refused or dropped the connection ({exc}): "
+                    f"retrying for {within:g}s")
+            sleep(min(left, pause * random.uniform(0.5, 1.0)))
+            pause = min(RETRY_MAX_SEC, pause * 2)
+
+
 def _pin(cpus: list[int]) -> Callable[[], None] | None:
     if not cpus:
         return None
@@ -238,7 +273,7 @@ def main() -> None:
             "set: the supervisor runs in a step raps-run started")
         sys.exit(2)
     try:
-        chan = connect(address, key, node)
+        chan = connect_retrying(address, key, node)
     except (OSError, ValueError, FrameError) as exc:
         say(f"cannot reach raps-run at {address}: {exc}")
         sys.exit(1)

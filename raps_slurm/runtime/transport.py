@@ -72,6 +72,7 @@ import blake3
 
 from raps_slurm import framing
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
+from raps_slurm.gate import Gate
 from raps_slurm.logquota import LogQuota
 from raps_slurm.runtime.msglog import RECORD, checksum
 from raps_slurm.runtime.pump import Conn, Pump
@@ -90,7 +91,14 @@ KEY_BYTES = 32
 MAX_MESSAGE = MAX_SEGMENT - RECORD.size
 HANDSHAKE_MAX = 64  # bytes of a handshake frame: a 2 GiB header is refused from 4 bytes
 HANDSHAKE_TIMEOUT = 10.0  # the whole handshake, so a slow or silent stranger goes
-MAX_HANDSHAKES = 32  # connections in their handshake at once; more are refused at accept
+MAX_HANDSHAKES = 32  # connections in their handshake at once; more evict the oldest
+HANDSHAKES_PER_SOURCE = 16  # of those, from one address: at most half the slots
+HANDSHAKE_DEADLINE = 5.0  # seconds a connection may take to authenticate, whatever it sends
+_GATE_REASONS = {"busy": f"{MAX_HANDSHAKES} connections in their handshake",
+                 "evicted": "the oldest unauthenticated connection, for a newer one",
+                 "source": f"its address has {HANDSHAKES_PER_SOURCE} connections in their "
+                           "handshake",
+                 "timeout": f"not authenticated within {HANDSHAKE_DEADLINE:g} s"}
 FRAME_TIMEOUT = 30.0  # once a frame started: this, plus its length at MIN_RATE
 MIN_RATE = 10e6  # bytes/s
 _HELLO = struct.Struct(f">{len(PROTOCOL)}s16sIIQQB")
@@ -232,7 +240,8 @@ class Listener:
         self._conns: dict[int, socket.socket] = {}
         self._lock = threading.Lock()
         self._next = 0
-        self._handshaking = 0
+        self._gate = Gate(MAX_HANDSHAKES, self._count, per_source=HANDSHAKES_PER_SOURCE,
+                          deadline=HANDSHAKE_DEADLINE)
         self._closed = False
         self.pump = Pump(self._body, self._end, spin)
         threading.Thread(target=self._accept, name="raps-accept", daemon=True).start()
@@ -252,20 +261,27 @@ class Listener:
                 if self._closed:
                     conn.close()
                     return
-                busy = self._handshaking >= MAX_HANDSHAKES
-                if not busy:
-                    self._handshaking += 1
-                    self._next += 1
-                    cid = self._next
-                    self._conns[cid] = conn
-            if busy:
-                self.auth.refuse("connections", _peer(conn),
-                                 f"{MAX_HANDSHAKES} connections already in their handshake")
+            # A slot per handshake, bounded per source: a stranger's connections are
+            # evicted before a peer's, and none outlives HANDSHAKE_DEADLINE (gate.py).
+            if not self._gate.admit(conn):
                 conn.close()
                 continue
+            with self._lock:
+                self._next += 1
+                cid = self._next
+                self._conns[cid] = conn
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._read, args=(conn, cid), name=f"raps-read-{cid}",
-                             daemon=True).start()
+            try:
+                threading.Thread(target=self._read, args=(conn, cid),
+                                 name=f"raps-read-{cid}", daemon=True).start()
+            except RuntimeError:  # no thread could be started: the slot goes back
+                self._gate.leave(conn)
+                self._ended(cid, conn, None, authenticated=False)
+
+    def _count(self, kind: str) -> None:
+        """One connection the gate refused or ended (``busy`` is ``connections``)."""
+        self.auth.refuse("connections" if kind == "busy" else kind, "a peer",
+                         _GATE_REASONS.get(kind, kind))
 
     def _handshake(self, conn: socket.socket) -> tuple[framing.FrameReader, int, int]:
         """The server side of the handshake: the reader for the session, the peer and its
@@ -305,16 +321,17 @@ class Listener:
     def _read(self, conn: socket.socket, cid: int) -> None:
         """The handshake, on a thread of its own (a stranger's slowness costs no one
         else); then the connection joins the :class:`Pump`."""
+        evicted = False
         try:
             try:
                 reader, src, epoch = self._handshake(conn)
             finally:
-                with self._lock:
-                    self._handshaking -= 1
+                evicted = self._gate.evicted(conn)  # then counted by the gate already
+                self._gate.leave(conn)
             reader.nonblocking()
             reader.pool = self.pump.buffers
         except Exception as exc:  # refused or logged, then closed
-            self._ended(cid, conn, exc, authenticated=False)
+            self._ended(cid, conn, None if evicted else exc, authenticated=False)
             return
         self.pump.add(Conn(cid, conn, reader, src, epoch))
 

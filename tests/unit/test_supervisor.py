@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -215,11 +216,82 @@ def test_connections_are_bounded_and_silent_peers_time_out(monkeypatch: pytest.M
     ctl = ControlServer("127.0.0.1")
     socks = []
     try:
-        for _ in range(control.EXTRA_PEERS + 3):  # no node expected: EXTRA_PEERS at most
+        # one address holds PER_SOURCE handshakes at most: each further one evicts its oldest
+        for _ in range(control.PER_SOURCE + 3):
             socks.append(socket.create_connection(("127.0.0.1", ctl.port)))
-        wait("the busy refusals", lambda: ctl.refused["busy"] == 3)
-        wait("the silent peers timed out", lambda: ctl.refused["timeout"] == control.EXTRA_PEERS)
+        wait("the per-source evictions", lambda: ctl.refused["source"] == 3)
+        wait("the silent peers timed out", lambda: ctl.refused["timeout"] == control.PER_SOURCE)
+        assert ctl.refused["busy"] == 0
     finally:
         for s in socks:
             s.close()
         ctl.close()
+
+
+def test_a_supervisor_gets_through_strangers_holding_every_slot() -> None:
+    import raps_slurm.launcher.control as control
+    from raps_slurm.launcher.supervisor import connect_retrying
+
+    ctl = ControlServer("127.0.0.1")
+    ctl.expect("n1")
+    strangers = []
+    try:
+        # silent strangers from two addresses fill every slot and stay (AUTH_SEC is long)
+        for i in range(control.HANDSHAKES):
+            s = socket.socket()
+            s.bind((f"127.0.0.{2 + i % 2}", 0))
+            s.connect(("127.0.0.1", ctl.port))
+            strangers.append(s)
+        wait("every slot held", lambda: ctl._gate.waiting() == control.HANDSHAKES)
+        chan = connect_retrying(ctl.address, ctl.key, "n1", within=10.0)
+        chan.send({"op": "hello", "node": "n1", "pid": os.getpid(), "cpus": [0]})
+        wait("the supervisor linked", lambda: ctl.linked("n1"))
+        assert ctl.refused["evicted"] >= 1, ctl.refused
+        chan.close()
+    finally:
+        for s in strangers:
+            s.close()
+        ctl.close()
+
+
+def test_connect_retrying_backs_off_then_succeeds_and_stops_on_a_wrong_secret() -> None:
+    from raps_slurm.launcher.supervisor import RETRY_FIRST_SEC, RETRY_MAX_SEC, connect_retrying
+
+    now = [0.0]
+    pauses: list[float] = []
+    tries: list[int] = []
+
+    def sleep(sec: float) -> None:
+        pauses.append(sec)
+        now[0] += sec
+
+    def dial(address: str, key: bytes, node: str) -> Any:
+        tries.append(1)
+        if len(tries) < 8:
+            raise ConnectionResetError("refused")
+        return "channel"
+
+    got = connect_retrying("h:1", b"k" * 32, "n1", within=60.0, clock=lambda: now[0],
+                           sleep=sleep, dial=dial)
+    assert got == "channel" and len(tries) == 8
+    for i, pause in enumerate(pauses):  # doubling from RETRY_FIRST_SEC, jittered down
+        step = min(RETRY_MAX_SEC, RETRY_FIRST_SEC * 2 ** i)
+        assert step / 2 <= pause <= step, (i, pauses)
+
+    def wrong(address: str, key: bytes, node: str) -> Any:
+        tries.append(1)
+        raise FrameError("auth", "not raps-run")
+
+    tries.clear()
+    with pytest.raises(FrameError):
+        connect_retrying("h:1", b"k" * 32, "n1", clock=lambda: now[0], sleep=sleep, dial=wrong)
+    assert len(tries) == 1
+
+    def never(address: str, key: bytes, node: str) -> Any:
+        raise ConnectionRefusedError("nobody")
+
+    start = now[0]
+    with pytest.raises(ConnectionRefusedError):
+        connect_retrying("h:1", b"k" * 32, "n1", within=5.0, clock=lambda: now[0],
+                         sleep=sleep, dial=never)
+    assert 5.0 - 1e-6 <= now[0] - start <= 5.0 + RETRY_MAX_SEC
