@@ -174,11 +174,21 @@ class StoreConfig:
     space_quota_bytes: int = _f(2 * 1024**3, "etcd's --quota-backend-bytes (show status "
                                 "and the leader's warning compare the database with it; "
                                 "0 = unknown)", 0, 64 * 1024**3)
-    compaction_retention_sec: float = _f(3600.0, "the leader compacts etcd history older "
+    compaction_retention_sec: float = _f(600.0, "the leader compacts etcd history older "
                                          "than this (0 = leave it to etcd's "
                                          "--auto-compaction-*)", 0, 30 * 86400)
     compaction_interval_sec: float = _f(300.0, "how often the leader looks at etcd's size "
                                         "and compacts", 0.1, 86400)
+    cluster_nodes: int = _f(64, "compute nodes running raps-agent: the etcd budget "
+                            "(rapsctl config check) is sized for this many", 1, 1_000_000)
+    etcd_budget_share: float = _f(0.5, "share of space_quota_bytes the agents' writes for "
+                                  "ranks may hold, history included (rapsctl config check)",
+                                  0.01, 1.0)
+    report_watermark_share: float = _f(0.7, "etcd in use above this share of "
+                                       "space_quota_bytes: the leader pauses the reports of "
+                                       "the job that wrote most", 0.05, 0.99)
+    report_resume_share: float = _f(0.5, "paused jobs' reports resume once etcd in use is "
+                                    "below this share of space_quota_bytes", 0.01, 0.98)
     user: str = _f("", "etcd user for password auth ('' = none; %n = node: an agent's user "
                    "is raps-agent-%n)")
     password_file: str = _f("", "file holding the etcd password (mode 0600; %n = node)")
@@ -227,6 +237,11 @@ class AgentConfig:
     job_etcd_write_burst: int = _f(1000, "etcd writes one job may make at once above that rate",
                                    1, 1_000_000)
     max_value_kb: int = _f(64, "largest etcd value the agent writes for a rank", 1, 1024)
+    node_etcd_kb_per_sec: float = _f(16.0, "KiB per second the agent writes to etcd for "
+                                     "the ranks of every job on the node together, sustained",
+                                     0.01, 1_000_000)
+    node_etcd_burst_kb: int = _f(1024, "KiB the agent may write to etcd for ranks at once "
+                                 "above that rate", 1, 1 << 30)
     job_disk_quota_mb: int = _f(102_400, "checkpoint chunks plus log segments one job may "
                                 "keep on one node", 1, 1 << 30)
 

@@ -34,7 +34,7 @@ from raps_slurm.agent.local_api import LocalApiServer, RankTable
 from raps_slurm.agent.msg_api import MessagingOps
 from raps_slurm.agent.node import NodeAgent
 from raps_slurm.agent.plan_watch import PlanWatcher
-from raps_slurm.agent.quota import JobQuotas, job_size
+from raps_slurm.agent.quota import JobQuotas, PauseBook, job_size
 from raps_slurm.agent.ranks import RankSupervisor
 from raps_slurm.agent.recovery_api import RecoveryOps
 from raps_slurm.agent.sweep import sweep_purged, sweep_reports
@@ -127,7 +127,8 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
     chunks = ChunkStore(root)
     checkpoints = CheckpointService(cfg, store, keys, node, peer_keys, chunks)
     ranks = RankTable()
-    quotas = JobQuotas.from_config(cfg.agent, root)  # one set, shared by every op
+    # one set, shared by every op
+    quotas = JobQuotas.from_config(cfg.agent, root, PauseBook(store, keys))
 
     def owner_of(job: str) -> int | None:
         return _owner_of(store, keys, job)
@@ -143,7 +144,7 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                                      **RecoveryOps(store, keys, node, ranks, owner_of,
                                                    quotas).extensions(),
                                      **JobKeyOps(store, keys, ranks, owner_of).extensions()},
-                         size_of=lambda job: job_size(store, keys, job),
+                         size_of=lambda job: job_size(store, keys, job, node),
                          quotas=quotas)
     supervisor = RankSupervisor(agent, api.ranks, store, keys, mine)
     try:

@@ -8,6 +8,13 @@ Per-job quotas):
   bucket: ``agent.job_etcd_writes_per_sec`` sustained, at most
   ``agent.job_etcd_write_burst`` at once; an empty bucket refuses with kind ``quota``;
 - no value so written is larger than ``agent.max_value_kb`` (kind ``quota``);
+- every job on the node together writes at most ``agent.node_etcd_kb_per_sec`` KiB a
+  second, ``agent.node_etcd_burst_kb`` at once (each write counted at its value plus
+  :data:`~raps_slurm.core.budget.WRITE_OVERHEAD`; kind ``quota``): with the compaction
+  retention this bounds what the cluster's agents can hold in etcd
+  (:mod:`raps_slurm.core.budget`, ``rapsctl config check``);
+- a job whose reports the leader paused (etcd above ``store.report_watermark_share``)
+  writes nothing until it resumes them (kind ``paused``);
 - a job's checkpoint chunks and message-log segments on this node (everything under its
   job directory) stay under ``agent.job_disk_quota_mb``: a pack or segment that would
   pass it is refused (kind ``quota``) before a byte is written.
@@ -26,8 +33,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raps_slurm.config import AgentConfig
+from raps_slurm.core.budget import WRITE_OVERHEAD
+from raps_slurm.core.hygiene import ReportPause
 from raps_slurm.core.jobs import JobRecord, RankMap
-from raps_slurm.errors import Refused
+from raps_slurm.errors import RecordError, Refused, StoreError
 from raps_slurm.store import Keys, StateStore
 
 # Buckets kept before full ones (jobs idle long enough to have refilled) are dropped.
@@ -53,29 +62,38 @@ class JobQuotas:
     def __init__(self, writes_per_sec: float = 50.0, burst: int = 1000,
                  max_value_bytes: int = 64 << 10, disk_quota_bytes: int = 100 << 30,
                  disk_root: str | os.PathLike[str] | None = None, *,
+                 node_bytes_per_sec: float = 16 << 10, node_burst_bytes: int = 1 << 20,
+                 paused: Callable[[str], str | None] | None = None,
                  rescan_sec: float = 5.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.rate, self.burst = writes_per_sec, burst
         self.max_value_bytes, self.disk_quota_bytes = max_value_bytes, disk_quota_bytes
+        self.node_rate, self.node_burst = node_bytes_per_sec, node_burst_bytes
         self.disk_root = None if disk_root is None else Path(disk_root)
+        self._paused = paused
         self._rescan, self._clock = rescan_sec, clock
         self._lock = threading.Lock()
         self._buckets: dict[str, _Bucket] = {}
+        self._node = _Bucket(float(node_burst_bytes), clock())
         self._disk: dict[str, tuple[int, float]] = {}  # job -> (bytes, counted at)
 
     @classmethod
-    def from_config(cls, cfg: AgentConfig, disk_root: str | os.PathLike[str] | None
-                    ) -> JobQuotas:
-        """The quotas ``cfg`` sets, for the jobs whose data lives under ``disk_root``."""
+    def from_config(cls, cfg: AgentConfig, disk_root: str | os.PathLike[str] | None,
+                    paused: Callable[[str], str | None] | None = None) -> JobQuotas:
+        """The quotas ``cfg`` sets, for the jobs whose data lives under ``disk_root``;
+        ``paused``: the leader's pause of a job's reports (:class:`PauseBook`)."""
         return cls(cfg.job_etcd_writes_per_sec, cfg.job_etcd_write_burst,
-                   cfg.max_value_kb << 10, cfg.job_disk_quota_mb << 20, disk_root)
+                   cfg.max_value_kb << 10, cfg.job_disk_quota_mb << 20, disk_root,
+                   node_bytes_per_sec=cfg.node_etcd_kb_per_sec * 1024,
+                   node_burst_bytes=cfg.node_etcd_burst_kb << 10, paused=paused)
 
     # --- etcd ----------------------------------------------------------------------------
 
     def write(self, op: str, job: str, uid: int, value: bytes = b"") -> bytes:
         """Charge one etcd write of ``value`` for ``job``; returns ``value``.
 
-        Refused (kind ``quota``) when the value is too large or the job's bucket is empty.
+        Refused (kind ``quota``) when the value is too large or the job's or the node's
+        bucket is empty; (kind ``paused``) while the leader pauses the job's reports.
         """
         if len(value) > self.max_value_bytes:
             raise Refused("quota", f"{op}: a value of {len(value)} bytes is more than "
@@ -83,6 +101,11 @@ class JobQuotas:
                                    f"({self.max_value_bytes} bytes); nothing written")
         if uid == 0:
             return value
+        if self._paused is not None:
+            why = self._paused(job)
+            if why is not None:
+                raise Refused("paused", f"{op}: {why}; nothing written")
+        cost = float(len(value) + WRITE_OVERHEAD)
         now = self._clock()
         with self._lock:
             b = self._buckets.get(job)
@@ -98,7 +121,18 @@ class JobQuotas:
                                        f"(agent.job_etcd_writes_per_sec={self.rate:g}, "
                                        f"burst {self.burst}); nothing written, try again "
                                        f"in {wait:.2f}s")
+            n = self._node
+            n.tokens = min(float(self.node_burst), n.tokens + (now - n.at) * self.node_rate)
+            n.at = now
+            if n.tokens < cost:
+                wait = (cost - n.tokens) / self.node_rate
+                raise Refused("quota", f"{op}: this node's jobs are over their etcd budget "
+                                       "(agent.node_etcd_kb_per_sec="
+                                       f"{self.node_rate / 1024:g}, burst "
+                                       f"{self.node_burst >> 10} KiB); nothing written, try "
+                                       f"again in {wait:.2f}s")
             b.tokens -= 1.0
+            n.tokens -= cost
         return value
 
     def _forget_full(self, now: float) -> None:
@@ -148,6 +182,43 @@ class JobQuotas:
         return used
 
 
+class PauseBook:
+    """The leader's pauses of jobs' reports (``jobs/<id>/paused``), read at most every
+    ``refresh_sec`` per job; call it with a job id: the pause's line, or None.
+
+    etcd out of reach: the last answer stands (none for a job never read), since the
+    writes it would guard fail then anyway.
+    """
+
+    def __init__(self, store: StateStore, keys: Keys, refresh_sec: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.keys, self.refresh = store, keys, refresh_sec
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[str, tuple[str | None, float]] = {}
+
+    def __call__(self, job: str) -> str | None:
+        now = self._clock()
+        with self._lock:
+            got = self._seen.get(job)
+        if got is not None and now - got[1] < self.refresh:
+            return got[0]
+        why = got[0] if got is not None else None
+        try:
+            kv = self.store.get(self.keys.job_paused(job))
+            why = None if kv is None else ReportPause.from_json(kv.key, kv.value).line()
+        except RecordError as exc:
+            # A pause the leader wrote that cannot be read is still a pause.
+            why = f"reports of job {job} paused by the leader ({exc})"
+        except StoreError:
+            pass
+        with self._lock:
+            if len(self._seen) >= _MAX_BUCKETS:
+                self._seen.clear()
+            self._seen[job] = (why, now)
+        return why
+
+
 def dir_bytes(path: Path) -> int:
     """Bytes of the regular files under ``path`` (symlinks not followed); 0 if none."""
     total = 0
@@ -161,18 +232,33 @@ def dir_bytes(path: Path) -> int:
     return total
 
 
-def job_size(store: StateStore, keys: Keys, job: str) -> int | None:
+def job_size(store: StateStore, keys: Keys, job: str, node: str | None = None) -> int | None:
     """Ranks of ``job``'s current run: its rank map's; before the map (or when it failed)
-    the most its nodes hold (nodes × ``ranks_per_node``); None if not registered."""
+    the most its nodes hold (nodes × ``ranks_per_node``); None if not registered.
+
+    With ``node`` (the asking agent's): Refused (kind ``node``) unless ``node`` is one of
+    the job's nodes as its registration recorded them from Slurm, or one its rank map
+    placed ranks or spares on. A rank registers only with its own node's agent, so
+    another node's ranks are not the job's.
+    """
     kv = store.get(keys.job(job))
     if kv is None:
         return None
     record = JobRecord.from_json(kv.key, kv.value)
     mkv = store.get(keys.job_map(job))
-    if mkv is not None:
-        rank_map = RankMap.from_json(mkv.key, mkv.value)
-        if rank_map.restart_count == record.restart_count and not rank_map.error:
-            return len(rank_map.nodes)
+    rank_map = None if mkv is None else RankMap.from_json(mkv.key, mkv.value)
+    current = (rank_map is not None and rank_map.restart_count == record.restart_count
+               and not rank_map.error)
+    if node is not None:
+        allowed = set(record.nodes)
+        if rank_map is not None and current:
+            allowed |= set(rank_map.nodes) | set(rank_map.spares)
+        if node not in allowed:
+            raise Refused("node", f"node {node} is not a node of job {job} (its nodes: "
+                                  f"{', '.join(sorted(allowed)) or 'none'}); a rank "
+                                  "registers only with the agent of a node of its job")
+    if rank_map is not None and current:
+        return len(rank_map.nodes)
     return len(set(record.nodes)) * record.spec.ranks_per_node
 
 

@@ -54,17 +54,29 @@ def config() -> None:
 def check(ctx: click.Context, file: str | None, as_json: bool) -> None:
     """Check FILE (or the config found by the lookup order) and print the effective config.
 
-    Exits 0 when valid; prints every error, one per line, and exits 2 otherwise.
+    Then the etcd budget, one term per line (as YAML comments): the most the agents'
+    writes for ranks can hold in etcd against its allowed share of the quota. Exits 0
+    when valid; prints every error, one per line, and exits 2 otherwise, also when the
+    agents' writes could fill etcd (naming the keys to change).
     """
+    from raps_slurm.core.budget import etcd_budget
+    from raps_slurm.errors import ConfigError
+
     path = cfgmod.find_config_path(file or ctx.obj.get("config_path"))
     cfg = cfgmod.load_file(path) if path is not None else cfgmod.Config()
     data = cfgmod.to_dict(cfg)
+    budget = etcd_budget(cfg)
     if as_json:
         click.echo(json.dumps(data, indent=2, sort_keys=False))
     else:
         source = str(path) if path is not None else "built-in defaults"
         click.echo(f"# effective config from {source}")
         click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+        click.echo("# etcd budget (docs/store.md, Budget):")
+        for line in budget.lines():
+            click.echo(f"#   {line}")
+    if not budget.fits:
+        raise ConfigError([f"etcd budget: {p}" for p in budget.problems])
 
 
 @config.command("defaults")

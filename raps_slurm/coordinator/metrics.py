@@ -36,6 +36,11 @@ class Metrics:
                                     registry=self.registry)
         self.etcd_quota = Gauge("raps_etcd_quota_bytes", "store.space_quota_bytes, etcd's "
                                 "--quota-backend-bytes (0 = unknown)", registry=self.registry)
+        self.reports_paused = Gauge("raps_coordinator_reports_paused", "jobs whose reports "
+                                    "the leader paused (etcd above "
+                                    "store.report_watermark_share)", registry=self.registry)
+        self.report_pauses = Counter("raps_coordinator_report_pauses", "times the leader "
+                                     "paused a job's reports", registry=self.registry)
         # What the leader's cycle sees (slurm/prometheus/raps.rules.yml alerts on these).
         self.nodes_dead = Gauge("raps_coordinator_nodes_dead",
                                 "nodes under a DEAD verdict and not registered since",

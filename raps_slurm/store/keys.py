@@ -175,6 +175,11 @@ class Keys:
         """An agent's ESCALATE verdict about a rank on its node."""
         return self.node_job_reports_prefix(node, job_id) + "verdicts/" + _number(rank, "rank")
 
+    def job_paused(self, job_id: int | str) -> str:
+        """The leader's pause of the job's reports (etcd above its watermark): agents
+        refuse the job's writes for ranks while it is there."""
+        return self.job_prefix(job_id) + "paused"
+
     def job_escalation(self, job_id: int | str) -> str:
         """A whole-job requeue the leader decided for one run of the job, and when Slurm
         took it."""
