@@ -1,22 +1,24 @@
-"""The ``job_key`` op of the agent's local API: a job's key for rank-to-rank traffic.
+"""The ``rank_keys`` op of the agent's local API: the keys of one rank's traffic with a peer.
 
-``job_key {job, rank}``  the job's 32-byte key (hex), served only to the uid that owns
-    the job (``SO_PEERCRED`` against the owner recorded at registration) and only for a
-    rank that uid registered with this agent; root may ask for any job.
+``rank_keys {job, rank, peer}``  for rank ``rank`` of ``job`` on this node and rank
+    ``peer``: ``node`` and ``epoch``, where the rank map says ``peer`` runs; ``connect``,
+    the key this rank proves when it connects to ``peer`` (hex, null when this node holds
+    no ticket for that node); ``accept``, the keys ``peer`` may prove when it connects
+    here (hex, a second one during a key rollover). Served only to the uid that owns the
+    job (``SO_PEERCRED`` against the owner recorded at registration) and only for a rank
+    that uid registered with this agent; root may ask for any job.
 
-PrologSlurmctld writes the key at registration (``jobs/<id>/secret``, a new one every
-run). A job registered without one (by a RAPS version before the key existed) gets one
-here, created once with create-if-absent so that every agent hands out the same key;
-where the agent's etcd role may not write ``jobs/`` (docs/store.md, Roles) that job's
-ranks are refused ``no_key`` instead.
+The keys are :func:`~raps_slurm.checkpoint.peer_keys.rank_key` of the two nodes' pair key
+(the one chunk transfer uses) and the run, so only the agents of the two nodes can hand
+them out, and ranks of an earlier run of the job cannot talk to this one's. No job holds a
+master secret: root on a node obtains only keys of connections that start or end there.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import typing
 from collections.abc import Callable
+from typing import TypeVar
 
 from raps_slurm.agent.api_schema import JOB, RANK, Refused
 from raps_slurm.agent.local_api import (
@@ -27,55 +29,63 @@ from raps_slurm.agent.local_api import (
     registered_epoch,
     require_owner,
 )
-from raps_slurm.errors import StorePermissionDenied
+from raps_slurm.checkpoint.peer_keys import PeerKeys, rank_key
+from raps_slurm.core.jobs import JobRecord, RankEntry
+from raps_slurm.errors import RecordError
 from raps_slurm.store import Keys, StateStore
 
-log = logging.getLogger("raps.agent")
-
-KEY_BYTES = 32
+T = TypeVar("T")
 
 
-def parse_key(raw: bytes) -> bytes | None:
-    """The key stored as ``raw`` (64 hex digits), None if it is not one."""
-    try:
-        key = bytes.fromhex(raw.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return key if len(key) == KEY_BYTES else None
+def run_name(record: JobRecord) -> str:
+    """What names one run of a job in its rank keys."""
+    return f"{record.job_id}\0{record.restart_count}\0{record.registered_at!r}"
 
 
-class JobKeyOps:
+class RankKeyOps:
     """The handler."""
 
     def __init__(self, store: StateStore, keys: Keys, ranks: RankTable,
-                 owner_of: Callable[[str], int | None]) -> None:
+                 owner_of: Callable[[str], int | None], peer_keys: PeerKeys) -> None:
         self.store, self.keys, self.ranks, self._owner_of = store, keys, ranks, owner_of
+        self.peer_keys = peer_keys
 
     def extensions(self) -> dict[str, Extension]:
-        """What :class:`LocalApiServer` serves for the job key."""
-        return {"job_key": Extension({"job": JOB, "rank": RANK}, self.job_key)}
+        """What :class:`LocalApiServer` serves for rank keys."""
+        return {"rank_keys": Extension({"job": JOB, "rank": RANK, "peer": RANK},
+                                       self.rank_keys)}
 
-    def job_key(self, f: dict[str, object], peer: Peer, fds: list[int]
-                ) -> tuple[dict[str, object], list[int]]:
+    def rank_keys(self, f: dict[str, object], peer: Peer, fds: list[int]
+                  ) -> tuple[dict[str, object], list[int]]:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        other = typing.cast(int, f["peer"])
         require_owner(self._owner_of, peer, job)
         registered_epoch(self.ranks, peer, job, rank)  # a rank of this uid, on this node
-        return {"ok": True, "key": self.key(job).hex()}, []
+        run = run_name(self._record(job))
+        entry = self._entry(job, other)
+        connect = self.peer_keys.connecting(entry.node)
+        accept = self.peer_keys.accepting(entry.node)
+        return {"ok": True, "node": entry.node, "epoch": entry.epoch,
+                "connect": None if connect is None else rank_key(connect, run).hex(),
+                "accept": [rank_key(k, run).hex() for k in accept]}, []
 
-    def key(self, job: str) -> bytes:
-        """The job's key, made once if the registration wrote none."""
-        name = self.keys.job_secret(job)
-        kv = self.store.get(name)
-        if kv is None and self._owner_of(job) is not None:
-            try:
-                if self.store.create(name, os.urandom(KEY_BYTES).hex().encode()):
-                    log.info("job %s had no key for its ranks' traffic: made one", job)
-            except StorePermissionDenied as exc:
-                raise Refused("no_key", f"job {job} was registered without a key for its "
-                              "ranks' traffic, and this agent may not make one") from exc
-            kv = self.store.get(name)
-        key = parse_key(kv.value) if kv is not None else None
-        if key is None:
-            raise Refused("no_key", f"job {job} has no valid key for its ranks' traffic")
-        return key
+    def _record(self, job: str) -> JobRecord:
+        return _read(self.store, self.keys.job(job), JobRecord.from_json, "no_job",
+                     f"job {job} is not registered")
+
+    def _entry(self, job: str, rank: int) -> RankEntry:
+        return _read(self.store, self.keys.job_rank(job, rank), RankEntry.from_json,
+                     "no_peer", f"rank {rank} of job {job} is not in the rank map")
+
+
+def _read(store: StateStore, key: str, parse: Callable[[str, bytes], T], kind: str,
+          missing: str) -> T:
+    """The record at ``key``; Refused(``kind``) if it is missing or unreadable."""
+    kv = store.get(key)
+    if kv is None:
+        raise Refused(kind, missing)
+    try:
+        return parse(kv.key, kv.value)
+    except RecordError as exc:
+        raise Refused(kind, str(exc)) from None

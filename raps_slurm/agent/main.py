@@ -29,7 +29,7 @@ import sdnotify
 
 from raps_slurm.agent.ckpt_api import CheckpointOps
 from raps_slurm.agent.health import HealthReporter
-from raps_slurm.agent.key_api import JobKeyOps
+from raps_slurm.agent.key_api import RankKeyOps
 from raps_slurm.agent.local_api import LocalApiServer, RankTable
 from raps_slurm.agent.msg_api import MessagingOps
 from raps_slurm.agent.node import NodeAgent
@@ -143,7 +143,8 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
                                                     quotas).extensions(),
                                      **RecoveryOps(store, keys, node, ranks, owner_of,
                                                    quotas).extensions(),
-                                     **JobKeyOps(store, keys, ranks, owner_of).extensions()},
+                                     **RankKeyOps(store, keys, ranks, owner_of,
+                                                peer_keys).extensions()},
                          size_of=lambda job: job_size(store, keys, job, node),
                          quotas=quotas)
     supervisor = RankSupervisor(agent, api.ranks, store, keys, mine)

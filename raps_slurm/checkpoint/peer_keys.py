@@ -11,6 +11,11 @@ key it holds lets it pass for another node as a client or as a server.
 
 Without a tickets file an agent derives everything from the cluster key, as ``rapsctl``
 on the head node always does (:meth:`PeerKeys.from_cluster`).
+
+Rank-to-rank traffic uses the same pair keys under another label (:func:`rank_key`): a
+rank on node ``c`` connecting to a rank on node ``s`` proves ``rank_key(pair key of c at
+s, run)``, so only the agents of ``c`` and ``s`` can hand it out (docs/messaging.md,
+Authentication).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from raps_slurm.errors import BadDatagram, ConfigError
 from raps_slurm.keyfile import read_private, write_key
 
 TICKET_CONTEXT = b"raps-transfer\x00"  # domain separation from the heartbeat node keys
+RANK_CONTEXT = b"raps-rank\x00"  # rank traffic keys: another use of the same pair keys
 TICKETS_FORMAT = "raps-transfer-tickets/1"
 MAX_TICKETS_FILE = 8 << 20  # about 80,000 nodes' tickets
 
@@ -31,6 +37,13 @@ def pair_key(server_key: bytes, client: str) -> bytes:
     """The key client ``client`` uses at the server whose node key is ``server_key``."""
     return hmac.digest(server_key, TICKET_CONTEXT + client.encode("utf-8", "replace"),
                        "sha256")
+
+
+def rank_key(pair: bytes, run: str) -> bytes:
+    """The key of one run's rank traffic from the pair key ``pair`` (client node at server
+    node); ``run`` names the run (job id, restart count, registration time), so ranks of an
+    earlier run of the job cannot talk to this one's."""
+    return hmac.digest(pair, RANK_CONTEXT + run.encode("utf-8", "replace"), "sha256")
 
 
 class PeerKeys:
@@ -69,6 +82,11 @@ class PeerKeys:
         if self._own_keys is None:
             self._own_keys = self._own()
         return [pair_key(k, client) for k in self._own_keys]
+
+    def connecting(self, server: str) -> bytes | None:
+        """This node's pair key at ``server`` as a client: its ticket, or for itself its
+        own key (a node holds no ticket for itself)."""
+        return self.accepting(server)[0] if server == self.node else self.ticket(server)
 
     def ticket(self, server: str) -> bytes | None:
         """This node's key at ``server`` (None: no ticket for it)."""

@@ -186,17 +186,9 @@ def _prolog_slurmctld(cfg: Config, env: Mapping[str, str], budget: float) -> int
                 ops.append(Delete(keys.job_reports_prefix(record.job_id), prefix=True))
             if action in ("create", "reuse"):
                 ops.append(Delete(keys.purged(record.job_id)))  # a new job with an old id
-            # The job's key for rank-to-rank traffic (docs/messaging.md, Authentication),
-            # new for every run: ranks of an earlier run cannot talk to this one's. etcd
-            # refuses a put inside a range the same transaction deletes: after a reuse
-            # it is written next (no rank of the new job runs before this prolog ends).
-            secret = Put(keys.job_secret(record.job_id), os.urandom(32).hex().encode())
-            if action != "reuse":
-                ops.append(secret)
             guard = Guard(key, kv.mod_revision if kv is not None else 0)
             if store.transaction([guard], ops):
                 if action == "reuse":
-                    store.put(secret.key, secret.value)
                     # What the old job's nodes reported (too many ranges for the txn).
                     old = set(existing.nodes) if existing is not None else set()
                     for node in sorted(old | set(record.nodes)):

@@ -148,9 +148,9 @@ class Context(PeerLinks):
         self.preempted = False
         self._records_pending = False  # determinants not yet flushed (see record())
         self._records_replay: list[bytes] = []
-        # Peers authenticate with the job's key (docs/messaging.md, Authentication).
+        # Peers authenticate with their nodes' keys (docs/messaging.md, Authentication).
         self.listener = Listener(self.s.host, self._on_frame, self._on_close,
-                                 Auth(port.job_key(), rank, self.s.max_message,
+                                 Auth(port.rank_keys, rank, self.s.max_message,
                                       epoch=epoch, frame_mac=self.s.frame_mac),
                                  self.s.spin_us / 1e6)
         host, port_no = self.listener.address

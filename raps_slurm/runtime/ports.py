@@ -26,13 +26,13 @@ from raps_slurm.checkpoint.manifest import Manifest
 from raps_slurm.checkpoint.reader import materialize
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.runtime.agent_client import AgentError
-from raps_slurm.runtime.transport import KEY_BYTES
+from raps_slurm.runtime.transport import KEY_BYTES, RankKeys
 
 
 class Port(Protocol):
     """What the runtime needs from its agent (or its stand-in)."""
 
-    def job_key(self) -> bytes: ...
+    def rank_keys(self, peer: int) -> RankKeys: ...
     def publish(self, host: str, port: int, epoch: int, done: bool = False) -> None: ...
     def lookup(self, rank: int) -> tuple[str, int, int, bool] | None: ...
     def log_append(self, parts: list[bytes | memoryview]) -> None: ...
@@ -82,6 +82,12 @@ class LocalPort:
         if current is not None and current != self.epoch:
             raise AgentError(f"rank {self.rank} is at epoch {current}; this copy is epoch "
                              f"{self.epoch}", "epoch")
+
+    def rank_keys(self, peer: int) -> RankKeys:
+        """One key for every pair (a local run is one user's ranks on one host), and the
+        epoch ``peer`` runs at."""
+        key = self.job_key()
+        return RankKeys(key, (key,), self.current_epoch(peer))
 
     def job_key(self) -> bytes:
         """The run's key: ``job.key`` in the directory, made by whichever rank asks first
@@ -209,23 +215,39 @@ class AgentPort:
         # one must not hold up log flushes.
         self._msg = CheckpointClient(socket_path, job, rank, epoch, timeout=60)
         self._msg_lock = threading.Lock()
+        self._socket_path = socket_path
+        self._keys: CheckpointClient | None = None
+        self._keys_lock = threading.Lock()
 
     def _call(self, message: dict[str, Any], fds: list[int] | None = None
               ) -> tuple[dict[str, Any], list[int]]:
         with self._msg_lock:
             return self._msg._call(message, fds)
 
-    def job_key(self) -> bytes:
-        """The job's key from the agent (served to the job owner's registered ranks only)."""
-        reply, _ = self._call({"op": "job_key", "job": self.job, "rank": self.rank})
-        text = reply.get("key")
+    def rank_keys(self, peer: int) -> RankKeys:
+        """The keys of this rank's traffic with ``peer`` and the epoch the rank map gives
+        it, from the agent (served to the job owner's registered ranks only). On a
+        connection of its own: a handshake must not wait behind a log flush."""
+        with self._keys_lock:
+            if self._keys is None:
+                from raps_slurm.runtime.checkpoint import CheckpointClient
+
+                self._keys = CheckpointClient(self._socket_path, self.job, self.rank,
+                                              self.epoch, timeout=30)
+            reply, _ = self._keys._call({"op": "rank_keys", "job": self.job,
+                                         "rank": self.rank, "peer": peer})
         try:
-            key = bytes.fromhex(text) if isinstance(text, str) else b""
-        except ValueError:
-            key = b""
-        if len(key) != KEY_BYTES:
-            raise AgentError(f"the agent's job key for job {self.job} is malformed")
-        return key
+            connect = reply.get("connect")
+            accept = tuple(bytes.fromhex(k) for k in reply["accept"])
+            keys = RankKeys(b"" if connect is None else bytes.fromhex(connect), accept,
+                            int(reply["epoch"]))
+        except (KeyError, TypeError, ValueError):
+            keys = RankKeys(b"", (), None)
+        if not keys.accept or any(len(k) != KEY_BYTES for k in (*keys.accept, keys.connect)
+                                  if k):
+            raise AgentError(f"the agent's keys for job {self.job}, rank {peer}, are "
+                             "malformed")
+        return keys
 
     def publish(self, host: str, port: int, epoch: int, done: bool = False) -> None:
         self._call({"op": "peer_publish", "job": self.job, "rank": self.rank,
@@ -296,6 +318,9 @@ class AgentPort:
     def close(self) -> None:
         self.ckpt.close()
         self._msg.close()
+        with self._keys_lock:
+            if self._keys is not None:
+                self._keys.close()
         self.agent.close()
 
 

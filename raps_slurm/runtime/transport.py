@@ -8,23 +8,28 @@ application's thread while it waits for a message and on a background thread oth
 a rank's reading never waits long for its application, so two ranks that send to each
 other as fast as they can never block each other in TCP.
 
-**Authentication** (docs/messaging.md, Authentication). Every rank of a job holds the
-job's 32-byte secret (made at registration, handed by the agent only to the owner's
-ranks). A connection starts with a challenge-response in plain frames of
+**Authentication** (docs/messaging.md, Authentication). A connection from a rank on
+node ``c`` to a rank on node ``s`` is keyed by a key of that pair of nodes and the run
+(:class:`RankKeys`, handed by the agents of ``c`` and ``s`` only, to the job owner's
+ranks only). It starts with a challenge-response in plain frames of
 :mod:`raps_slurm.framing` (at most :data:`HANDSHAKE_MAX` bytes, within
 :data:`HANDSHAKE_TIMEOUT`):
 
-1. the connecting rank sends ``"raps-rank/2" | Nc (16 random bytes) | src u32 | dst u32
+1. the connecting rank sends ``"raps-rank/3" | Nc (16 random bytes) | src u32 | dst u32
    | src epoch u64 | dst epoch u64 | mode u8``;
-2. the listening rank answers ``Ns (16 random bytes) | P("s")``;
-3. the connecting rank checks ``P("s")`` and answers ``P("c")``,
+2. the listening rank looks up where the rank map puts ``src`` and at which epoch: a
+   hello whose ``src epoch`` is not that one is refused. It answers ``Ns (16 random
+   bytes) | P("s")`` under each key it accepts from ``src``'s node (two during a key
+   rollover);
+3. the connecting rank checks that one of them is ``P("s")`` under its key and answers
+   ``P("c")``,
 
-where ``P(side) = blake3(key=secret, "raps-rank/2" | side | Nc | Ns | src | dst | epochs
-| mode)``. Both sides prove they hold the secret, and each proof covers the other side's
-fresh nonce: a recorded handshake replayed on a new connection fails. The listener
-refuses a hello for another rank, another incarnation of itself (``dst epoch``) or
-another ``mode``; every frame on the connection must then carry the handshake's source,
-destination and source epoch.
+where ``P(side) = blake3(key, "raps-rank/3" | side | Nc | Ns | src | dst | epochs |
+mode)``. Both sides prove they hold the pair's key, and each proof covers the other
+side's fresh nonce: a recorded handshake replayed on a new connection fails. The
+listener refuses a hello for another rank, another incarnation of itself (``dst
+epoch``) or another ``mode``; every frame on the connection must then carry the
+handshake's source, destination and source epoch.
 
 ``mode`` is ``messagelog.frame_mac``. Under ``all`` every later frame is a framing frame
 ``u32 length | body | tag`` whose tag is keyed blake3 (session key ``P("k")``) over the
@@ -72,6 +77,7 @@ import blake3
 
 from raps_slurm import framing
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
+from raps_slurm.errors import RapsError
 from raps_slurm.gate import Gate
 from raps_slurm.logquota import LogQuota
 from raps_slurm.runtime.msglog import RECORD, checksum
@@ -83,13 +89,13 @@ HEADER = struct.Struct(">BIIQQII")
 DATA, HELLO, RESEND, COVERED, SENT_FLOOR, DELIVERED, PROGRESS = 1, 2, 3, 4, 5, 6, 7
 NAMES = {DATA: "DATA", HELLO: "HELLO", RESEND: "RESEND", COVERED: "COVERED",
          SENT_FLOOR: "SENT_FLOOR", DELIVERED: "DELIVERED", PROGRESS: "PROGRESS"}
-PROTOCOL = b"raps-rank/2"
+PROTOCOL = b"raps-rank/3"
 FRAME_MAC = ("control", "all")  # messagelog.frame_mac: which frames carry a MAC
 KEY_BYTES = 32
 # The default bound on one message's payload (Settings.max_message): a logged message is
 # one record of one log segment, or it could never be spilled to the log store.
 MAX_MESSAGE = MAX_SEGMENT - RECORD.size
-HANDSHAKE_MAX = 64  # bytes of a handshake frame: a 2 GiB header is refused from 4 bytes
+HANDSHAKE_MAX = 96  # bytes of a handshake frame: a 2 GiB header is refused from 4 bytes
 HANDSHAKE_TIMEOUT = 10.0  # the whole handshake, so a slow or silent stranger goes
 MAX_HANDSHAKES = 32  # connections in their handshake at once; more evict the oldest
 HANDSHAKES_PER_SOURCE = 16  # of those, from one address: at most half the slots
@@ -160,25 +166,42 @@ def decode(body: bytes | bytearray | memoryview, *, owned: bool = False) -> Fram
     return Frame(kind, src, dst, seq, epoch, length, crc)
 
 
+@dataclass(frozen=True)
+class RankKeys:
+    """The keys of one rank's traffic with a peer, and where the rank map puts the peer:
+    ``connect`` is proved when connecting to it (empty: none to be had), ``accept`` are
+    the keys it may prove when it connects here, ``epoch`` the epoch it runs at (None:
+    not checked, for a fixed test key)."""
+
+    connect: bytes
+    accept: tuple[bytes, ...]
+    epoch: int | None
+
+
 def tagged(kind: int, mode: str) -> bool:
     """Whether a frame of ``kind`` carries a MAC under ``frame_mac`` ``mode``."""
     return mode == "all" or kind != DATA
 
 
 class Auth:
-    """One rank's side of its job's secret: proofs, session keys, refusal counts.
-    ``epoch`` is this incarnation's, ``frame_mac`` which frames carry a MAC
-    (:data:`FRAME_MAC`)."""
+    """One rank's keys: proofs, session keys, refusal counts. ``keys`` gives the
+    :class:`RankKeys` of a peer rank (or is one key for every pair, in tests); ``epoch``
+    is this incarnation's, ``frame_mac`` which frames carry a MAC (:data:`FRAME_MAC`)."""
 
-    def __init__(self, key: bytes, rank: int, max_message: int = MAX_MESSAGE, *,
-                 epoch: int = 0, frame_mac: str = "control") -> None:
-        if len(key) != KEY_BYTES:
-            raise ValueError(f"job key of {len(key)} bytes: exactly {KEY_BYTES} are needed")
+    def __init__(self, keys: bytes | Callable[[int], RankKeys], rank: int,
+                 max_message: int = MAX_MESSAGE, *, epoch: int = 0,
+                 frame_mac: str = "control") -> None:
+        if isinstance(keys, bytes):
+            if len(keys) != KEY_BYTES:
+                raise ValueError(f"key of {len(keys)} bytes: exactly {KEY_BYTES} are needed")
+            fixed = RankKeys(keys, (keys,), None)
+            keys = lambda peer: fixed  # noqa: E731
         if not 0 < max_message <= (1 << 32) - 1 - HEADER.size - framing.TAG_SIZE:
             raise ValueError(f"max_message {max_message}: expected 1..4 GiB")
         if frame_mac not in FRAME_MAC:
             raise ValueError(f"frame_mac {frame_mac!r}: expected one of {', '.join(FRAME_MAC)}")
-        self._key, self.rank, self.max_message = key, rank, max_message
+        self._source, self.rank, self.max_message = keys, rank, max_message
+        self._keys: dict[int, RankKeys] = {}
         self.epoch, self.frame_mac = epoch, frame_mac
         self.mode = FRAME_MAC.index(frame_mac)
         self.max_frame = HEADER.size + max_message + framing.TAG_SIZE
@@ -186,12 +209,31 @@ class Auth:
         self._lock = threading.Lock()
         self._quota = LogQuota(log)
 
-    def proof(self, side: bytes, nc: bytes, ns: bytes, src: int, dst: int,
+    def keys_for(self, peer: int, fresh: bool = False) -> RankKeys:
+        """``peer``'s :class:`RankKeys`, asked once and kept (``fresh``: asked again, as
+        after the peer moved or a handshake with it failed); FrameError if not to be had."""
+        with self._lock:
+            keys = None if fresh else self._keys.get(peer)
+        if keys is None:
+            try:
+                keys = self._source(peer)
+            except (OSError, RapsError) as exc:
+                raise FrameError(f"no keys for rank {peer}: {exc}", "handshake") from None
+            with self._lock:
+                self._keys[peer] = keys
+        return keys
+
+    def forget(self, peer: int) -> None:
+        """Ask for ``peer``'s keys again next time."""
+        with self._lock:
+            self._keys.pop(peer, None)
+
+    def proof(self, key: bytes, side: bytes, nc: bytes, ns: bytes, src: int, dst: int,
               src_epoch: int = 0, dst_epoch: int = 0) -> bytes:
-        """``P(side)`` of the module docstring (this rank's ``frame_mac`` bound in)."""
+        """``P(side)`` of the module docstring under ``key`` (this rank's ``frame_mac``
+        bound in)."""
         bound = _BOUND.pack(src, dst, src_epoch, dst_epoch, self.mode)
-        return bytes(blake3.blake3(PROTOCOL + side + nc + ns + bound,
-                                   key=self._key).digest())
+        return bytes(blake3.blake3(PROTOCOL + side + nc + ns + bound, key=key).digest())
 
     def tagged(self, first: int) -> bool:
         """Whether a frame whose body starts with ``first`` (its kind) carries a MAC."""
@@ -303,15 +345,24 @@ class Listener:
             raise FrameError(f"rank {src} uses frame_mac {theirs}, this rank "
                              f"{self.auth.frame_mac}: a job's nodes must share "
                              "messagelog.frame_mac", "handshake")
+        keys = self.auth.keys_for(src)
+        if keys.epoch is not None and keys.epoch != src_epoch:
+            keys = self.auth.keys_for(src, fresh=True)  # it may have moved since
+            if keys.epoch != src_epoch:
+                raise FrameError(f"hello from rank {src} epoch {src_epoch}; the rank map "
+                                 f"has it at epoch {keys.epoch}", "epoch")
         bound = (src, dst, src_epoch, dst_epoch)
         ns = os.urandom(_NONCE)
-        framing.send_parts(conn, [ns, self.auth.proof(b"s", nc, ns, *bound)],
-                           max_size=HANDSHAKE_MAX)
+        proofs = [self.auth.proof(k, b"s", nc, ns, *bound) for k in keys.accept[:2]]
+        framing.send_parts(conn, [ns, *proofs], max_size=HANDSHAKE_MAX)
         answer = reader.read(idle_timeout=HANDSHAKE_TIMEOUT)
-        if not hmac.compare_digest(answer, self.auth.proof(b"c", nc, ns, *bound)):
-            raise FrameError(f"rank {src}'s proof does not match the job key",
+        key = next((k for k in keys.accept[:2] if hmac.compare_digest(
+            answer, self.auth.proof(k, b"c", nc, ns, *bound))), None)
+        if key is None:
+            self.auth.forget(src)
+            raise FrameError(f"rank {src}'s proof does not match the key of its node",
                              "authentication")
-        reader.mac = framing.FrameMac(self.auth.proof(b"k", nc, ns, *bound), "blake3",
+        reader.mac = framing.FrameMac(self.auth.proof(key, b"k", nc, ns, *bound), "blake3",
                                       b"c")
         reader.tagged = self.auth.tagged
         reader.max_size = self.auth.max_frame
@@ -413,6 +464,10 @@ class Outgoing:
         self.lock = threading.Lock()
 
     def _handshake(self, auth: Auth, dst: int, peer: str, timeout: float) -> framing.FrameMac:
+        key = auth.keys_for(dst).connect
+        if not key:
+            raise FrameError(f"no key to reach rank {dst} at {peer}: this node holds no "
+                             "ticket for its node", "authentication")
         nc = os.urandom(_NONCE)
         bound = (auth.rank, dst, auth.epoch, self.peer_epoch)
         try:
@@ -424,20 +479,23 @@ class Outgoing:
         except framing.FrameError as exc:
             raise FrameError(f"handshake with rank {dst} at {peer}: {exc}",
                              "handshake") from None
-        ns, proof = answer[:_NONCE], answer[_NONCE:]
-        if len(ns) != _NONCE or not hmac.compare_digest(
-                proof, auth.proof(b"s", nc, ns, *bound)):
+        ns, proofs = answer[:_NONCE], answer[_NONCE:]
+        expected = auth.proof(key, b"s", nc, ns, *bound)
+        if len(ns) != _NONCE or len(proofs) not in (KEY_BYTES, 2 * KEY_BYTES) or not any(
+                hmac.compare_digest(proofs[i:i + KEY_BYTES], expected)
+                for i in range(0, len(proofs), KEY_BYTES)):
             # someone else listens there (a stale address, or a stranger): not our peer
-            auth.refuse("authentication", peer, f"it did not prove it holds the job key "
-                        f"of rank {dst}")
+            auth.forget(dst)
+            auth.refuse("authentication", peer, f"it did not prove it holds the key of "
+                        f"rank {dst}'s node")
             raise FrameError(f"rank {dst} at {peer} failed authentication", "authentication")
         try:
-            framing.send_parts(self.sock, [auth.proof(b"c", nc, ns, *bound)],
+            framing.send_parts(self.sock, [auth.proof(key, b"c", nc, ns, *bound)],
                                max_size=HANDSHAKE_MAX)
         except framing.FrameError as exc:
             raise FrameError(f"handshake with rank {dst} at {peer}: {exc}",
                              "handshake") from None
-        return framing.FrameMac(auth.proof(b"k", nc, ns, *bound), "blake3", b"c")
+        return framing.FrameMac(auth.proof(key, b"k", nc, ns, *bound), "blake3", b"c")
 
     def send(self, parts: list[bytes | memoryview]) -> None:
         """Write one frame whole, its header first (OSError if the peer is gone or the

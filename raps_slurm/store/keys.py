@@ -6,7 +6,7 @@ Layout under the prefix (default ``/raps/v1/``)::
     leader
     nodes/<node>                  nodes/<node>/health           nodes/<node>/verdict
     nodes/<node>/health-verdict
-    jobs/<jobid>                  jobs/<jobid>/map              jobs/<jobid>/secret
+    jobs/<jobid>                  jobs/<jobid>/map
     jobs/<jobid>/ranks/<rank>     jobs/<jobid>/groups/<rank>
     jobs/<jobid>/escalation       jobs/<jobid>/verdicts/<rank>  (the leader's HUNG)
     plans/<id>                    cancels/<id>                  (an admin's cancel-plan)
@@ -190,10 +190,6 @@ class Keys:
         that node's agent."""
         return self.node_job_reports_prefix(node, job_id) + "peers/" + _number(rank, "rank")
 
-    def job_secret(self, job_id: int | str) -> str:
-        """The job's key for rank-to-rank traffic (hex), made at registration; daemons
-        read it, the agent hands it to the owner's ranks only."""
-        return self.job_prefix(job_id) + "secret"
 
     def job_msgstats(self, node: str, job_id: int | str, rank: int) -> str:
         """One rank's message-log figures (sent, delivered, logged, collected per peer), as

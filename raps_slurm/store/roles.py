@@ -6,7 +6,7 @@ Which component writes what (``keys.py`` has the layout):
   node verdicts, ``history/``, ``weights/``, ``plans/``, ``purged/``, rank HUNG verdicts,
   purges; compacts the history. It may write the whole prefix.
 - ``raps-hooks`` (PrologSlurmctld/EpilogSlurmctld, SlurmUser): the job record
-  ``jobs/<job>`` and its ``secret``; deletes ``jobs/<job>/``, the job's reports (a job id
+  ``jobs/<job>``; deletes ``jobs/<job>/``, the job's reports (a job id
   used again) and ``purged/<job>``. Nothing else, not even a read.
 - ``raps-agent`` (a role without a user, held by every agent): the checkpoint records of
   ranks (``reports/jobs/``). It reads ``leader``, ``jobs/``, ``plans/``, ``purged/``,

@@ -43,8 +43,8 @@ def heat_reference(tmp: Path, ranks: int, args: Sequence[str]) -> str:
 def agent_job(store: StateStore, keys: Keys, nodes: Sequence[str], *, spare: str = "n5",
               backup: str = "n4", owner: int | None = None, user: str = "") -> str:
     """A new job id and what registration writes for it, for tests that start its ranks by
-    hand on ``nodes`` (one each, epoch 1): the rank map, the ranks' traffic key, each
-    rank's entry and backup group, and the job record naming ``owner`` (root without one:
+    hand on ``nodes`` (one each, epoch 1): the rank map, each rank's entry and backup
+    group, and the job record naming ``owner`` (root without one:
     a user's ranks are served only for a job that names its owner) and every node here
     (a restore takes only records that name nodes of the job)."""
     job = str(500000 + uuid.uuid4().int % 100000)
@@ -52,7 +52,6 @@ def agent_job(store: StateStore, keys: Keys, nodes: Sequence[str], *, spare: str
     store.put(keys.job(job), JobRecord(job, 0, 0 if owner is None else owner, every,
                                        JobSpec(spares=1), user=user).to_json())
     store.put(keys.job_map(job), RankMap(job, 0, tuple(nodes), (spare,), 1, 0.0).to_json())
-    store.put(keys.job_secret(job), os.urandom(32).hex().encode())
     for r, node in enumerate(nodes):
         store.put(keys.job_rank(job, r), RankEntry(r, node, 1, "running", (spare,)).to_json())
         store.put(keys.job_group(job, r), group_to_json(BackupGroup(r, node, backup, ())))

@@ -150,7 +150,6 @@ def test_hooks_register_and_end_a_job_but_touch_nothing_else(cluster: Cluster) -
     with cluster.store("raps-coordinator") as coord:
         record = json.loads(coord.get(k.job(JOB)).value)  # type: ignore[union-attr]
         assert record["owner_uid"] == 1000 and record["state"] == "ended"
-        assert coord.get(k.job_secret(JOB)) is not None
     # requeued onto other nodes: the earlier run's stay nodes of the job for its records
     assert run_hook("prolog-slurmctld", conf, {**_env(), "SLURM_JOB_RESTART_COUNT": "1",
                                                "SLURM_JOB_NODELIST": "n[2-3]"}) == 0
@@ -212,13 +211,12 @@ def test_agent_reports_but_cannot_rewrite_what_others_decide(cluster: Cluster) -
             _refused(agent, key)
         assert not record_event(agent, k, "n2", plan.plan_id, "running", {})
         # what it reads
-        for key in (k.leader(), k.job(job), k.job_map(job), k.job_secret(job),
-                    k.plan(plan.plan_id)):
+        for key in (k.leader(), k.job(job), k.job_map(job), k.plan(plan.plan_id)):
             assert agent.get(key) is not None, key
         agent.get_prefix(k.purged_prefix())
         agent.get_prefix(k.job_ranks_prefix(job))
         # what it must not write: maps, job records (owner), plans, the leader, ranks
-        for key in (k.job_map(job), k.job(job), k.job_secret(job), k.job_rank(job, 0),
+        for key in (k.job_map(job), k.job(job), k.job_rank(job, 0),
                     k.job_group(job, 0), k.job_escalation(job), k.plan(plan.plan_id),
                     k.leader(), k.purged(job), k.history_event("n1", "1"), k.weight("n1"),
                     k.weight_pin("n1"), k.audit("1-h-1")):

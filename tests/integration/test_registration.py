@@ -188,13 +188,9 @@ def test_hooks_call_no_slurm_command(cluster: LocalCluster, tmp_path: Path,
 
 
 def test_requeue_keeps_checkpoint_dirs_and_reregisters(
-        cluster: LocalCluster, jobs: Jobs, rapsctl: Rapsctl,
-        store: tuple[StateStore, Keys]) -> None:
+        cluster: LocalCluster, jobs: Jobs, rapsctl: Rapsctl) -> None:
     job = jobs.submit("--raps", "--raps-spares=1", "-N3", "--wrap", "sleep 300")
     first = mapped(rapsctl, job, timeout=10)
-    s, keys = store
-    key_kv = s.get(keys.job_secret(job))  # the ranks' key, written with the registration
-    assert key_kv is not None and len(bytes.fromhex(key_kv.value.decode())) == 32
     node = first["ranks"][0]["node"]
     marker = job_dir(cluster, node, job) / "generation-1"
     wait_until(f"{marker.parent} to exist", marker.parent.is_dir, timeout=10)
@@ -221,8 +217,6 @@ def test_requeue_keeps_checkpoint_dirs_and_reregisters(
 
     assert marker.read_text() == "checkpoint data"
     assert [r["epoch"] for r in second["ranks"]] == [2] * len(second["ranks"])
-    again = s.get(keys.job_secret(job))  # a new run, a new key
-    assert again is not None and again.value != key_kv.value
     # The hooks log after their etcd write (the leader may map the run first), and
     # run 0's EpilogSlurmctld is not ordered with run 1's registration: wait for each line.
     hook_logs = cluster.run_dir / "log" / "raps"
@@ -255,7 +249,7 @@ def test_finished_job_keys_and_data_go_after_the_grace_period(
 
 def test_fail_open_and_fail_closed_when_etcd_is_down(
         cluster: LocalCluster, jobs: Jobs, rapsctl: Rapsctl) -> None:
-    conf = cluster.config_path
+    conf = cluster.hooks_config_path
     original = conf.read_text()
     log_dir = cluster.run_dir / "log" / "raps"
     out = cluster.run_dir / "failopen"

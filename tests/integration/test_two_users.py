@@ -67,7 +67,7 @@ for t in targets:
             got[verb] = {"ok": False, "kind": exc.kind, "error": str(exc)}
     out["api"][str(rank)] = got
 
-    # the rank's own port: three ways in without the job's key
+    # the rank's own port: three ways in without its node pair's key
     hello = struct.pack(">BIIQQII", 2, 0, rank, 0, 2**62, 0, 0)  # HELLO, far-future epoch
     attempts = {
         "unauthenticated_hello": struct.pack(">I", len(hello)) + hello,
@@ -80,7 +80,7 @@ for t in targets:
         try:
             if data is None:  # a well-formed challenge, then a proof made without the key
                 # (rank 0 of epoch 1 calling epoch 1 of this rank, frame_mac control)
-                body = b"raps-rank/2" + os.urandom(16) + struct.pack(">IIQQB", 0, rank, 1, 1, 0)
+                body = b"raps-rank/3" + os.urandom(16) + struct.pack(">IIQQB", 0, rank, 1, 1, 0)
                 s.sendall(struct.pack(">I", len(body)) + body)
                 s.recv(4096)
                 s.sendall(struct.pack(">I", 32) + os.urandom(32))

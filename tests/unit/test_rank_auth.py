@@ -25,6 +25,7 @@ from raps_slurm.runtime.transport import (
     COVERED,
     DATA,
     DELIVERED,
+    HANDSHAKE_MAX,
     HELLO,
     PROTOCOL,
     Auth,
@@ -68,14 +69,15 @@ def raw_attack(address: tuple[str, int], src: int, dst: int) -> None:
 def wrong_key_attack(address: tuple[str, int], src: int, dst: int) -> None:
     """A peer that speaks the handshake with a key of its own, then sends the frames
     MAC'd with the session key it would have had."""
-    bad = Auth(os.urandom(32), src)
+    key = os.urandom(32)
+    bad = Auth(key, src)
     with socket.create_connection(address, timeout=10) as s:
         nc = os.urandom(16)
-        framing.send_parts(s, [HELLO_BYTES.pack(PROTOCOL, nc, src, dst, 0, 1, bad.mode)])
-        answer = bytes(framing.FrameReader(s, max_size=64).read(idle_timeout=10))
+        framing.send_parts(s, [HELLO_BYTES.pack(PROTOCOL, nc, src, dst, 1, 1, bad.mode)])
+        answer = bytes(framing.FrameReader(s, max_size=HANDSHAKE_MAX).read(idle_timeout=10))
         ns = answer[:16]
-        framing.send_parts(s, [bad.proof(b"c", nc, ns, src, dst, 0, 1)])
-        mac = framing.FrameMac(bad.proof(b"k", nc, ns, src, dst, 0, 1), "blake3", b"c")
+        framing.send_parts(s, [bad.proof(key, b"c", nc, ns, src, dst, 1, 1)])
+        mac = framing.FrameMac(bad.proof(key, b"k", nc, ns, src, dst, 1, 1), "blake3", b"c")
         try:
             for f in attack_frames(src, dst):
                 framing.send_parts(s, [f], mac=mac)
@@ -191,7 +193,7 @@ def test_four_attacks_on_running_ranks_change_nothing(tmp_path: Path) -> None:
     # the wrong key fails its proof; nothing reached a rank's frame handling
     assert refused.get("handshake", 0) >= 5 * len(contexts) // 2, refused
     assert refused.get("authentication", 0) >= len(contexts) // 2, refused
-    assert set(refused) <= {"handshake", "authentication", "connections"}, refused
+    assert set(refused) <= {"handshake", "authentication", "epoch", "connections"}, refused
     for ctx in contexts:  # no forged epoch was ever believed
         assert all((p["peer_epoch"] or 0) < 10 for p in ctx.stats()["peers"].values())
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
@@ -226,16 +228,16 @@ class Recorder:
     def handshake(self, auth: Auth, src: int, dst: int, epochs: tuple[int, int] = (1, 0)
                   ) -> framing.FrameMac:
         """As rank ``src`` of epoch ``epochs[0]`` calling ``dst`` of epoch ``epochs[1]``."""
-        nc = os.urandom(16)
+        nc, key = os.urandom(16), auth.keys_for(dst).connect
         bound = (src, dst, *epochs)
         self.send(framing.HEADER.pack(HELLO_BYTES.size) + HELLO_BYTES.pack(
             PROTOCOL, nc, *bound, auth.mode))
-        answer = bytes(framing.FrameReader(self.sock, max_size=64).read(idle_timeout=10))
+        answer = bytes(framing.FrameReader(self.sock, max_size=HANDSHAKE_MAX).read(idle_timeout=10))
         ns = answer[:16]
-        assert answer[16:] == auth.proof(b"s", nc, ns, *bound)  # the listener holds it
-        proof = auth.proof(b"c", nc, ns, *bound)
+        assert answer[16:] == auth.proof(key, b"s", nc, ns, *bound)  # the listener holds it
+        proof = auth.proof(key, b"c", nc, ns, *bound)
         self.send(framing.HEADER.pack(len(proof)) + proof)
-        return framing.FrameMac(auth.proof(b"k", nc, ns, *bound), "blake3", b"c")
+        return framing.FrameMac(auth.proof(key, b"k", nc, ns, *bound), "blake3", b"c")
 
     def send(self, data: bytes) -> None:
         self.sent += data

@@ -36,7 +36,7 @@ WRITERS: dict[str, set[str]] = {
     "purged_prefix": HOOKS_W, "purged": HOOKS_W,
     "jobs_prefix": HOOKS_W, "job": HOOKS_W, "job_prefix": HOOKS_W, "job_map": HOOKS_W,
     "job_groups_prefix": HOOKS_W, "job_ranks_prefix": HOOKS_W, "job_rank": HOOKS_W,
-    "job_group": HOOKS_W, "job_escalation": HOOKS_W, "job_secret": HOOKS_W,
+    "job_group": HOOKS_W, "job_escalation": HOOKS_W,
     "job_hung_verdict": HOOKS_W,
     # checkpoint records: every agent (a holder updates another node's record)
     "reports_prefix": NOBODY, "job_reports_root": BOTH, "job_reports_prefix": BOTH,
@@ -94,7 +94,7 @@ def test_the_agent_cannot_write_what_the_leader_or_the_hooks_decide() -> None:
     agent = next(r for r in roles(keys) if r.name == AGENT)
     hooks = next(r for r in roles(keys) if r.name == HOOKS)
     for key in (keys.job_map(1), keys.job(1), keys.job_rank(1, 0), keys.plan("1-0-1"),
-                keys.leader(), keys.job_secret(1), keys.node_verdict("n1"), keys.node("n1")):
+                keys.leader(), keys.node_verdict("n1"), keys.node("n1")):
         assert not permits(agent, key, "write"), key
     for key in (keys.leader(), keys.node_verdict("n1"), keys.plan("1-0-1")):
         assert not permits(hooks, key, "write"), key
