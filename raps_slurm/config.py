@@ -244,6 +244,13 @@ class AgentConfig:
                                  "above that rate", 1, 1 << 30)
     job_disk_quota_mb: int = _f(102_400, "checkpoint chunks plus log segments one job may "
                                 "keep on one node", 1, 1 << 30)
+    uid_restores_at_once: int = _f(1, "checkpoint restores one uid may have the agent run at "
+                                   "once", 1, 64)
+    uid_log_ops_at_once: int = _f(4, "log_read and log_append calls one uid may have the "
+                                  "agent run at once", 1, 256)
+    uid_memory_percent: float = _f(25.0, "share of the node's memory the agent may hold at "
+                                   "once for one uid's restores and log reads and appends",
+                                   1, 90)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,10 @@ store. Ops, each answered ``{"ok": true, ...}`` or an error with a kind:
 
 A pack counts against the job's disk quota on this node at its full size (before
 chunks already here are skipped) and a commit as one etcd write of the job
-(:mod:`raps_slurm.agent.quota`): refused with kind ``quota`` over them.
+(:mod:`raps_slurm.agent.quota`): refused with kind ``quota`` over them. A restore
+allocates only the non-zero part of the state and the chunks it pulls, charged to the
+caller's uid first; a uid runs at most ``agent.uid_restores_at_once`` at once
+(:mod:`raps_slurm.agent.uid_limits`): refused with kind ``busy`` or ``quota``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Refused, is_int
 from raps_slurm.agent.local_api import Extension, Peer, RankTable, close_fds, registered_epoch
 from raps_slurm.agent.quota import JobQuotas
 from raps_slurm.agent.recovery_api import record_event
+from raps_slurm.agent.uid_limits import RESTORE, UidLimits, shared
 from raps_slurm.checkpoint.manifest import MAX_MANIFEST
 from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
 from raps_slurm.checkpoint.restore import RestoreError
@@ -58,9 +62,10 @@ class CheckpointOps:
     """The handlers; sessions are bound to the uid that opened them."""
 
     def __init__(self, service: CheckpointService, ranks: RankTable,
-                 quotas: JobQuotas | None = None) -> None:
+                 quotas: JobQuotas | None = None, limits: UidLimits | None = None) -> None:
         self.service, self.ranks = service, ranks
         self.quotas = quotas if quotas is not None else JobQuotas()
+        self.limits = limits if limits is not None else shared(service, service.cfg.agent)
         self._owners: dict[str, tuple[int, str, int]] = {}  # session -> (uid, job, rank)
         self._lock = threading.Lock()
 
@@ -192,7 +197,9 @@ class CheckpointOps:
         epoch = self._rank_of(peer, job, rank)
         asked = time.time()
         try:
-            result = self.service.restore(job, rank)
+            # what the restore allocates is charged to the caller's uid, refused over it
+            with self.limits.op(RESTORE, peer.uid, "ckpt_restore") as charge:
+                result = self.service.restore(job, rank, charge)
         except RestoreError as exc:
             if epoch is not None:
                 self._lost(job, rank, epoch, peer, str(exc), not exc.unreached)

@@ -23,7 +23,10 @@ keeps them in the node's store and copies them to the rank's log backup. Ops:
 
 Every etcd write here (``peer_publish``, ``msg_stats``, ``escalate``) and every segment
 ``log_append`` keeps is charged to the job's quotas (:mod:`raps_slurm.agent.quota`):
-refused with kind ``quota`` over them.
+refused with kind ``quota`` over them. What ``log_append`` and ``log_read`` hold in the
+agent's memory (the segment; the log, copied into the reply's memory file a piece at a
+time) is charged to the caller's uid first, and a uid runs at most
+``agent.uid_log_ops_at_once`` of them at once (:mod:`raps_slurm.agent.uid_limits`).
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ from raps_slurm.agent.local_api import (
     require_owner,
 )
 from raps_slurm.agent.quota import JobQuotas
-from raps_slurm.checkpoint.logstore import MAX_SEGMENT, LogStoreError
-from raps_slurm.checkpoint.pack import is_sealed, sealed_bytes
+from raps_slurm.agent.uid_limits import LOG, Charge, UidLimits, shared
+from raps_slurm.checkpoint.logstore import MAX_SEGMENT, LogStore, LogStoreError
+from raps_slurm.checkpoint.pack import is_sealed, seal_memfd, sealed_bytes, write_all
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.errors import RecordError
@@ -68,9 +72,10 @@ class MessagingOps:
 
     def __init__(self, service: CheckpointService, ranks: RankTable,
                  owner_of: Callable[[str], int | None],
-                 quotas: JobQuotas | None = None) -> None:
+                 quotas: JobQuotas | None = None, limits: UidLimits | None = None) -> None:
         self.service, self.ranks, self._owner_of = service, ranks, owner_of
         self.quotas = quotas if quotas is not None else JobQuotas()
+        self.limits = limits if limits is not None else shared(service, service.cfg.agent)
         self.store, self.keys = service.store, service.keys
 
     def extensions(self) -> dict[str, Extension]:
@@ -142,16 +147,18 @@ class MessagingOps:
             size = os.fstat(fds[0]).st_size
             if size > MAX_SEGMENT:
                 raise Refused("size", f"log_append: {size} bytes is more than {MAX_SEGMENT}")
-            self.quotas.reserve_disk("log_append", job, size)
-            try:
-                n = self.service.append_log(job, rank, os.pread(fds[0], size, 0),
-                                            typing.cast(int, f["epoch"]))
-            except LogStoreError as exc:
-                self.quotas.release_disk(job, size)
-                raise Refused("log", f"log_append: {exc}") from None
-            except BaseException:
-                self.quotas.release_disk(job, size)
-                raise
+            with self.limits.op(LOG, peer.uid, "log_append") as charge:
+                charge(size)  # the segment is read whole: it is parsed before it is kept
+                self.quotas.reserve_disk("log_append", job, size)
+                try:
+                    n = self.service.append_log(job, rank, os.pread(fds[0], size, 0),
+                                                typing.cast(int, f["epoch"]))
+                except LogStoreError as exc:
+                    self.quotas.release_disk(job, size)
+                    raise Refused("log", f"log_append: {exc}") from None
+                except BaseException:
+                    self.quotas.release_disk(job, size)
+                    raise
             return {"ok": True, "segment": n}, []
         finally:
             close_fds(fds)
@@ -161,8 +168,16 @@ class MessagingOps:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank)
-        data = self.service.read_log(job, rank)
-        return {"ok": True, "size": len(data)}, [sealed_bytes(data, "raps-log")]
+        with self.limits.op(LOG, peer.uid, "log_read") as charge:
+            logs = self.service.logs
+            if logs.segments(job, rank):
+                fd, size = copy_log(logs, job, rank, charge)
+                return {"ok": True, "size": size}, [fd]
+            # none here (a spare after a relaunch): pulled from the log backup onto this
+            # node's disk a page at a time, then read
+            data = self.service.read_log(job, rank)
+            charge(len(data))
+            return {"ok": True, "size": len(data)}, [sealed_bytes(data, "raps-log")]
 
     def log_trim(self, f: dict[str, object], peer: Peer, fds: list[int]
                  ) -> tuple[dict[str, object], list[int]]:
@@ -195,3 +210,32 @@ class MessagingOps:
         self.store.put(self.keys.rank_escalation(self.service.node, job, rank),
                        self.quotas.write("escalate", job, peer.uid, json.dumps(value).encode()))
         return {"ok": True}, []
+
+
+LOG_PIECE = 4 << 20  # bytes of a segment read at once
+
+
+def copy_log(logs: LogStore, job: str, rank: int, charge: Charge) -> tuple[int, int]:
+    """A sealed memory file holding a rank's segments in order, and its size: the size
+    is charged first, then each segment is copied a piece at a time (the agent never
+    holds the log as one buffer). A segment trimmed meanwhile is left out, as
+    :meth:`LogStore.read` leaves it out."""
+    sizes = [(n, logs.size(job, rank, n)) for n in logs.segments(job, rank)]
+    charge(sum(s for _, s in sizes))
+    fd = os.memfd_create("raps-log", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        total = 0
+        for n, size in sizes:
+            off = 0
+            while off < size:
+                piece = logs.segment(job, rank, n, off, min(LOG_PIECE, size - off))
+                if not piece:
+                    break
+                write_all(fd, [piece])
+                off += len(piece)
+            total += off
+        seal_memfd(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, total

@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import mmap
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,8 @@ from raps_slurm.checkpoint.codec import Decoder
 from raps_slurm.checkpoint.local import LocalCheckpoints, Restored
 from raps_slurm.checkpoint.manifest import Manifest, check_total, manifest_digest
 from raps_slurm.checkpoint.peer_keys import PeerKeys
-from raps_slurm.checkpoint.reader import memory_file
+from raps_slurm.checkpoint.reader import BadChunk, read_into
+from raps_slurm.checkpoint.sparse import Layout, layout, memory_file
 from raps_slurm.checkpoint.transfer import TokenBucket, TransferClient, TransferError, verify_chunk
 from raps_slurm.config import Config
 from raps_slurm.core import checkpoints as decide
@@ -43,6 +45,13 @@ log = logging.getLogger("raps.checkpoint")
 RESTORES_AT_ONCE = 2  # per checkpoint service; each restore pulls from two holders at once
 # Storing pulled chunks waits this long at most for the node's other restores to end.
 KEEP_DEFER_S = 60.0
+
+Charge = Callable[[int], None]
+"""Charges the caller (its uid) for bytes a restore is about to allocate, or raises."""
+
+
+def _free(_: int) -> None:
+    """The charge of a restore made for no caller (an early restore, root's work)."""
 
 
 class _Once:
@@ -96,6 +105,12 @@ class RestoreResult:
     pull_s: float = 0.0  # pulling missing chunks (network, verification, storing)
     local_s: float = 0.0  # decoding and verifying the state into memory
     early: bool = False  # made before the rank asked (:mod:`raps_slurm.checkpoint.early`)
+
+
+def _close(fd: int, buf: mmap.mmap | None) -> None:
+    if buf is not None:
+        buf.close()
+    os.close(fd)
 
 
 def _held_or_stored(held: dict[str, tuple[int, bytes | memoryview]], chunks: ChunkStore,
@@ -191,9 +206,14 @@ class Restorer:
                         change: Callable[[CkptRecord], CkptRecord]) -> CkptRecord | None:
         raise NotImplementedError
 
-    def restore(self, job: str, rank: int) -> RestoreResult | None:
+    def restore(self, job: str, rank: int, charge: Charge = _free) -> RestoreResult | None:
         """The newest restorable generation, verified; None if the rank never committed.
         RestoreError if generations exist but none (nor the cold copy) is whole.
+
+        ``charge`` is called with the bytes of memory each attempt is about to allocate
+        (the state's non-zero part, the chunks it pulls) before they are allocated; what
+        it raises ends the restore. The memory file is allocated only where the state is
+        not zero (:mod:`raps_slurm.checkpoint.sparse`).
 
         At most RESTORES_AT_ONCE (the service's ``restores_at_once``) run at a time: a
         dead node's ranks all restore on one spare, and eight threads decoding at once
@@ -203,19 +223,20 @@ class Restorer:
         early = self.early.take(job, rank)
         if early is not None:
             return early
-        return self.restore_queued(job, rank)
+        return self.restore_queued(job, rank, charge)
 
     def restore_early(self, job: str, rank: int) -> bool:
         """Start restoring a rank relaunched here before it asks; False if not started."""
         return self.early.start(job, rank)
 
-    def restore_queued(self, job: str, rank: int) -> RestoreResult | None:
+    def restore_queued(self, job: str, rank: int, charge: Charge = _free
+                       ) -> RestoreResult | None:
         """A restore, in turn with the node's others (at most RESTORES_AT_ONCE at once)."""
         with self._restoring:
             self._waiting_restores += 1
         try:
             with self._restores:
-                return self._restore(job, rank)
+                return self._restore(job, rank, charge)
         finally:
             with self._restoring:
                 self._waiting_restores -= 1
@@ -255,12 +276,12 @@ class Restorer:
         with self._restoring:
             self._restoring.wait_for(lambda: self._waiting_restores == 0, most)
 
-    def _restore(self, job: str, rank: int) -> RestoreResult | None:
+    def _restore(self, job: str, rank: int, charge: Charge = _free) -> RestoreResult | None:
         records = decide.restore_order(self.trusted_records(job, rank))
         fallbacks: list[Fallback] = []
         unreached: set[str] = set()  # holders down, or a transfer from them failed
         for rec in records:
-            result, failure = self._restore_one(job, rank, rec, unreached)
+            result, failure = self._restore_one(job, rank, rec, unreached, charge)
             if result is not None:
                 result.fallbacks = fallbacks
                 return result
@@ -268,7 +289,7 @@ class Restorer:
             fallbacks.append(failure)
             log.warning("job %s rank %d: generation %d not restorable (%s); falling back",
                         job, rank, rec.generation, failure.reason)
-        cold = self._restore_cold(job, rank, fallbacks)
+        cold = self._restore_cold(job, rank, fallbacks, charge)
         if cold is not None:
             return cold
         if not records and not fallbacks:
@@ -278,8 +299,35 @@ class Restorer:
                            + "; ".join(f"{f.generation}: {f.reason}" for f in fallbacks)
                            + out, tuple(sorted(unreached)))
 
-    def _restore_one(self, job: str, rank: int, rec: CkptRecord, unreached: set[str]
-                     ) -> tuple[RestoreResult | None, Fallback | None]:
+    def _decode(self, m: Manifest, where: Layout,
+                memory: tuple[int, mmap.mmap | None] | None = None,
+                fetch: Callable[[str], bytes | memoryview] | None = None,
+                checked: Container[str] = frozenset()
+                ) -> tuple[Restored | None, list[BadChunk]]:
+        """Decode and verify ``m``'s non-zero chunks into a memory file allocated only
+        where ``where`` says the state is not zero (``memory``: one allocated so
+        beforehand, closed on failure like one allocated here). ``fetch``: where a chunk's
+        stored bytes come from instead of this node's store (pulled chunks, held in
+        memory); ``checked``: chunks it gives as verified already, only decoded."""
+        t = time.perf_counter()
+        fd, buf = memory if memory is not None else memory_file(m.total_size, where.ranges)
+        alloc = time.perf_counter() - t
+        try:
+            view = memoryview(buf) if buf is not None else memoryview(bytearray())
+            only = None if not where.zero else set(where.wanted(m.digests()))
+            bad = read_into(m, fetch or functools.partial(self.chunks.read, m.job), view,
+                            only=only, progress=self.local.progress, checked=checked)
+            view.release()
+        except BaseException:
+            _close(fd, buf)
+            raise
+        if bad:
+            _close(fd, buf)
+            return None, bad
+        return Restored(m, fd, buf, alloc), []
+
+    def _restore_one(self, job: str, rank: int, rec: CkptRecord, unreached: set[str],
+                     charge: Charge = _free) -> tuple[RestoreResult | None, Fallback | None]:
         peers = self._peers()
         sources = [h for h in rec.holders if h != self.node and h in peers]
         unreached.update(h for h in rec.holders if h != self.node and h not in peers)
@@ -287,6 +335,8 @@ class Restorer:
             m, why = self._manifest(job, rank, rec, peers, sources, unreached)
             if m is None:
                 return None, Fallback(rec.generation, why)
+            where = layout(m)
+            charge(where.nonzero_bytes)
             pulled = 0
             pull_s = local_s = 0.0
             traffic: dict[str, int] = {}  # holder -> bytes pulled from it
@@ -298,16 +348,20 @@ class Restorer:
             held: dict[str, tuple[int, bytes | memoryview]] = {}
             tried_local = False
             for attempt in range(len(sources) + 2):
-                missing = [d for d in self.chunks.missing(job, m.digests()) if d not in held]
+                # zero chunks are neither read nor pulled
+                wanted = where.wanted(m.digests())
+                missing = [d for d in self.chunks.missing(job, wanted) if d not in held]
                 if not self.cfg.recovery.use_delta_transfer and attempt == 0:
                     # measured comparison: pull every chunk, held here or not
-                    missing = sorted(m.digests())
+                    missing = sorted(set(wanted))
                 t0 = time.perf_counter()
                 memory = None
                 if missing:
+                    sizes = dict(m.chunks)
+                    charge(sum(sizes[d] for d in set(missing)))  # held as pulled, at most
                     # The memory file's pages are allocated while the chunks travel.
                     with ThreadPoolExecutor(1, thread_name_prefix="raps-alloc") as pool:
-                        pending = pool.submit(memory_file, m.total_size)
+                        pending = pool.submit(memory_file, m.total_size, where.ranges)
                         try:
                             pulled += self._pull(job, m, missing, sources, peers, bad_holders,
                                                  traffic, held, unreached)
@@ -319,7 +373,7 @@ class Restorer:
                             raise
                         memory = pending.result()
                 t1 = time.perf_counter()
-                restored, bad = self.local.restore_manifest(m, memory, fetch=functools.partial(
+                restored, bad = self._decode(m, where, memory, fetch=functools.partial(
                     _held_or_stored, held, self.chunks, job), checked=held.keys())
                 pull_s, local_s = pull_s + t1 - t0, local_s + time.perf_counter() - t1
                 if restored is not None:
@@ -494,8 +548,8 @@ class Restorer:
         with contextlib.suppress(StoreError):
             self._update_holders(job, rank, rec.generation, change)
 
-    def _restore_cold(self, job: str, rank: int, fallbacks: list[Fallback]
-                      ) -> RestoreResult | None:
+    def _restore_cold(self, job: str, rank: int, fallbacks: list[Fallback],
+                      charge: Charge = _free) -> RestoreResult | None:
         """The newest cold copy that matches its record in etcd and whose every chunk is
         good (see :mod:`raps_slurm.checkpoint.cold`); each refused one is a fallback."""
         c = self.cfg.checkpoint
@@ -509,7 +563,8 @@ class Restorer:
             stored = 0
             try:
                 m = cold.load_manifest(directory, job, rank, gen, records.get(gen), self.quota)
-                need = set(self.chunks.missing(job, m.digests()))
+                where = layout(m)
+                need = set(self.chunks.missing(job, where.wanted(m.digests())))
                 for batch in cold.verified_chunks(directory, m, need, bad):
                     stored += self.chunks.put_many(job, batch)[0]
             except RapsError as exc:
@@ -522,7 +577,8 @@ class Restorer:
                 fallbacks.append(Fallback(f"cold {gen}", "cold copy is damaged",
                                           [{"digest": d, "holder": "cold"} for d in bad]))
                 continue
-            restored, damaged = self.local.restore_manifest(m)
+            charge(where.nonzero_bytes)
+            restored, damaged = self._decode(m, where)
             if restored is not None:
                 log.warning("job %s rank %d restored from the cold copy of generation %d",
                             job, rank, gen)
