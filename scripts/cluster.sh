@@ -30,10 +30,12 @@
 # RAPS_CLUSTER_INSTALL=script: the hooks, the SPANK plugin, its plugstack.conf and the
 # slurm.conf lines come from scripts/install.sh (--role controller, then compute, with
 # --prefix/--sysconfdir $RUN/inst), as on a real cluster; unset: the cluster's own wiring.
-# RAPS_CLUSTER_ETCD_AUTH=1: etcd with authentication and the least-privilege users of
+# RAPS_CLUSTER_ETCD_AUTH=1 (the default but with RAPS_CLUSTER_INSTALL=script, which it does
+# not go with): etcd with authentication and the least-privilege users of
 # `rapsctl etcd-roles` (docs/store.md, Roles): $RUN/etc/raps.yaml (rapsctl, tests) is
 # raps-admin's, agents, coordinators and the hooks read raps-{agent,coordinator,hooks}.yaml;
-# passwords in $RUN/etc/etcd-pw. Not with RAPS_CLUSTER_INSTALL=script.
+# passwords in $RUN/etc/etcd-pw, each mode 0600 and owned by the user that reads it.
+# RAPS_CLUSTER_ETCD_AUTH=0: etcd without authentication.
 # RAPS_CLUSTER_NET: lo (default) runs everything on 127.0.0.1; ns gives each node a network
 # namespace of its own (its slurmd, agent and ranks), each rack a bridge and each etcd
 # member a namespace on the core bridge, which joins the racks and carries the root
@@ -50,7 +52,10 @@ CTLD_PORT=$((BASE + 817))
 ETCD_MEMBERS=${RAPS_CLUSTER_ETCD_MEMBERS:-1}
 INSTALL=${RAPS_CLUSTER_INSTALL:-}
 [[ "$INSTALL" =~ ^(|script)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_INSTALL must be 'script' or unset, got '$INSTALL'" >&2; exit 2; }
-ETCD_AUTH=${RAPS_CLUSTER_ETCD_AUTH:-0}
+# As in production, unless the install script wires the cluster (it knows no etcd users).
+ETCD_AUTH_DEFAULT=1
+[ -z "$INSTALL" ] || ETCD_AUTH_DEFAULT=0
+ETCD_AUTH=${RAPS_CLUSTER_ETCD_AUTH:-$ETCD_AUTH_DEFAULT}
 [[ "$ETCD_AUTH" =~ ^(0|1)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_AUTH must be 1 or 0, got '$ETCD_AUTH'" >&2; exit 2; }
 [ "$ETCD_AUTH" = 0 ] || [ -z "$INSTALL" ] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_AUTH=1 does not go with RAPS_CLUSTER_INSTALL=script" >&2; exit 2; }
 [[ "$ETCD_MEMBERS" =~ ^(1|3)$ ]] || { echo "cluster.sh: RAPS_CLUSTER_ETCD_MEMBERS must be 1 or 3, got '$ETCD_MEMBERS'" >&2; exit 2; }
@@ -242,7 +247,7 @@ write_auth_confs() {
 }
 
 # Root and auth on, then the RAPS roles and users as root (passwords into $RUN/etc/etcd-pw,
-# readable by all: SlurmUser's hooks read theirs; a test cluster only).
+# each 0600: root's daemons read theirs, SlurmUser owns the hooks' one).
 etcd_auth_on() {
   local pw="$RUN/etc/etcd-pw" ctl=(etcdctl --endpoints "$(etcd_urls)")
   mkdir -p "$pw"
@@ -255,7 +260,8 @@ etcd_auth_on() {
     --password-file "$pw/root.password" --password-dir "$pw" \
     --nodes "$(node_names | paste -sd,)" >>"$RUN/log/etcd-roles.log" \
     || die "rapsctl etcd-roles --apply failed (log: $RUN/log/etcd-roles.log)"
-  chmod 0755 "$pw" && chmod 0644 "$pw"/raps-*.password
+  chmod 0711 "$pw" && chmod 0600 "$pw"/*.password
+  if id slurm >/dev/null 2>&1; then chown slurm "$pw/raps-hooks.password"; fi
   log "etcd auth on: users raps-agent-<node>, raps-coordinator, raps-hooks, raps-admin ($pw)"
 }
 
@@ -266,7 +272,9 @@ write_raps_conf() {
   # the node's namespace) and each agent is given its own transfer address.
   local ns_sed="s#^  listen_address: 127.0.0.1.*#  listen_address: ''#"
   [ "$NET" = ns ] || ns_sed=""
-  chmod 0777 "$RUN/log/raps" # PrologSlurmctld (SlurmUser) and Prolog (root) both log here
+  # PrologSlurmctld (SlurmUser) and Prolog (root) both log here; no one else may write.
+  if id slurm >/dev/null 2>&1; then chown slurm "$RUN/log/raps"; fi
+  chmod 0700 "$RUN/log/raps"
   {
     sed -e "s#^  local_dir: .*#  local_dir: $RUN/ckpt/%n#" \
         -e "s#^  log_dir: .*#  log_dir: $RUN/log/raps#" "${RAPS_CLUSTER_PROFILE:-$REPO/configs/test.yaml}"

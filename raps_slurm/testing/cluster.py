@@ -193,8 +193,16 @@ class LocalCluster:
 
     @property
     def config_path(self) -> Path:
-        """The RAPS config of this cluster (hooks, coordinators and rapsctl use it)."""
+        """The RAPS config of this cluster: rapsctl's and the tests' (an admin's etcd user
+        when etcd runs with authentication, the default)."""
         return Path(self.env["RAPS_CONFIG"])
+
+    @property
+    def hooks_config_path(self) -> Path:
+        """The config the Slurm hooks read: their own etcd user's when etcd runs with
+        authentication, else the cluster's."""
+        own = self.run_dir / "etc" / "raps-hooks.yaml"
+        return own if own.exists() else self.config_path
 
     def coordinator(self, name: str, config: Path | None = None) -> CoordinatorProcess:
         """A raps-coordinator for this cluster (not started yet), with the cluster's config

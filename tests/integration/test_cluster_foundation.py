@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from raps_slurm.config import parse_config
+from raps_slurm.config import load_file, parse_config
 from raps_slurm.core import placement
-from raps_slurm.errors import SlurmCommandError
+from raps_slurm.errors import SlurmCommandError, StoreError
 from raps_slurm.model import NodeState
 from raps_slurm.slurm import CommandRunner, parsers
 from raps_slurm.store import open_store
@@ -135,16 +135,24 @@ def test_real_outputs_match_the_stored_samples(cluster: LocalCluster) -> None:
 
 
 def test_cluster_etcd_through_the_configured_store(cluster: LocalCluster) -> None:
-    """The etcd that cluster.sh starts is reachable through open_store(config)."""
-    cfg = parse_config({"store": {"endpoints": [cluster.etcd_url], "prefix": "/raps-it/v1/"}})
+    """The etcd that cluster.sh starts is reachable through open_store(config), with the
+    credentials of the cluster's config (its etcd runs with authentication), and refuses
+    a client without them."""
+    cfg = load_file(cluster.config_path)
     store, keys = open_store(cfg.store)
+    name = "it-foundation-probe"  # no such node: nothing of the cluster reads it
     with store:
-        assert store.create(keys.node("n1"), b'{"rack": "r1"}')
-        assert not store.create(keys.node("n1"), b"again")
-        kv = store.get(keys.node("n1"))
+        assert store.create(keys.node(name), b'{"rack": "r1"}')
+        assert not store.create(keys.node(name), b"again")
+        kv = store.get(keys.node(name))
         assert kv is not None and kv.value == b'{"rack": "r1"}'
-        assert kv.key.startswith("/raps-it/v1/")
-        assert store.delete_prefix("/raps-it/v1/") == 1
+        assert kv.key.startswith(cfg.store.prefix)
+        assert store.delete(keys.node(name))
+    if cfg.store.user:
+        anonymous = parse_config({"store": {"endpoints": [cluster.etcd_url]}})
+        bare, bare_keys = open_store(anonymous.store)
+        with bare, pytest.raises(StoreError):
+            bare.get(bare_keys.node("n1"))
 
 
 def test_rapsctl_show_commands_on_the_cluster(cluster: LocalCluster) -> None:
