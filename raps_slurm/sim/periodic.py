@@ -22,12 +22,13 @@ and costs a restart, which a failure of a node the restart holds starts over:
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
 from raps_slurm.sim.results import StrategyResult
 from raps_slurm.sim.scenario import Scenario
-from raps_slurm.sim.trace import FAIL, Layout, Outage, allocate
+from raps_slurm.sim.trace import FAIL, Layout, Outage
 
 GB = 1e9
 RUN, QUEUE, HOLD, NODES, DONE = "run", "queue", "hold", "nodes", "done"
@@ -87,6 +88,11 @@ def scr_costs(s: Scenario, nodes: int) -> Costs:
                  + (state if c.flush_every else 0.0))
 
 
+def partner_step(layout: Layout, n: int) -> int:
+    """How far (in job positions) each node's partner is: 1 for now."""
+    return 1
+
+
 class PeriodicSim:
     """One seed of one job under ``global`` or ``scr`` (see the module docstring)."""
 
@@ -98,6 +104,16 @@ class PeriodicSim:
         self.working = list(layout.working)
         self.spares = list(layout.spares[:costs.spares])
         self.n = len(self.working)
+        # Position of each working node and the spare set, so that an event costs what it
+        # touches, not the job's size; ``free`` holds the cluster's other nodes by number
+        # (a requeue takes the lowest-numbered live ones, as trace.allocate does).
+        self.pos = {x: i for i, x in enumerate(self.working)}
+        self.spare_set = set(self.spares)
+        self.index = {x: i for i, x in enumerate(layout.nodes)}
+        self.free = [i for i, x in enumerate(layout.nodes)
+                     if x not in self.pos and x not in self.spare_set]
+        heapq.heapify(self.free)
+        self.partner_step = partner_step(layout, self.n)
         self.down: set[str] = set()
         self.phase, self.phase_end = RUN, 0.0
         self.t_seg = 0.0          # start of the current segment (RUN)
@@ -183,8 +199,9 @@ class PeriodicSim:
         else:
             self.interrupted += 1
         self.failed.update(dead)
+        step = self.partner_step
         if self.c.relaunch >= 0 and not self.partner_lost and self.n > 1 and any(
-                (i + 1) % self.n in self.failed for i in self.failed):
+                (i + step) % self.n in self.failed for i in self.failed):
             # A node and its partner are gone: back to the last flush (or the beginning).
             self.partner_lost = True
             self.fallbacks += 1
@@ -194,28 +211,63 @@ class PeriodicSim:
             self.n_flush = 0
         self._restart(t)
 
+    def _holes(self) -> list[int]:
+        """Positions whose node is down (the down set is small: the outages under way)."""
+        return sorted(self.pos[x] for x in self.down if x in self.pos)
+
+    def _place(self, i: int, node: str) -> None:
+        old = self.working[i]
+        del self.pos[old]
+        heapq.heappush(self.free, self.index[old])
+        self.working[i] = node
+        self.pos[node] = i
+
+    def _set_spares(self, spares: list[str]) -> None:
+        for x in self.spare_set.difference(spares):
+            heapq.heappush(self.free, self.index[x])
+        self.spares = spares
+        self.spare_set = set(spares)
+
     def _restart(self, t: float) -> None:
-        holes = [i for i, node in enumerate(self.working) if node in self.down]
-        live = [x for x in self.spares if x not in self.down]
+        holes = self._holes()
         extra = self.c.pfs_restore if self.partner_lost else 0.0
-        if self.c.relaunch >= 0 and len(live) >= len(holes):
+        if self.c.relaunch >= 0 and len(self.spares) - len(
+                self.spare_set & self.down) >= len(holes):
+            live = [x for x in self.spares if x not in self.down]
             for i, x in zip(holes, live, strict=False):
-                self.working[i] = x
-            self.spares = live[len(holes):]
+                self.spare_set.discard(x)
+                self._place(i, x)
+            self._set_spares(live[len(holes):])
             self.phase, self.phase_end = HOLD, t + self.c.relaunch + extra
             return
         self.phase, self.phase_end = QUEUE, t + self.c.queue
 
     def _allocate(self, t: float) -> None:
-        got = allocate(self.layout.nodes, self.down, [*self.working, *self.spares],
-                       self.n + self.c.spares)
-        if got is None:
+        """Nodes for the requeued job: its live nodes keep their place (and their
+        checkpoints), holes take its live spares, then the lowest-numbered live others
+        (:func:`~raps_slurm.sim.trace.allocate`, without walking the whole cluster)."""
+        holes = self._holes()
+        live_spares = [x for x in self.spares if x not in self.down]
+        need = len(holes) + self.c.spares - len(live_spares)
+        mine = self.n - len(holes) + len(live_spares)
+        if len(self.layout.nodes) - len(self.down) - mine < need:
             self.phase = NODES  # a repair retries
             return
-        # Live nodes keep their place in the job (and their checkpoints); holes get new ones.
-        fresh = [x for x in got if x not in self.working]
-        self.working = [x if x not in self.down else fresh.pop(0) for x in self.working]
-        self.spares = fresh[:self.c.spares]
+        fresh = list(live_spares)
+        skipped: list[int] = []
+        nodes = self.layout.nodes
+        while len(fresh) < len(holes) + self.c.spares:
+            k = heapq.heappop(self.free)
+            if nodes[k] in self.down:
+                skipped.append(k)
+            else:
+                fresh.append(nodes[k])
+        for k in skipped:
+            heapq.heappush(self.free, k)
+        self.spare_set.difference_update(fresh)
+        for i, x in zip(holes, fresh, strict=False):
+            self._place(i, x)
+        self._set_spares(fresh[len(holes):])
         extra = self.c.pfs_restore if self.partner_lost else 0.0
         self.phase, self.phase_end = HOLD, t + self.c.hold + extra
 
@@ -244,13 +296,13 @@ class PeriodicSim:
                 j += 1
             i = j
             if self.phase in (RUN, HOLD):
-                held = set(self.working) | set(self.spares)
-                hit = [x for x in failed_now if x in held]
+                hit = [x for x in failed_now if x in self.pos or x in self.spare_set]
                 if hit:
                     self.events += 1
                     self.failures += len(hit)
-                    self.spares = [x for x in self.spares if x not in self.down]
-                    dead = [k for k, node in enumerate(self.working) if node in hit]
+                    if self.spare_set.intersection(hit):
+                        self._set_spares([x for x in self.spares if x not in self.down])
+                    dead = sorted(self.pos[x] for x in hit if x in self.pos)
                     if dead:
                         self._fault(t, dead)
             elif self.phase == NODES and repaired:

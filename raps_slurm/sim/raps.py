@@ -42,7 +42,7 @@ from raps_slurm.model import BackupGroup
 from raps_slurm.sim.detect import detection_delays
 from raps_slurm.sim.results import StrategyResult
 from raps_slurm.sim.scenario import Scenario
-from raps_slurm.sim.trace import FAIL, Layout, Outage, allocate, node_timeline
+from raps_slurm.sim.trace import FAIL, Layout, Outage, node_timeline
 from raps_slurm.store.keys import Keys
 from raps_slurm.store.memory import MemoryStore
 
@@ -166,28 +166,46 @@ class RapsSim:
 
     # ------------------------------------------------------------------ runs
     def _new_run(self, working: list[str], spares: list[str]) -> None:
-        rank_nodes = dict(enumerate(working))  # one site per node (see __init__)
-        places = placement.compute_placement(
-            self.layout.topology, rank_nodes, spares, replicas=self.s.checkpoint.replicas,
-            prefer_original_rack=self.s.raps.prefer_original_rack)
-        for r in places:
+        if self.groups:
+            self.groups, loads = self._carry_groups(working, spares)
+            orders: dict[tuple[str, str | None], tuple[str, ...]] = {}
+            spare_of: dict[int, tuple[str, ...]] = {}
+            for r, node in enumerate(working):
+                ck = (self.layout.rack[node], self.layout.power.get(node))
+                if ck not in orders:  # a spare order depends on the rack and power domain
+                    orders[ck] = placement.order_spares(
+                        self.layout.topology, node, spares,
+                        prefer_original_rack=self.s.raps.prefer_original_rack)
+                spare_of[r] = orders[ck]
+        else:
+            places = placement.compute_placement(
+                self.layout.topology, dict(enumerate(working)), spares,
+                replicas=self.s.checkpoint.replicas,
+                prefer_original_rack=self.s.raps.prefer_original_rack)
+            self.groups = {r: p.group for r, p in places.items()}
+            spare_of = {r: p.spares for r, p in places.items()}
+            counts: dict[str, int] = {}
+            for g in self.groups.values():
+                for h in (g.log_backup, *g.ckpt_mirrors):
+                    if h:
+                        counts[h] = counts.get(h, 0) + 1
+            loads = placement.BackupLoads.of(self.layout.topology, [*working, *spares],
+                                             counts)
+        for r in self.groups:
             self.epochs[r] = self.epochs.get(r, 0) + 1  # a new run registers a new epoch
-        self.sites = {r: RankSite(r, p.group.primary, self.epochs[r], p.spares)
-                      for r, p in places.items()}
+        self.sites = {r: RankSite(r, working[r], self.epochs[r], spare_of[r])
+                      for r in self.groups}
         self.run_plans = {}
         self.working, self.spare_list = list(working), list(spares)
-        self.groups = {r: p.group for r, p in places.items()}
         self.ready = {}
         self.on_node = {}
         self.held = {}
-        counts: dict[str, int] = {}
         for r, g in self.groups.items():
             for h in (g.log_backup, *g.ckpt_mirrors):
                 if h:
                     self.held.setdefault(h, set()).add(r)
-                    counts[h] = counts.get(h, 0) + 1
         self.pool_list = [*working, *spares]
-        self.loads = placement.BackupLoads.of(self.layout.topology, self.pool_list, counts)
+        self.loads = loads
         for r, site in self.sites.items():
             self.on_node.setdefault(site.node, set()).add(r)
         self.pool = set(working) | set(spares)
@@ -196,12 +214,60 @@ class RapsSim:
         self.requeuing = False
         self._go()
 
+    def _carry_groups(self, working: list[str], spares: list[str]
+                      ) -> tuple[dict[int, BackupGroup], placement.BackupLoads]:
+        """A requeued run's backup groups: each rank keeps the backups it had on nodes the
+        new run still holds; a role on a node it lost (or on the rank's new node) is
+        reassigned by :func:`~raps_slurm.core.placement.replace_dead_backups`, as the
+        coordinator does after a node death. A full placement per requeue would cost
+        O(nodes x racks) each time: a year of a large job has hundreds."""
+        pool = [*working, *spares]
+        gone = set(self.pool_list).difference(pool)
+        groups: dict[int, BackupGroup] = {}
+        counts: dict[str, int] = {}
+        changed: list[int] = []
+        for r, node in enumerate(working):
+            g = self.groups[r]
+            if g.primary != node:
+                g = replace(g, primary=node)
+            members = (g.log_backup, *g.ckpt_mirrors)
+            if any(b and (b in gone or b == node) for b in members):
+                changed.append(r)
+            for b in members:
+                if b and b not in gone:
+                    counts[b] = counts.get(b, 0) + 1
+            groups[r] = g
+        loads = placement.BackupLoads.of(self.layout.topology, pool, counts)
+        for r in changed:
+            g = groups[r]
+            new = placement.replace_dead_backups(self.layout.topology, g,
+                                                 gone | {g.primary}, pool, loads)
+            if new is not None:
+                groups[r] = new
+        return groups, loads
+
     def _allocate(self) -> tuple[list[str], list[str]] | None:
-        """Nodes for a requeued job: its live nodes first, then the lowest-numbered live ones."""
-        need_w, need_s = len(self.layout.working), len(self.layout.spares)
-        got = allocate(self.layout.nodes, self.down, [*self.working, *self.spare_list],
-                       need_w + need_s)
-        return None if got is None else (got[:need_w], got[need_w:])
+        """Nodes for a requeued job: each rank keeps its node while it is up, a rank on a
+        dead node takes the job's first live spare, then the lowest-numbered live free
+        node; spares are refilled the same way."""
+        need_s = len(self.layout.spares)
+        ranks = [self.sites[r].node for r in range(len(self.layout.working))]
+        keep = set(ranks)
+        fresh = [x for x in self.spare_list if x not in self.down and x not in keep]
+        holes = [r for r, x in enumerate(ranks) if x in self.down]
+        want = len(holes) + need_s
+        if len(fresh) < want:
+            taken = keep.union(fresh)
+            for x in self.layout.nodes:
+                if x not in self.down and x not in taken:
+                    fresh.append(x)
+                    if len(fresh) == want:
+                        break
+            else:
+                return None
+        for r, x in zip(holes, fresh, strict=False):
+            ranks[r] = x
+        return ranks, fresh[len(holes):want]
 
     def _escalate(self, reason: str, wait_until: float = 0.0) -> None:
         if self.requeuing:
