@@ -498,14 +498,19 @@ class NodeKeys:
         """The key acks and probes to ``node`` are signed with."""
         return self._entry(node)[0]
 
-    def verified(self, node: str, data: bytes) -> bytes | None:
+    def verified(self, node: str, data: bytes, member: bool = False) -> bytes | None:
         """The HMAC state that signs for ``node`` (an ``_udp.sign_send`` item's signer) if
         the last 32 bytes of ``data`` are the HMAC of the rest under one of ``node``'s
-        keys, else None."""
+        keys, else None. ``member``: ``node`` is known to be in the cluster, so its keys
+        are kept even when this datagram fails (the names kept are bounded by the
+        cluster's, and a wrongly signed flood naming a node costs no derivation each)."""
         entry = self._cache.get(node)
         known = entry is not None
         if entry is None:
             entry = self._derive(node)
+            if member:
+                self._keep(node, entry)
+                known = True
         for state in entry[2]:
             if _udp.verify(state, data):
                 if not known:

@@ -20,6 +20,15 @@ Every datagram must be signed with the key of the node it names (``NodeKeys``, d
 from the cluster key): the tag is checked here with that node's precomputed HMAC state
 (one ``_udp.verify`` call), and acks and probes are signed with the same node's key.
 The detector takes a node's address only from these verified heartbeats.
+
+Bounds per source (docs/architecture.md, Trust boundaries): a datagram naming a node
+outside the cluster (Slurm's node list, read by ``members_from`` every
+:data:`MEMBERS_REFRESH_SEC` and at most every :data:`MEMBERS_RETRY_SEC` after an unknown
+name) is refused as ``member`` before any key is derived or used. Each datagram refused
+charges its source address (:class:`SourceBudget`: :data:`SOURCE_RATE` a second,
+:data:`SOURCE_BURST` at once); an address with nothing left has its datagrams dropped
+unread as ``rate``, except those naming a node whose heartbeats last verified from that
+address, so that a user flooding from a node's address does not silence its agent.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -46,6 +55,7 @@ from raps_slurm.heartbeat import (
     RankProgress,
     ReplayGuard,
     ack_body,
+    claimed_node,
     decode_from_node,
     encode,
     parse_heartbeat,
@@ -83,6 +93,48 @@ class ReceivedApp:
 # 8 MiB: ~10,000 heartbeats). The default 208 KiB holds ~15 ms of them at 20,000/s.
 RECEIVE_BUFFER = 8 << 20
 COALESCE_SEC = 0.002
+MEMBERS_REFRESH_SEC = 60.0  # the cluster's node names are read again this often
+MEMBERS_RETRY_SEC = 5.0  # ... and this soon after a datagram named an unknown node
+SOURCE_RATE = 20.0  # refused datagrams a second one address may cost before ...
+SOURCE_BURST = 400.0  # ... (beyond this many at once) its datagrams are dropped unread
+MAX_SOURCES = 4096  # addresses with a budget of their own; more share one
+
+
+class SourceBudget:
+    """Per source address, a token bucket that refused datagrams drain: ``rate`` a
+    second, ``burst`` at most. Addresses beyond ``max_sources`` share one bucket, so
+    spoofed addresses cost a bounded table. Not thread-safe (one server thread)."""
+
+    def __init__(self, rate: float = SOURCE_RATE, burst: float = SOURCE_BURST,
+                 max_sources: int = MAX_SOURCES) -> None:
+        self.rate, self.burst, self.max_sources = rate, burst, max_sources
+        self._buckets: dict[str, list[float]] = {}  # address -> [tokens, at]
+
+    def _bucket(self, source: str, now: float) -> list[float]:
+        b = self._buckets.get(source)
+        if b is None:
+            if len(self._buckets) >= self.max_sources:
+                self._forget_full(now)
+            key = source if len(self._buckets) < self.max_sources else ""
+            b = self._buckets.setdefault(key, [self.burst, now])
+        tokens = min(self.burst, b[0] + (now - b[1]) * self.rate)
+        b[0], b[1] = tokens, now
+        return b
+
+    def _forget_full(self, now: float) -> None:
+        """Drop the buckets that refilled (they hold nothing a new one would not)."""
+        for source, (tokens, at) in list(self._buckets.items()):
+            if source and tokens + (now - at) * self.rate >= self.burst:
+                del self._buckets[source]
+
+    def exhausted(self, source: str, now: float) -> bool:
+        """Whether ``source`` spent its budget (its datagrams are dropped unread)."""
+        return self._bucket(source, now)[0] < 1.0
+
+    def charge(self, source: str, now: float) -> None:
+        """One datagram from ``source`` was refused."""
+        b = self._bucket(source, now)
+        b[0] = max(0.0, b[0] - 1.0)
 
 
 class HeartbeatServer:
@@ -93,7 +145,8 @@ class HeartbeatServer:
                  leader_revision: Callable[[], int],
                  clock: Callable[[], float] = time.time,
                  on_result: Callable[[str, int], None] | None = None,
-                 accepted_key: bytes | None = None, reuse_port: bool = False) -> None:
+                 accepted_key: bytes | None = None, reuse_port: bool = False,
+                 members_from: Callable[[], Iterable[str]] | None = None) -> None:
         self.address, self._clock = address, clock
         # Node keys from the cluster key; a rollover's other key: accepted, never used to sign
         self.keys = NodeKeys(key, accepted_key)
@@ -115,6 +168,13 @@ class HeartbeatServer:
         self._on_result = on_result or (lambda result, count: None)  # metrics, thread-safe
         # Called by forget(): receiver processes forget too (set by the ReceiverPool).
         self.on_forget: Callable[[str], None] = lambda node: None
+        # The cluster's node names (None until first read: every name is heard).
+        self.members: Collection[str] | None = None
+        self.on_members: Callable[[frozenset[str]], None] = lambda names: None
+        self._members_from = members_from
+        self._members_wanted = threading.Event()
+        self.budget = SourceBudget()
+        self._home: dict[str, str] = {}  # node -> address its heartbeats last verified from
 
     def start(self) -> None:
         """Bind and serve in a thread; raises OSError if the address cannot be bound."""
@@ -123,6 +183,34 @@ class HeartbeatServer:
         self._thread = threading.Thread(target=self.serve, args=(self._sock,),
                                         name="heartbeat-server", daemon=True)
         self._thread.start()
+        if self._members_from is not None:
+            threading.Thread(target=self._follow_members, name="heartbeat-members",
+                             daemon=True).start()
+
+    def set_members(self, names: Iterable[str]) -> None:
+        """The cluster's node names: a datagram naming another is refused (``member``)."""
+        members = frozenset(names)
+        if members != self.members:
+            self.members = members
+            self.on_members(members)
+
+    def _follow_members(self) -> None:
+        """Read ``members_from`` now, every MEMBERS_REFRESH_SEC, and soon after an unknown
+        name; a failed read keeps the names read before."""
+        assert self._members_from is not None
+        while not self._stopping:
+            try:
+                names = frozenset(self._members_from())
+                if not names:
+                    raise ValueError("the list is empty")
+                self.set_members(names)
+            except Exception as exc:  # Slurm unreachable: the last list stands
+                log.warning("cannot read the cluster's node names (%s): heartbeats are "
+                            "checked against %s", exc,
+                            "the last list" if self.members is not None else "no list")
+            self._members_wanted.clear()
+            if self._members_wanted.wait(MEMBERS_REFRESH_SEC):
+                time.sleep(MEMBERS_RETRY_SEC)
 
     def serve(self, sock: socket.socket, go_on: Callable[[], bool] = lambda: True) -> None:
         """Read, check, queue and ack until stopped or ``go_on()`` is false (checked
@@ -154,6 +242,7 @@ class HeartbeatServer:
         if sock is None:
             return
         self._stopping = True
+        self._members_wanted.set()
         # A blocked recvfrom is not woken by close(): send it a datagram of our own.
         host, port = self.address[0], self.address[1]
         wake = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
@@ -187,26 +276,43 @@ class HeartbeatServer:
         """Datagrams from ``recv_batch`` (in the server thread, unverified): verify with the
         key of the node each names, check replay and skew, queue, then acknowledge them all
         with one ``sendmmsg``."""
-        now = self._clock()
+        now, mono = self._clock(), time.monotonic()
         revision = self._leader_revision()
         queued: list[Received | ReceivedApp] = []
         acks: list[tuple[bytes, tuple[str, int], bytes]] = []
         rejected: list[str] = []
         check, ack, verified = self._guard.check_fields, revision > 0, self.keys.verified
+        members, budget, home = self.members, self.budget, self._home
+
+        def refuse(reason: str, source: str) -> None:
+            rejected.append(reason)
+            budget.charge(source, mono)
+            if reason == "member":
+                self._members_wanted.set()
+
         with self._guard_lock:  # one acquire per batch
             for data, addr, _ in batch:
+                source = addr[0]
+                if budget.exhausted(source, mono) and home.get(_name(data)) != source:
+                    rejected.append("rate")
+                    continue
                 fields = parse_heartbeat(data)
                 if fields is not None:  # the common case, without message objects
                     raw, incarnation, counter, sent_at, probe_reply = fields
                     node = raw.decode("ascii")
-                    signer = verified(node, data)  # nothing read is used before this
-                    if signer is None:
-                        rejected.append("signature")
+                    if members is not None and node not in members:
+                        refuse("member", source)  # before any key work
+                        continue
+                    signer = verified(node, data, members is not None)  # nothing read is
+                    if signer is None:                                  # used before this
+                        refuse("signature", source)
                         continue
                     problem = check(node, incarnation, counter, sent_at, now)
                     if problem is not None:
-                        rejected.append(problem)
+                        refuse(problem, source)
                         continue
+                    if home.get(node) != source:
+                        home[node] = source
                     queued.append(Received(node, sent_at, now, addr, ack, probe_reply,
                                            incarnation, counter))
                     if ack:
@@ -214,9 +320,12 @@ class HeartbeatServer:
                                      addr, signer))
                     continue
                 try:
+                    if members is not None and claimed_node(data) not in members:
+                        refuse("member", source)
+                        continue
                     msg = decode_from_node(data, self.keys)
                 except BadDatagram as exc:
-                    rejected.append(exc.reason)
+                    refuse(exc.reason, source)
                     continue
                 if type(msg) is Heartbeat:  # parse_heartbeat takes every valid one
                     log.error("heartbeat from %s missed the fast path: %r", addr, msg)
@@ -225,12 +334,12 @@ class HeartbeatServer:
                     problem = self._app_guard.check_fields(msg.node, msg.incarnation,
                                                            msg.counter, msg.sent_at, now)
                     if problem is not None:
-                        rejected.append(f"app-{problem}")
+                        refuse(f"app-{problem}", source)
                         continue
                     queued.append(ReceivedApp(msg.node, now, msg.ranks, msg.incarnation,
                                               msg.counter, msg.sent_at))
                 else:
-                    rejected.append("kind")  # acks and probes are never sent to a coordinator
+                    refuse("kind", source)  # acks and probes are never sent to a coordinator
         # Queued before the acks go out: whoever has seen an ack finds its heartbeat.
         self.deliver(queued, rejected)
         if acks and self._sock is not None:
@@ -285,6 +394,14 @@ class HeartbeatServer:
         """Ask a node's agent to answer at once (thread-safe: one sendto on the socket),
         signed with that node's key."""
         self._send(encode(Probe(node, nonce, self._clock()), self.keys.key(node)), address)
+
+
+def _name(data: bytes) -> str:
+    """The node a datagram names, '' if none can be read (no key is used)."""
+    try:
+        return claimed_node(data)
+    except BadDatagram:
+        return ""
 
 
 def bind(address: tuple[str, int], reuse_port: bool = False) -> socket.socket:

@@ -136,7 +136,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                              lambda: leadership_box[0].revision
                              if leadership_box and leadership_box[0].is_leader() else 0,
                              on_result=metrics.count_heartbeat, accepted_key=also,
-                             reuse_port=receivers > 1)
+                             reuse_port=receivers > 1,
+                             members_from=lambda: [n.name for n in slurm.nodes()])
     try:
         server.start()
     except OSError as exc:

@@ -16,7 +16,11 @@ the same instant as its own thread. The coordinator's replay guard checks every
 forwarded heartbeat again: a receiver only knows the nodes hashed to it, and a replay
 sent from another source port would land elsewhere. When the coordinator forgets a
 node's sequence numbers (``HeartbeatServer.forget``), every receiver is told through a
-second pipe and forgets too. A receiver that dies is started
+second pipe and forgets too. The cluster's node names (``HeartbeatServer.members``)
+reach the receivers the same way: the coordinator writes them to a file of its own and
+sends a NUL byte, on which a receiver reads the file again (a name never contains one);
+a receiver started later reads it at once. Each receiver keeps its own per-source
+budget. A receiver that dies is started
 again; its agents are meanwhile hashed to the other sockets by the kernel. A receiver
 exits when its coordinator is gone.
 """
@@ -31,6 +35,7 @@ import pickle
 import signal
 import socket
 import struct
+import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection, wait
@@ -44,6 +49,7 @@ log = logging.getLogger("raps.coordinator")
 RESTART_AFTER_SEC = 5.0  # a receiver that died is started again at most this often
 READY_TIMEOUT_SEC = 30.0  # a receiver's start: a new interpreter and its imports
 READY = b""  # a receiver's first message: it is bound
+MEMBERS = b"\0"  # on the forgets pipe: read the cluster's node names again
 _TIMEOUT = struct.pack("ll", 1, 0)  # a receiver's socket wakes every second to check its parent
 
 
@@ -65,6 +71,8 @@ class ReceiverPool:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
+        fd, self._members_path = tempfile.mkstemp(prefix="raps-members-")
+        os.close(fd)  # empty: no list yet, every name is heard
         self.forwarded = 0  # heartbeats and app reports the receivers sent (before the guard)
 
     def start(self) -> None:
@@ -82,6 +90,9 @@ class ReceiverPool:
                 raise OSError(f"heartbeat receiver {i + 1} did not start (see its log above)")
         self.server.collect = self.collect
         self.server.on_forget = self.forget
+        self.server.on_members = self.members
+        if self.server.members is not None:
+            self.members(frozenset(self.server.members))
         self._thread = threading.Thread(target=self._read_loop, name="receiver-pipes",
                                         daemon=True)
         self._thread.start()
@@ -92,7 +103,7 @@ class ReceiverPool:
         proc = self._ctx.Process(
             target=_receiver_main, name=f"raps-receiver-{i + 1}",
             args=(self.server.address, *self._args, self._leader, theirs, os.getpid(),
-                  forgets_in),
+                  forgets_in, self._members_path),
             daemon=True)
         proc.start()
         theirs.close()
@@ -114,6 +125,17 @@ class ReceiverPool:
                 # full (BlockingIOError) or the receiver is gone
                 with contextlib.suppress(OSError):
                     conn.send_bytes(node.encode("ascii"))
+
+    def members(self, names: frozenset[str]) -> None:
+        """The cluster's node names changed: written to the file, every receiver told."""
+        tmp = f"{self._members_path}.new"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write("".join(f"{n}\n" for n in sorted(names)) or "\n")
+        os.replace(tmp, self._members_path)
+        for conn in self._forgets:
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.send_bytes(MEMBERS)
 
     def publish(self, revision: int, valid_until: float) -> None:
         """This coordinator leads with ``revision`` until ``valid_until`` (monotonic);
@@ -188,11 +210,14 @@ class ReceiverPool:
                 conn.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+        with contextlib.suppress(OSError):
+            os.unlink(self._members_path)
 
 
 def _receiver_main(address: tuple[str, int], key: bytes, accepted_key: bytes | None,
                    max_skew: float, leader: Any,
-                   conn: Connection, parent: int, forgets: Connection) -> None:
+                   conn: Connection, parent: int, forgets: Connection,
+                   members_path: str) -> None:
     """Entry of a receiver process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator stops us with SIGTERM
     logging.basicConfig(level=logging.WARNING,
@@ -207,17 +232,34 @@ def _receiver_main(address: tuple[str, int], key: bytes, accepted_key: bytes | N
                          accepted_key=accepted_key)
     sock = bind(address, reuse_port=True)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEOUT)
+    _read_members(server, members_path)
     conn.send_bytes(READY)
 
     def go_on() -> bool:
         try:
             while forgets.poll(0):  # what the coordinator forgot, we forget
-                server.forget(forgets.recv_bytes().decode("ascii"))
+                message = forgets.recv_bytes()
+                if message == MEMBERS:
+                    _read_members(server, members_path)
+                else:
+                    server.forget(message.decode("ascii"))
         except (EOFError, OSError):
             return False  # the coordinator is gone
         return os.getppid() == parent
 
     server.serve(sock, go_on=go_on)
+
+
+def _read_members(server: HeartbeatServer, path: str) -> None:
+    """The node names the coordinator wrote (an empty file: none known yet)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("cannot read the cluster's node names from %s: %s", path, exc)
+        return
+    if text:
+        server.set_members(n for n in text.split("\n") if n)
 
 
 class _Forwarding(HeartbeatServer):

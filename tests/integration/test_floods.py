@@ -1,9 +1,11 @@
 """Hostile input against the running daemons of the real cluster: the coordinator's
 heartbeat port, an agent's chunk-transfer port and its local API socket are flooded with
-random, truncated, oversized and wrongly signed input. Each daemon keeps running and
-serving, no verdict changes, and every rejection is counted by kind, exactly: the
-coordinator's own counter for heartbeats, the agent's counters (exported through its
-health sample and the leader's ``raps_agent_rejected`` metric) for the other two doors.
+random, truncated, oversized, wrongly signed input and names outside the cluster. Each
+daemon keeps running and serving, no verdict changes, and every rejection is counted by
+kind: the coordinator's own counter for heartbeats (from the agents' own address, past
+its budget, as ``rate``, while the agents are still heard), the agent's counters
+(exported through its health sample and the leader's ``raps_agent_rejected`` metric),
+exactly, for the other two doors.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from raps_slurm.heartbeat import (
     MAX_DATAGRAM,
     VERSION,
     Heartbeat,
-    decode,
+    claimed_node,
     encode,
     node_key,
 )
@@ -119,50 +121,66 @@ def metered_leader(cluster: LocalCluster, s: StateStore, keys: Keys, name: str
 
 def test_coordinator_heartbeat_port_survives_a_flood(
         cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any) -> None:
+    """10,000 bad datagrams from 127.0.0.1, the address every agent of the cluster sends
+    from: each is refused under its reason until the address spent its budget, then
+    dropped unread (``rate``), while the agents' own heartbeats are still heard."""
     s, keys = store
-    # flood1's own key: heartbeats verify only with the key of the node they name
-    key = node_key(load_cluster_key(str(cluster.run_dir / "etc" / "raps.key")), "flood1")
+    cluster_key = load_cluster_key(str(cluster.run_dir / "etc" / "raps.key"))
+    key = node_key(cluster_key, "flood1")  # a name outside the cluster, signed right
+    members = set(cluster.node_names)
     with metered_leader(cluster, s, keys, "flood") as (c, port, leader):
         host, _, hb_port = str(leader["heartbeat"]).rpartition(":")
         target = ("127.0.0.1" if host in ("0.0.0.0", "") else host, int(hb_port))
+        wait_until("every node heard by the new leader", lambda: heartbeat_counts(port),
+                   lambda n: n["accepted"] >= 2 * len(members), timeout=30)
         before = verdicts(s, keys)
         rng = random.Random(8)
         other = os.urandom(32)
-
-        def valid(k: bytes, i: int) -> bytes:
-            # A node no one registered (the detector ignores it, so no verdict can follow),
-            # counters below the primed one: a replay when signed with flood1's key.
-            return encode(Heartbeat("flood1", 1, i + 1, time.time()), k)
 
         def make(i: int) -> tuple[bytes, str]:
             kind = i % 5
             if kind == 0:
                 data = rng.randbytes(rng.randrange(0, 700))
             elif kind == 1:
-                good = valid(key, i)
+                good = encode(Heartbeat("flood1", 1, i + 1, time.time()), key)
                 data = good[:rng.randrange(0, len(good))]
             elif kind == 2:
                 data = MAGIC + bytes([VERSION]) + rng.randbytes(
                     rng.randrange(MAX_DATAGRAM - 3, 1400))
-            elif kind == 3:
-                data = valid(other, i)
+            elif kind == 3:  # a real node's name, a key that is not its own
+                data = encode(Heartbeat(NODE, 1, i + 1, time.time()), other)
             else:
-                data = valid(key, i)
+                data = encode(Heartbeat("flood1", 1, i + 1, time.time()), key)
             try:
-                decode(data, key)
-                return data, "replay"  # well signed: the replay guard drops it
+                name = claimed_node(data)
             except BadDatagram as exc:
                 return data, exc.reason
+            return data, ("member" if name not in members else "signature")
 
+        base = heartbeat_counts(port)
+        want: Counter[str] = Counter()
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        # primed first on the same socket (delivered and handled in order): accepted
-        sock.sendto(encode(Heartbeat("flood1", 1, 10 * DATAGRAMS, time.time()), key), target)
         try:
-            got = flood(DATAGRAMS, make, lambda d: sock.sendto(d, target),
-                        lambda: heartbeat_counts(port))
+            for start in range(0, DATAGRAMS, BATCH):
+                for i in range(start, start + BATCH):
+                    data, kind = make(i)
+                    sock.sendto(data, target)
+                    want[kind] += 1
+                sent = start + BATCH
+                got = wait_until(
+                    "the coordinator to count every datagram", lambda: heartbeat_counts(port),
+                    lambda n, sent=sent: sum((n - base)[k] for k in (*want, "rate")) >= sent,
+                    timeout=30)
         finally:
             sock.close()
-        assert set(got) >= {"size", "magic", "signature", "replay"}, got
+        got = got - base
+        # Each refused under its own reason or, past the address's budget, unread.
+        assert all(got[k] <= want[k] + 2 for k in want), (got, want)
+        assert DATAGRAMS <= sum(got[k] for k in (*want, "rate")) <= DATAGRAMS + 2, got
+        assert got["rate"] >= DATAGRAMS // 2, got
+        assert {"size", "magic", "member", "signature"} <= set(got), got
+        # the agents, on the same address, were heard all along
+        assert got["accepted"] >= len(members), got
         assert c.proc is not None and c.proc.poll() is None, c.log()[-2000:]
         assert read_leader(s, keys.leader())["name"] == "flood"  # type: ignore[index]
         assert verdicts(s, keys) == before

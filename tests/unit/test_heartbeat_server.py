@@ -131,3 +131,75 @@ def test_the_server_forgets_a_node_and_then_accepts_a_smaller_incarnation(
     assert forgotten == ["n1"]
     agent.sendto(encode(Heartbeat("n1", small, 2, now), mine), server.address)
     assert decode(agent.recvfrom(512)[0], mine).incarnation == small  # type: ignore[union-attr]
+
+
+def test_names_outside_the_cluster_are_refused_before_any_key_work(
+        agent: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
+    from raps_slurm import heartbeat
+
+    derived: list[str] = []
+    real = heartbeat.node_key
+
+    def counting(key: bytes, node: str) -> bytes:
+        derived.append(node)
+        return real(key, node)
+
+    monkeypatch.setattr(heartbeat, "node_key", counting)
+    names = [["n1", "n2"]]
+    s = HeartbeatServer(("127.0.0.1", 0), KEY, max_skew=5.0, leader_revision=lambda: 7,
+                        members_from=lambda: names[0])
+    s.start()
+    try:
+        wait_for(lambda: s.members == {"n1", "n2"})
+        for i in range(50):
+            agent.sendto(encode(Heartbeat(f"x{i}", 1, 1, time.time()), nk(f"x{i}")), s.address)
+        wait_for(lambda: s.rejected["member"] == 50)
+        assert not [n for n in derived if n.startswith("x")]
+        agent.sendto(encode(Heartbeat("n1", 1, 1, time.time()), nk("n1")), s.address)
+        assert isinstance(decode(agent.recv(512), nk("n1")), Ack)
+        # a wrongly signed flood naming a member derives its key once, not per datagram
+        before = len(derived)
+        for i in range(20):
+            agent.sendto(encode(Heartbeat("n2", 1, i + 1, time.time()), OTHER), s.address)
+        wait_for(lambda: s.rejected["signature"] == 20)
+        assert len(derived) - before <= 1
+    finally:
+        s.stop()
+
+
+def test_a_source_that_spent_its_budget_is_dropped_unread_but_a_node_s_own_address_is_heard(
+        server: HeartbeatServer, agent: socket.socket) -> None:
+    from raps_slurm.coordinator.heartbeats import SourceBudget
+
+    server.budget = SourceBudget(rate=1.0, burst=10.0)
+    # n1's agent is heard from this address first: its address is n1's home
+    agent.sendto(encode(Heartbeat("n1", 1, 1, time.time()), nk("n1")), server.address)
+    assert isinstance(decode(agent.recv(512), nk("n1")), Ack)
+    flood = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for i in range(200):  # wrongly signed, from n1's address (two ports)
+            agent.sendto(encode(Heartbeat("n9", 1, i + 1, time.time()), OTHER), server.address)
+            flood.sendto(encode(Heartbeat("n9", 1, i + 1, time.time()), OTHER),
+                         ("127.0.0.1", server.address[1]))
+        wait_for(lambda: server.rejected["signature"] + server.rejected["rate"] == 400)
+        assert server.rejected["rate"] >= 350, server.rejected
+        # n1's address spent its budget, and n1's own heartbeats are still heard
+        agent.sendto(encode(Heartbeat("n1", 1, 2, time.time()), nk("n1")), server.address)
+        assert isinstance(decode(agent.recv(512), nk("n1")), Ack)
+    finally:
+        flood.close()
+
+
+def test_source_budget_refills_and_bounds_its_table() -> None:
+    from raps_slurm.coordinator.heartbeats import SourceBudget
+
+    b = SourceBudget(rate=2.0, burst=3.0, max_sources=2)
+    for _ in range(3):
+        assert not b.exhausted("a", 0.0)
+        b.charge("a", 0.0)
+    assert b.exhausted("a", 0.0) and b.exhausted("a", 0.4)
+    assert not b.exhausted("a", 0.5)  # one token back after 1/rate s
+    b.charge("b", 0.0)
+    for i in range(100):  # spoofed addresses share one bucket beyond the table
+        b.charge(f"s{i}", 0.0)
+    assert b.exhausted("s7", 0.0) and len(b._buckets) <= 3

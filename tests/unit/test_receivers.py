@@ -78,6 +78,16 @@ def _drain_until(pool: ReceiverPool, count: int, timeout: float = 10.0) -> list[
     return got
 
 
+def _refused_nothing_queued(pool: ReceiverPool, reason: str, count: int) -> None:
+    """Wait until ``count`` datagrams were refused as ``reason``, none reaching the
+    detector meanwhile."""
+    deadline = time.monotonic() + 10
+    while pool.server.rejected[reason] < count:
+        assert time.monotonic() < deadline, pool.server.rejected
+        assert pool.server.drain() == []
+        time.sleep(0.02)
+
+
 def test_every_receiver_acks_and_forwards(pool: ReceiverPool,
                                           senders: list[socket.socket]) -> None:
     now = time.time()
@@ -159,11 +169,7 @@ def test_a_forget_reaches_every_receiver(pool: ReceiverPool,
     for s in senders:
         s.sendto(encode(Heartbeat("n1", small, 1, time.time()), nk("n1")),
                  pool.server.address)
-    deadline = time.monotonic() + 10
-    while pool.server.rejected["replay"] < SENDERS:
-        assert time.monotonic() < deadline, pool.server.rejected
-        assert pool.server.drain() == []
-        time.sleep(0.02)
+    _refused_nothing_queued(pool, "replay", SENDERS)
     assert pool.forwarded > 0
     pool.server.forget("n1")
     for i, s in enumerate(senders):
@@ -211,3 +217,18 @@ def test_receiver_pipes_above_descriptor_1023_are_read_without_spinning(
         server.stop()
         for fd in filler:
             os.close(fd)
+
+
+def test_the_cluster_s_node_names_reach_every_receiver(pool: ReceiverPool,
+                                                       senders: list[socket.socket]) -> None:
+    """A name outside the cluster is refused by whichever receiver the kernel picks, once
+    the coordinator learnt the names; a member's heartbeats pass every receiver."""
+    pool.server.set_members(["n1", "n2"])
+    for i, s in enumerate(senders):
+        s.sendto(encode(Heartbeat("stranger", 1, i + 1, time.time()), nk("stranger")),
+                 pool.server.address)
+    _refused_nothing_queued(pool, "member", SENDERS)
+    for i, s in enumerate(senders):
+        s.sendto(encode(Heartbeat("n2", 1, i + 1, time.time()), nk("n2")), pool.server.address)
+        assert [r.node for r in _drain_until(pool, 1)] == ["n2"]
+    assert pool.server.rejected["signature"] == 0
