@@ -5,13 +5,18 @@ vanishes with the node. The device inventory and raw counters stay in the agent 
 only serve the next delta); the leader's health policy judges what is written. The
 sample also carries what the agent's doors refused since it started (``rejected``:
 door -> kind -> count), which the leader exports as metrics: one scrape for a cluster.
+
+At start the agent warns when the checkpoint dir shares a file system with ``/tmp`` or
+``/var/tmp``: any user can fill those, and with them the room checkpoints need
+(docs/install.md asks for a file system of its own).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from raps_slurm.agent.probes import ProbeSample, UdevWatcher, collect
@@ -20,6 +25,42 @@ from raps_slurm.store import Keys, Lease, StateStore
 
 log = logging.getLogger("raps.agent")
 _LOCAL_ONLY = ("devices", "counters")
+USER_WRITABLE = ("/tmp", "/var/tmp")
+
+
+def _device(path: Path) -> int | None:
+    """The file system of ``path``, or of its nearest existing parent (a checkpoint dir
+    not created yet will be made there)."""
+    for p in (path, *path.parents):
+        try:
+            return os.stat(p).st_dev
+        except OSError:
+            continue
+    return None
+
+
+def shares_with(ckpt_dir: Path, others: Iterable[str] = USER_WRITABLE) -> list[str]:
+    """Which of ``others`` (existing directories) are on the checkpoint dir's file system."""
+    mine = _device(ckpt_dir)
+    out = []
+    for other in others:
+        try:
+            if mine is not None and os.stat(other).st_dev == mine:
+                out.append(other)
+        except OSError:
+            continue
+    return out
+
+
+def warn_if_shared(ckpt_dir: Path, others: Iterable[str] = USER_WRITABLE) -> list[str]:
+    """Log a warning when the checkpoint dir shares a file system with one of ``others``;
+    which it shares."""
+    shared = shares_with(ckpt_dir, others)
+    if shared:
+        log.warning("checkpoint dir %s shares a file system with %s, which any user can "
+                    "fill, and with it the room for checkpoints: give it a file system of "
+                    "its own (docs/install.md)", ckpt_dir, " and ".join(shared))
+    return shared
 
 
 class HealthReporter:
@@ -30,6 +71,7 @@ class HealthReporter:
         self.store, self.keys, self.node = store, keys, node
         self.probe_root, self.ckpt_dir = probe_root, ckpt_dir
         self.previous: ProbeSample | None = None
+        warn_if_shared(ckpt_dir)
         self.udev = UdevWatcher(probe_root)
         self.udev.start()
 

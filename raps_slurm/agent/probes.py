@@ -77,8 +77,10 @@ class ProbeSample:
     mem_used_percent: float | None = None
     disk_path: str | None = None
     disk_total_bytes: int | None = None
-    disk_free_bytes: int | None = None
-    disk_used_percent: float | None = None
+    disk_free_bytes: int | None = None  # for root: the reserved blocks count as free
+    disk_raps_bytes: int | None = None  # what the checkpoint dir itself holds
+    disk_used_percent: float | None = None  # that, of that plus the free bytes
+    disk_raps_percent: float | None = None  # that, of the file system's total
     nvme_temps_c: Mapping[str, float] | None = None
     temps_c: Mapping[str, float] | None = None
     tcp_retrans_segs: int | None = None
@@ -393,6 +395,26 @@ def _group(deltas: Mapping[str, int], prefix: str) -> dict[str, int]:
     return out
 
 
+def tree_bytes(path: Path) -> int:
+    """Bytes the files under ``path`` take on disk (allocated blocks; links not
+    followed; entries gone meanwhile skipped)."""
+    total, stack = 0, [str(path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                        elif e.is_file(follow_symlinks=False):
+                            total += e.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total
+
+
 def collect(root: Path = Path("/"), ckpt_dir: Path | None = None,
             previous: ProbeSample | None = None, *, now: float | None = None,
             host: HostStats | None = None, removed_events: Iterable[str] = ()) -> ProbeSample:
@@ -414,10 +436,17 @@ def collect(root: Path = Path("/"), ckpt_dir: Path | None = None,
             interval, previous = None, None
 
     disk = host.disk_usage(ckpt_dir) if ckpt_dir is not None else None
-    disk_pct = None
-    if disk is not None and disk[1] + disk[2] > 0:
-        # used / (used + free), as df does: blocks reserved for root count as full.
-        disk_pct = round(100.0 * disk[1] / (disk[1] + disk[2]), 2)
+    disk_pct = raps_pct = root_free = raps = None
+    if disk is not None and ckpt_dir is not None:
+        # What RAPS needs, which no user can steer: its own data against the room left
+        # for root (the agent; reserved blocks are not the users'). Another user filling
+        # a file system the checkpoint dir shares takes only the room users may have.
+        # A project quota on the checkpoint dir is what statfs reports for it.
+        root_free, raps = max(0, disk[0] - disk[1]), tree_bytes(ckpt_dir)
+        if raps + root_free > 0:
+            disk_pct = round(100.0 * raps / (raps + root_free), 2)
+        if disk[0] > 0:
+            raps_pct = round(100.0 * min(raps, disk[0]) / disk[0], 2)
 
     nvme, temps = _read_hwmon(r)
     tcp, nics, edac = _read_snmp_tcp(r), _read_nics(r), _read_edac(r)
@@ -440,8 +469,9 @@ def collect(root: Path = Path("/"), ckpt_dir: Path | None = None,
         at=at, interval_sec=interval,
         cpu_percent=_finite(host.cpu_percent()), mem_used_percent=_finite(host.mem_used_percent()),
         disk_path=str(ckpt_dir) if disk is not None else None,
-        disk_total_bytes=disk[0] if disk else None, disk_free_bytes=disk[2] if disk else None,
-        disk_used_percent=disk_pct, nvme_temps_c=nvme, temps_c=temps,
+        disk_total_bytes=disk[0] if disk else None, disk_free_bytes=root_free,
+        disk_raps_bytes=raps, disk_used_percent=disk_pct, disk_raps_percent=raps_pct,
+        nvme_temps_c=nvme, temps_c=temps,
         tcp_retrans_segs=retrans, tcp_out_segs=out_segs, tcp_retransmit_ratio=ratio,
         nic_errors=_group(deltas, "nic.") if nics is not None else None,
         edac_ce=_group(deltas, "edac.") if edac is not None else None,

@@ -15,7 +15,7 @@ check              DEGRADED when                           cleared below        
 =================  ======================================  ===================  ================
 NVMe temperature   composite >= nvme_temp_c                threshold - 3 C      >= threshold+10C
 TCP retransmits    ratio >= retransmit_ratio               threshold x 0.8      -
-checkpoint disk    used >= 90 %                            85 %                 >= 98 %
+checkpoint disk    RAPS's data >= 90 % of it + root's room  85 %                 RAPS's >= 98 %
 EDAC corrected     >= 5 per interval on one controller     threshold x 0.8      -
 NIC errors         >= 10 rx+tx per interval on one NIC     threshold x 0.8      -
 PCIe link          narrower than the best width seen       back to that width   width 0 (down)
@@ -32,6 +32,12 @@ a card in a narrower slot is no fault, a link that loses lanes while we watch is
 speed is ignored unless ``check_pcie_speed``: GPUs and NICs lower it at idle to save power.
 A reading that is not available (``None``, a device missing from a map) leaves its
 condition as it was: it neither clears it nor counts towards persistence.
+The checkpoint disk is judged on what RAPS needs, which no user can steer: the bytes the
+checkpoint dir holds against those plus the room left for root (DEGRADED: no room for
+more checkpoints), and against the whole file system (DRAIN: RAPS's own data fills it).
+A user filling a file system the checkpoint dir shares takes only the room users may
+have, not root's reserved blocks, and never makes RAPS's data grow; a sample without
+``disk_raps_percent`` never drains.
 
 Levels
 ------
@@ -292,14 +298,21 @@ class HealthPolicy:
                          f"tcp retransmit {ratio:.1%} >= {s.retransmit_ratio:.1%}")]
 
     def _disk(self, data: Mapping[str, Any]) -> list[_Reading]:
+        """``disk_used_percent``: RAPS's data against the room left for root (DEGRADED:
+        no room for more checkpoints); ``disk_raps_percent``: RAPS's data against the
+        whole file system (DRAIN). Neither moves when another user fills a file system
+        the checkpoint dir shares, but for the room root has left (see the probes)."""
         s = self.settings
         used = _num(data.get("disk_used_percent"))
         if used is None:
             return []
-        hard = used >= s.disk_hard_percent
-        limit = s.disk_hard_percent if hard else s.disk_full_percent
+        raps = _num(data.get("disk_raps_percent"))
+        hard = raps is not None and raps >= s.disk_hard_percent
+        shown, limit = (used, s.disk_full_percent)
+        if raps is not None and hard:
+            shown, limit = raps, s.disk_hard_percent
         state = _band(used, s.disk_full_percent, s.disk_full_percent - s.disk_margin_percent)
-        return [_Reading("disk:ckpt", state, f"ckpt disk {_g(used)}% full >= {_g(limit)}%",
+        return [_Reading("disk:ckpt", state, f"ckpt disk {_g(shown)}% full >= {_g(limit)}%",
                          hard=hard)]
 
     def _counts(self, value: Any, kind: str, what: str, threshold: float,

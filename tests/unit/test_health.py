@@ -163,7 +163,7 @@ def test_drain_is_sticky_until_clean() -> None:
 
 @pytest.mark.parametrize(("fields", "reason"), [
     ({"nvme_temps_c": {"nvme1": 80.0}}, "raps: nvme1 temp 80C >= 80C"),
-    ({"disk_used_percent": 98.0}, "raps: ckpt disk 98% full >= 98%"),
+    ({"disk_used_percent": 99.0, "disk_raps_percent": 98.0}, "raps: ckpt disk 98% full >= 98%"),
     ({"removed": ["nvme:nvme0"], "devices": []}, "raps: device removed: nvme:nvme0"),
 ])
 def test_hard_conditions_drain_at_once(fields: dict[str, Any], reason: str) -> None:
@@ -180,8 +180,18 @@ def test_disk_thresholds() -> None:
     assert v is not None and v.level == DEGRADED
     assert v.reason == "raps: ckpt disk 91.2% full >= 90%"
     feed(disk_used_percent=86.0)
-    v = feed(disk_used_percent=98.5)
+    v = feed(disk_used_percent=99.0, disk_raps_percent=98.5)
     assert v is not None and v.level == DRAIN and v.reason == "raps: ckpt disk 98.5% full >= 98%"
+
+
+def test_a_full_disk_drains_only_when_raps_data_fills_it() -> None:
+    """No room left for RAPS (someone else's files fill the rest): DEGRADED, no longer a
+    recovery target, but not drained, which would move its ranks; a sample of an agent
+    that does not report RAPS's share never drains."""
+    feed = Feed()
+    v = feed(disk_used_percent=100.0, disk_raps_percent=3.0)
+    assert v is not None and v.level == DEGRADED
+    assert feed(disk_used_percent=100.0) is None
 
 
 def test_removed_device_latches_until_seen_again() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from raps_slurm.agent.probes import PcieLink, ProbeSample, UdevWatcher, collect
+from raps_slurm.core.health import HealthLevel, HealthPolicy
 from raps_slurm.testing.sysfs import make_tree, remove_device
 
 
@@ -164,7 +166,43 @@ def test_injected_host(tmp_path: Path) -> None:
     assert host.disk_paths == [tmp_path / "ckpt"]
     assert s.cpu_percent is None  # NaN cannot go into JSON
     assert s.mem_used_percent == 40.0
-    assert (s.disk_total_bytes, s.disk_free_bytes, s.disk_used_percent) == (1000, 100, 90.0)
+    # used 900 of 1000 by others, none of it RAPS's: 100 left for root, 0 % RAPS's
+    assert (s.disk_total_bytes, s.disk_free_bytes, s.disk_raps_bytes) == (1000, 100, 0)
+    assert (s.disk_used_percent, s.disk_raps_percent) == (0.0, 0.0)
+
+
+def test_filling_a_shared_file_system_leaves_the_node_healthy(tmp_path: Path) -> None:
+    """The checkpoint dir on a file system a user can write (a /tmp on the same disk):
+    the user fills every block users may have. RAPS's data and root's reserved blocks
+    are unchanged, so the disk readings stay where they were and the node stays OK; the
+    old reading (used / (used + available)) said 100 % and drained it."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "job-5").mkdir(parents=True)
+    (ckpt / "job-5" / "pack-1").write_bytes(os.urandom(64 << 10))
+    raps = sum(p.stat().st_blocks * 512 for p in ckpt.rglob("*") if p.is_file())
+    gib = 1 << 30
+    total, reserved = 100 * gib, 5 * gib  # ext4's default: 5 % reserved for root
+    before = collect(tmp_path, ckpt_dir=ckpt, host=FakeHost(disk=(total, 40 * gib,
+                                                                  55 * gib)), now=1.0)
+    full = collect(tmp_path, ckpt_dir=ckpt, host=FakeHost(disk=(total, total - reserved, 0)),
+                   now=2.0)
+    assert full.disk_raps_bytes == before.disk_raps_bytes == raps
+    assert full.disk_free_bytes == reserved
+    assert full.disk_used_percent is not None and full.disk_used_percent < 1.0
+    policy = HealthPolicy()
+    for s in (before, full):
+        assert policy.observe("n1", s.to_dict(), now=s.at) is None  # stays OK
+
+
+def test_raps_data_filling_its_own_file_system_drains(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "pack").write_bytes(os.urandom(1 << 20))
+    raps = sum(p.stat().st_blocks * 512 for p in ckpt.rglob("*") if p.is_file())
+    s = collect(tmp_path, ckpt_dir=ckpt, host=FakeHost(disk=(raps, raps, 0)), now=1.0)
+    assert (s.disk_used_percent, s.disk_raps_percent) == (100.0, 100.0)
+    v = HealthPolicy().observe("n1", s.to_dict(), now=1.0)
+    assert v is not None and v.level == HealthLevel.DRAIN
 
 
 def test_malformed_files_give_none_and_one_line_problems(tmp_path: Path) -> None:
@@ -332,3 +370,19 @@ def test_udev_reports_physical_removals(tmp_path: Path, monkeypatch: pytest.Monk
     assert w.drain() == []
     w.stop()
     assert seen["stopped"] and w.available is False
+
+
+def test_the_agent_warns_when_the_checkpoint_dir_shares_a_user_writable_fs(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from raps_slurm.agent.health import warn_if_shared
+
+    public = tmp_path / "tmp"
+    public.mkdir()
+    with caplog.at_level("WARNING", logger="raps.agent"):
+        # not created yet: judged by the parent it will be made in
+        assert warn_if_shared(tmp_path / "ckpt" / "n1", [str(public)]) == [str(public)]
+    assert "shares a file system with" in caplog.text and "docs/install.md" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="raps.agent"):
+        assert warn_if_shared(tmp_path / "ckpt", ["/proc", str(tmp_path / "absent")]) == []
+    assert caplog.text == ""
