@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from raps_slurm.agent import fds
 from raps_slurm.agent.api_schema import (
     SCHEMAS,
     Check,
@@ -249,6 +250,7 @@ class LocalApiServer:
         self.ranks = table if table is not None else RankTable()
         self.idle_timeout = idle_timeout
         self.max_connections_per_uid = max_connections_per_uid
+        self.fd_caps = fds.FdCaps(0, max_connections_per_uid, 1 << 30)  # set by start()
         self.peer_uid_override: int | None = None  # tests only: act as this uid
         self.denied = 0
         self.errors: Counter[str] = Counter()  # kind -> count
@@ -269,6 +271,7 @@ class LocalApiServer:
 
     def start(self) -> None:
         """Create the socket and serve in daemon threads; LocalApiError if it cannot."""
+        self.fd_caps = fds.caps(fds.raise_limit(), 1 + MAX_FDS, self.max_connections_per_uid)
         try:
             server = self._bind()
         except OSError as exc:
@@ -358,8 +361,8 @@ class LocalApiServer:
             if not self._admit(conn, peer.uid):
                 self._count("connections")
                 log.warning("local API: refused a connection from pid %d uid %d: "
-                            "%d connections open", peer.pid, peer.uid,
-                            self.max_connections_per_uid)
+                            "%d connections open (%d for all users)", peer.pid, peer.uid,
+                            self.fd_caps.per_uid, self.fd_caps.users)
                 self._try_send(conn, _error(Refused(
                     "connections", f"too many connections from uid {peer.uid}")))
                 return
@@ -374,10 +377,11 @@ class LocalApiServer:
 
     def _admit(self, conn: socket.socket, uid: int) -> bool:
         # Per uid, so that one user opening thousands of connections cannot lock the
-        # other users' ranks out.
+        # other users' ranks out; all users together below the agent's own descriptors.
         with self._lock:
-            if uid != 0 and sum(u == uid for u in self._conns.values()) \
-                    >= self.max_connections_per_uid:
+            if uid != 0 and (sum(u == uid for u in self._conns.values()) >= self.fd_caps.per_uid
+                             or sum(u != 0 for u in self._conns.values())
+                             >= self.fd_caps.users):
                 return False
             self._conns[conn] = uid
             return True

@@ -366,6 +366,23 @@ def test_connections_per_uid_are_limited(make_server: Factory) -> None:
     assert Conn(server.path).ask({"op": "hello"})["ok"]
 
 
+def test_all_users_together_stay_below_the_agent_s_reserve(make_server: Factory) -> None:
+    from raps_slurm.agent.fds import FdCaps
+
+    server = make_server()
+    assert server.fd_caps.users * 3 < server.fd_caps.limit  # start() sized it
+    server.fd_caps = FdCaps(server.fd_caps.limit, 10, 2)
+    held = []
+    for uid in (1000, 1001):
+        server.peer_uid_override = uid
+        held.append(Conn(server.path))
+        assert held[-1].ask({"op": "hello"})["uid"] == uid
+    server.peer_uid_override = 1002
+    assert Conn(server.path).reply()["kind"] == "connections"
+    server.peer_uid_override = 0  # root (the agent's own tools) is never refused
+    assert Conn(server.path).ask({"op": "hello"})["ok"]
+
+
 # --- schemas ------------------------------------------------------------------------------
 
 ALLOWED = {"register": "op, job, rank, epoch, pid", "heartbeat":
