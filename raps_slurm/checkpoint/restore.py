@@ -556,7 +556,12 @@ class Restorer:
         if not c.cold_dir:
             return None
         directory = cold.cold_path(c.cold_dir, job, rank)
-        gens = cold.generations(directory)
+        try:
+            gens = cold.generations(directory)
+        except cold.ColdCopyError as exc:  # a link or someone else's directory on the way
+            log.warning("job %s rank %d: cold copies refused: %s", job, rank, exc)
+            fallbacks.append(Fallback("cold", str(exc)))
+            return None
         records = {r.generation: r for r in self.trusted_records(job, rank)} if gens else {}
         for gen in gens:
             bad: list[str] = []
