@@ -12,14 +12,45 @@ import time
 from typing import Any
 
 from raps_slurm.mpi import world as _world
-from raps_slurm.mpi.collective import IN_PLACE, Intracomm
-from raps_slurm.mpi.comm import COMM_NULL, UNDEFINED, Comm, Exception, Request, Status
+from raps_slurm.mpi.collective import Intracomm
+from raps_slurm.mpi.comm import (
+    COMM_NULL,
+    CONGRUENT,
+    IDENT,
+    SIMILAR,
+    UNDEFINED,
+    UNEQUAL,
+    Comm,
+    Exception,
+    Group,
+    Prequest,
+    Request,
+    Status,
+)
+from raps_slurm.mpi.comm import KEY_APPNUM as APPNUM
+from raps_slurm.mpi.comm import KEY_IO as IO
+from raps_slurm.mpi.comm import KEY_TAG_UB as TAG_UB
+from raps_slurm.mpi.comm import KEY_UNIVERSE_SIZE as UNIVERSE_SIZE
+from raps_slurm.mpi.comm import KEY_WTIME_IS_GLOBAL as WTIME_IS_GLOBAL
 from raps_slurm.mpi.engine import ANY_SOURCE, ANY_TAG, PROC_NULL
-from raps_slurm.mpi.types import OPS, TYPES, Datatype, Op, unsupported
+from raps_slurm.mpi.tree import IN_PLACE
+from raps_slurm.mpi.types import (
+    OPS,
+    ORDER_C,
+    ORDER_F,
+    ORDER_FORTRAN,
+    TYPES,
+    Datatype,
+    Op,
+    unsupported,
+)
 
-__all__ = ["ANY_SOURCE", "ANY_TAG", "COMM_NULL", "COMM_SELF", "COMM_WORLD", "IN_PLACE",
-           "PROC_NULL", "REQUEST_NULL", "UNDEFINED", "Abort", "Comm", "Datatype",
-           "Exception", "Finalize", "Init", "Intracomm", "Op", "Request", "Status", "Wtime"]
+__all__ = ["ANY_SOURCE", "ANY_TAG", "APPNUM", "COMM_NULL", "COMM_SELF", "COMM_WORLD",
+           "CONGRUENT", "IDENT", "IN_PLACE", "IO", "ORDER_C", "ORDER_F", "ORDER_FORTRAN",
+           "PROC_NULL", "REQUEST_NULL", "SIMILAR", "TAG_UB", "UNDEFINED", "UNEQUAL",
+           "UNIVERSE_SIZE", "WTIME_IS_GLOBAL", "Abort", "Comm", "Datatype", "Exception",
+           "Finalize", "Group", "Init", "Intracomm", "Op", "Prequest", "Request", "Status",
+           "Wtime"]
 
 
 class _SelfComm(Intracomm):
@@ -27,9 +58,10 @@ class _SelfComm(Intracomm):
         return [_world.world().rank]
 
 
-COMM_WORLD = Intracomm(0, None, "MPI_COMM_WORLD")
-COMM_SELF = _SelfComm(2, None, "MPI_COMM_SELF")
+COMM_WORLD = Intracomm._make(0, None, "MPI_COMM_WORLD")
+COMM_SELF = _SelfComm._make(2, None, "MPI_COMM_SELF")
 REQUEST_NULL = Request(None)
+GROUP_EMPTY = Group([])
 SUCCESS, ERR_OTHER = 0, 16
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
 MAX_PROCESSOR_NAME = 256

@@ -16,24 +16,27 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from raps_slurm.mpi.comm import COMM_NULL, UNDEFINED, Comm, Exception
-from raps_slurm.mpi.engine import RAW
-from raps_slurm.mpi.types import OPS, Buffer, Op, as_buffer, copy_array
+from raps_slurm.mpi.blocks import BlockCollectives
+from raps_slurm.mpi.buffers import Buffer, as_buffer
+from raps_slurm.mpi.comm import COMM_NULL, UNDEFINED, Exception
+from raps_slurm.mpi.nonblocking import NonBlocking
+from raps_slurm.mpi.tree import (
+    T_ALLREDUCE,
+    T_ALLTOALL,
+    T_GATHER,
+    T_REDUCE,
+    T_SCATTER,
+    dumps,
+    in_place,
+    view,
+)
+from raps_slurm.mpi.types import OPS, Op, copy_array
 
-
-class _InPlace:
-    def __repr__(self) -> str:
-        return "<MPI.IN_PLACE>"
-
-
-IN_PLACE: Any = _InPlace()
 SUM = OPS["SUM"]
-T_BCAST, T_REDUCE, T_GATHER, T_SCATTER, T_ALLTOALL, T_ALLREDUCE = 1, 2, 3, 4, 5, 6
 
 
 def derived_id(parent: int, n: int, color: int) -> int:
@@ -43,63 +46,8 @@ def derived_id(parent: int, n: int, color: int) -> int:
     return (int.from_bytes(h, "big") & ~1) | 4
 
 
-def _dumps(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=5)
-
-
-class Intracomm(Comm):
+class Intracomm(BlockCollectives, NonBlocking):
     """A communicator with collectives (``COMM_WORLD`` is one)."""
-
-    # --- plumbing --------------------------------------------------------------------
-
-    def _csend(self, dst: int, data: bytes | memoryview, tag: int) -> None:
-        w = self._w
-        w.engine.send(self._world_rank(dst, "rank"), self._ctx_id + 1, tag, RAW, data)
-
-    def _crecv(self, src: int, tag: int) -> bytes | memoryview:
-        w = self._w
-        r = w.engine.post(self._ctx_id + 1, self._world_rank(src, "rank"), tag)
-        return w.engine.wait(r).data
-
-    def _enter(self, call: str) -> tuple[int, int]:
-        self._w.check_may_communicate(call)
-        return self.Get_rank(), self.Get_size()
-
-    def _bcast_bytes(self, data: bytes | memoryview | None, root: int
-                     ) -> bytes | memoryview:
-        """Binomial-tree broadcast of bytes from ``root``."""
-        me, n = self.Get_rank(), self.Get_size()
-        vr = (me - root) % n
-        mask = 1
-        while mask < n:
-            if vr & mask:
-                data = self._crecv((vr - mask + root) % n, T_BCAST)
-                break
-            mask <<= 1
-        mask >>= 1
-        assert data is not None
-        while mask > 0:
-            if vr + mask < n:
-                self._csend((vr + mask + root) % n, data, T_BCAST)
-            mask >>= 1
-        return data
-
-    def _reduce_tree(self, value: Any, combine: Callable[[Any, Any], Any],
-                     pack: Callable[[Any], bytes | memoryview],
-                     unpack: Callable[[bytes | memoryview], Any], root: int) -> Any:
-        """Binomial-tree reduction to ``root`` (``own op child``, children in increasing
-        order); the result at the root, None elsewhere."""
-        me, n = self.Get_rank(), self.Get_size()
-        vr = (me - root) % n
-        mask = 1
-        while mask < n:
-            if vr & mask:
-                self._csend((vr - mask + root) % n, pack(value), T_REDUCE)
-                return None
-            if vr + mask < n:
-                value = combine(value, unpack(self._crecv((vr + mask + root) % n, T_REDUCE)))
-            mask <<= 1
-        return value
 
     # --- object collectives ----------------------------------------------------------
 
@@ -114,24 +62,24 @@ class Intracomm(Comm):
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         """``root``'s object on every rank."""
         me, _ = self._enter("bcast")
-        return pickle.loads(self._bcast_bytes(_dumps(obj) if me == root else None, root))
+        return pickle.loads(self._bcast_bytes(dumps(obj) if me == root else None, root))
 
     def reduce(self, sendobj: Any, op: Op = SUM, root: int = 0) -> Any:
         """The reduction at ``root`` (None elsewhere)."""
         self._enter("reduce")
-        return self._reduce_tree(sendobj, op, _dumps, pickle.loads, root)
+        return self._reduce_tree(sendobj, op, dumps, pickle.loads, root)
 
     def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
         """The reduction on every rank."""
         me, _ = self._enter("allreduce")
-        got = self._reduce_tree(sendobj, op, _dumps, pickle.loads, 0)
-        return pickle.loads(self._bcast_bytes(_dumps(got) if me == 0 else None, 0))
+        got = self._reduce_tree(sendobj, op, dumps, pickle.loads, 0)
+        return pickle.loads(self._bcast_bytes(dumps(got) if me == 0 else None, 0))
 
     def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
         """Every rank's object, in rank order, at ``root``."""
         me, n = self._enter("gather")
         if me != root:
-            self._csend(root, _dumps(sendobj), T_GATHER)
+            self._csend(root, dumps(sendobj), T_GATHER)
             return None
         return [sendobj if r == root else pickle.loads(self._crecv(r, T_GATHER))
                 for r in range(n)]
@@ -146,14 +94,14 @@ class Intracomm(Comm):
             raise ValueError(f"scatter: {len(items)} items for {n} ranks")
         for r in range(n):
             if r != root:
-                self._csend(r, _dumps(items[r]), T_SCATTER)
+                self._csend(r, dumps(items[r]), T_SCATTER)
         return items[root]
 
     def allgather(self, sendobj: Any) -> list[Any]:
         """Every rank's object, in rank order, on every rank."""
         me, _ = self._enter("allgather")
         got = self.gather(sendobj, 0)
-        return list(pickle.loads(self._bcast_bytes(_dumps(got) if me == 0 else None, 0)))
+        return list(pickle.loads(self._bcast_bytes(dumps(got) if me == 0 else None, 0)))
 
     def alltoall(self, sendobj: Any) -> list[Any]:
         """Item ``j`` of rank ``i``'s sequence becomes item ``i`` on rank ``j``."""
@@ -163,7 +111,7 @@ class Intracomm(Comm):
             raise ValueError(f"alltoall: {len(items)} items for {n} ranks")
         for r in range(n):
             if r != me:
-                self._csend(r, _dumps(items[r]), T_ALLTOALL)
+                self._csend(r, dumps(items[r]), T_ALLTOALL)
         return [items[me] if r == me else pickle.loads(self._crecv(r, T_ALLTOALL))
                 for r in range(n)]
 
@@ -172,62 +120,54 @@ class Intracomm(Comm):
     def Bcast(self, buf: Any, root: int = 0) -> None:
         """``root``'s buffer into every rank's."""
         me, _ = self._enter("Bcast")
-        b = as_buffer(buf, "Bcast")
+        b = as_buffer(buf, "Bcast", readonly=me == root)
         # The root's buffer as it is: every send copies what it sends.
         data = self._bcast_bytes(b.raw() if me == root else None, root)
         if me != root:
-            _fill(b, data, "Bcast")
+            b.put(data, "Bcast")
 
     def _reduce_arrays(self, sendbuf: Any, recvbuf: Any, op: Op, root: int, call: str
                        ) -> tuple[np.ndarray[Any, Any] | None, Buffer | None]:
         me, _ = self._enter(call)
-        rb = as_buffer(recvbuf, call) if recvbuf is not None and (me == root or root < 0) \
-            else None
-        if sendbuf is IN_PLACE:
-            if rb is None:
-                raise ValueError(f"{call}: IN_PLACE needs the receive buffer")
+        rb = as_buffer(recvbuf, call, readonly=False) if me == root or root < 0 else None
+        if in_place(sendbuf) and rb is not None:
             mine = copy_array(rb.array)
         else:
             mine = copy_array(as_buffer(sendbuf, call).array)
-        dtype = mine.dtype
-
-        def combine(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-            op.apply_into(a, b, a)  # ``a`` is this call's own copy: no array per child
-            return a
-
-        got = self._reduce_tree(mine, combine, _view,
-                                lambda d: np.frombuffer(d, dtype=dtype), max(root, 0))
-        return got, rb
+            if rb is not None and rb.count != (mine.size // max(rb.datatype.offsets.size, 1)):
+                raise ValueError(f"{call}: send count {mine.size} and receive count "
+                                 f"{rb.count} differ")
+        return self._run(self._array_steps(mine, op, max(root, 0), T_REDUCE)), rb
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0
                ) -> None:
         """Element-wise reduction into ``root``'s ``recvbuf`` (IN_PLACE at the root)."""
         got, rb = self._reduce_arrays(sendbuf, recvbuf, op, root, "Reduce")
         if got is not None and rb is not None:
-            _fill(rb, got.tobytes(), "Reduce")
+            rb.put(view(got), "Reduce")
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         """Element-wise reduction into every rank's ``recvbuf`` (IN_PLACE allowed)."""
         me, n = self._enter("Allreduce")
-        rb = as_buffer(recvbuf, "Allreduce")
-        src = rb if sendbuf is IN_PLACE else as_buffer(sendbuf, "Allreduce")
+        rb = as_buffer(recvbuf, "Allreduce", readonly=False)
+        src = rb if in_place(sendbuf) else as_buffer(sendbuf, "Allreduce")
         if n & (n - 1) == 0 and src.array.size >= n > 1:
-            out = rb.array.reshape(-1)[:src.array.size]
-            if out.size == src.array.size and src.array.dtype == out.dtype \
-                    and out.dtype.fields is None:
+            if rb.datatype.contiguous and src.array.size == rb.array.size \
+                    and src.array.dtype == rb.array.dtype and rb.array.dtype.fields is None:
+                out = rb.array
                 # Reduced in the receive buffer itself (MPI leaves it undefined until the
                 # call returns): no copy of the array and no result to copy back. Not a
                 # structured type: its padding bytes are sent, and copy_array fixes them.
                 if src is not rb:
-                    out[...] = src.array.reshape(-1)
+                    out[...] = src.array
                 self._halving_doubling(out, op, me, n)
                 return
             mine = copy_array(src.array).reshape(-1)
-            _fill(rb, _view(self._halving_doubling(mine, op, me, n)), "Allreduce")
+            rb.put(view(self._halving_doubling(mine, op, me, n)), "Allreduce")
             return
         got, _ = self._reduce_arrays(sendbuf, recvbuf, op, -1, "Allreduce")
-        data = self._bcast_bytes(_view(got) if got is not None else None, 0)
-        _fill(rb, data, "Allreduce")
+        data = self._bcast_bytes(view(got) if got is not None else None, 0)
+        rb.put(data, "Allreduce")
 
     def _halving_doubling(self, mine: np.ndarray[Any, Any], op: Op, me: int, n: int
                           ) -> np.ndarray[Any, Any]:
@@ -244,7 +184,7 @@ class Intracomm(Comm):
         while d:
             partner, mid = me ^ d, lo + (hi - lo) // 2
             (klo, khi), (glo, ghi) = ((mid, hi), (lo, mid)) if me & d else ((lo, mid), (mid, hi))
-            self._csend(partner, _view(mine[glo:ghi]), T_ALLREDUCE)
+            self._csend(partner, view(mine[glo:ghi]), T_ALLREDUCE)
             theirs = np.frombuffer(self._crecv(partner, T_ALLREDUCE), dtype=dtype)
             if theirs.size != khi - klo:
                 raise Exception(f"Allreduce: rank {partner} sent {theirs.size} elements "
@@ -262,8 +202,8 @@ class Intracomm(Comm):
             partner = me ^ d
             plo, phi = parts.pop()
             olo, ohi = (hi, phi) if lo == plo else (plo, lo)  # the partner's half
-            self._csend(partner, _view(mine[lo:hi]), T_ALLREDUCE)
-            block, got = _view(mine[olo:ohi]), self._crecv(partner, T_ALLREDUCE)
+            self._csend(partner, view(mine[lo:hi]), T_ALLREDUCE)
+            block, got = view(mine[olo:ohi]), self._crecv(partner, T_ALLREDUCE)
             if len(got) != len(block):
                 raise Exception(f"Allreduce: rank {partner} sent {len(got)} bytes where "
                                 f"{len(block)} were expected")
@@ -271,62 +211,6 @@ class Intracomm(Comm):
             lo, hi = plo, phi
             d <<= 1
         return mine
-
-    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        """Every rank's buffer into block ``rank`` of ``root``'s ``recvbuf``."""
-        me, n = self._enter("Gather")
-        if me != root:
-            self._csend(root, as_buffer(sendbuf, "Gather").raw(), T_GATHER)
-            return
-        blocks = _blocks(as_buffer(recvbuf, "Gather"), n, "Gather")
-        for r in range(n):
-            if r == root:
-                if sendbuf is not IN_PLACE:
-                    blocks[r][:] = as_buffer(sendbuf, "Gather").raw()
-            else:
-                _put(blocks[r], self._crecv(r, T_GATHER), "Gather")
-
-    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        """Block ``rank`` of ``root``'s ``sendbuf`` into every rank's ``recvbuf``."""
-        me, n = self._enter("Scatter")
-        if me != root:
-            _fill(as_buffer(recvbuf, "Scatter"), self._crecv(root, T_SCATTER), "Scatter")
-            return
-        blocks = _blocks(as_buffer(sendbuf, "Scatter"), n, "Scatter")
-        for r in range(n):
-            if r != root:
-                self._csend(r, bytes(blocks[r]), T_SCATTER)
-        if recvbuf is not IN_PLACE:
-            _fill(as_buffer(recvbuf, "Scatter"), bytes(blocks[root]), "Scatter")
-
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        """Every rank's buffer into block ``rank`` of every ``recvbuf`` (IN_PLACE: the
-        block is already there)."""
-        me, n = self._enter("Allgather")
-        rb = as_buffer(recvbuf, "Allgather")
-        blocks = _blocks(rb, n, "Allgather")
-        if sendbuf is IN_PLACE:
-            sendbuf = copy_array(np.frombuffer(blocks[me], dtype=rb.datatype.dtype))
-        self.Gather(sendbuf, recvbuf, 0)
-        data = self._bcast_bytes(bytes(rb.raw()) if me == 0 else None, 0)
-        if me != 0:
-            _fill(rb, data, "Allgather")
-
-    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        """Block ``j`` of rank ``i``'s ``sendbuf`` into block ``i`` of rank ``j``'s
-        ``recvbuf`` (IN_PLACE: ``recvbuf`` holds what to send)."""
-        me, n = self._enter("Alltoall")
-        rb = as_buffer(recvbuf, "Alltoall")
-        src = bytes(rb.raw()) if sendbuf is IN_PLACE else bytes(as_buffer(sendbuf, "Alltoall")
-                                                                 .raw())
-        step = len(src) // n
-        out = _blocks(rb, n, "Alltoall")
-        for r in range(n):
-            if r != me:
-                self._csend(r, src[r * step:(r + 1) * step], T_ALLTOALL)
-        for r in range(n):
-            _put(out[r], src[me * step:(me + 1) * step] if r == me else
-                 self._crecv(r, T_ALLTOALL), "Alltoall")
 
     # --- communicators ---------------------------------------------------------------
 
@@ -341,7 +225,7 @@ class Intracomm(Comm):
                                    "its checkpoint does not know")
             ctx_id, ranks = w.saved_comms[w.created]
             w.created += 1
-            return Intracomm(ctx_id, ranks) if ranks is not None else COMM_NULL
+            return Intracomm._make(ctx_id, ranks) if ranks is not None else COMM_NULL
         members: list[int] | None
         if call == "Dup":
             members = list(self._members())
@@ -355,7 +239,7 @@ class Intracomm(Comm):
         ctx_id = derived_id(self._ctx_id, n, color)
         w.saved_comms.append((ctx_id, members))
         w.created += 1
-        return Intracomm(ctx_id, members) if members is not None else COMM_NULL
+        return Intracomm._make(ctx_id, members) if members is not None else COMM_NULL
 
     def Dup(self, info: Any = None) -> Intracomm:
         """Same ranks, a message space of its own (no communication needed)."""
@@ -367,27 +251,3 @@ class Intracomm(Comm):
         """Ranks with the same ``color`` in a new communicator, ordered by ``key`` then
         rank; ``UNDEFINED`` gets ``COMM_NULL``."""
         return self._derive(color, key, "Split")
-
-
-def _view(a: np.ndarray[Any, Any]) -> memoryview:
-    """The bytes of a contiguous array, not copied (a send copies them)."""
-    return np.ascontiguousarray(a).data.cast("B")
-
-
-def _blocks(b: Buffer, n: int, call: str) -> list[memoryview]:
-    raw = b.raw()
-    if len(raw) % n:
-        raise ValueError(f"{call}: a buffer of {len(raw)} bytes does not split into {n} "
-                         "equal blocks")
-    step = len(raw) // n
-    return [raw[i * step:(i + 1) * step] for i in range(n)]
-
-
-def _put(block: memoryview, data: bytes | memoryview, call: str) -> None:
-    if len(data) > len(block):
-        raise Exception(f"{call}: message truncated: {len(data)} bytes into {len(block)}")
-    block[:len(data)] = data
-
-
-def _fill(b: Buffer, data: bytes | memoryview, call: str) -> None:
-    _put(b.raw(), data, call)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import pickle
 from typing import TYPE_CHECKING, Any
 
+from raps_slurm.mpi.buffers import Buffer, as_buffer
 from raps_slurm.mpi.engine import ANY_SOURCE, ANY_TAG, OBJ, PROC_NULL, RAW, Msg, Recv
 from raps_slurm.mpi.types import (
     BYTE,
-    Buffer,
     Datatype,
+    MPIException,
     Namespace,
-    as_buffer,
     unsupported,
 )
 from raps_slurm.mpi.world import World, world
@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 UNDEFINED = -32766
 
 
-class Exception(RuntimeError):
-    """An MPI error (e.g. a message longer than the receive buffer)."""
+Exception = MPIException
 
 
 class Status(metaclass=Namespace):
@@ -53,7 +52,13 @@ class Status(metaclass=Namespace):
 
     def Get_count(self, datatype: Datatype = BYTE) -> int:
         """Elements of ``datatype`` in the message (UNDEFINED if not a whole number)."""
-        n, r = divmod(self.nbytes, datatype.size)
+        if not isinstance(datatype, Datatype):
+            raise TypeError(f"MPI.Status.Get_count: expected an MPI datatype, got "
+                            f"{type(datatype).__name__}")
+        size = datatype.size
+        if not size:
+            return 0
+        n, r = divmod(self.nbytes, size)
         return UNDEFINED if r else n
 
     Get_elements = Get_count
@@ -88,6 +93,8 @@ class Status(metaclass=Namespace):
 class Request(metaclass=Namespace):
     """A non-blocking operation: a send (complete at once) or a posted receive."""
 
+    collective = False  # a non-blocking collective's request (raps_slurm.mpi.nonblocking)
+
     def __init__(self, comm: Comm | None, recv: Recv | None = None,
                  buf: Buffer | None = None, value: Any = None) -> None:
         self.comm, self.recv, self.buf, self.value = comm, recv, buf, value
@@ -109,7 +116,7 @@ class Request(metaclass=Namespace):
         return self.value
 
     def _wait(self) -> None:
-        if self.recv is not None and self.recv.msg is None:
+        if self.active and self.recv is not None and self.recv.msg is None:
             world().engine.wait(self.recv)
 
     def Wait(self, status: Status | None = None) -> bool:
@@ -178,7 +185,7 @@ class Request(metaclass=Namespace):
     @staticmethod
     def waitany(requests: list[Request], status: Status | None = None) -> tuple[int, Any]:
         """Wait for one: (index, object)."""
-        live = [i for i, r in enumerate(requests) if r.active]
+        live = _live(requests, "Waitany")
         if not live:
             return UNDEFINED, None
         for i in live:
@@ -203,6 +210,9 @@ class Request(metaclass=Namespace):
     def testall(requests: list[Request], statuses: list[Status] | None = None
                 ) -> tuple[bool, list[Any] | None]:
         """(all completed, their objects)."""
+        # a collective's request progresses (and records it) in its own Test
+        if not all([r.Test() for r in requests if r.active and r.collective]):
+            return False, None
         pending = [r for r in requests if r.active and r.recv is not None]
         if pending:
             def wait_all(_: Any) -> None:
@@ -225,7 +235,7 @@ class Request(metaclass=Namespace):
     def testany(requests: list[Request], status: Status | None = None
                 ) -> tuple[int, bool, Any]:
         """(index or UNDEFINED, flag, object)."""
-        live = [i for i, r in enumerate(requests) if r.active]
+        live = _live(requests, "Testany")
         if not live:
             return UNDEFINED, True, None
         for i in live:
@@ -242,27 +252,258 @@ class Request(metaclass=Namespace):
 
     @staticmethod
     def Waitsome(requests: list[Request], statuses: list[Status] | None = None
-                 ) -> Any:
-        """Not supported."""
-        raise unsupported("MPI.Request.Waitsome")
+                 ) -> list[int] | None:
+        """Wait for at least one; the indices of those completed (None if none is
+        active). A recorded decision."""
+        return Request._some(requests, statuses, block=True)[0]
+
+    @staticmethod
+    def waitsome(requests: list[Request], statuses: list[Status] | None = None
+                 ) -> tuple[list[int] | None, list[Any] | None]:
+        """(indices, objects) of the completed ones (None, None if none is active)."""
+        return Request._some(requests, statuses, block=True)
 
     @staticmethod
     def Testsome(requests: list[Request], statuses: list[Status] | None = None
-                 ) -> Any:
-        """Not supported."""
-        raise unsupported("MPI.Request.Testsome")
+                 ) -> list[int] | None:
+        """The indices of those completed now (maybe none; None if none is active). A
+        recorded decision."""
+        return Request._some(requests, statuses, block=False)[0]
+
+    @staticmethod
+    def testsome(requests: list[Request], statuses: list[Status] | None = None
+                 ) -> tuple[list[int] | None, list[Any] | None]:
+        """(indices, objects) of the completed ones."""
+        return Request._some(requests, statuses, block=False)
+
+    @staticmethod
+    def _some(requests: list[Request], statuses: list[Status] | None, *, block: bool
+              ) -> tuple[list[int] | None, list[Any] | None]:
+        live = _live(requests, "Waitsome" if block else "Testsome")
+        if not live:
+            return None, None
+        sends = [i for i in live if requests[i].recv is None]
+        if sends:
+            # complete at once, and no timing in it: these alone, no decision recorded
+            chosen = sends
+        else:
+            # at most 126 positions fit a determinant (two 63-bit masks); later ones are
+            # left for the next call
+            pos = live[:126]
+            eng = world().engine
+
+            def masks() -> tuple[int, int, int] | None:
+                if block:
+                    eng.wait_any([requests[i].recv for i in pos])  # type: ignore[misc]
+                done = [k for k, i in enumerate(pos) if requests[i]._done()]
+                if not done:
+                    return None
+                return (1, sum(1 << k for k in done if k < 63),
+                        sum(1 << (k - 63) for k in done if k >= 63))
+
+            def wait_for(rep: tuple[int, int, int]) -> None:
+                for i in _masked(pos, rep):
+                    requests[i]._wait()
+            got = eng.decision(masks, wait_for)
+            if got is None:
+                return [], []
+            chosen = _masked(pos, got)
+        objs = [requests[i]._finish(statuses[n] if statuses is not None else None)
+                for n, i in enumerate(chosen)]
+        return chosen, objs
+
+
+def _live(requests: list[Request], call: str) -> list[int]:
+    live = [i for i, r in enumerate(requests) if r.active]
+    if any(requests[i].collective for i in live):
+        raise unsupported(f"MPI.Request.{call} over a non-blocking collective's request "
+                          "(Wait, Test, Waitall or Testall it)")
+    return live
+
+
+def _masked(pos: list[int], rep: tuple[int, int, int]) -> list[int]:
+    return [i for k, i in enumerate(pos) if (rep[1] >> k if k < 63 else rep[2] >> (k - 63)) & 1]
+
+
+class Prequest(Request):
+    """A persistent request (``Send_init``/``Recv_init``): inactive until ``Start``,
+    inactive again once completed, reusable."""
+
+    def __init__(self, comm: Comm, start: Any) -> None:
+        super().__init__(comm)
+        self.active = False
+        self._start = start
+
+    def Start(self) -> None:
+        """Start it: a send reads its buffer now; a receive is posted now."""
+        if self.active:
+            raise MPIException("MPI.Prequest.Start of a request still active")
+        self.recv, self.buf, self.value, self.status = None, None, None, None
+        self._start(self)
+        self.active = True
+
+    @staticmethod
+    def Startall(requests: list[Prequest]) -> None:
+        """Start each, in order."""
+        for r in requests:
+            r.Start()
 
 
 def _copy_status(src: Status, dst: Status) -> None:
     dst.source, dst.tag, dst.error, dst.nbytes = src.source, src.tag, src.error, src.nbytes
 
 
+IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
+# attribute keys (Open MPI's values) and what they give
+KEY_TAG_UB, KEY_IO, KEY_WTIME_IS_GLOBAL, KEY_APPNUM, KEY_UNIVERSE_SIZE = 0, 2, 3, 4, 6
+TAG_UB_VALUE = 2**31 - 1  # the envelope's tag is a signed 32-bit integer
+
+
+class Group(metaclass=Namespace):
+    """A group: world ranks in order (``Comm.Get_group``)."""
+
+    def __init__(self, ranks: list[int] | None = None) -> None:
+        self._ranks = list(ranks or [])
+
+    def Get_size(self) -> int:
+        """Number of ranks."""
+        return len(self._ranks)
+
+    def Get_rank(self) -> int:
+        """This process's rank in the group (UNDEFINED if not in it)."""
+        me = world().rank
+        return self._ranks.index(me) if me in self._ranks else UNDEFINED
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self.Get_size()
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self.Get_rank()
+
+    def Incl(self, ranks: list[int]) -> Group:
+        """The ranks listed, in that order."""
+        return Group([self._ranks[self._check(r)] for r in ranks])
+
+    def Excl(self, ranks: list[int]) -> Group:
+        """All but the ranks listed."""
+        drop = {self._check(r) for r in ranks}
+        return Group([w for i, w in enumerate(self._ranks) if i not in drop])
+
+    def _check(self, r: int) -> int:
+        if not 0 <= r < len(self._ranks):
+            raise ValueError(f"MPI.Group: rank {r}: expected 0..{len(self._ranks) - 1}")
+        return r
+
+    @staticmethod
+    def Translate_ranks(group1: Group, ranks1: list[int] | None, group2: Group
+                        ) -> list[int]:
+        """The rank in ``group2`` of each of ``ranks1`` in ``group1`` (UNDEFINED if
+        absent)."""
+        picked = group1._ranks if ranks1 is None else [group1._ranks[group1._check(r)]
+                                                        for r in ranks1]
+        return [group2._ranks.index(w) if w in group2._ranks else UNDEFINED for w in picked]
+
+    def Translate_ranks_to(self, ranks: list[int], other: Group) -> list[int]:
+        """``Translate_ranks(self, ranks, other)``."""
+        return Group.Translate_ranks(self, ranks, other)
+
+    @staticmethod
+    def compare_ranks(a: list[int], b: list[int], same: int) -> int:
+        """``same`` for the same ranks in order, SIMILAR in another order, else UNEQUAL."""
+        if a == b:
+            return same
+        return SIMILAR if sorted(a) == sorted(b) else UNEQUAL
+
+    @staticmethod
+    def Compare(group1: Group, group2: Group) -> int:
+        """``IDENT`` (same ranks, same order), ``SIMILAR`` or ``UNEQUAL``."""
+        return Group.compare_ranks(group1._ranks, group2._ranks, IDENT)
+
+    def Free(self) -> None:
+        """Nothing to release."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise unsupported(f"MPI.Group.{name}")
+
+
 class Comm(metaclass=Namespace):
     """An intracommunicator (point-to-point here, collectives in :class:`Collectives`)."""
 
-    def __init__(self, ctx_id: int, ranks: list[int] | None, name: str = "") -> None:
-        # ranks None: every rank of the world (resolved when the world starts)
+    _ctx_id: int
+    _ranks: list[int] | None
+    _name: str
+    _freed: bool
+
+    def __new__(cls, comm: Comm | None = None) -> Comm:
+        """A new handle of ``comm`` (as ``MPI.Intracomm(comm)`` and subclasses calling
+        ``super().__new__(cls, comm)``), the same communicator; none: a null one."""
+        self = object.__new__(cls)
+        if comm is None:
+            self._ctx_id, self._ranks, self._name, self._freed = -1, [], "MPI_COMM_NULL", True
+        elif isinstance(comm, Comm):
+            self._ctx_id, self._ranks = comm._ctx_id, comm._ranks
+            self._name, self._freed = comm._name, comm._freed
+        else:
+            raise TypeError(f"MPI.{cls.__name__}: expected a communicator, got "
+                            f"{type(comm).__name__}")
+        return self
+
+    def __init__(self, comm: Comm | None = None) -> None:
+        """Made in ``__new__`` (a subclass may define ``__init__`` freely)."""
+
+    @classmethod
+    def _make(cls, ctx_id: int, ranks: list[int] | None, name: str = "") -> Any:
+        """A communicator of context ``ctx_id`` over world ``ranks`` (None: every rank of
+        the world, resolved when the world starts)."""
+        self = object.__new__(cls)
         self._ctx_id, self._ranks, self._name, self._freed = ctx_id, ranks, name, False
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Comm) and other._ctx_id == self._ctx_id
+
+    def __hash__(self) -> int:
+        return hash(self._ctx_id)
+
+    def __bool__(self) -> bool:
+        return self._ctx_id != -1
+
+    # --- attributes, comparison, groups ------------------------------------------------
+
+    def Get_attr(self, keyval: int) -> Any:
+        """A predefined attribute: ``TAG_UB``, ``IO``, ``WTIME_IS_GLOBAL``, ``APPNUM``,
+        ``UNIVERSE_SIZE`` (None for another key)."""
+        # IO: ANY_SOURCE, every rank may do I/O; clocks are not synchronised
+        return {KEY_TAG_UB: TAG_UB_VALUE, KEY_IO: ANY_SOURCE, KEY_WTIME_IS_GLOBAL: 0,
+                KEY_APPNUM: 0, KEY_UNIVERSE_SIZE: self._w.size}.get(keyval)
+
+    @staticmethod
+    def Compare(comm1: Comm, comm2: Comm) -> int:
+        """``IDENT`` (the same communicator), ``CONGRUENT`` (the same ranks in the same
+        order), ``SIMILAR`` (in another order) or ``UNEQUAL``; called as mpi4py's
+        ``MPI.Comm.Compare(comm1, comm2)`` (or ``comm.Compare(comm1, comm2)``)."""
+        for c in (comm1, comm2):
+            if not isinstance(c, Comm):
+                raise TypeError(f"MPI.Comm.Compare: expected two communicators, got "
+                                f"{type(c).__name__}")
+        if comm1._ctx_id == comm2._ctx_id:
+            return IDENT
+        return Group.compare_ranks(comm1._members(), comm2._members(), CONGRUENT)
+
+    def Get_group(self) -> Group:
+        """The group of its ranks."""
+        return Group(list(self._members()))
+
+    @property
+    def group(self) -> Group:
+        """The group of its ranks."""
+        return self.Get_group()
 
     # --- identity --------------------------------------------------------------------
 
@@ -339,10 +580,7 @@ class Comm(metaclass=Namespace):
         if m.kind != RAW:
             raise Exception("a buffer receive (Recv) matched an object message (send): use "
                             "recv for messages sent with send")
-        room = buf.array.nbytes
-        if len(m.data) > room:
-            raise Exception(f"message truncated: {len(m.data)} bytes into a buffer of {room}")
-        buf.raw()[:len(m.data)] = m.data
+        buf.put(m.data, "receive")
         return None
 
     def _null_status(self, status: Status | None) -> None:
@@ -364,7 +602,7 @@ class Comm(metaclass=Namespace):
         if source == PROC_NULL:
             self._null_status(status)
             return
-        b = as_buffer(buf, "Recv")
+        b = as_buffer(buf, "Recv", readonly=False)
         r = self._post(source, tag, "Recv")
         self._deliver(self._w.engine.wait(r), b, status)
 
@@ -379,7 +617,7 @@ class Comm(metaclass=Namespace):
         """Post a receive into a buffer."""
         if source == PROC_NULL:
             return Request(self)
-        b = as_buffer(buf, "Irecv")
+        b = as_buffer(buf, "Irecv", readonly=False)
         return Request(self, self._post(source, tag, "Irecv"), b)
 
     def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
@@ -431,7 +669,8 @@ class Comm(metaclass=Namespace):
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """Send a buffer (copied: the caller may reuse it at once)."""
-        self._send(RAW, as_buffer(buf, "Send").raw(), dest, tag, "Send")
+        if dest != PROC_NULL:  # mpi4py reads no buffer for PROC_NULL
+            self._send(RAW, as_buffer(buf, "Send").raw(), dest, tag, "Send")
 
     Ssend = Bsend = Rsend = Send
 
@@ -448,6 +687,26 @@ class Comm(metaclass=Namespace):
         return Request(self)
 
     Issend = Ibsend = Irsend = Isend
+
+    def Send_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:
+        """A persistent send: each ``Start`` sends what ``buf`` holds then."""
+        as_buffer(buf, "Send_init")  # a bad specification fails here, as in mpi4py
+
+        def start(r: Request) -> None:
+            self.Send(buf, dest, tag)
+        return Prequest(self, start)
+
+    Ssend_init = Bsend_init = Rsend_init = Send_init
+
+    def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG
+                  ) -> Prequest:
+        """A persistent receive into ``buf``: each ``Start`` posts it."""
+        b = as_buffer(buf, "Recv_init", readonly=False)
+
+        def start(r: Request) -> None:
+            if source != PROC_NULL:
+                r.recv, r.buf = self._post(source, tag, "Recv_init"), b
+        return Prequest(self, start)
 
     def sendrecv(self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None,
                  source: int = ANY_SOURCE, recvtag: int = ANY_TAG,

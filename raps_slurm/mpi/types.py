@@ -1,16 +1,15 @@
-"""Datatypes, reduction operations and buffer specifications of :mod:`raps_slurm.mpi`.
+"""Datatypes and reduction operations of :mod:`raps_slurm.mpi` (buffer specifications:
+:mod:`raps_slurm.mpi.buffers`).
 
-A datatype names a numpy dtype (``MPI.DOUBLE`` is ``float64``); a buffer argument is a
-numpy array or another writable buffer, alone (its dtype gives the datatype) or as
-``[buf, DATATYPE]``, ``[buf, count, DATATYPE]`` or ``[buf, (count, displ), DATATYPE]``.
-Reductions apply their operation element by element in the order the collective fixes.
+A predefined datatype names a numpy dtype (``MPI.DOUBLE`` is ``float64``); a derived one
+lists element offsets in its base type. Reductions apply their operation element by
+element in the order the collective fixes.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,10 @@ def unsupported(what: str) -> Unsupported:
                        "is)")
 
 
+class MPIException(RuntimeError):
+    """An MPI error (``MPI.Exception``: e.g. a message longer than the receive buffer)."""
+
+
 class Namespace(type):
     """Metaclass of the MPI classes: a class attribute they lack (``MPI.Op.Create``,
     ``MPI.Comm.Get_parent``) raises :class:`Unsupported` naming it."""
@@ -40,35 +43,151 @@ class Namespace(type):
 
 
 class Datatype(metaclass=Namespace):
-    """An MPI datatype: a name and the numpy dtype of one element."""
+    """An MPI datatype. A predefined one names the numpy dtype of one element; a derived
+    one (``Create_contiguous``, ``Create_vector``, ``Create_indexed``,
+    ``Create_subarray``) is a list of element offsets in units of its one predefined
+    ``base`` type, with an extent in the same units."""
 
-    def __init__(self, name: str, dtype: npt.DTypeLike) -> None:
+    def __init__(self, name: str, dtype: npt.DTypeLike, base: Datatype | None = None,
+                 offsets: Sequence[int] | None = None, extent: int = 1, lb: int = 0
+                 ) -> None:
         self.name = name
         self.dtype = np.dtype(dtype)
+        self.base = base if base is not None else self
+        self.offsets = np.asarray(offsets if offsets is not None else [0], dtype=np.int64)
+        self.units, self.lb_units = extent, lb
+        self.committed = base is None
+        self.freed = False
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether ``count`` elements are ``count * len(offsets)`` base elements in a row."""
+        k = self.offsets.size
+        return self.units == k and self.lb_units == 0 and bool(
+            (self.offsets == np.arange(k)).all())
 
     @property
     def size(self) -> int:
-        """Bytes of one element."""
-        return int(self.dtype.itemsize)
+        """Bytes of data in one element."""
+        return int(self.offsets.size * self.base.dtype.itemsize)
+
+    @property
+    def extent(self) -> int:
+        """Bytes from one element to the next."""
+        return int(self.units * self.base.dtype.itemsize)
+
+    @property
+    def lb(self) -> int:
+        """Lower bound, bytes."""
+        return int(self.lb_units * self.base.dtype.itemsize)
+
+    @property
+    def ub(self) -> int:
+        """Upper bound, bytes."""
+        return self.lb + self.extent
 
     def Get_size(self) -> int:
-        """Bytes of one element."""
+        """Bytes of data in one element."""
         return self.size
 
     def Get_extent(self) -> tuple[int, int]:
-        """(lower bound, extent): contiguous types only."""
-        return 0, self.size
+        """(lower bound, extent) in bytes."""
+        return self.lb, self.extent
 
     def Get_name(self) -> str:
         """The MPI name."""
         return self.name
 
     def Commit(self) -> Datatype:
-        """Predefined types are committed already."""
+        """Make it usable in communication."""
+        self.committed = True
         return self
 
     def Free(self) -> None:
-        """Predefined types are not freed."""
+        """Release a derived type (a predefined one is never freed)."""
+        if self.base is not self:
+            self.freed = True
+
+    def Dup(self) -> Datatype:
+        """A copy (committed if this one is)."""
+        if self.base is self:
+            return self
+        d = self._derived(f"{self.name}.Dup", self.offsets.tolist(), self.units, self.lb_units)
+        d.committed = self.committed
+        return d
+
+    def _derived(self, name: str, offsets: Sequence[int], extent: int, lb: int = 0
+                 ) -> Datatype:
+        if self.freed:
+            raise ValueError(f"MPI.Datatype.{name.split('.')[-1]}: {self.name} was freed")
+        return Datatype(name, self.base.dtype, self.base, offsets, extent, lb)
+
+    def _expand(self, starts: Sequence[int]) -> list[int]:
+        """This type's base offsets for one element at each of ``starts`` (base units)."""
+        return [int(s + o) for s in starts for o in self.offsets]
+
+    def Create_contiguous(self, count: int) -> Datatype:
+        """``count`` elements in a row."""
+        _nonneg("Create_contiguous", count=count)
+        return self._derived(f"contiguous({count},{self.name})",
+                             self._expand([i * self.units for i in range(count)]),
+                             count * self.units, self.lb_units)
+
+    def Create_vector(self, count: int, blocklength: int, stride: int) -> Datatype:
+        """``count`` blocks of ``blocklength`` elements, ``stride`` elements apart."""
+        _nonneg("Create_vector", count=count, blocklength=blocklength)
+        starts = [(b * stride + i) * self.units for b in range(count)
+                  for i in range(blocklength)]
+        return self._spanning(f"vector({count},{blocklength},{stride},{self.name})", starts)
+
+    def Create_indexed(self, blocklengths: Sequence[int], displacements: Sequence[int]
+                       ) -> Datatype:
+        """Blocks of ``blocklengths[i]`` elements at ``displacements[i]`` (elements)."""
+        if len(blocklengths) != len(displacements):
+            raise ValueError(f"MPI.Datatype.Create_indexed: {len(blocklengths)} block "
+                             f"lengths for {len(displacements)} displacements")
+        _nonneg("Create_indexed", blocklength=min(blocklengths, default=0))
+        starts = [(int(d) + i) * self.units for n, d in zip(blocklengths, displacements,
+                                                             strict=True)
+                  for i in range(int(n))]
+        return self._spanning(f"indexed({self.name})", starts)
+
+    def Create_subarray(self, sizes: Sequence[int], subsizes: Sequence[int],
+                        starts: Sequence[int], order: int = 0) -> Datatype:
+        """The block ``subsizes`` at ``starts`` of an array of ``sizes`` (``order``:
+        ``ORDER_C``, 0, or ``ORDER_FORTRAN``, 1); its extent is the whole array's."""
+        if not len(sizes) == len(subsizes) == len(starts) or not sizes:
+            raise ValueError("MPI.Datatype.Create_subarray: sizes, subsizes and starts "
+                             "must have the same length, at least 1")
+        for n, s, st in zip(sizes, subsizes, starts, strict=True):
+            if not (n >= 1 and s >= 1 and st >= 0 and st + s <= n):
+                raise ValueError(f"MPI.Datatype.Create_subarray: subsize {s} at {st} does "
+                                 f"not fit in size {n}")
+        index = np.indices(tuple(subsizes)).reshape(len(sizes), -1).T + np.asarray(starts)
+        flat = np.ravel_multi_index(tuple(index.T), tuple(sizes),
+                                    order="F" if order == ORDER_FORTRAN else "C")
+        whole = int(np.prod(sizes)) * self.units
+        # memory order is the order MPI packs a subarray in, C or Fortran alike
+        return self._derived(f"subarray({self.name})",
+                             self._expand([int(i) * self.units for i in np.sort(flat)]), whole)
+
+    def Create_resized(self, lb: int, extent: int) -> Datatype:
+        """The same data with lower bound ``lb`` and extent ``extent`` (bytes, whole
+        base elements)."""
+        unit = self.base.dtype.itemsize
+        if lb % unit or extent % unit or extent <= 0:
+            raise ValueError(f"MPI.Datatype.Create_resized: lb {lb} and extent {extent} "
+                             f"must be positive multiples of {unit} bytes here")
+        return self._derived(f"resized({self.name})", self.offsets.tolist(), extent // unit,
+                             lb // unit)
+
+    def _spanning(self, name: str, starts: list[int]) -> Datatype:
+        offs = self._expand(starts)
+        if not offs:
+            return self._derived(name, [], 0)
+        lo = min(starts) + self.lb_units
+        hi = max(starts) + self.lb_units + self.units
+        return self._derived(name, offs, hi - lo, lo)
 
     def __repr__(self) -> str:
         return f"<MPI.{self.name}>"
@@ -76,7 +195,17 @@ class Datatype(metaclass=Namespace):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        raise unsupported(f"MPI.Datatype.{name} (predefined contiguous datatypes only)")
+        raise unsupported(f"MPI.Datatype.{name}")
+
+
+ORDER_C, ORDER_FORTRAN = 0, 1
+ORDER_F = ORDER_FORTRAN
+
+
+def _nonneg(call: str, **values: int) -> None:
+    for k, v in values.items():
+        if v < 0:
+            raise ValueError(f"MPI.Datatype.{call}: {k} {v}: expected a count >= 0")
 
 
 _PAIR = {"FLOAT_INT": np.float32, "DOUBLE_INT": np.float64, "LONG_INT": np.int64,
@@ -91,6 +220,7 @@ TYPES: dict[str, Datatype] = {n: Datatype(n, t) for n, t in {
     "INT32_T": np.int32, "INT64_T": np.int64, "UINT8_T": np.uint8, "UINT16_T": np.uint16,
     "UINT32_T": np.uint32, "UINT64_T": np.uint64, "C_COMPLEX": np.complex64,
     "C_FLOAT_COMPLEX": np.complex64, "C_DOUBLE_COMPLEX": np.complex128,
+    "C_LONG_DOUBLE_COMPLEX": np.clongdouble,
     "COMPLEX": np.complex64, "DOUBLE_COMPLEX": np.complex128, "AINT": np.int64,
     "OFFSET": np.int64, "COUNT": np.int64, "INTEGER": np.int32, "REAL": np.float32,
     "DOUBLE_PRECISION": np.float64, "LOGICAL": np.int32, "CHARACTER": np.int8,
@@ -102,6 +232,34 @@ for _n, _t in _PAIR.items():
 TYPES["2INT"] = TYPES["TWOINT"]
 BYTE = TYPES["BYTE"]
 
+# mpi4py's typecodes (its TypeDict): struct/array codes and numpy's sized names.
+TYPECODES: dict[str, Datatype] = {c: TYPES[n] for c, n in {
+    "?": "C_BOOL", "c": "CHAR", "b": "SIGNED_CHAR", "h": "SHORT", "i": "INT", "l": "LONG",
+    "q": "LONG_LONG", "p": "AINT", "B": "UNSIGNED_CHAR", "H": "UNSIGNED_SHORT",
+    "I": "UNSIGNED", "L": "UNSIGNED_LONG", "Q": "UNSIGNED_LONG_LONG", "f": "FLOAT",
+    "d": "DOUBLE", "g": "LONG_DOUBLE", "F": "C_FLOAT_COMPLEX", "D": "C_DOUBLE_COMPLEX",
+    "G": "C_LONG_DOUBLE_COMPLEX", "Zf": "C_FLOAT_COMPLEX", "Zd": "C_DOUBLE_COMPLEX",
+    "Zg": "C_LONG_DOUBLE_COMPLEX", "b1": "C_BOOL", "i1": "INT8_T", "i2": "INT16_T",
+    "i4": "INT32_T", "i8": "INT64_T", "u1": "UINT8_T", "u2": "UINT16_T", "u4": "UINT32_T",
+    "u8": "UINT64_T", "f4": "FLOAT", "f8": "DOUBLE", "c8": "C_FLOAT_COMPLEX",
+    "c16": "C_DOUBLE_COMPLEX",
+}.items()}
+
+
+def as_datatype(t: Any, what: str) -> Datatype:
+    """A Datatype, or the one a typecode string names (as mpi4py's ``TypeDict``)."""
+    if isinstance(t, Datatype):
+        if t.freed:
+            raise ValueError(f"{what}: datatype {t.name} was freed")
+        if not t.committed:
+            raise ValueError(f"{what}: datatype {t.name} is not committed (call Commit())")
+        return t
+    key = t.lstrip("@=<") if isinstance(t, str) else t
+    if isinstance(key, str) and key in TYPECODES:
+        return TYPECODES[key]
+    raise KeyError(f"{what}: cannot map {t!r} to an MPI datatype (typecodes: "
+                   f"{' '.join(sorted(TYPECODES))})")
+
 
 def datatype_of(dtype: np.dtype[Any]) -> Datatype:
     """The datatype an array's dtype stands for (a plain BYTE view when none does)."""
@@ -109,72 +267,6 @@ def datatype_of(dtype: np.dtype[Any]) -> Datatype:
         if t.dtype == dtype:
             return t
     return Datatype(f"<{dtype}>", dtype)
-
-
-@dataclass
-class Buffer:
-    """A message buffer: a 1-D numpy view of ``count`` elements of ``datatype``."""
-
-    array: np.ndarray[Any, Any]
-    datatype: Datatype
-
-    @property
-    def count(self) -> int:
-        """Elements."""
-        return int(self.array.size)
-
-    def raw(self) -> memoryview:
-        """The bytes (the array is contiguous)."""
-        return memoryview(self.array.data).cast("B")
-
-
-def as_buffer(spec: Any, what: str = "buffer") -> Buffer:
-    """A buffer from an mpi4py buffer specification (TypeError naming what is wrong)."""
-    datatype: Datatype | None = None
-    count: int | None = None
-    displ = 0
-    buf = spec
-    if isinstance(spec, list | tuple):
-        if not 1 <= len(spec) <= 4 or isinstance(spec[0], int | float):
-            raise TypeError(f"{what}: expected [buf, DATATYPE] or [buf, count, DATATYPE], "
-                            f"got {type(spec).__name__} of {len(spec)}")
-        buf = spec[0]
-        rest = list(spec[1:])
-        if rest and isinstance(rest[-1], Datatype):
-            datatype = rest.pop()
-        if rest and isinstance(rest[0], tuple | list):
-            count, displ = int(rest[0][0]), int(rest[0][1])
-        elif rest and isinstance(rest[0], int):
-            count = int(rest[0])
-        elif rest and rest[0] is not None:
-            raise TypeError(f"{what}: {rest[0]!r} is neither a count, (count, displ) nor an "
-                            "MPI datatype")
-    if isinstance(buf, np.ndarray):
-        arr = buf
-    else:
-        try:
-            arr = np.frombuffer(buf, dtype=np.uint8)
-        except TypeError:
-            raise TypeError(f"{what}: {type(buf).__name__} is not a buffer (a numpy array, "
-                            "bytearray or memoryview)") from None
-    if not arr.flags.c_contiguous:
-        raise TypeError(f"{what}: the array is not contiguous")
-    flat = arr.reshape(-1)
-    if datatype is None:
-        datatype = datatype_of(flat.dtype)
-    if flat.dtype != datatype.dtype:
-        flat = flat.view(np.uint8)
-        if flat.size % datatype.size:
-            raise TypeError(f"{what}: {flat.size} bytes is not a whole number of "
-                            f"{datatype.name} elements")
-        flat = flat.view(datatype.dtype)
-    if count is not None or displ:
-        end = displ + (flat.size - displ if count is None else count)
-        if end > flat.size:
-            raise ValueError(f"{what}: count {count} at displacement {displ} exceeds the "
-                             f"buffer's {flat.size} elements")
-        flat = flat[displ:end]
-    return Buffer(flat, datatype)
 
 
 def _loc(pick: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
