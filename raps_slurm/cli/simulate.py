@@ -88,7 +88,7 @@ def _progress(label: str, quiet: bool) -> Iterator[Any]:
 def _print_table(report: dict[str, Any]) -> None:
     names = list(report["strategies"])
     click.echo(f"scenario {report['scenario']}: {report['nodes']} nodes, {report['spares']} "
-               f"spares, interval {report['interval_s']:g} s, {report['replicas']} replicas, "
+               f"spares, {report['replicas']} replicas, "
                f"{report['seeds']} seed(s) x {report['horizon_days']:g} days")
     width = max(len(t) for _, t in _ROWS) + 2
     click.echo(" " * width + "".join(f"{n:>14}" for n in names))
@@ -96,8 +96,11 @@ def _print_table(report: dict[str, Any]) -> None:
         vals = [report["strategies"][n].get(key) for n in names]
         cells = "".join(f"{'-' if v is None else _fmt(v):>14}" for v in vals)
         click.echo(f"{text:<{width}}{cells}")
+    for name, c in report.get("intervals", {}).items():
+        click.echo(f"{name} checkpoints every {c['interval_s']:g} s: {c['why']}")
     m = report["models"]
-    click.echo(f"global by Daly's model at this interval: {m['daly_global_fraction_at_interval']}"
+    click.echo(f"global by Daly's model at {m['global_interval_s']:g} s: "
+               f"{m['daly_global_fraction_at_interval']}"
                f"; Young {m['young_interval_s']:g} s, Daly {m['daly_interval_s']:g} s "
                f"(checkpoint {m['global_checkpoint_s']:g} s, job MTBF {m['job_mtbf_s']:g} s)")
     info = report.get("inputs", {})

@@ -15,8 +15,8 @@ and costs a restart, which a failure of a node the restart holds starts over:
 - scr: a relaunch of the whole step inside the allocation, each dead node replaced by a
   live spare (``relaunch_s`` + node state / partner link); with too few live spares a
   requeue for the job's nodes and spares. Each node's checkpoint has one copy on its
-  partner (the next node of the job, usually in the same rack): when a node and its
-  partner die before the job is restored, that checkpoint is gone and the job falls back
+  partner (:func:`partners`: the same-numbered node in the next rack): when a node and
+  its partner die before the job is restored, that checkpoint is gone and the job falls back
   to its last PFS flush (every ``flush_every`` checkpoints, blocking) or its beginning.
 """
 
@@ -26,6 +26,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
+from raps_slurm.sim.intervals import DEFAULT_FLUSH, pinned
 from raps_slurm.sim.results import StrategyResult
 from raps_slurm.sim.scenario import Scenario
 from raps_slurm.sim.trace import FAIL, Layout, Outage
@@ -76,21 +77,36 @@ def global_costs(s: Scenario, nodes: int) -> Costs:
 def scr_costs(s: Scenario, nodes: int) -> Costs:
     """Costs of node-local checkpoints with a partner copy for a job of ``nodes``."""
     c = s.scr
+    every = c.flush_every if c.flush_every >= 0 else DEFAULT_FLUSH
     per = s.job.state_gb_per_node
     state = per * nodes
     restore = c.relaunch_s + per / c.partner_gbps
     return Costs(per / c.local_gbps + per / c.partner_gbps, s.cluster.queue_wait_s, restore,
                  relaunch=restore, flush=state / s.global_.pfs_write_gbps,
-                 flush_every=c.flush_every, pfs_restore=state / s.global_.pfs_read_gbps,
+                 flush_every=every, pfs_restore=state / s.global_.pfs_read_gbps,
                  spares=s.raps.spares, net_bytes_per_ckpt=per * nodes * GB,
                  flush_bytes=state * GB,
                  storage_gb=2 * state * s.checkpoint.generations
-                 + (state if c.flush_every else 0.0))
+                 + (state if every else 0.0))
 
 
-def partner_step(layout: Layout, n: int) -> int:
-    """How far (in job positions) each node's partner is: 1 for now."""
-    return 1
+def partners(layout: Layout) -> list[int]:
+    """Each working position's partner: the same-numbered node of the job in the next rack
+    (wrapping), so that a rack event never takes a node and its partner, as SCR's
+    partner sets span failure groups; within one rack, the next node."""
+    by_rack: dict[str, list[int]] = {}
+    for i, x in enumerate(layout.working):
+        by_rack.setdefault(layout.rack[x], []).append(i)
+    racks = list(by_rack.values())
+    n = len(layout.working)
+    if len(racks) < 2:
+        return [(i + 1) % n for i in range(n)]
+    out = [0] * n
+    for k, members in enumerate(racks):
+        nxt = racks[(k + 1) % len(racks)]
+        for j, i in enumerate(members):
+            out[i] = nxt[j % len(nxt)]
+    return out
 
 
 class PeriodicSim:
@@ -100,7 +116,9 @@ class PeriodicSim:
                  horizon: float, costs: Costs, work_s: float | None = None) -> None:
         self.name, self.s, self.layout, self.timeline = name, s, layout, timeline
         self.horizon, self.c, self.work_s = horizon, costs, work_s
-        self.tau = s.checkpoint.interval_s
+        self.tau = pinned(s, name)
+        if self.tau <= 0:
+            raise ValueError(f"{name}: no checkpoint interval (the runner chooses one)")
         self.working = list(layout.working)
         self.spares = list(layout.spares[:costs.spares])
         self.n = len(self.working)
@@ -113,7 +131,10 @@ class PeriodicSim:
         self.free = [i for i, x in enumerate(layout.nodes)
                      if x not in self.pos and x not in self.spare_set]
         heapq.heapify(self.free)
-        self.partner_step = partner_step(layout, self.n)
+        self.partner = partners(layout)
+        self.partnered: dict[int, set[int]] = {}   # position -> positions it is partner of
+        for i, j in enumerate(self.partner):
+            self.partnered.setdefault(j, set()).add(i)
         self.down: set[str] = set()
         self.phase, self.phase_end = RUN, 0.0
         self.t_seg = 0.0          # start of the current segment (RUN)
@@ -199,9 +220,8 @@ class PeriodicSim:
         else:
             self.interrupted += 1
         self.failed.update(dead)
-        step = self.partner_step
         if self.c.relaunch >= 0 and not self.partner_lost and self.n > 1 and any(
-                (i + step) % self.n in self.failed for i in self.failed):
+                self.partner[i] in self.failed for i in self.failed):
             # A node and its partner are gone: back to the last flush (or the beginning).
             self.partner_lost = True
             self.fallbacks += 1
@@ -221,6 +241,22 @@ class PeriodicSim:
         heapq.heappush(self.free, self.index[old])
         self.working[i] = node
         self.pos[node] = i
+        # SCR rebuilds its partner sets at a restart: the new node and every node whose
+        # copy it holds must keep their partner in another rack.
+        self._repartner(i)
+        for k in list(self.partnered.get(i, ())):
+            self._repartner(k)
+
+    def _repartner(self, i: int) -> None:
+        """Move position ``i``'s partner along the partner chain to another rack."""
+        rack, node = self.layout.rack, self.working
+        j, hops = self.partner[i], 0
+        while (rack[node[j]] == rack[node[i]] or j == i) and hops < 8:
+            j, hops = self.partner[j], hops + 1
+        if j != self.partner[i] and j != i:
+            self.partnered[self.partner[i]].discard(i)
+            self.partner[i] = j
+            self.partnered.setdefault(j, set()).add(i)
 
     def _set_spares(self, spares: list[str]) -> None:
         for x in self.spare_set.difference(spares):

@@ -40,6 +40,7 @@ from raps_slurm.core import placement, planner
 from raps_slurm.core.planner import Escalation, Plan, RankSite
 from raps_slurm.model import BackupGroup
 from raps_slurm.sim.detect import detection_delays
+from raps_slurm.sim.intervals import pinned
 from raps_slurm.sim.results import StrategyResult
 from raps_slurm.sim.scenario import Scenario
 from raps_slurm.sim.trace import FAIL, Layout, Outage, node_timeline
@@ -73,7 +74,9 @@ class RapsSim:
         # The unit of placement and recovery is the node: its ranks share one backup group
         # and move together to one spare, so the planner sees one site per node.
         self.node_gb = per_node
-        self.tau = s.checkpoint.interval_s
+        self.tau = pinned(s, "raps")
+        if self.tau <= 0:
+            raise ValueError("raps: no checkpoint interval (the runner chooses one)")
         self.c = r.incr_s_per_gb * per_node
         delta_gb = per_node * s.job.change_rate * r.storage_ratio
         self.lag = delta_gb * s.checkpoint.replicas / r.node_net_gbps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ from raps_slurm.sim.inputs import (
     log_period,
     trace_summary,
 )
+from raps_slurm.sim.intervals import Choice, choose, job_mtbf, with_interval
 from raps_slurm.sim.models import daly_fraction, daly_interval, young_interval
 from raps_slurm.sim.periodic import global_costs, scr_costs, simulate_periodic
 from raps_slurm.sim.raps import RapsSim
@@ -59,9 +61,25 @@ def run_seed(s: Scenario, strategy: str, seed: int, trace: list[TraceJob] | None
                   for i, job in enumerate(trace)])
 
 
-def simulate(s: Scenario, progress: Callable[[int, int], None] | None = None
-             ) -> dict[str, list[StrategyResult]]:
-    """Every strategy of the scenario over its seeds; the same seeds for each strategy.
+def choices(s: Scenario) -> dict[str, Choice]:
+    """Each strategy's interval (and SCR's flush frequency), pinned or chosen for it
+    (:mod:`raps_slurm.sim.intervals`), searched on the scenario's first ``run.seeds``."""
+    trace = load_trace(s)
+    log = load_failure_log(s)
+    n = _first_job_nodes(s) or s.job.nodes
+
+    def evaluate(scn: Scenario, name: str) -> float:
+        return statistics.fmean(run_seed(scn, name, scn.run.seed + k, trace, log)
+                                .useful_work_fraction for k in range(scn.run.seeds))
+
+    m = job_mtbf(node_mtbf_h(s), n)
+    return {name: choose(s, name, m, n, evaluate) for name in s.run.strategies}
+
+
+def simulate(s: Scenario, progress: Callable[[int, int], None] | None = None,
+             chosen: dict[str, Choice] | None = None) -> dict[str, list[StrategyResult]]:
+    """Every strategy of the scenario over its seeds; the same seeds for each strategy,
+    each at its own interval (``chosen``, else :func:`choices`).
 
     With ``run.half_width`` the seeds go on past ``run.seeds`` (at least 3) until every
     strategy's useful-work fraction has a 95 % half-width within it, or ``run.max_seeds``:
@@ -70,6 +88,8 @@ def simulate(s: Scenario, progress: Callable[[int, int], None] | None = None
     """
     trace = load_trace(s)
     log = load_failure_log(s)
+    chosen = chosen if chosen is not None else choices(s)
+    own = {name: with_interval(s, c.interval_s, c.flush_every) for name, c in chosen.items()}
     out: dict[str, list[StrategyResult]] = {name: [] for name in s.run.strategies}
     target = s.run.half_width
     want = max(s.run.seeds, 3) if target > 0 else s.run.seeds
@@ -78,7 +98,7 @@ def simulate(s: Scenario, progress: Callable[[int, int], None] | None = None
     while True:
         while k < want:
             for name in s.run.strategies:
-                out[name].append(run_seed(s, name, s.run.seed + k, trace, log))
+                out[name].append(run_seed(own[name], name, s.run.seed + k, trace, log))
                 done += 1
                 if progress is not None:
                     progress(done, total)
@@ -102,20 +122,25 @@ def half_width_note(s: Scenario, runs: dict[str, list[StrategyResult]]) -> dict[
             "reached": all(w <= s.run.half_width for w in widths.values())}
 
 
-def models(s: Scenario) -> dict[str, Any]:
-    """Young's and Daly's intervals and Daly's prediction for the global strategy (with a
-    failure log, for the node MTBF the log shows over the whole cluster)."""
+def models(s: Scenario, global_interval_s: float | None = None) -> dict[str, Any]:
+    """Young's and Daly's intervals and Daly's prediction for the global strategy at its
+    interval (with a failure log, for the node MTBF the log shows over the whole cluster)."""
     n = s.job.nodes
-    mtbf_job = node_mtbf_h(s) * 3600.0 / n
+    mtbf_job = job_mtbf(node_mtbf_h(s), n)
     g = global_costs(s, n)
+    daly = daly_interval(g.delta, mtbf_job)
+    at = global_interval_s or (s.global_.interval_s or s.checkpoint.interval_s or daly)
     return {
         "job_mtbf_s": round(mtbf_job, 1),
         "global_checkpoint_s": round(g.delta, 2),
         "global_restart_s": round(g.restart, 2),
         "young_interval_s": round(young_interval(g.delta, mtbf_job), 1),
-        "daly_interval_s": round(daly_interval(g.delta, mtbf_job), 1),
+        "daly_interval_s": round(daly, 1),
+        "global_interval_s": round(at, 1),
         "daly_global_fraction_at_interval": round(
-            daly_fraction(s.checkpoint.interval_s, g.delta, g.restart, mtbf_job), 5),
+            daly_fraction(at, g.delta, g.restart, mtbf_job), 5),
+        "daly_global_fraction_at_daly": round(
+            daly_fraction(daly, g.delta, g.restart, mtbf_job), 5),
     }
 
 
@@ -161,9 +186,11 @@ def warnings(s: Scenario) -> list[str]:
     return out
 
 
-def report(s: Scenario, runs: dict[str, list[StrategyResult]], wall_s: float
-           ) -> dict[str, Any]:
+def report(s: Scenario, runs: dict[str, list[StrategyResult]], wall_s: float,
+           chosen: dict[str, Choice] | None = None) -> dict[str, Any]:
     """The JSON document ``rapsctl simulate run --json`` prints."""
+    chosen = chosen or {}
+    g = chosen.get("global")
     out: dict[str, Any] = {
         "scenario": s.name,
         "source": s.source,
@@ -174,7 +201,8 @@ def report(s: Scenario, runs: dict[str, list[StrategyResult]], wall_s: float
         "interval_s": s.checkpoint.interval_s,
         "replicas": s.checkpoint.replicas,
         "strategies": {name: summarize(rs) for name, rs in runs.items()},
-        "models": models(s),
+        "intervals": {name: _choice_json(c) for name, c in chosen.items()},
+        "models": models(s, g.interval_s if g else None),
         "inputs": inputs(s),
         "warnings": warnings(s),
         "wall_s": round(wall_s, 3),
@@ -184,9 +212,20 @@ def report(s: Scenario, runs: dict[str, list[StrategyResult]], wall_s: float
     return out
 
 
+def _choice_json(c: Choice) -> dict[str, Any]:
+    out: dict[str, Any] = {"interval_s": c.interval_s, "why": c.why}
+    if c.flush_every is not None:
+        out["flush_every"] = c.flush_every
+    if c.tried:
+        out["tried"] = [{"interval_s": t, **({"flush_every": f} if f is not None else {}),
+                         "useful_work_fraction": v} for t, f, v in c.tried]
+    return out
+
+
 def run_report(s: Scenario, progress: Callable[[int, int], None] | None = None
                ) -> tuple[dict[str, Any], dict[str, list[StrategyResult]]]:
-    """Simulate and report, timing the simulation."""
+    """Choose each strategy's interval, simulate and report, timing it all."""
     t0 = time.perf_counter()
-    runs = simulate(s, progress)
-    return report(s, runs, time.perf_counter() - t0), runs
+    chosen = choices(s)
+    runs = simulate(s, progress, chosen)
+    return report(s, runs, time.perf_counter() - t0, chosen), runs

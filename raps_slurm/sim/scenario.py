@@ -97,7 +97,10 @@ class JobSpec:
 class CheckpointSpec:
     """Checkpoint parameters shared by the strategies."""
 
-    interval_s: float = _f(600.0, "compute time between two checkpoints, seconds", 1, 1e8)
+    interval_s: float = _f(0.0, "compute time between two checkpoints, seconds, for every "
+                                "strategy; 0 = each strategy's own best, chosen by the planner "
+                                "(Daly's optimum for global, a bounded search for raps and scr)",
+                           0, 1e8)
     replicas: int = _f(2, "raps: copies besides the primary (checkpoint.replica_count)", 0, 8)
     generations: int = _f(2, "generations kept (storage estimate)", 1, 1000)
 
@@ -106,6 +109,8 @@ class CheckpointSpec:
 class RapsSpec:
     """raps-slurm: per-node incremental checkpoints, message logs, relaunch on spares."""
 
+    interval_s: float = _f(0.0, "raps's checkpoint interval, seconds (0 = "
+                                "checkpoint.interval_s)", 0, 1e8)
     spares: int = _f(4, "spare nodes allocated with the job (sbatch --raps-spares); scr "
                            "relaunches on the same spares", 0, 1_000_000)
     incr_s_per_gb: float = _f(0.66, "blocking time of an incremental save per GB of state",
@@ -139,6 +144,8 @@ class RapsSpec:
 class GlobalSpec:
     """Coordinated checkpoints to a parallel file system, whole-job restart."""
 
+    interval_s: float = _f(0.0, "global's checkpoint interval, seconds (0 = "
+                                "checkpoint.interval_s)", 0, 1e8)
     pfs_write_gbps: float = _f(10.0, "aggregate PFS write bandwidth, GB/s", 0.001, 1e9)
     pfs_read_gbps: float = _f(10.0, "aggregate PFS read bandwidth, GB/s", 0.001, 1e9)
     checkpoint_s: float = _f(-1.0, "checkpoint time; -1 = state / pfs_write_gbps", -1, 1e8)
@@ -149,17 +156,20 @@ class GlobalSpec:
 
 @dataclass(frozen=True)
 class ScrSpec:
-    """SCR-like: node-local checkpoint plus a copy on a partner node (the next node of the
-    job), whole-step relaunch on the job's spares, a periodic flush to the PFS."""
+    """SCR-like: node-local checkpoint plus a copy on a partner node in another rack,
+    whole-step relaunch on the job's spares, a periodic flush to the PFS."""
 
+    interval_s: float = _f(0.0, "scr's checkpoint interval, seconds (0 = "
+                                "checkpoint.interval_s)", 0, 1e8)
     local_gbps: float = _f(2.0, "node-local write speed, GB/s", 0.001, 1e6)
     partner_gbps: float = _f(3.0, "copy to the partner node, GB/s", 0.001, 1e6)
     relaunch_s: float = _f(120.0, "relaunch of the whole step inside the allocation, "
                                   "start-up included", 0.0, 1e8)
-    flush_every: int = _f(10, "every Nth checkpoint is also written to the PFS (at "
+    flush_every: int = _f(-1, "every Nth checkpoint is also written to the PFS (at "
                               "global.pfs_write_gbps, blocking): the fallback when a node and "
                               "its partner are lost together; 0 = never (such a loss restarts "
-                              "the job from its beginning)", 0, 1_000_000)
+                              "the job from its beginning); -1 = chosen by the planner",
+                          -1, 1_000_000)
 
 
 @dataclass(frozen=True)

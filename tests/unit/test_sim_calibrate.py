@@ -129,7 +129,8 @@ def test_kinds() -> None:
 
 
 def test_measured_detection_time_drives_the_simulated_verdict() -> None:
-    s = parse_scenario({"job": {"nodes": 8}, "raps": {"spares": 2, "detect_s": 7.5}}, "t")
+    s = parse_scenario({"job": {"nodes": 8}, "raps": {"spares": 2, "detect_s": 7.5},
+                        "checkpoint": {"interval_s": 600}}, "t")
     sim = RapsSim(s, build_layout(s), 1, 86400.0)
     assert sim.delays == [7.5]
 

@@ -98,7 +98,7 @@ def log_scenario(tmp_path: Path, extra: str = "") -> object:
         f"failures: {{log: {DATA / 'failures.csv'}, repair_h: 2}}\n"
         "cluster: {racks: 3, idle_nodes: 2}\n"
         "job: {nodes: 20, state_gb_per_node: 4}\nraps: {spares: 2}\n"
-        "run: {seeds: 2, horizon_days: 30}\n" + extra)))
+        "run: {seeds: 2, horizon_days: 30}\ncheckpoint: {interval_s: 600}\n" + extra)))
 
 
 def test_the_log_is_replayed_on_the_clusters_nodes(tmp_path: Path) -> None:
