@@ -3,8 +3,14 @@
 ``rapsctl bench efficiency`` runs heat_ring on the local cluster three times: with a node
 crash recovered by raps-slurm, with the same crash recovered by a whole-job restart, and
 without a failure. This module simulates the first of them (``examples/scenarios/
-validate-6.yaml``: the same 6 nodes, racks, spares and the measured raps figures) and puts
-the two useful-work fractions side by side.
+validate-6.yaml``: the same 6 nodes, racks, spares and the measured raps figures) and
+compares what the model claims to predict: the crash's cost in seconds, the crashed run's
+wall time less the failure-free run's, real against simulated. They agree when they
+differ by at most ``TOLERANCE_SHARE`` of the real cost, a bound smaller than the effect
+itself, so a model that leaves the recovery out (zero detection, plan, launch, restore
+and replay) cannot agree; nor can a run whose crash cost nothing measurable (a loaded
+machine whose failure-free run was the slower). The useful-work fractions are printed
+too, for the record: on a 70 s run a 4 s crash moves them by only 0.04.
 
 What is taken from the benchmark and why:
 - the work: ``steps`` x ``step_sec``, the program's own compute;
@@ -28,7 +34,10 @@ from raps_slurm.sim.raps import RapsSim
 from raps_slurm.sim.scenario import Scenario, override
 from raps_slurm.sim.trace import FAIL, Outage, build_layout
 
-TOLERANCE = 0.05  # absolute, on the useful-work fraction (stated before the first run)
+# Share of the real crash cost the simulated one may miss by. A quarter: the crash cost
+# of the committed idle-machine run (4.3 s) is detection, plan, launch, restore and
+# replay, each about a second, so a model missing any one of them is off by more.
+TOLERANCE_SHARE = 0.25
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / \
     "validate-6.yaml"
 
@@ -70,20 +79,26 @@ def validate(bench: dict[str, Any], s: Scenario) -> dict[str, Any]:
     r = sim.simulate()
     sim_fraction = r.useful_s / r.wall_s
     real_fraction = work / float(real["wall_s"])
-    diff = sim_fraction - real_fraction
+    real_cost = float(real["wall_s"]) - free_wall
+    sim_cost = r.wall_s - work / pace
+    tolerance = TOLERANCE_SHARE * real_cost
+    diff = sim_cost - real_cost
     return {
         "scenario": s.name, "work_s": round(work, 3), "pace": round(pace, 4),
-        "crash_after_s": crash, "crashed_node": victim, "tolerance": TOLERANCE,
+        "crash_after_s": crash, "crashed_node": victim,
+        "compared": "crash_cost_s: crashed wall time less failure-free wall time",
+        "tolerance_s": round(tolerance, 2), "tolerance_share": TOLERANCE_SHARE,
         "real": {"useful_fraction": round(real_fraction, 4), "wall_s": real["wall_s"],
                  "failure_free_wall_s": free_wall,
-                 "crash_cost_s": round(float(real["wall_s"]) - free_wall, 2)},
+                 "crash_cost_s": round(real_cost, 2)},
         "simulated": {"useful_fraction": round(sim_fraction, 4),
                       "wall_s": round(r.wall_s, 2),
-                      "crash_cost_s": round(r.wall_s - work / pace, 2),
+                      "crash_cost_s": round(sim_cost, 2),
                       "recovery_s": [round(x, 2) for x in r.recoveries],
                       "escalations": r.escalations, "unfinished": r.unfinished},
-        "difference": round(diff, 4),
-        "agree": abs(diff) <= TOLERANCE and not r.unfinished,
+        "difference_s": round(diff, 2),
+        "fraction_difference": round(sim_fraction - real_fraction, 4),
+        "agree": real_cost > 0 and abs(diff) <= tolerance and not r.unfinished,
         "whole_job_restart_real_fraction": (bench.get("whole_job_restart") or {})
         .get("useful_fraction"),
     }
