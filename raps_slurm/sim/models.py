@@ -36,7 +36,13 @@ def daly_interval(checkpoint_s: float, mtbf_s: float) -> float:
 
 def daly_fraction(interval_s: float, checkpoint_s: float, restart_s: float,
                   mtbf_s: float) -> float:
-    """Useful-work fraction T_s / T_w of Daly's model at ``interval_s``."""
+    """Useful-work fraction T_s / T_w of Daly's model at ``interval_s`` (0.0 when the job
+    MTBF is so short against the interval, checkpoint and restart that it never gets
+    through: the exponentials would overflow a float)."""
     m = mtbf_s
-    # expm1 keeps precision when (tau + delta) << M.
-    return interval_s / (m * math.exp(restart_s / m) * math.expm1((interval_s + checkpoint_s) / m))
+    x = (interval_s + checkpoint_s) / m
+    # In logs: exp(R/M) and expm1(x) overflow for M of a few seconds. expm1 keeps
+    # precision when (tau + delta) << M; for large x, log(expm1(x)) = x + log1p(-e^-x).
+    log_expm1 = math.log(math.expm1(x)) if x < 50 else x + math.log1p(-math.exp(-x))
+    log_wall = math.log(m) + restart_s / m + log_expm1 - math.log(interval_s)
+    return 0.0 if log_wall > 700 else math.exp(-log_wall)

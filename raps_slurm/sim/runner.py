@@ -27,7 +27,7 @@ from raps_slurm.sim.results import (
     summarize,
 )
 from raps_slurm.sim.scenario import Scenario
-from raps_slurm.sim.trace import build_layout, layout_warnings, node_timeline
+from raps_slurm.sim.trace import build_layout, fold_warning, layout_warnings, node_timeline
 
 DAY = 86400.0
 
@@ -183,6 +183,27 @@ def warnings(s: Scenario) -> list[str]:
         for w in layout_warnings(s, build_layout(s, job_nodes=n)):
             if w not in out:
                 out.append(w)
+    log = load_failure_log(s)
+    if log:
+        fold = fold_warning(log, build_layout(s, job_nodes=sizes[0]).nodes)
+        if fold:
+            out.append(fold)
+    return out
+
+
+def result_warnings(s: Scenario, runs: dict[str, list[StrategyResult]],
+                    chosen: dict[str, Choice]) -> list[str]:
+    """Strategies that did no useful work at all: the cluster cannot run the job that way
+    (one line each, with the figures that decide it)."""
+    out = []
+    m = job_mtbf(node_mtbf_h(s), s.job.nodes)
+    for name, rs in runs.items():
+        if rs and all(r.useful_s <= 0 for r in rs):
+            c = chosen.get(name)
+            every = f" checkpointing every {c.interval_s:g} s" if c else ""
+            out.append(f"{name}: no useful work in any seed{every}: the job (MTBF "
+                       f"{m:.3g} s over {s.job.nodes} nodes) never completes an interval "
+                       f"between failures; this cluster cannot run it that way")
     return out
 
 
@@ -204,7 +225,7 @@ def report(s: Scenario, runs: dict[str, list[StrategyResult]], wall_s: float,
         "intervals": {name: _choice_json(c) for name, c in chosen.items()},
         "models": models(s, g.interval_s if g else None),
         "inputs": inputs(s),
-        "warnings": warnings(s),
+        "warnings": warnings(s) + result_warnings(s, runs, chosen),
         "wall_s": round(wall_s, 3),
     }
     if s.run.half_width > 0:

@@ -213,6 +213,11 @@ def _take_rack_list(data: Any, errors: list[str]) -> tuple[Any, tuple[int, ...]]
                          for x in racks):
             sizes = tuple(racks)
             cl["racks"] = len(racks)
+            if "idle_nodes" in cl:  # the list says it: what the racks hold beyond the job
+                errors.append("cluster.idle_nodes: not with a list of rack sizes (the idle "
+                              "nodes are what the racks hold beyond job.nodes and "
+                              "raps.spares); leave it out or give a rack count")
+                del cl["idle_nodes"]
         else:
             errors.append(f"cluster.racks: expected a rack count or a list of rack sizes "
                           f"(integers >= 1), got {racks!r}")
@@ -314,6 +319,8 @@ def to_dict(s: Any) -> dict[str, Any]:
         key = f.metadata.get("key", f.name)
         if isinstance(s, ClusterSpec) and f.name == "racks" and s.rack_sizes:
             out[key] = list(s.rack_sizes)
+        elif isinstance(s, ClusterSpec) and f.name == "idle_nodes" and s.rack_sizes:
+            continue  # the rack list implies it
         elif dataclasses.is_dataclass(v):
             out[key] = to_dict(v)
         elif isinstance(v, tuple):

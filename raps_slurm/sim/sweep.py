@@ -11,7 +11,7 @@ from raps_slurm.errors import ScenarioError
 from raps_slurm.sim.models import daly_fraction, daly_interval, young_interval
 from raps_slurm.sim.periodic import global_costs
 from raps_slurm.sim.results import summarize
-from raps_slurm.sim.runner import simulate
+from raps_slurm.sim.runner import node_mtbf_h, simulate
 from raps_slurm.sim.scenario import Scenario, override
 
 Progress = Callable[[int, int], None]
@@ -69,7 +69,7 @@ def sweep(s: Scenario, vary: Sequence[tuple[str, Sequence[Any]]],
 def daly_curve(s: Scenario, intervals: Sequence[float]) -> list[tuple[float, float]]:
     """Daly's prediction for the global strategy at each interval."""
     g = global_costs(s, s.job.nodes)
-    m = s.failures.mtbf_h * 3600.0 / s.job.nodes
+    m = node_mtbf_h(s) * 3600.0 / s.job.nodes  # the failure log's MTBF when there is one
     return [(t, daly_fraction(t, g.delta, g.restart, m)) for t in intervals]
 
 
@@ -88,7 +88,7 @@ def recommend(s: Scenario, progress: Progress | None = None) -> dict[str, Any]:
     """
     s = replace(s, run=replace(s.run, strategies=("raps",)))
     n = s.job.nodes
-    m_job = s.failures.mtbf_h * 3600.0 / n
+    m_job = node_mtbf_h(s) * 3600.0 / n  # the failure log's MTBF when there is one
     c = s.raps.incr_s_per_gb * s.job.state_gb_per_node
     young = young_interval(max(c, 1e-3), m_job)
     intervals = sorted({round(min(86400.0, max(30.0, young * f)))
@@ -138,7 +138,8 @@ def recommend(s: Scenario, progress: Progress | None = None) -> dict[str, Any]:
     final = summaries[("replicas", best_r)]
     g = global_costs(s, n)
     return {
-        "nodes": n, "mtbf_h": s.failures.mtbf_h, "state_gb_per_node": s.job.state_gb_per_node,
+        "nodes": n, "mtbf_h": round(node_mtbf_h(s), 3),
+        "state_gb_per_node": s.job.state_gb_per_node,
         "job_mtbf_s": round(m_job, 1),
         "objective": "node_efficiency: useful node-hours / allocated node-hours (spares "
                      "included)",

@@ -209,6 +209,24 @@ class Outage:
     node: str
 
 
+MAX_OUTAGES = 5_000_000  # failures and repairs of one seed: about 1 GB of events
+
+
+def expected_outages(s: Scenario, nodes: int, horizon: float) -> float:
+    """Mean failures and repairs over ``horizon``: every node cycles through an uptime of
+    ``mtbf_h`` and a repair of ``repair_h``."""
+    cycle = (s.failures.mtbf_h + s.failures.repair_h) * 3600.0
+    return 2.0 * nodes * horizon / cycle
+
+
+def timeline_cap_error(s: Scenario, nodes: int, count: float) -> str:
+    """One line: the failure timeline would be too long."""
+    return (f"failures.mtbf_h: {s.failures.mtbf_h:g} h on {nodes} nodes over "
+            f"{s.run.horizon_days:g} days makes about {count:.3g} failures and repairs (at "
+            f"most {MAX_OUTAGES}); give a larger failures.mtbf_h, fewer nodes or a shorter "
+            f"run.horizon_days")
+
+
 def node_timeline(s: Scenario, layout: Layout, seed: int, horizon: float,
                   log: list[LoggedFailure] | None = None) -> list[Outage]:
     """Every node's failures and repairs up to ``horizon``, in time order (from the
@@ -221,6 +239,9 @@ def node_timeline(s: Scenario, layout: Layout, seed: int, horizon: float,
     """
     if log is not None:
         return log_timeline(s, layout, seed, horizon, log)
+    expected = expected_outages(s, len(layout.nodes), horizon)
+    if expected > MAX_OUTAGES:
+        raise ScenarioError([timeline_cap_error(s, len(layout.nodes), expected)])
     streams = {n: NodeStream(seed, n, s) for n in layout.nodes}
     gen = dict.fromkeys(layout.nodes, 0)
     down: set[str] = set()
@@ -246,6 +267,8 @@ def node_timeline(s: Scenario, layout: Layout, seed: int, horizon: float,
         push(at + streams[node].repair(), REPAIR, node)
 
     while heap and heap[0][0] < horizon:
+        if len(out) > MAX_OUTAGES:  # the estimate is a mean: a seed may draw more
+            raise ScenarioError([timeline_cap_error(s, len(layout.nodes), len(out))])
         at, _, kind, node, g = heapq.heappop(heap)
         if kind == "domain":
             for v in node.split(","):
@@ -267,14 +290,36 @@ def _natural(name: str) -> tuple[object, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-def log_nodes(names: list[str], nodes: tuple[str, ...]) -> dict[str, str]:
-    """The cluster node each logged node is: by the number its name ends with when every
-    name has a distinct one within the cluster (cn017 is the 17th node, so the log's racks
-    are the scenario's), else by natural order onto the first nodes."""
+def by_number(names: list[str], nodes: tuple[str, ...]) -> list[int] | None:
+    """Each logged name's node number when every name ends with a distinct one within the
+    cluster (cn017 is the 17th node), else None."""
     numbers = [re.search(r"(\d+)$", n) for n in names]
     idx = [int(m.group(1)) for m in numbers if m]
     if len(idx) == len(names) and len(set(idx)) == len(idx) and \
             all(1 <= i <= len(nodes) for i in idx):
+        return idx
+    return None
+
+
+def fold_warning(log: list[LoggedFailure], nodes: tuple[str, ...]) -> str | None:
+    """One line when the log's nodes are folded onto the cluster's first ones (the log
+    names nodes the cluster does not have, or names without distinct numbers)."""
+    names = sorted({f.node for f in log}, key=_natural)
+    if by_number(names, nodes) is not None or len(names) > len(nodes):
+        return None
+    return (f"failures.log: its {len(names)} node names do not all end with distinct "
+            f"numbers within the cluster's {len(nodes)} nodes (a log of a larger machine?): "
+            f"they are folded onto the first {len(names)} nodes in name order, so the "
+            f"log's racks are not the scenario's")
+
+
+def log_nodes(names: list[str], nodes: tuple[str, ...]) -> dict[str, str]:
+    """The cluster node each logged node is: by the number its name ends with when every
+    name has a distinct one within the cluster (cn017 is the 17th node, so the log's racks
+    are the scenario's), else by natural order onto the first nodes
+    (:func:`fold_warning` says so)."""
+    idx = by_number(names, nodes)
+    if idx is not None:
         return {n: nodes[i - 1] for n, i in zip(names, idx, strict=True)}
     if len(names) > len(nodes):
         raise ScenarioError([f"failures.log: the log names {len(names)} nodes, the cluster "
@@ -296,10 +341,10 @@ def log_timeline(s: Scenario, layout: Layout, seed: int, horizon: float,
     node_of = log_nodes(sorted({f.node for f in log}, key=_natural), layout.nodes)
     period = log_period(log)
     cycles = math.ceil(horizon / period) + 1
-    if cycles * len(log) > 5_000_000:
+    if cycles * len(log) > MAX_OUTAGES:
         raise ScenarioError([f"failures.log: {len(log)} failures in {period / 3600:.1f} h "
                              f"replayed over run.horizon_days make {cycles * len(log)} "
-                             f"failures (at most 5000000); give a longer log or a shorter "
+                             f"failures (at most {MAX_OUTAGES}); give a longer log or a shorter "
                              f"horizon"])
     offset = 0.0 if seed == s.run.seed else random.Random(f"{seed}/log").uniform(0, period)
     streams = {n: NodeStream(seed, n, s) for n in node_of.values()}
