@@ -8,8 +8,10 @@ from typing import Any
 from raps_slurm.sim.runner import run_one
 from raps_slurm.sim.scenario import parse_scenario
 
+STEPS = (1_000, 10_000)  # smaller sizes timed too, so that a growth faster than linear shows
 
-def run_simulate(nodes: int, years: float, mtbf_h: float, seed: int) -> dict[str, Any]:
+
+def run_size(nodes: int, years: float, mtbf_h: float, seed: int) -> dict[str, Any]:
     """Simulate every strategy once on one core (97 % working nodes, 2 % spares, 1 % idle);
     nodes, sim_years, wall_s and events, overall and per strategy."""
     spares = max(1, nodes * 2 // 100)
@@ -35,3 +37,11 @@ def run_simulate(nodes: int, years: float, mtbf_h: float, seed: int) -> dict[str
     return {"nodes": nodes, "working_nodes": s.job.nodes, "spares": spares,
             "sim_years": years, "wall_s": round(wall, 3), "events": events,
             "strategies": per}
+
+
+def run_simulate(nodes: int, years: float, mtbf_h: float, seed: int) -> dict[str, Any]:
+    """``nodes`` (the top level, as :func:`run_size`) and every size of ``STEPS`` below it
+    (``sizes``, smallest first, each with its wall_s per strategy)."""
+    sizes = [run_size(n, years, mtbf_h, seed) for n in STEPS if n < nodes]
+    top = run_size(nodes, years, mtbf_h, seed)
+    return {**top, "sizes": [*sizes, top]}

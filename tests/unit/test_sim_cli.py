@@ -101,3 +101,6 @@ def test_bench_simulate_prints_its_measurement() -> None:
     assert out["nodes"] == 500 and out["sim_years"] == 0.2
     assert out["events"] == sum(v["events"] for v in out["strategies"].values()) > 0
     assert out["wall_s"] > 0
+    # the smaller sizes below it, then itself: a growth faster than linear shows
+    assert [x["nodes"] for x in out["sizes"]] == [500] and out["sizes"][-1]["wall_s"] > 0
+    assert all(v["wall_s"] >= 0 for v in out["sizes"][0]["strategies"].values())
