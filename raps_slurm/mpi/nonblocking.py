@@ -79,7 +79,7 @@ class CollRequest(Request):
 
     def test(self, status: Status | None = None) -> tuple[bool, Any]:
         """(completed, None): takes the steps whose messages arrived (recorded)."""
-        if not self.active:
+        if not self.active or self._ended:  # ended in the call or an earlier step: no timing
             return True, self._finish(status)
 
         def outcome() -> tuple[int, int, int] | None:
