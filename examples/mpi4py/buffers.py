@@ -2,32 +2,23 @@
 ``[buf, count, type]``, ``[buf, (count, displ), type]``, ``[buf, count, displ, type]``,
 typecode strings (``'d'``, ``'i'``, ``'B'``), ``MPI.IN_PLACE``, ``None`` where the
 buffer is not used, and explicit counts in collectives (per process). Rank 0 prints what
-every rank got.
-
-    mpirun -n 3 python examples/mpi4py/buffers.py
-    python -m raps_slurm.runtime.local -n 3 --mpi4py -- python examples/mpi4py/buffers.py
-
-``--die RANK:STEP`` makes RANK exit (code 17) at STEP in its first epoch.
+every rank got. Run and
+crash it as common.py says.
 """
 
-import argparse
-import os
-
 import numpy as np
+from common import crash_knob, print_all
 from mpi4py import MPI
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--die", default=None, help="RANK:STEP")
-    die_rank, die_at = (int(x) for x in (p.parse_args().die or "-1:-1").split(":"))
+    maybe_die = crash_knob()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
     lines = []
     for step in range(3):
-        if rank == die_rank and step == die_at and os.environ.get("RAPS_EPOCH", "1") == "1":
-            os._exit(17)
+        maybe_die(rank, step)
         a = np.arange(8, dtype="d") + 10 * rank + step
         got = []
         r = np.zeros(8)
@@ -85,10 +76,7 @@ def main() -> None:
         comm.Allreduce(MPI.IN_PLACE, [al, 4, "i"], op=MPI.MAX)
         got.append(al)
         lines.extend(f"rank {rank} step {step} got {i}: {x.tolist()}" for i, x in enumerate(got))
-    every = comm.gather(lines, root=0)
-    if rank == 0:
-        for part in every:
-            print("\n".join(part))
+    print_all(comm, lines)
 
 
 if __name__ == "__main__":

@@ -2,17 +2,11 @@
 ``MPI.Intracomm`` made with ``super().__new__(cls, comm)`` (mpi4py's way to add methods),
 ``Get_attr`` (``TAG_UB``, ``IO``, ``WTIME_IS_GLOBAL``, ``APPNUM``), ``MPI.Comm.Compare``,
 ``Get_group`` and groups (``Incl``, ``Excl``, ``Translate_ranks``, ``Compare``), ``Dup``
-and ``Split``. Rank 0 prints what every rank got.
-
-    mpirun -n 3 python examples/mpi4py/comms.py
-    python -m raps_slurm.runtime.local -n 3 --mpi4py -- python examples/mpi4py/comms.py
-
-``--die RANK:STEP`` makes RANK exit (code 17) at STEP in its first epoch.
+and ``Split``. Rank 0 prints what every rank got. Run and
+crash it as common.py says.
 """
 
-import argparse
-import os
-
+from common import crash_knob, print_all
 from mpi4py import MPI
 
 
@@ -33,9 +27,7 @@ class Comm(MPI.Intracomm):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--die", default=None, help="RANK:STEP")
-    die_rank, die_at = (int(x) for x in (p.parse_args().die or "-1:-1").split(":"))
+    maybe_die = crash_knob()
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     comm = Comm(world)
@@ -64,17 +56,13 @@ def main() -> None:
     for g in (group, evens, odds):
         g.Free()
     for step in range(3):
-        if rank == die_rank and step == die_at and os.environ.get("RAPS_EPOCH", "1") == "1":
-            os._exit(17)
+        maybe_die(rank, step)
         lines.append(f"rank {rank} step {step}: {comm.ring_sum(rank + step)} "
                      f"{rev.allgather(rank)} {half.allreduce(rank + step)} "
                      f"{dup.bcast(step * 7 if rank == 0 else None)}")
     for c in (dup, rev, half):
         c.Free()
-    every = world.gather(lines, root=0)
-    if rank == 0:
-        for part in every:
-            print("\n".join(part))
+    print_all(world, lines)
 
 
 if __name__ == "__main__":

@@ -1,25 +1,17 @@
 """Derived datatypes: ``Create_contiguous``, ``Create_vector``, ``Create_indexed``,
 ``Create_subarray``, ``Create_resized``, ``Commit``, ``Free``, ``Get_size``,
 ``Get_extent``, used in sends, receives and collectives (a matrix's columns, halo
-faces of a 3-D block). Rank 0 prints what every rank got.
-
-    mpirun -n 3 python examples/mpi4py/datatypes.py
-    python -m raps_slurm.runtime.local -n 3 --mpi4py -- python examples/mpi4py/datatypes.py
-
-``--die RANK:STEP`` makes RANK exit (code 17) at STEP in its first epoch.
+faces of a 3-D block). Rank 0 prints what every rank got. Run and
+crash it as common.py says.
 """
 
-import argparse
-import os
-
 import numpy as np
+from common import crash_knob, print_all
 from mpi4py import MPI
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--die", default=None, help="RANK:STEP")
-    die_rank, die_at = (int(x) for x in (p.parse_args().die or "-1:-1").split(":"))
+    maybe_die = crash_knob()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
@@ -33,8 +25,7 @@ def main() -> None:
     lines = [f"sizes {[t.Get_size() for t in (pair, column, col_rs, upper, face, face_f)]}",
              f"extents {[t.Get_extent() for t in (pair, column, col_rs, upper, face, face_f)]}"]
     for step in range(3):
-        if rank == die_rank and step == die_at and os.environ.get("RAPS_EPOCH", "1") == "1":
-            os._exit(17)
+        maybe_die(rank, step)
         got = []
         m = (np.arange(n * n, dtype="d") + 100 * rank + step).reshape(n, n)
         r = np.full((n, n), -1.0)
@@ -68,10 +59,7 @@ def main() -> None:
         lines.extend(f"rank {rank} step {step} got {i}: {a.tolist()}" for i, a in enumerate(got))
     for t in (pair, column, col_rs, upper, face, face_f):
         t.Free()
-    every = comm.gather(lines, root=0)
-    if rank == 0:
-        for part in every:
-            print("\n".join(part))
+    print_all(comm, lines)
 
 
 if __name__ == "__main__":

@@ -2,24 +2,16 @@
 ``Startall``, ``Waitall``, ``Waitsome``, ``Testsome``, ``Waitany`` on a ring exchange
 repeated with the same requests. Rank 0 prints what every rank got (the order requests
 complete in is up to MPI: the program prints what it received, sorted by source).
-
-    mpirun -n 3 python examples/mpi4py/requests.py
-    python -m raps_slurm.runtime.local -n 3 --mpi4py -- python examples/mpi4py/requests.py
-
-``--die RANK:STEP`` makes RANK exit (code 17) at STEP in its first epoch.
+Run and crash it as common.py says.
 """
 
-import argparse
-import os
-
 import numpy as np
+from common import crash_knob, print_all
 from mpi4py import MPI
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--die", default=None, help="RANK:STEP")
-    die_rank, die_at = (int(x) for x in (p.parse_args().die or "-1:-1").split(":"))
+    maybe_die = crash_knob()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
@@ -32,8 +24,7 @@ def main() -> None:
             comm.Recv_init(back, right, tag=2)]
     lines = []
     for step in range(4):
-        if rank == die_rank and step == die_at and os.environ.get("RAPS_EPOCH", "1") == "1":
-            os._exit(17)
+        maybe_die(rank, step)
         out[:] = np.arange(4) + 10 * rank + step   # read by each Start
         if step % 2 == 0:
             MPI.Prequest.Startall(reqs)
@@ -59,10 +50,7 @@ def main() -> None:
     rest = MPI.Request.Waitall(recvs)
     lines.append(f"rank {rank}: any {first >= 0} all {rest} "
                  f"{[bufs[s].tolist() for s in sorted(bufs)]}")
-    every = comm.gather(lines, root=0)
-    if rank == 0:
-        for part in every:
-            print("\n".join(part))
+    print_all(comm, lines)
 
 
 if __name__ == "__main__":

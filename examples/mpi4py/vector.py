@@ -1,25 +1,17 @@
 """Vector collectives and prefix reductions: ``Gatherv``, ``Scatterv``, ``Allgatherv``,
 ``Alltoallv`` with counts and displacements, ``Scan``, ``Exscan``,
 ``Reduce_scatter_block`` and ``Reduce_scatter`` (integer operations: the same under any
-reduction order). Rank 0 prints what every rank got.
-
-    mpirun -n 3 python examples/mpi4py/vector.py
-    python -m raps_slurm.runtime.local -n 3 --mpi4py -- python examples/mpi4py/vector.py
-
-``--die RANK:STEP`` makes RANK exit (code 17) at STEP in its first epoch.
+reduction order). Rank 0 prints what every rank got. Run and
+crash it as common.py says.
 """
 
-import argparse
-import os
-
 import numpy as np
+from common import crash_knob, print_all
 from mpi4py import MPI
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--die", default=None, help="RANK:STEP")
-    die_rank, die_at = (int(x) for x in (p.parse_args().die or "-1:-1").split(":"))
+    maybe_die = crash_knob()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     counts = [r + 1 for r in range(size)]
@@ -27,8 +19,7 @@ def main() -> None:
     total = displs[-1] + counts[-1] + 1
     lines = []
     for step in range(3):
-        if rank == die_rank and step == die_at and os.environ.get("RAPS_EPOCH", "1") == "1":
-            os._exit(17)
+        maybe_die(rank, step)
         mine = np.arange(rank + 1, dtype="i") + 100 * rank + step
         got = []
         g = np.full(total, -1, dtype="i")
@@ -75,10 +66,7 @@ def main() -> None:
         comm.Reduce_scatter(np.arange(sum(counts), dtype="i") + rank, rc, counts, op=MPI.SUM)
         got.append(rc)
         lines.extend(f"rank {rank} step {step} got {i}: {a.tolist()}" for i, a in enumerate(got))
-    every = comm.gather(lines, root=0)
-    if rank == 0:
-        for part in every:
-            print("\n".join(part))
+    print_all(comm, lines)
 
 
 if __name__ == "__main__":
