@@ -6,8 +6,12 @@ and ``Split``. Rank 0 prints what every rank got. Run and
 crash it as common.py says.
 """
 
-from common import crash_knob, print_all
-from mpi4py import MPI
+import mpi4py
+
+mpi4py.rc(initialize=False)  # MPI.Init below
+
+from common import crash_knob, print_all  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
 
 class Comm(MPI.Intracomm):
@@ -28,6 +32,7 @@ class Comm(MPI.Intracomm):
 
 def main() -> None:
     maybe_die = crash_knob()
+    MPI.Init()
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     comm = Comm(world)
@@ -63,6 +68,7 @@ def main() -> None:
     for c in (dup, rev, half):
         c.Free()
     print_all(world, lines)
+    MPI.Finalize()
 
 
 if __name__ == "__main__":

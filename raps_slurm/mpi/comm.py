@@ -150,10 +150,6 @@ class Request(metaclass=Namespace):
             raise unsupported("MPI.Request.Free of a pending receive")
         self.active = False
 
-    def Cancel(self) -> None:
-        """Not supported."""
-        raise unsupported("MPI.Request.Cancel")
-
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from raps_slurm.mpi.support import FAMILIES
+
 REPO = Path(__file__).resolve().parents[2]
 RANKS = 3
 # Debian's mpi4py is built for the system Python; mpirun runs as root here only when
@@ -50,6 +52,11 @@ PROGRAMS: dict[str, tuple[str, list[str], list[list[str]]]] = {
                       [["--die", "2:4"], ["--die", "0:7"], ["--die", "0:7", *NEVER]]),
     "waitany": ("examples/mpi_waitany.py", [], [["--die", "0:5"]]),
 }
+
+
+# The programs of examples/mpi4py: one per call family of raps_slurm/mpi/support.py, run
+# together in one test; each also loses rank 1 at its second step under RAPS.
+BATCHED = sorted({p for f in FAMILIES for p in f.programs} - {p for p, _, _ in PROGRAMS.values()})
 
 
 def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
@@ -128,6 +135,25 @@ def test_program_prints_what_open_mpi_prints(name: str, mpirun: list[str],
                   (tmp_path / f"crash{i}" / "recovery-events.log").read_text().splitlines()]
         assert [(e["rank"], e["epoch"], e["phase"]) for e in events] == [
             (int(rank), 2, "running"), (int(rank), 2, "caught_up")], events
+
+
+def test_every_program_of_the_support_list_is_run() -> None:
+    assert BATCHED and all(p.startswith("examples/mpi4py/") for p in BATCHED), BATCHED
+
+
+def test_the_call_family_programs_print_what_open_mpi_prints_and_survive_a_lost_rank(
+        mpirun: list[str], tmp_path: Path) -> None:
+    # All at once: their start-up is most of their time.
+    runs = {p: (_start([*mpirun, str(REPO / p)], tmp_path), _raps(p, [], tmp_path),
+                _raps(p, ["--die", "1:1"], tmp_path, "--restarts", "1"))
+            for p in BATCHED}
+    for p, (theirs_p, ours_p, lost_p) in runs.items():
+        theirs, _ = _finish(theirs_p, f"mpirun {p}")
+        ours, _ = _finish(ours_p, f"RAPS {p}")
+        lost, err = _finish(lost_p, f"RAPS {p} --die 1:1")
+        _same(p, ours, theirs)
+        assert "rank 1 exited with 17; relaunching it with epoch 2" in err, err[-2000:]
+        assert lost == ours, f"{p} with rank 1 lost: {lost!r} != {ours!r}"
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
