@@ -247,7 +247,7 @@ write_auth_confs() {
 }
 
 # Root and auth on, then the RAPS roles and users as root (passwords into $RUN/etc/etcd-pw,
-# each 0600: root's daemons read theirs, SlurmUser owns the hooks' one).
+# each 0600: root's daemons read theirs, SlurmUser owns the hooks' and the admins' ones).
 etcd_auth_on() {
   local pw="$RUN/etc/etcd-pw" ctl=(etcdctl --endpoints "$(etcd_urls)")
   mkdir -p "$pw"
@@ -261,7 +261,8 @@ etcd_auth_on() {
     --nodes "$(node_names | paste -sd,)" >>"$RUN/log/etcd-roles.log" \
     || die "rapsctl etcd-roles --apply failed (log: $RUN/log/etcd-roles.log)"
   chmod 0711 "$pw" && chmod 0600 "$pw"/*.password
-  if id slurm >/dev/null 2>&1; then chown slurm "$pw/raps-hooks.password"; fi
+  # SlurmUser runs the controller hooks and, like root, may drain and resume with rapsctl
+  if id slurm >/dev/null 2>&1; then chown slurm "$pw/raps-hooks.password" "$pw/raps-admin.password"; fi
   log "etcd auth on: users raps-agent-<node>, raps-coordinator, raps-hooks, raps-admin ($pw)"
 }
 
