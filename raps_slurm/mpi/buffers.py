@@ -76,8 +76,8 @@ class Buffer:
         """``count`` elements from element ``start`` (in extents of the type)."""
         t = self.datatype
         off = start * t.units
-        if start < 0 or count < 0 or (count and off + (count - 1) * t.units
-                                      + int(t.offsets.max(initial=-1)) >= self.flat.size):
+        if start < 0 or count < 0 or (count and off + (count - 1) * t.units + t.last
+                                      >= self.flat.size):
             raise ValueError(f"{call}: {count} {t.name} elements at element {start} exceed "
                              f"the buffer ({self.flat.size * self.flat.itemsize} bytes)")
         return Buffer(self.flat[off:], t, count)

@@ -58,13 +58,11 @@ class Datatype(metaclass=Namespace):
         self.units, self.lb_units = extent, lb
         self.committed = base is None
         self.freed = False
-
-    @property
-    def contiguous(self) -> bool:
-        """Whether ``count`` elements are ``count * len(offsets)`` base elements in a row."""
         k = self.offsets.size
-        return self.units == k and self.lb_units == 0 and bool(
+        # whether ``count`` elements are ``count * len(offsets)`` base elements in a row
+        self.contiguous = self.units == k and lb == 0 and bool(
             (self.offsets == np.arange(k)).all())
+        self.last = int(self.offsets.max(initial=-1))  # the highest offset of an element
 
     @property
     def size(self) -> int:
@@ -261,12 +259,15 @@ def as_datatype(t: Any, what: str) -> Datatype:
                    f"{' '.join(sorted(TYPECODES))})")
 
 
+_BY_DTYPE: dict[np.dtype[Any], Datatype] = {}
+for _dt in reversed(TYPES.values()):
+    _BY_DTYPE[_dt.dtype] = _dt  # the first name of each dtype wins, as listed
+
+
 def datatype_of(dtype: np.dtype[Any]) -> Datatype:
-    """The datatype an array's dtype stands for (a plain BYTE view when none does)."""
-    for t in TYPES.values():
-        if t.dtype == dtype:
-            return t
-    return Datatype(f"<{dtype}>", dtype)
+    """The datatype an array's dtype stands for (one of its own when none does)."""
+    t = _BY_DTYPE.get(dtype)
+    return t if t is not None else Datatype(f"<{dtype}>", dtype)
 
 
 def _loc(pick: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:
