@@ -2,14 +2,14 @@
 
 Every collective runs over the communicator's collective context (``id + 1``: a
 program's point-to-point messages never match them) as point-to-point messages with
-named sources, so none of them takes a timing-dependent decision. Broadcasts and
-reductions use a binomial tree rooted at ``root`` (reductions: each node combines its
-own partial result with its children's in increasing order, ``own op child``), gathers
-and scatters go straight between the root and each rank in rank order; ``allreduce`` is
-a reduce to rank 0 and a broadcast (``Allreduce`` of a buffer on a power-of-two size:
-recursive halving then doubling), ``allgather`` a gather to 0 and a broadcast. The
-order of every floating-point operation is therefore fixed by the communicator's size
-alone: a replay computes bit-identical results.
+named sources, so none of them takes a timing-dependent decision (:mod:`.tree`).
+Broadcasts and reductions use a binomial tree rooted at ``root`` (reductions: each node
+combines its own partial result with its children's in increasing order, ``own op
+child``); ``allreduce`` is a reduce to rank 0 and a broadcast (``Allreduce`` of a buffer
+on a power-of-two size: recursive halving then doubling), ``allgather`` a gather to 0
+and a broadcast. Block, vector and prefix collectives are in :mod:`.blocks`, the
+non-blocking ones in :mod:`.nonblocking`. The order of every floating-point operation is
+fixed by the communicator's size alone: a replay computes bit-identical results.
 """
 
 from __future__ import annotations

@@ -462,7 +462,9 @@ class Comm(metaclass=Namespace):
         return self
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Comm) and other._ctx_id == self._ctx_id
+        if isinstance(other, Comm):
+            return other._ctx_id == self._ctx_id
+        return NotImplemented  # COMM_NULL answers for itself
 
     def __hash__(self) -> int:
         return hash(self._ctx_id)
@@ -772,7 +774,8 @@ class _NullComm:
         return False
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _NullComm)
+        # a null handle made by ``MPI.Intracomm()`` is COMM_NULL too
+        return isinstance(other, _NullComm) or (isinstance(other, Comm) and not other)
 
     def __hash__(self) -> int:
         return 0
