@@ -100,6 +100,7 @@ class RapsSim:
         self.epochs: dict[int, int] = {}                # rank -> newest epoch (across runs)
         self.run_plans: dict[str, Plan] = {}            # this run's plans, as in the store
         self.working: list[str] = []
+        self.orders: dict[tuple[str, str | None], tuple[str, ...]] = {}  # this run's, by class
         self.spare_list: list[str] = []
         self.batch_host = ""
         self._runs_ckpts = 0
@@ -169,17 +170,12 @@ class RapsSim:
 
     # ------------------------------------------------------------------ runs
     def _new_run(self, working: list[str], spares: list[str]) -> None:
+        self.orders = {}
         if self.groups:
             self.groups, loads = self._carry_groups(working, spares)
-            orders: dict[tuple[str, str | None], tuple[str, ...]] = {}
-            spare_of: dict[int, tuple[str, ...]] = {}
-            for r, node in enumerate(working):
-                ck = (self.layout.rack[node], self.layout.power.get(node))
-                if ck not in orders:  # a spare order depends on the rack and power domain
-                    orders[ck] = placement.order_spares(
-                        self.layout.topology, node, spares,
-                        prefer_original_rack=self.s.raps.prefer_original_rack)
-                spare_of[r] = orders[ck]
+            # Spare orders are made when a rank needs one (_site): a requeued run of a
+            # large job would otherwise sort every spare for every rack class.
+            spare_of: dict[int, tuple[str, ...]] = dict.fromkeys(self.groups, ())
         else:
             places = placement.compute_placement(
                 self.layout.topology, dict(enumerate(working)), spares,
@@ -350,7 +346,7 @@ class RapsSim:
         if not ranks or self.requeuing:
             self._start_plans()
             return
-        sites = [self.sites[r] for r in sorted(ranks)]
+        sites = [self._site(r) for r in sorted(ranks)]
         holders = {r: self._holders(r) for r in ranks}
         sizes = {r: int(self.node_gb * GB) for r in ranks}
         out = planner.plan_dead_node(
@@ -369,8 +365,23 @@ class RapsSim:
                      plan.plan_id)
         self._start_plans()
 
+    def _site(self, r: int) -> RankSite:
+        """Rank ``r``'s site with its spare order: one order per rack and power domain of
+        the node it started the run on, as compute_placement gives."""
+        site = self.sites[r]
+        if site.spares or not self.spare_list:
+            return site
+        node = self.working[r]
+        ck = (self.layout.rack[node], self.layout.power.get(node))
+        if ck not in self.orders:
+            self.orders[ck] = placement.order_spares(
+                self.layout.topology, node, self.spare_list,
+                prefer_original_rack=self.s.raps.prefer_original_rack)
+        site = self.sites[r] = replace(site, spares=self.orders[ck])
+        return site
+
     def _retarget(self, p: Plan) -> None:
-        site = self.sites[p.rank]
+        site = self._site(p.rank)
         target = planner.choose_target(
             site, dead=self.known_dead, unhealthy=(),
             taken=planner.taken_spares(self._plans(), JOB, self.run) - {p.target},
