@@ -54,6 +54,20 @@ def _free(_: int) -> None:
     """The charge of a restore made for no caller (an early restore, root's work)."""
 
 
+class _Peak:
+    """Charges only what a restore holds at its peak: a generation given up frees its
+    memory before the next is tried, so ``need(n)`` (the bytes held now, in all) charges
+    just what passes the most charged so far."""
+
+    def __init__(self, charge: Charge) -> None:
+        self._charge, self._charged = charge, 0
+
+    def need(self, nbytes: int) -> None:
+        if nbytes > self._charged:
+            self._charge(nbytes - self._charged)
+            self._charged = nbytes
+
+
 class _Once:
     """A call made at most once, by whichever caller comes first; a caller that comes
     while it runs waits for it to end."""
@@ -210,9 +224,10 @@ class Restorer:
         """The newest restorable generation, verified; None if the rank never committed.
         RestoreError if generations exist but none (nor the cold copy) is whole.
 
-        ``charge`` is called with the bytes of memory each attempt is about to allocate
-        (the state's non-zero part, the chunks it pulls) before they are allocated; what
-        it raises ends the restore. The memory file is allocated only where the state is
+        ``charge`` is called, before they are allocated, with the bytes of memory the
+        restore is about to hold beyond the most it held so far (the state's non-zero
+        part, the chunks it pulls; a generation given up frees its own); what it raises
+        ends the restore. The memory file is allocated only where the state is
         not zero (:mod:`raps_slurm.checkpoint.sparse`).
 
         At most RESTORES_AT_ONCE (the service's ``restores_at_once``) run at a time: a
@@ -280,8 +295,9 @@ class Restorer:
         records = decide.restore_order(self.trusted_records(job, rank))
         fallbacks: list[Fallback] = []
         unreached: set[str] = set()  # holders down, or a transfer from them failed
+        peak = _Peak(charge)
         for rec in records:
-            result, failure = self._restore_one(job, rank, rec, unreached, charge)
+            result, failure = self._restore_one(job, rank, rec, unreached, peak.need)
             if result is not None:
                 result.fallbacks = fallbacks
                 return result
@@ -289,7 +305,7 @@ class Restorer:
             fallbacks.append(failure)
             log.warning("job %s rank %d: generation %d not restorable (%s); falling back",
                         job, rank, rec.generation, failure.reason)
-        cold = self._restore_cold(job, rank, fallbacks, charge)
+        cold = self._restore_cold(job, rank, fallbacks, peak.need)
         if cold is not None:
             return cold
         if not records and not fallbacks:
@@ -336,7 +352,8 @@ class Restorer:
             if m is None:
                 return None, Fallback(rec.generation, why)
             where = layout(m)
-            charge(where.nonzero_bytes)
+            need = where.nonzero_bytes  # the memory file, and below what is pulled
+            charge(need)
             pulled = 0
             pull_s = local_s = 0.0
             traffic: dict[str, int] = {}  # holder -> bytes pulled from it
@@ -358,7 +375,8 @@ class Restorer:
                 memory = None
                 if missing:
                     sizes = dict(m.chunks)
-                    charge(sum(sizes[d] for d in set(missing)))  # held as pulled, at most
+                    need += sum(sizes[d] for d in set(missing))  # held as pulled, at most
+                    charge(need)
                     # The memory file's pages are allocated while the chunks travel.
                     with ThreadPoolExecutor(1, thread_name_prefix="raps-alloc") as pool:
                         pending = pool.submit(memory_file, m.total_size, where.ranges)

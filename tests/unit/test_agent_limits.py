@@ -27,6 +27,7 @@ from raps_slurm.errors import Refused
 from raps_slurm.runtime.agent_client import AgentError
 from raps_slurm.runtime.checkpoint import CheckpointClient
 from raps_slurm.store import Keys, MemoryStore
+from raps_slurm.testing.jobs import damage_chunks
 
 USER = 1000
 MIB = 1 << 20
@@ -144,6 +145,25 @@ def test_a_restore_over_the_uid_memory_share_is_refused(agent: Agent) -> None:
     loaded = root.restore()
     assert loaded is not None and loaded.state.nbytes == 12 * MIB  # type: ignore[union-attr]
     root.close()
+
+
+def test_a_fallback_is_charged_at_the_peak_not_again(agent: Agent) -> None:
+    """The newest generation is damaged here: the restore falls back to the previous
+    one. The memory of the one given up is freed first, so the fallback fits in the same
+    8 MiB share that two 5 MiB states together would pass."""
+    rng = np.random.default_rng(5)
+    first, second = (rng.integers(0, 255, 5 * MIB, dtype=np.uint8) for _ in range(2))
+    c = agent.client()
+    s1 = c.save(first)
+    held = set(agent.service.chunks.chunks("5"))
+    c.save(second)
+    assert damage_chunks(agent.service.chunks, "5",
+                         set(agent.service.chunks.chunks("5")) - held) > 0
+    loaded = c.restore()
+    assert loaded is not None and loaded.generation == s1.generation
+    assert [f["generation"] for f in loaded.fallbacks] == [s1.generation + 1]
+    assert np.array_equal(loaded.state, first)
+    c.close()
 
 
 def test_layout_takes_only_repeated_zero_chunks_for_zeros() -> None:
