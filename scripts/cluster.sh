@@ -250,6 +250,7 @@ write_auth_confs() {
 # each 0600: root's daemons read theirs, SlurmUser owns the hooks' and the admins' ones).
 etcd_auth_on() {
   local pw="$RUN/etc/etcd-pw" ctl=(etcdctl --endpoints "$(etcd_urls)")
+  command -v etcdctl >/dev/null || die "etcdctl not found (apt-get install etcd-client), needed for etcd authentication (RAPS_CLUSTER_ETCD_AUTH=0: none)"
   mkdir -p "$pw"
   [ -s "$pw/root.password" ] || "$RAPS_PYTHON" -c 'import secrets; print(secrets.token_hex(24))' >"$pw/root.password"
   chmod 0600 "$pw/root.password"

@@ -17,7 +17,7 @@ source scripts/lib/setup.sh
 keep=0
 [ "${1:-}" = "--keep" ] && keep=1
 
-ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server curl gcc make procps \
+ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server etcd-client curl gcc make procps \
   python3-dev libssl-dev \
   python3 python3-venv \
   openmpi-bin python3-mpi4py python3-numpy
