@@ -250,7 +250,6 @@ write_auth_confs() {
 # each 0600: root's daemons read theirs, SlurmUser owns the hooks' and the admins' ones).
 etcd_auth_on() {
   local pw="$RUN/etc/etcd-pw" ctl=(etcdctl --endpoints "$(etcd_urls)")
-  command -v etcdctl >/dev/null || die "etcdctl not found (apt-get install etcd-client), needed for etcd authentication (RAPS_CLUSTER_ETCD_AUTH=0: none)"
   mkdir -p "$pw"
   [ -s "$pw/root.password" ] || "$RAPS_PYTHON" -c 'import secrets; print(secrets.token_hex(24))' >"$pw/root.password"
   chmod 0600 "$pw/root.password"
@@ -564,6 +563,7 @@ cmd_up() {
     die "a cluster already runs in $RUN (scripts/cluster.sh down first)"
   fi
   command -v slurmctld >/dev/null || [ -x "$SLURM_SBIN/slurmctld" ] || die "slurmctld not found (apt-get install slurmctld slurmd)"
+  [ "$ETCD_AUTH" = 0 ] || command -v etcdctl >/dev/null || die "etcdctl not found (apt-get install etcd-client): it sets up etcd's authentication (RAPS_CLUSTER_ETCD_AUTH=0: none)"
   write_conf
   [ "$NET" = ns ] && net_up
   start_munge
