@@ -13,26 +13,15 @@ from typing import Any
 
 from raps_slurm.mpi import world as _world
 from raps_slurm.mpi.collective import Intracomm
-from raps_slurm.mpi.comm import (
-    COMM_NULL,
-    CONGRUENT,
-    IDENT,
-    SIMILAR,
-    UNDEFINED,
-    UNEQUAL,
-    Comm,
-    Exception,
-    Group,
-    Prequest,
-    Request,
-    Status,
-)
+from raps_slurm.mpi.comm import COMM_NULL, Comm, Exception
 from raps_slurm.mpi.comm import KEY_APPNUM as APPNUM
 from raps_slurm.mpi.comm import KEY_IO as IO
 from raps_slurm.mpi.comm import KEY_TAG_UB as TAG_UB
 from raps_slurm.mpi.comm import KEY_UNIVERSE_SIZE as UNIVERSE_SIZE
 from raps_slurm.mpi.comm import KEY_WTIME_IS_GLOBAL as WTIME_IS_GLOBAL
 from raps_slurm.mpi.engine import ANY_SOURCE, ANY_TAG, PROC_NULL
+from raps_slurm.mpi.groups import CONGRUENT, IDENT, SIMILAR, UNEQUAL, Group
+from raps_slurm.mpi.requests import UNDEFINED, Prequest, Request, Status
 from raps_slurm.mpi.tree import IN_PLACE
 from raps_slurm.mpi.types import (
     OPS,

@@ -11,9 +11,12 @@ To survive failures without starting over, it adds two calls::
         raps.checkpoint(state)                     # any picklable object
 
 Modules: :mod:`.engine` (envelopes, matching, determinants), :mod:`.comm`
-(point-to-point, requests, statuses), :mod:`.collective` (collectives, communicator
-creation), :mod:`.types` (datatypes, operations, buffers), :mod:`.world` (start-up,
-checkpoint, restore), :mod:`.MPI` (the namespace).
+(communicators, point-to-point), :mod:`.requests` (statuses, requests), :mod:`.groups`,
+:mod:`.tree` (the collectives' trees and schedules), :mod:`.collective` (broadcasts,
+reductions, communicator creation), :mod:`.blocks` (gathers, scatters, vector and prefix
+collectives), :mod:`.nonblocking`, :mod:`.types` (datatypes, operations),
+:mod:`.buffers` (buffer specifications), :mod:`.support` (what is supported),
+:mod:`.world` (start-up, checkpoint, restore), :mod:`.MPI` (the namespace).
 """
 
 from __future__ import annotations

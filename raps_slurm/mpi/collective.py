@@ -22,8 +22,9 @@ import numpy as np
 
 from raps_slurm.mpi.blocks import BlockCollectives
 from raps_slurm.mpi.buffers import Buffer, as_buffer
-from raps_slurm.mpi.comm import COMM_NULL, UNDEFINED, Exception
+from raps_slurm.mpi.comm import COMM_NULL, Exception
 from raps_slurm.mpi.nonblocking import NonBlocking
+from raps_slurm.mpi.requests import UNDEFINED
 from raps_slurm.mpi.tree import (
     T_ALLREDUCE,
     T_ALLTOALL,

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from raps_slurm.mpi.buffers import Buffer, as_buffer
-from raps_slurm.mpi.comm import Request, Status
 from raps_slurm.mpi.engine import Recv
+from raps_slurm.mpi.requests import Request, Status
 from raps_slurm.mpi.tree import Schedule, TreeComm, in_place, view
 from raps_slurm.mpi.types import OPS, Op, copy_array
 from raps_slurm.mpi.world import world
