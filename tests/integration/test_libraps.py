@@ -1,0 +1,129 @@
+"""libraps against a real agent of the test cluster: a C rank and a Fortran rank register,
+protect two regions, checkpoint twice, lose their memory and restore it byte for byte;
+the generations are in etcd like a Python rank's. A wrong job, another user's job and a
+missing agent get their own error codes, and the agent keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raps_slurm.config import load_file, node_dir
+from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
+from raps_slurm.model import BackupGroup
+from raps_slurm.store import Keys, StateStore
+from raps_slurm.testing.cluster import LocalCluster
+from raps_slurm.testing.jobs import system_user
+
+ROOT = Path(__file__).resolve().parents[2]
+LIB = ROOT / "libraps"
+# raps.h codes (docs/c-api.md)
+NO_AGENT, PERMISSION, WRONG_JOB = 3, 5, 6
+
+
+@pytest.fixture(scope="module")
+def programs() -> Iterator[Path]:
+    """libraps built, and the C and Fortran test ranks linked to a copy of it in a
+    directory every uid can read (the second user runs them too)."""
+    subprocess.run(["make", "-s", "-C", str(LIB)], check=True, capture_output=True, timeout=180)
+    out = Path(tempfile.mkdtemp(prefix="raps-libraps-"))
+    try:
+        out.chmod(0o755)
+        for name in ("libraps.so.0", "libraps_f.so.0"):
+            shutil.copy(LIB / name, out / name)
+        link = ["-I", str(LIB), "-L", str(LIB), "-Wl,-rpath," + str(out)]
+        subprocess.run(["cc", "-O2", "-o", str(out / "check"), str(LIB / "tests/check.c"),
+                        *link, "-lraps"], check=True, capture_output=True, timeout=120)
+        subprocess.run(["gfortran", "-O2", "-J", str(out), "-o", str(out / "fcheck"),
+                        str(LIB / "tests/check.f90"), *link, "-lraps_f", "-lraps"],
+                       check=True, capture_output=True, timeout=120)
+        yield out
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def setup_job(store: tuple[StateStore, Keys], owner: int = 0) -> str:
+    """A registered job with rank 0 on n1 (backups on n2, n3), owned by ``owner``."""
+    s, k = store
+    job = str(800000 + uuid.uuid4().int % 100000)
+    s.put(k.job(job), JobRecord(job, owner, 0, ("n1", "n2", "n3", "n4"), JobSpec(spares=1))
+          .to_json())
+    s.put(k.job_map(job), RankMap(job, 0, ("n1",), ("n4",), 2, 0.0).to_json())
+    s.put(k.job_rank(job, 0), RankEntry(0, "n1", 1, "running", ("n4",)).to_json())
+    s.put(k.job_group(job, 0), group_to_json(BackupGroup(0, "n1", "n2", ("n3",))))
+    return job
+
+
+def run(cluster: LocalCluster, program: Path, job: str, *args: str, uid: int | None = None,
+        socket: str | None = None) -> tuple[int, list[dict[str, Any]]]:
+    cfg = load_file(cluster.config_path)
+    env = {"PATH": "/usr/bin:/bin", "RAPS_JOB": job, "RAPS_RANK": "0", "RAPS_EPOCH": "1",
+           "RAPS_APP_HEARTBEAT_SEC": "1",
+           "RAPS_AGENT_SOCKET": socket or node_dir(cfg.agent.socket_path, "n1")}
+    proc = subprocess.run([str(program), *args], env=env, capture_output=True, text=True,
+                          timeout=120, user=uid, cwd="/")
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert lines, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    return proc.returncode, lines
+
+
+def committed(store: tuple[StateStore, Keys], job: str) -> list[CkptRecord]:
+    s, k = store
+    out = []
+    for gen in (1, 2, 3):
+        kv = s.get(k.ckpt(job, 0, gen))
+        if kv is not None:
+            out.append(CkptRecord.from_json(kv.key, kv.value))
+    return out
+
+
+@pytest.mark.parametrize("program", ["check", "fcheck"])
+def test_checkpoint_and_restore(cluster: LocalCluster, store: tuple[StateStore, Keys],
+                                programs: Path, program: str) -> None:
+    job = setup_job(store)
+    rc, lines = run(cluster, programs / program, job)
+    assert rc == 0, lines
+    result = next(x for x in lines if "same" in x)
+    assert result["version"] == 2 and result["restored"] == 2, result
+    assert result["same"] in (True, "T"), result
+    records = committed(store, job)
+    assert [r.generation for r in records] == [1, 2], records
+    # the second save sent only what changed: it is stored once more in part, not whole
+    assert records[1].total_size == records[0].total_size
+    assert records[1].whole_digest != records[0].whole_digest
+
+
+def test_refusals_keep_the_agent_serving(cluster: LocalCluster,
+                                         store: tuple[StateStore, Keys],
+                                         programs: Path) -> None:
+    root_job = setup_job(store)
+    bob = system_user("raps-libraps-bob")
+    # another user's job: refused at registration, with the agent's kind
+    rc, lines = run(cluster, programs / "check", root_job, "init", uid=bob)
+    assert rc == 1 and lines[0]["rc"] == PERMISSION, lines
+    assert lines[0]["kind"] == "permission" and "uid" in lines[0]["error"], lines
+    # a job raps-slurm does not know
+    rc, lines = run(cluster, programs / "check", "1" + root_job, "init", uid=bob)
+    assert rc == 1 and lines[0]["rc"] == WRONG_JOB and lines[0]["kind"] == "unknown_job", lines
+    # root may register any rank, but a rank not in the job's rank map cannot commit
+    rc, lines = run(cluster, programs / "check", "2" + root_job)
+    failed = lines[-1]
+    assert rc == 1 and failed["call"] == "checkpoint" and failed["rc"] == WRONG_JOB, lines
+    # no agent behind the socket
+    rc, lines = run(cluster, programs / "check", root_job, "init",
+                    socket="/nonexistent/raps.sock")
+    assert rc == 1 and lines[0]["rc"] == NO_AGENT and "/nonexistent" in lines[0]["error"], lines
+    # and the agent still serves its own user
+    rc, lines = run(cluster, programs / "check", root_job, "init")
+    assert rc == 0 and [x["call"] for x in lines] == ["init", "finalize"], lines
+    assert os.path.exists(node_dir(load_file(cluster.config_path).agent.socket_path, "n1"))
