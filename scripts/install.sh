@@ -4,9 +4,11 @@
 #               (created when there is none), raps-coordinator unit, rapsctl
 #   compute     Slurm hooks, slurm.conf snippet, SPANK plugin, RAPS config, cluster key
 #               (--key, or the one already there; none with transfer tickets), checkpoint root,
-#               raps-agent unit, rapsctl
+#               raps-agent unit, rapsctl, libraps
 #   login       SPANK plugin and its plugstack snippet, RAPS config (rapsctl reads
-#               coordinator.addresses there), rapsctl
+#               coordinator.addresses there), rapsctl, libraps
+# libraps (docs/c-api.md): raps.h and raps.mod in PREFIX/include, libraps.so and
+# libraps_f.so (the Fortran module's) in PREFIX/lib, raps.pc in PREFIX/lib/pkgconfig.
 # Idempotent: a file is written only when its content or mode differs, and a second run
 # ends with "nothing changed". It never starts, stops, restarts or reloads a service and
 # never edits slurm.conf; --enable runs `systemctl enable` (not --now) for the role's unit.
@@ -197,6 +199,28 @@ if [ ! -e "$root$plugstack" ]; then
   put "$tmp/plugstack.conf" "$plugstack" 644
 elif ! grep -q "plugstack.conf.d" "$root$plugstack"; then
   say "note: $plugstack does not include plugstack.conf.d; add: include $sysconfdir/slurm/plugstack.conf.d/*.conf"
+fi
+
+# --- libraps: programs are built on login nodes and run on compute nodes (docs/c-api.md) --
+if [ "$role" != controller ]; then
+  make -s -C "$REPO/libraps" PREFIX="$prefix" libraps.so raps.pc >/dev/null \
+    || die "building libraps/ failed (Debian: apt-get install gcc make libzstd-dev libssl-dev)"
+  put "$REPO/libraps/raps.h" "$prefix/include/raps.h" 644
+  put "$REPO/libraps/libraps.so" "$prefix/lib/libraps.so.0" 755
+  put "$REPO/libraps/raps.pc" "$prefix/lib/pkgconfig/raps.pc" 644
+  links=(libraps.so)
+  if command -v gfortran >/dev/null && make -s -C "$REPO/libraps" libraps_f.so >/dev/null; then
+    put "$REPO/libraps/raps.mod" "$prefix/include/raps.mod" 644
+    put "$REPO/libraps/libraps_f.so" "$prefix/lib/libraps_f.so.0" 755
+    links+=(libraps_f.so)
+  else
+    say "note: no gfortran: the Fortran module of libraps is not installed"
+  fi
+  for l in "${links[@]}"; do
+    if [ "$(readlink "$root$prefix/lib/$l" 2>/dev/null)" != "$l.0" ]; then
+      ln -sfn "$l.0" "$root$prefix/lib/$l"; say "linked: $prefix/lib/$l"; changed=$((changed + 1))
+    fi
+  done
 fi
 
 # --- Slurm hooks and the slurm.conf lines that name them ---------------------------------

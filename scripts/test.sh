@@ -12,7 +12,8 @@ ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server etcd-client
   systemd prometheus \
   python3-dev libssl-dev \
   python3 python3-venv \
-  openmpi-bin python3-mpi4py python3-numpy
+  openmpi-bin python3-mpi4py python3-numpy \
+  libopenmpi-dev gfortran libzstd-dev pkg-config
 ensure_venv dev
 "$PY" -c "import raps_slurm, raps_slurm._udp, etcd3gw, ClusterShell, zstandard, pyfastcdc.cy, blake3, crc32c, numpy, rich, hypothesis, pytest_timeout, prometheus_client, atheris" \
   || { echo "test.sh: the Python package or its test extra did not install" >&2; exit 1; }
@@ -20,6 +21,10 @@ ensure_venv dev
 if [ -f spank/Makefile ]; then
   echo "test.sh: building the SPANK shim"
   make -s -C spank
+fi
+if [ -f libraps/Makefile ]; then
+  echo "test.sh: building libraps"
+  make -s -C libraps
 fi
 
 echo "test.sh: ruff"
