@@ -45,7 +45,7 @@ class BlockCollectives(TreeComm):
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """Every rank's buffer into block ``rank`` of ``root``'s ``recvbuf`` (IN_PLACE
         at the root: its block is there already)."""
-        me, n = self._enter("Gather")
+        me, n = self._enter("Gather", root)
         if me != root:
             self._csend(root, as_buffer(sendbuf, "Gather").raw(), T_GATHER)
             return
@@ -56,7 +56,7 @@ class BlockCollectives(TreeComm):
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """Every rank's buffer into block ``rank`` (``counts``, ``displs``) of ``root``'s
         ``recvbuf``."""
-        me, n = self._enter("Gatherv")
+        me, n = self._enter("Gatherv", root)
         if me != root:
             self._csend(root, as_buffer(sendbuf, "Gatherv").raw(), T_GATHER)
             return
@@ -75,7 +75,7 @@ class BlockCollectives(TreeComm):
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """Block ``rank`` of ``root``'s ``sendbuf`` into every rank's ``recvbuf``
         (IN_PLACE as the root's ``recvbuf``: its block stays where it is)."""
-        me, n = self._enter("Scatter")
+        me, n = self._enter("Scatter", root)
         if me != root:
             self._take(recvbuf, root, "Scatter")
             return
@@ -86,7 +86,7 @@ class BlockCollectives(TreeComm):
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """Block ``rank`` (``counts``, ``displs``) of ``root``'s ``sendbuf`` into every
         rank's ``recvbuf``."""
-        me, n = self._enter("Scatterv")
+        me, n = self._enter("Scatterv", root)
         if me != root:
             self._take(recvbuf, root, "Scatterv")
             return

@@ -62,12 +62,12 @@ class Intracomm(BlockCollectives, NonBlocking):
 
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         """``root``'s object on every rank."""
-        me, _ = self._enter("bcast")
+        me, _ = self._enter("bcast", root)
         return pickle.loads(self._bcast_bytes(dumps(obj) if me == root else None, root))
 
     def reduce(self, sendobj: Any, op: Op = SUM, root: int = 0) -> Any:
         """The reduction at ``root`` (None elsewhere)."""
-        self._enter("reduce")
+        self._enter("reduce", root)
         return self._reduce_tree(sendobj, op, dumps, pickle.loads, root)
 
     def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
@@ -78,7 +78,7 @@ class Intracomm(BlockCollectives, NonBlocking):
 
     def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
         """Every rank's object, in rank order, at ``root``."""
-        me, n = self._enter("gather")
+        me, n = self._enter("gather", root)
         if me != root:
             self._csend(root, dumps(sendobj), T_GATHER)
             return None
@@ -87,7 +87,7 @@ class Intracomm(BlockCollectives, NonBlocking):
 
     def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
         """Item ``rank`` of ``root``'s sequence."""
-        me, n = self._enter("scatter")
+        me, n = self._enter("scatter", root)
         if me != root:
             return pickle.loads(self._crecv(root, T_SCATTER))
         items = list(sendobj) if sendobj is not None else []
@@ -120,7 +120,7 @@ class Intracomm(BlockCollectives, NonBlocking):
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         """``root``'s buffer into every rank's."""
-        me, _ = self._enter("Bcast")
+        me, _ = self._enter("Bcast", root)
         b = as_buffer(buf, "Bcast", readonly=me == root)
         # The root's buffer as it is: every send copies what it sends.
         data = self._bcast_bytes(b.raw() if me == root else None, root)
@@ -129,7 +129,7 @@ class Intracomm(BlockCollectives, NonBlocking):
 
     def _reduce_arrays(self, sendbuf: Any, recvbuf: Any, op: Op, root: int, call: str
                        ) -> tuple[np.ndarray[Any, Any] | None, Buffer | None]:
-        me, _ = self._enter(call)
+        me, _ = self._enter(call, max(root, 0))
         rb = as_buffer(recvbuf, call, readonly=False) if me == root or root < 0 else None
         if in_place(sendbuf) and rb is not None:
             mine = copy_array(rb.array)

@@ -130,7 +130,7 @@ class NonBlocking(TreeComm):
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:
         """``root``'s buffer into every rank's, by Wait/Test (the root's is read now)."""
-        me, _ = self._enter("Ibcast")
+        me, _ = self._enter("Ibcast", root)
         b = as_buffer(buf, "Ibcast", readonly=me == root)
         data = bytes(b.raw()) if me == root else None
         done = None if me == root else (lambda d: b.put(d, "Ibcast"))
@@ -138,7 +138,7 @@ class NonBlocking(TreeComm):
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> Request:
         """``Reduce`` that completes in Wait/Test."""
-        me, _ = self._enter("Ireduce")
+        me, _ = self._enter("Ireduce", root)
         rb = as_buffer(recvbuf, "Ireduce", readonly=False) if me == root else None
         mine = self._operand(sendbuf, rb, "Ireduce")
         done = None if rb is None else (lambda got: rb.put(view(got), "Ireduce"))

@@ -58,9 +58,12 @@ class TreeComm(Comm):
         r = w.engine.post(self._ctx_id + 1, self._world_rank(src, "rank"), tag)
         return w.engine.wait(r).data
 
-    def _enter(self, call: str) -> tuple[int, int]:
+    def _enter(self, call: str, root: int = 0) -> tuple[int, int]:
         self._w.check_may_communicate(call)
-        return self.Get_rank(), self.Get_size()
+        n = self.Get_size()
+        if not 0 <= root < n:
+            raise ValueError(f"{call}: root {root}: expected a rank in 0..{n - 1}")
+        return self.Get_rank(), n
 
     def _post_c(self, src: int, tag: int) -> Recv:
         return self._w.engine.post(self._ctx_id + 1, self._world_rank(src, "rank"), tag)
