@@ -1,8 +1,7 @@
 """Vector collectives and prefix reductions: ``Gatherv``, ``Scatterv``, ``Allgatherv``,
-``Alltoallv`` with counts and displacements, ``Scan``, ``Exscan``,
+``Alltoallv`` with counts and displacements, and in place; ``Scan``, ``Exscan``,
 ``Reduce_scatter_block`` and ``Reduce_scatter`` (integer operations: the same under any
-reduction order). Rank 0 prints what every rank got. Run and
-crash it as common.py says.
+reduction order). Rank 0 prints what every rank got. Run and crash it as common.py says.
 """
 
 import numpy as np
@@ -43,6 +42,26 @@ def main() -> None:
         comm.Alltoallv([send, (scounts, [j * size for j in range(size)]), MPI.INT],
                        [recv, (rcounts, [j * size for j in range(size)]), MPI.INT])
         got.append(recv)
+        # IN_PLACE: the root's own block (every rank's, for Allgatherv and Alltoallv) is
+        # already where it belongs
+        g = np.full(total, -1, dtype="i")
+        g[displs[rank]:displs[rank] + counts[rank]] = mine
+        comm.Gatherv(MPI.IN_PLACE if rank == 1 % size else mine,
+                     [g, (counts, displs), MPI.INT], root=1 % size)
+        got.append(g)
+        g = np.full(total, -1, dtype="i")
+        g[displs[rank]:displs[rank] + counts[rank]] = mine
+        comm.Allgatherv(MPI.IN_PLACE, [g, counts, displs, MPI.INT])
+        got.append(g)
+        r = np.full(rank + 1, -1.0)
+        comm.Scatterv([s, counts, displs, MPI.DOUBLE],
+                      MPI.IN_PLACE if rank == 0 else [r, MPI.DOUBLE], root=0)
+        got.append(r)
+        sym = np.arange(size * (size + 1), dtype="i") + 1000 * rank
+        symc = [2] * size  # in place: what rank i sends rank j is what j sends i
+        comm.Alltoallv(MPI.IN_PLACE, [sym, (symc, [j * (size + 1) for j in range(size)]),
+                                      MPI.INT])
+        got.append(sym)
         x = np.array([rank + 1, 2 * rank + step, -rank], dtype="l")
         y = np.zeros(3, dtype="l")
         comm.Scan(x, y, op=MPI.SUM)
