@@ -190,12 +190,21 @@ int raps_init(void) {
   const char *job = getenv("RAPS_JOB");
   if (!job || !*job) job = getenv("SLURM_JOB_ID");
   if (!job || !*job) return raps__fail(RAPS_ERR_ENV, "neither RAPS_JOB nor SLURM_JOB_ID is set");
+  /* raps-run sets RAPS_RANK; under srun or mpirun alone the launcher's rank serves */
+  static const char *rank_vars[] = {"RAPS_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                    "PMIX_RANK", "PMI_RANK"};
+  const char *rank_var = "RAPS_RANK";
+  for (size_t i = 0; i < sizeof rank_vars / sizeof rank_vars[0]; i++)
+    if (getenv(rank_vars[i]) && *getenv(rank_vars[i])) {
+      rank_var = rank_vars[i];
+      break;
+    }
   long rank, epoch = 1;
-  int rc = parse_uint("RAPS_RANK", getenv("RAPS_RANK"), 0, &rank);
+  int rc = parse_uint(rank_var, getenv(rank_var), 0, &rank);
   if (rc == RAPS_OK && getenv("RAPS_EPOCH") && *getenv("RAPS_EPOCH"))
     rc = parse_uint("RAPS_EPOCH", getenv("RAPS_EPOCH"), 1, &epoch);
   if (rc != RAPS_OK) return rc;
-  if (rank > 0x7fffffffL) return raps__fail(RAPS_ERR_ENV, "RAPS_RANK=%ld: below 2**31", rank);
+  if (rank > 0x7fffffffL) return raps__fail(RAPS_ERR_ENV, "%s=%ld: expected below 2**31", rank_var, rank);
   return raps_init_with(path, job, (int)rank, epoch);
 }
 

@@ -1,7 +1,9 @@
 """libraps against a real agent of the test cluster: a C rank and a Fortran rank register,
 protect two regions, checkpoint twice, lose their memory and restore it byte for byte;
 the generations are in etcd like a Python rank's. A wrong job, another user's job and a
-missing agent get their own error codes, and the agent keeps serving."""
+missing agent get their own error codes, and the agent keeps serving. The heat stencils
+of examples/c and examples/fortran, built with mpicc/mpif90 and run by Open MPI's mpirun,
+lose a rank mid-run and, started again, restore and print the failure-free result."""
 
 from __future__ import annotations
 
@@ -47,20 +49,27 @@ def programs() -> Iterator[Path]:
         subprocess.run(["gfortran", "-O2", "-J", str(out), "-o", str(out / "fcheck"),
                         str(LIB / "tests/check.f90"), *link, "-lraps_f", "-lraps"],
                        check=True, capture_output=True, timeout=120)
+        subprocess.run(["mpicc", "-O2", "-o", str(out / "heat"),
+                        str(ROOT / "examples/c/heat.c"), *link, "-lraps"],
+                       check=True, capture_output=True, timeout=120)
+        subprocess.run(["mpif90", "-O2", "-J", str(out), "-o", str(out / "fheat"),
+                        str(ROOT / "examples/fortran/heat.f90"), *link, "-lraps_f", "-lraps"],
+                       check=True, capture_output=True, timeout=120)
         yield out
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def setup_job(store: tuple[StateStore, Keys], owner: int = 0) -> str:
-    """A registered job with rank 0 on n1 (backups on n2, n3), owned by ``owner``."""
+def setup_job(store: tuple[StateStore, Keys], ranks: int = 1) -> str:
+    """A registered job of root with ``ranks`` ranks on n1 (backups on n2, n3)."""
     s, k = store
     job = str(800000 + uuid.uuid4().int % 100000)
-    s.put(k.job(job), JobRecord(job, owner, 0, ("n1", "n2", "n3", "n4"), JobSpec(spares=1))
+    s.put(k.job(job), JobRecord(job, 0, 0, ("n1", "n2", "n3", "n4"), JobSpec(spares=1))
           .to_json())
-    s.put(k.job_map(job), RankMap(job, 0, ("n1",), ("n4",), 2, 0.0).to_json())
-    s.put(k.job_rank(job, 0), RankEntry(0, "n1", 1, "running", ("n4",)).to_json())
-    s.put(k.job_group(job, 0), group_to_json(BackupGroup(0, "n1", "n2", ("n3",))))
+    s.put(k.job_map(job), RankMap(job, 0, ("n1",) * ranks, ("n4",), 2, 0.0).to_json())
+    for rank in range(ranks):
+        s.put(k.job_rank(job, rank), RankEntry(rank, "n1", 1, "running", ("n4",)).to_json())
+        s.put(k.job_group(job, rank), group_to_json(BackupGroup(rank, "n1", "n2", ("n3",))))
     return job
 
 
@@ -127,3 +136,37 @@ def test_refusals_keep_the_agent_serving(cluster: LocalCluster,
     rc, lines = run(cluster, programs / "check", root_job, "init")
     assert rc == 0 and [x["call"] for x in lines] == ["init", "finalize"], lines
     assert os.path.exists(node_dir(load_file(cluster.config_path).agent.socket_path, "n1"))
+
+
+def mpirun(cluster: LocalCluster, program: Path, job: str, crash_at: int | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    cfg = load_file(cluster.config_path)
+    env = {"PATH": "/usr/bin:/bin", "RAPS_JOB": job, "RAPS_APP_HEARTBEAT_SEC": "1",
+           "RAPS_AGENT_SOCKET": node_dir(cfg.agent.socket_path, "n1"),
+           "OMPI_MCA_btl": "self,vader", "OMPI_MCA_plm_rsh_agent": "false"}
+    if crash_at is not None:
+        env["RAPS_HEAT_CRASH_AT"] = str(crash_at)
+    # 4 ranks on 2 cores: Open MPI yields instead of spinning when oversubscribed
+    return subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4",
+                           str(program), "64", "64", "120", "20"], env=env,
+                          capture_output=True, text=True, timeout=180, cwd="/")
+
+
+def final(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("final ")]
+    assert proc.returncode == 0 and len(lines) == 1, (proc.returncode, proc.stdout[-2000:],
+                                                      proc.stderr[-2000:])
+    return lines[0]
+
+
+@pytest.mark.parametrize("program", ["heat", "fheat"])
+def test_heat_restarts_with_the_failure_free_result(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], programs: Path,
+        program: str) -> None:
+    clean = final(mpirun(cluster, programs / program, setup_job(store, 4)))
+    job = setup_job(store, 4)
+    crashed = mpirun(cluster, programs / program, job, crash_at=70)
+    assert crashed.returncode != 0 and "final " not in crashed.stdout, crashed.stdout[-2000:]
+    again = mpirun(cluster, programs / program, job)
+    assert "restored step 60" in again.stdout, (again.stdout[-2000:], again.stderr[-2000:])
+    assert final(again) == clean
