@@ -124,7 +124,7 @@ def test_pulled_chunks_are_stored_after_the_nodes_other_restores(tmp_path: Path)
     svc = service(tmp_path, [])
     running, release = threading.Event(), threading.Event()
 
-    def slow_restore(job: str, rank: int) -> None:
+    def slow_restore(job: str, rank: int, *charge: object) -> None:
         running.set()
         release.wait(10)
     svc._restore = slow_restore  # type: ignore[method-assign,assignment]
