@@ -6,12 +6,16 @@ connections to her ranks' ports (the old unauthenticated HELLO, a 2 GiB header, 
 handshake with a wrong proof) is refused by the rank. Her job finishes with the
 failure-free result, her ranks' published addresses are hers, no verdict is written for
 them, and the refusals are counted where an admin looks: the agent's log and the ranks'
-message-log figures."""
+message-log figures. Meanwhile root on n6, a node outside her job, takes from n6's own
+agent the keys it hands out for her job and calls each rank as another node's rank, and
+as the rank itself at a far-future epoch: both are refused (``authentication``,
+``epoch``)."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +23,10 @@ from typing import Any
 
 import pytest
 
+from raps_slurm import framing
 from raps_slurm.config import load_file, node_dir
+from raps_slurm.runtime.checkpoint import CheckpointClient
+from raps_slurm.runtime.transport import _HELLO, DATA, HANDSHAKE_MAX, PROTOCOL, Auth, encode
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 from raps_slurm.testing.jobs import HEAT_RING, agent_job, heat_reference, system_user
@@ -122,6 +129,46 @@ def _rank(cluster: LocalCluster, job: str, rank: int, uid: int) -> subprocess.Po
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
 
 
+def _root_elsewhere(socket_path: str, job: str, targets: list[dict[str, Any]]
+                    ) -> dict[str, bool]:
+    """Root on a node outside the job, with that node's agent: for each target rank, a
+    handshake as another node's rank (with the key this agent gives for that pair) and
+    one as the target itself at a far-future epoch, each then sending a message; whether
+    each connection was closed on it."""
+    agent = CheckpointClient(socket_path, job, 0, 1, timeout=30)
+    out = {}
+    for t in targets:
+        q = t["rank"]
+        src = (q + 1) % len(NODES)
+        reply, _ = agent.request({"op": "rank_keys", "job": job, "rank": src, "peer": q})
+        key = bytes.fromhex(reply["connect"])
+        for name, (rank, epoch) in {"forged_rank": (src, 1), "future_epoch": (q, 2**62)
+                                    }.items():
+            out[f"{q}/{name}"] = _call(t["host"], t["port"], key, rank, epoch, q)
+    agent.close()
+    return out
+
+
+def _call(host: str, port: int, key: bytes, src: int, epoch: int, dst: int) -> bool:
+    """A handshake proving ``key`` whatever the listener proved, then one message;
+    whether the listener closed the connection."""
+    auth = Auth(key, src, epoch=epoch)
+    bound = (src, dst, epoch, 1)
+    with socket.create_connection((host, port), timeout=20) as s:
+        try:
+            nc = os.urandom(16)
+            framing.send_parts(s, [_HELLO.pack(PROTOCOL, nc, *bound, auth.mode)])
+            ns = bytes(framing.FrameReader(s, max_size=HANDSHAKE_MAX).read(
+                idle_timeout=20))[:16]
+            framing.send_parts(s, [auth.proof(key, b"c", nc, ns, *bound)])
+            framing.send_parts(s, encode(DATA, src, dst, 1, epoch, b"forged"))
+            return s.recv(1) == b""
+        except TimeoutError:
+            return False  # left open: the listener took it
+        except (OSError, framing.FrameError):
+            return True
+
+
 def _peer(store: tuple[StateStore, Keys], job: str, rank: int) -> dict[str, Any] | None:
     s, k = store
     kv = s.get(k.job_peer(NODES[rank], job, rank))
@@ -147,6 +194,7 @@ def test_another_user_is_refused_every_door_and_the_job_is_untouched(
                                 cwd="/", check=False)
         assert attack.returncode == 0, attack.stderr[-3000:]
         seen = json.loads(attack.stdout)
+        rooted = _root_elsewhere(node_dir(cfg.agent.socket_path, "n6"), job, targets)
         assert all(p.poll() is None for p in procs), "the job ended before the attack did: " \
             "it proves nothing (make ARGS longer)"
         finals = []
@@ -181,7 +229,11 @@ def test_another_user_is_refused_every_door_and_the_job_is_untouched(
         assert "y" * 100 not in json.dumps(stats)
         refused = stats["refused_connections"]
         assert sum(refused.values()) >= 3, (r, refused)
-        assert refused.get("authentication", 0) >= 1, (r, refused)  # the wrong proof
+        # bob's wrong proof, root's key of another pair of nodes; root's future epoch
+        assert refused.get("authentication", 0) >= 2, (r, refused)
+        assert refused.get("epoch", 0) >= 1, (r, refused)
+    assert rooted == {f"{r}/{n}": True for r in range(len(NODES))
+                      for n in ("forged_rank", "future_epoch")}, rooted
     for node in NODES:
         text = (cluster.run_dir / "log" / f"agent-{node}.log").read_text()
         assert f"you are uid {bob}" in text, f"{node}'s agent did not log bob's refusals"
