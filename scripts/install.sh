@@ -208,15 +208,15 @@ if [ "$role" != controller ]; then
   put "$REPO/libraps/raps.h" "$prefix/include/raps.h" 644
   put "$REPO/libraps/libraps.so" "$prefix/lib/libraps.so.0" 755
   put "$REPO/libraps/raps.pc" "$prefix/lib/pkgconfig/raps.pc" 644
-  links=(libraps.so)
+  links="libraps.so"
   if command -v gfortran >/dev/null && make -s -C "$REPO/libraps" libraps_f.so >/dev/null; then
     put "$REPO/libraps/raps.mod" "$prefix/include/raps.mod" 644
     put "$REPO/libraps/libraps_f.so" "$prefix/lib/libraps_f.so.0" 755
-    links+=(libraps_f.so)
+    links="$links libraps_f.so"
   else
     say "note: no gfortran: the Fortran module of libraps is not installed"
   fi
-  for l in "${links[@]}"; do
+  for l in $links; do
     if [ "$(readlink "$root$prefix/lib/$l" 2>/dev/null)" != "$l.0" ]; then
       ln -sfn "$l.0" "$root$prefix/lib/$l"; say "linked: $prefix/lib/$l"; changed=$((changed + 1))
     fi
