@@ -1,7 +1,8 @@
 """The world and point-to-point calls the other programs leave out: a program that
 starts MPI itself (``mpi4py.rc.initialize = False``, ``Init_thread``), thread queries,
 ``COMM_SELF``, names, ``Sendrecv_replace``, ``REQUEST_NULL`` among requests, object
-requests, and the bitwise and logical reductions. Rank 0 prints what every rank got.
+requests, buffered sends with an attached buffer, and the bitwise and logical
+reductions. Rank 0 prints what every rank got.
 Run and crash it as common.py says.
 """
 
@@ -28,6 +29,8 @@ def main() -> None:
              f"{0 < MPI.Wtick() < 1}",
              f"rank {rank}: self {MPI.COMM_SELF.Get_size()} {MPI.COMM_SELF.Get_rank()} "
              f"{MPI.COMM_SELF.allreduce(rank + 5)}"]
+    attached = np.empty(1024 + MPI.BSEND_OVERHEAD, dtype="b")
+    MPI.Attach_buffer(attached)
     name = comm.Get_name()
     comm.Set_name("numbers")
     lines.append(f"rank {rank}: names {name} {comm.Get_name()}")
@@ -47,8 +50,13 @@ def main() -> None:
         sent.Free()
         back = np.zeros(4, dtype="i")
         comm.Recv(back, left, tag=3)
+        comm.Bsend(buf, right, tag=4)
+        comm.bsend(step, right, tag=5)
+        comm.Recv(back, left, tag=4)
+        lines.append(f"rank {rank} step {step}: bsend {back.tolist()} {comm.recv(None, left, 5)}")
         lines.append(f"rank {rank} step {step}: {buf.tolist()} {odd} {band} {bx.tolist()} "
                      f"{got[1]} {got[0]} {flag} {back.tolist()}")
+    lines.append(f"rank {rank}: detached {MPI.Detach_buffer() is attached}")
     print_all(comm, lines)
     MPI.Finalize()
 

@@ -1,5 +1,6 @@
 """Derived datatypes: ``Create_contiguous``, ``Create_vector``, ``Create_indexed``,
-``Create_subarray``, ``Create_resized``, ``Commit``, ``Free``, ``Get_size``,
+``Create_hvector``, ``Create_hindexed``, ``Create_subarray``, ``Create_resized``,
+``Commit``, ``Free``, ``Get_size``,
 ``Get_extent``, used in sends, receives and collectives (a matrix's columns, halo
 faces of a 3-D block). Rank 0 prints what every rank got. Run and
 crash it as common.py says.
@@ -22,6 +23,10 @@ def main() -> None:
     upper = MPI.INT.Create_indexed([3, 2, 1], [0, 4, 8]).Commit()  # upper triangle of 3x4
     face = MPI.DOUBLE.Create_subarray([3, 4, 5], [3, 1, 5], [0, 2, 0]).Commit()
     face_f = MPI.INT.Create_subarray([4, 3], [2, 2], [1, 1], order=MPI.ORDER_FORTRAN).Commit()
+    _, dsize = MPI.DOUBLE.Get_extent()
+    # a transpose as a type: rows (stride n) interleaved one double apart (hvector)
+    xpose = MPI.DOUBLE.Create_vector(n, 1, n).Create_hvector(n, 1, dsize).Commit()
+    corners = MPI.INT.Create_hindexed([1, 1], [0, 11 * 4]).Commit()
     lines = [f"sizes {[t.Get_size() for t in (pair, column, col_rs, upper, face, face_f)]}",
              f"extents {[t.Get_extent() for t in (pair, column, col_rs, upper, face, face_f)]}"]
     for step in range(3):
@@ -56,8 +61,16 @@ def main() -> None:
         g = np.full((n, n), -1.0)
         comm.Bcast([g if rank else m, 2, col_rs], root=0)
         got.append(g if rank else m[:, :2])
+        fm = np.asfortranarray(m)  # a Fortran-ordered buffer: its memory, in order
+        tr = np.full((n, n), -1.0, order="F")
+        comm.Sendrecv([fm, 1, xpose], right, 6, [tr, MPI.DOUBLE], left, 6)
+        got.append(tr)
+        cc = np.full(12, -1, dtype="i")
+        comm.Sendrecv([np.arange(12, dtype="i") * (step + 2), 1, corners], right, 7,
+                      [cc, 1, corners], left, 7)
+        got.append(cc)
         lines.extend(f"rank {rank} step {step} got {i}: {a.tolist()}" for i, a in enumerate(got))
-    for t in (pair, column, col_rs, upper, face, face_f):
+    for t in (pair, column, col_rs, upper, face, face_f, xpose, corners):
         t.Free()
     print_all(comm, lines)
 

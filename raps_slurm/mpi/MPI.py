@@ -128,6 +128,25 @@ def Abort(errorcode: int = 1) -> None:
     os._exit(errorcode or 1)
 
 
+BSEND_OVERHEAD = 128  # Open MPI's: programs size their Bsend buffers with it
+_attached: list[Any] = []
+
+
+def Attach_buffer(buf: Any) -> None:
+    """Accept a buffer for buffered sends. Every send is buffered by the runtime's log
+    here, so it is only kept for :func:`Detach_buffer`."""
+    if _attached:
+        raise Exception("MPI.Attach_buffer: a buffer is attached already")
+    _attached.append(buf)
+
+
+def Detach_buffer() -> Any:
+    """The buffer :func:`Attach_buffer` attached."""
+    if not _attached:
+        raise Exception("MPI.Detach_buffer: no buffer is attached")
+    return _attached.pop()
+
+
 def Get_processor_name() -> str:
     """This host's name."""
     return socket.gethostname()

@@ -93,11 +93,14 @@ def _base_view(buf: Any, datatype: Datatype | None, what: str, readonly: bool
         except TypeError:
             raise TypeError(f"{what}: {type(buf).__name__} is not a buffer (a numpy array, "
                             "bytes, bytearray or memoryview)") from None
-    if not arr.flags.c_contiguous:
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+    elif arr.flags.f_contiguous:  # its memory in order, as mpi4py takes it
+        flat = arr.reshape(-1, order="F")
+    else:
         raise TypeError(f"{what}: the array is not contiguous")
     if not readonly and not arr.flags.writeable:
         raise BufferError(f"{what}: the receive buffer is not writable")
-    flat = arr.reshape(-1)
     if datatype is None:
         datatype = datatype_of(flat.dtype)
     base = datatype.base.dtype

@@ -45,16 +45,20 @@ FAMILIES: tuple[Family, ...] = (
               "Status.Get_source Status.Get_tag Status.Get_count"),
            ("examples/mpi_ring.py", "examples/mpi_master_worker.py", CALLS_PY,
             "examples/mpi4py/basics.py"),
-           {"Comm.ssend": "Comm.send", "Comm.bsend": "Comm.send", "Comm.issend": "Comm.isend",
-            "Comm.ibsend": "Comm.isend"}),
+           {"Comm.ssend": "Comm.send", "Comm.issend": "Comm.isend", "Comm.ibsend": "Comm.isend"}),
     Family("point-to-point, buffers",
            _c("Comm.Send Comm.Recv Comm.Isend Comm.Irecv Comm.Sendrecv "
               "Comm.Sendrecv_replace Comm.Probe Comm.Iprobe"),
            ("examples/mpi4py/buffers.py", "examples/mpi_ring.py", "examples/mpi_waitany.py",
             CALLS_PY, "examples/mpi4py/basics.py"),
-           {"Comm.Ssend": "Comm.Send", "Comm.Bsend": "Comm.Send", "Comm.Rsend": "Comm.Send",
+           {"Comm.Ssend": "Comm.Send", "Comm.Rsend": "Comm.Send",
             "Comm.Issend": "Comm.Isend", "Comm.Ibsend": "Comm.Isend",
             "Comm.Irsend": "Comm.Isend"}),
+    Family("buffered sends", _c("MPI.Attach_buffer MPI.Detach_buffer MPI.BSEND_OVERHEAD "
+                                "Comm.Bsend Comm.bsend"),
+           ("examples/mpi4py/basics.py",),
+           note="every send is buffered by the message log: the attached buffer is only "
+                "kept"),
     Family("requests",
            _c("Request.Wait Request.Test Request.Free Request.Waitall Request.Waitany "
               "Request.Testall Request.Testany Request.Waitsome Request.Testsome "
@@ -107,14 +111,16 @@ FAMILIES: tuple[Family, ...] = (
            ("examples/mpi4py/comms.py",)),
     Family("datatypes",
            _c("MPI.DOUBLE MPI.INT MPI.LONG MPI.BYTE MPI.DOUBLE_INT Datatype.Create_contiguous "
-              "Datatype.Create_vector Datatype.Create_indexed Datatype.Create_subarray "
+              "Datatype.Create_vector Datatype.Create_indexed Datatype.Create_hvector "
+              "Datatype.Create_hindexed Datatype.Create_subarray "
               "Datatype.Create_resized Datatype.Commit Datatype.Free Datatype.Get_size "
               "Datatype.Get_extent MPI.ORDER_FORTRAN"),
            ("examples/mpi4py/datatypes.py", "examples/mpi4py/buffers.py",
             "examples/mpi4py/vector.py", "examples/mpi_reduce.py"),
            note="every predefined contiguous type (CHAR, FLOAT, C_BOOL, the INT*_T/UINT*_T "
                 "family, complex types, ...) and mpi4py's typecodes ('d', 'i', 'B', ...); "
-                "derived types of one predefined type"),
+                "derived types of one predefined type (byte strides and displacements: "
+                "whole elements of it); C or Fortran contiguous buffers"),
 )
 
 

@@ -133,10 +133,13 @@ class Datatype(metaclass=Namespace):
 
     def Create_vector(self, count: int, blocklength: int, stride: int) -> Datatype:
         """``count`` blocks of ``blocklength`` elements, ``stride`` elements apart."""
-        _nonneg("Create_vector", count=count, blocklength=blocklength)
-        starts = [(b * stride + i) * self.units for b in range(count)
-                  for i in range(blocklength)]
-        return self._spanning(f"vector({count},{blocklength},{stride},{self.name})", starts)
+        return self._strided("Create_vector", count, blocklength, stride * self.units)
+
+    def _strided(self, call: str, count: int, blocklength: int, stride: int) -> Datatype:
+        """``count`` blocks of ``blocklength`` elements, ``stride`` base elements apart."""
+        _nonneg(call, count=count, blocklength=blocklength)
+        starts = [b * stride + i * self.units for b in range(count) for i in range(blocklength)]
+        return self._spanning(f"{call[7:].lower()}({count},{blocklength},{self.name})", starts)
 
     def Create_indexed(self, blocklengths: Sequence[int], displacements: Sequence[int]
                        ) -> Datatype:
@@ -149,6 +152,31 @@ class Datatype(metaclass=Namespace):
                                                              strict=True)
                   for i in range(int(n))]
         return self._spanning(f"indexed({self.name})", starts)
+
+    def Create_hvector(self, count: int, blocklength: int, stride: int) -> Datatype:
+        """``Create_vector`` with ``stride`` in bytes (a whole number of base elements
+        here)."""
+        return self._strided("Create_hvector", count, blocklength,
+                             self._in_units(stride, "Create_hvector"))
+
+    def Create_hindexed(self, blocklengths: Sequence[int], displacements: Sequence[int]
+                        ) -> Datatype:
+        """``Create_indexed`` with displacements in bytes (whole base elements here)."""
+        _nonneg("Create_hindexed", blocklength=min(blocklengths, default=0))
+        if len(blocklengths) != len(displacements):
+            raise ValueError(f"MPI.Datatype.Create_hindexed: {len(blocklengths)} block "
+                             f"lengths for {len(displacements)} displacements")
+        starts = [self._in_units(int(d), "Create_hindexed") + i * self.units
+                  for n, d in zip(blocklengths, displacements, strict=True)
+                  for i in range(int(n))]
+        return self._spanning(f"hindexed({self.name})", starts)
+
+    def _in_units(self, nbytes: int, call: str) -> int:
+        unit = self.base.dtype.itemsize
+        if nbytes % unit:
+            raise ValueError(f"MPI.Datatype.{call}: {nbytes} bytes is not a whole number of "
+                             f"{self.base.name} elements ({unit} bytes): not supported")
+        return nbytes // unit
 
     def Create_subarray(self, sizes: Sequence[int], subsizes: Sequence[int],
                         starts: Sequence[int], order: int = 0) -> Datatype:

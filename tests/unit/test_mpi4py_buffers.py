@@ -78,3 +78,18 @@ def test_derived_datatypes_pack_and_unpack_like_mpi() -> None:
     col.Free()
     with pytest.raises(ValueError, match="was freed"):
         as_buffer([m, 1, col])
+
+
+def test_byte_strided_types_and_fortran_buffers() -> None:
+    m = np.asfortranarray(np.arange(9, dtype="d").reshape(3, 3))
+    assert as_buffer(m).array.tolist() == [0.0, 3.0, 6.0, 1.0, 4.0, 7.0, 2.0, 5.0, 8.0]
+    xpose = MPI.DOUBLE.Create_vector(3, 1, 3).Create_hvector(3, 1, 8).Commit()
+    assert xpose.Get_size() == 72
+    assert as_buffer([m, 1, xpose]).array.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0,
+                                                       7.0, 8.0]
+    ends = MPI.INT.Create_hindexed([1, 2], [0, 16]).Commit()
+    assert as_buffer([np.arange(8, dtype="i"), 1, ends]).array.tolist() == [0, 4, 5]
+    with pytest.raises(ValueError, match="6 bytes is not a whole number of INT elements"):
+        MPI.INT.Create_hvector(2, 1, 6)
+    with pytest.raises(TypeError, match="not contiguous"):
+        as_buffer(m[:2, :])
