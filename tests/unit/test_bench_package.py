@@ -101,6 +101,6 @@ def test_bench_simulate_json_keys() -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert set(out) == {"nodes", "working_nodes", "spares", "sim_years", "wall_s", "events",
-                        "strategies", "sizes"}
+                        "strategies", "sizes", "cpu_s"}
     assert set(out["strategies"]) == {"raps", "global", "scr"}
     assert out["nodes"] == 200 and out["events"] > 0
