@@ -59,7 +59,7 @@ class UidLimits:
                  wait_s: float = WAIT_S) -> None:
         self.at_once = {RESTORE: restores_at_once, LOG: log_ops_at_once}
         self.memory_bytes = (memory_bytes if memory_bytes is not None
-                             else node_memory_bytes() // 4)
+                             else node_memory_bytes() // 2)
         self.queue, self.wait_s = queue, wait_s
         self._lock = threading.Lock()
         self._freed = threading.Condition(self._lock)
