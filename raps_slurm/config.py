@@ -248,7 +248,7 @@ class AgentConfig:
                                    "once", 1, 64)
     uid_log_ops_at_once: int = _f(4, "log_read and log_append calls one uid may have the "
                                   "agent run at once", 1, 256)
-    uid_memory_percent: float = _f(25.0, "share of the node's memory the agent may hold at "
+    uid_memory_percent: float = _f(50.0, "share of the node's memory the agent may hold at "
                                    "once for one uid's restores and log reads and appends",
                                    1, 90)
 
