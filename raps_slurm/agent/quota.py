@@ -12,7 +12,9 @@ Per-job quotas):
   second, ``agent.node_etcd_burst_kb`` at once (each write counted at its value plus
   :data:`~raps_slurm.core.budget.WRITE_OVERHEAD`; kind ``quota``): with the compaction
   retention this bounds what the cluster's agents can hold in etcd
-  (:mod:`raps_slurm.core.budget`, ``rapsctl config check``);
+  (:mod:`raps_slurm.core.budget`, ``rapsctl config check``). Each job that wrote in the
+  last minute has an equal share of it (but room for one largest value), so that one
+  job's flood cannot spend another job's share;
 - a job whose reports the leader paused (etcd above ``store.report_watermark_share``)
   writes nothing until it resumes them (kind ``paused``);
 - a job's checkpoint chunks and message-log segments on this node (everything under its
@@ -43,11 +45,15 @@ from raps_slurm.store import Keys, StateStore
 _MAX_BUCKETS = 4096
 
 
-class _Bucket:
-    __slots__ = ("at", "tokens")
+# A job that wrote within this many seconds counts for the node budget's fair shares.
+_ACTIVE_SEC = 60.0
 
-    def __init__(self, tokens: float, at: float) -> None:
-        self.tokens, self.at = tokens, at
+
+class _Bucket:
+    __slots__ = ("at", "bytes", "tokens")
+
+    def __init__(self, tokens: float, at: float, nbytes: float = 0.0) -> None:
+        self.tokens, self.at, self.bytes = tokens, at, nbytes
 
 
 class JobQuotas:
@@ -112,8 +118,12 @@ class JobQuotas:
             if b is None:
                 if len(self._buckets) >= _MAX_BUCKETS:
                     self._forget_full(now)
-                b = self._buckets[job] = _Bucket(float(self.burst), now)
+                b = self._buckets[job] = _Bucket(float(self.burst), now, float(self.node_burst))
+            shares = max(1, sum(1 for x in self._buckets.values() if now - x.at < _ACTIVE_SEC))
+            rate = self.node_rate / shares
+            room = max(self.node_burst / shares, float(self.max_value_bytes + WRITE_OVERHEAD))
             b.tokens = min(float(self.burst), b.tokens + (now - b.at) * self.rate)
+            b.bytes = min(room, b.bytes + (now - b.at) * rate)
             b.at = now
             if b.tokens < 1.0:
                 wait = (1.0 - b.tokens) / self.rate
@@ -124,14 +134,17 @@ class JobQuotas:
             n = self._node
             n.tokens = min(float(self.node_burst), n.tokens + (now - n.at) * self.node_rate)
             n.at = now
-            if n.tokens < cost:
-                wait = (cost - n.tokens) / self.node_rate
-                raise Refused("quota", f"{op}: this node's jobs are over their etcd budget "
-                                       "(agent.node_etcd_kb_per_sec="
+            if b.bytes < cost or n.tokens < cost:
+                wait = max(cost - b.bytes, 0.0) / rate + max(cost - n.tokens, 0.0) / self.node_rate
+                who = (f"job {job} is over its share of" if b.bytes < cost
+                       else "this node's jobs together are over")
+                raise Refused("quota", f"{op}: {who} this node's "
+                                       "etcd budget (agent.node_etcd_kb_per_sec="
                                        f"{self.node_rate / 1024:g}, burst "
-                                       f"{self.node_burst >> 10} KiB); nothing written, try "
-                                       f"again in {wait:.2f}s")
+                                       f"{self.node_burst >> 10} KiB, shared by {shares} "
+                                       f"jobs); nothing written, try again in {wait:.2f}s")
             b.tokens -= 1.0
+            b.bytes -= cost
             n.tokens -= cost
         return value
 

@@ -15,6 +15,7 @@ from raps_slurm.core.hygiene import (
     ReportPause,
     compaction_target,
     keep_samples,
+    next_pause_level,
     report_pauses,
     size_warning,
 )
@@ -96,6 +97,7 @@ class Hygiene:
         jobs: dict[str, JobRecord] = {}
         revs: dict[str, int] = {}
         paused: set[str] = set()
+        paused_at: int | None = None
         for kv in self.store.get_prefix(k.jobs_prefix()):
             parts = k.split(kv.key)
             if len(parts) == 2:
@@ -106,14 +108,19 @@ class Hygiene:
                     continue
             elif len(parts) == 3 and parts[2] == "paused":
                 paused.add(parts[1])
+                try:
+                    at = ReportPause.from_json(kv.key, kv.value).in_use
+                except RecordError:
+                    at = st.db_size_in_use
+                paused_at = max(at, paused_at or 0)
         self._paused_seen = bool(paused)
         if self.metrics is not None:
             self.metrics.reports_paused.set(len(paused))
         written: dict[str, int] = {}
-        if st.db_size_in_use >= sc.report_watermark_share * quota:
+        if st.db_size_in_use >= next_pause_level(quota, sc.report_watermark_share, paused_at):
             written = self._written_since(since)
         decision = report_pauses(st.db_size_in_use, quota, sc.report_watermark_share,
-                                 sc.report_resume_share, written, paused)
+                                 sc.report_resume_share, written, paused, paused_at)
         out = []
         for job in decision.resume:
             if self.leadership.commit([], [Delete(k.job_paused(job))]):

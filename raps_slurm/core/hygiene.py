@@ -9,9 +9,8 @@ periodic auto-compaction does: a watch may resume from any revision of the reten
 
 Above ``store.report_watermark_share`` of the quota (etcd's bytes in use, history
 included) the leader pauses the reports of the job that wrote most since its previous
-look, one more job each look while still above, so that etcd's NOSPACE alarm, which
-stops every user's writes, does not fire; below ``store.report_resume_share`` every
-paused job resumes (:func:`report_pauses`).
+look, so that etcd's NOSPACE alarm, which stops every user's writes, does not fire; below
+``store.report_resume_share`` every paused job resumes (:func:`report_pauses`).
 """
 
 from __future__ import annotations
@@ -95,10 +94,27 @@ class PauseDecision:
     resume: tuple[str, ...] = ()
 
 
+def next_pause_level(quota: int, watermark: float, paused_at: int | None) -> float:
+    """Bytes in use at which the next job is paused: the watermark, then, with jobs
+    paused at ``paused_at`` (the highest use a pause recorded), half of the room left
+    then.
+
+    History only shrinks at the next compaction, so use stays above the watermark after
+    the first pause whatever the paused job does; pausing one more job each look would
+    pause jobs that write at their usual pace. Halving the room left keeps NOSPACE away
+    while some job still writes enough to matter.
+    """
+    level = watermark * quota
+    if paused_at is not None:
+        level = max(level, paused_at + (quota - paused_at) / 2)
+    return level
+
+
 def report_pauses(in_use: int, quota: int, watermark: float, resume: float,
-                  written: Mapping[str, int], paused: Set[str]) -> PauseDecision:
-    """Pause the heaviest writer not yet paused while ``in_use`` is at or above
-    ``watermark`` of ``quota``; resume every paused job once below ``resume``.
+                  written: Mapping[str, int], paused: Set[str],
+                  paused_at: int | None = None) -> PauseDecision:
+    """Pause the heaviest writer not yet paused once ``in_use`` reaches
+    :func:`next_pause_level`; resume every paused job once below ``resume`` of ``quota``.
 
     ``written``: bytes of each job's reports changed since the previous look; a job that
     wrote nothing is never paused (it is not what fills etcd).
@@ -107,7 +123,7 @@ def report_pauses(in_use: int, quota: int, watermark: float, resume: float,
         return PauseDecision()
     if in_use < resume * quota:
         return PauseDecision(resume=tuple(sorted(paused)))
-    if in_use < watermark * quota:
+    if in_use < next_pause_level(quota, watermark, paused_at if paused else None):
         return PauseDecision()
     candidates = [(n, job) for job, n in written.items() if n > 0 and job not in paused]
     if not candidates:

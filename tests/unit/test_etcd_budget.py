@@ -15,7 +15,7 @@ from raps_slurm.config import Config, parse_config
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.hygiene import Hygiene
 from raps_slurm.core.budget import WRITE_OVERHEAD, etcd_budget
-from raps_slurm.core.hygiene import ReportPause, report_pauses
+from raps_slurm.core.hygiene import ReportPause, next_pause_level, report_pauses
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankMap
 from raps_slurm.errors import Refused
 from raps_slurm.store import Keys, MemoryStore
@@ -113,6 +113,21 @@ def test_the_node_budget_is_shared_by_every_job_on_the_node_and_refills() -> Non
         q.write("msg_stats", "7", 1001, value)
 
 
+def test_one_job_flooding_a_node_leaves_another_job_its_share() -> None:
+    clock = FakeClock()
+    q = JobQuotas(writes_per_sec=1000, burst=1000, max_value_bytes=64 * KiB,
+                  node_bytes_per_sec=4 * KiB, node_burst_bytes=256 * KiB, clock=clock)
+    value = b"x" * (64 * KiB)
+    q.write("msg_stats", "6", 1001, b"{}")                    # bob's job is there too
+    flood = 0
+    with pytest.raises(Refused) as exc:
+        for flood in range(1000):  # noqa: B007
+            q.write("msg_stats", "5", 1000, value)
+    assert "job 5 is over its share of this node's etcd budget" in str(exc.value)
+    assert flood * (len(value) + WRITE_OVERHEAD) <= 128 * KiB      # half of the node's
+    q.write("msg_stats", "6", 1001, value)                    # bob's share is untouched
+
+
 def test_a_paused_job_writes_nothing_and_others_go_on() -> None:
     store, keys, clock = MemoryStore(), Keys(), FakeClock()
     book = PauseBook(store, keys, refresh_sec=2.0, clock=clock)
@@ -137,8 +152,13 @@ def test_the_heaviest_writer_not_yet_paused_is_paused_above_the_watermark() -> N
     q = 1000 * MiB
     assert report_pauses(690 * MiB, q, 0.7, 0.5, written, set()).pause is None
     assert report_pauses(700 * MiB, q, 0.7, 0.5, written, set()).pause == "5"
-    assert report_pauses(900 * MiB, q, 0.7, 0.5, written, {"5"}).pause == "6"
-    assert report_pauses(900 * MiB, q, 0.7, 0.5, written, {"5", "6"}).pause is None  # 7: idle
+    # with job 5 paused at 700 MiB, the next is paused at half the room left then
+    level = next_pause_level(q, 0.7, 700 * MiB)
+    assert level == 700 * MiB + (q - 700 * MiB) / 2
+    assert report_pauses(int(level) - 1, q, 0.7, 0.5, written, {"5"}, 700 * MiB).pause is None
+    assert report_pauses(int(level), q, 0.7, 0.5, written, {"5"}, 700 * MiB).pause == "6"
+    assert report_pauses(999 * MiB, q, 0.7, 0.5, written, {"5", "6"},
+                         950 * MiB).pause is None                     # 7 wrote nothing
     between = report_pauses(600 * MiB, q, 0.7, 0.5, written, {"5"})
     assert between.pause is None and between.resume == ()      # hysteresis
     assert report_pauses(499 * MiB, q, 0.7, 0.5, written, {"6", "5"}).resume == ("5", "6")
