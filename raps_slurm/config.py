@@ -85,6 +85,9 @@ class MessageLogConfig:
                         "and collection frames; data is authenticated by its connection) or "
                         "all (also every message: for a fabric an attacker can write to)",
                         choices=("control", "all"))
+    same_node: str = _f("unix", "how ranks on one host reach each other: unix (a Unix "
+                        "socket, the peer's uid checked) or tcp (loopback, as between hosts)",
+                        choices=("unix", "tcp"))
 
 
 @dataclass(frozen=True)

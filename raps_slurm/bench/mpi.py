@@ -4,10 +4,12 @@
 on this machine with the local launcher's ``--mpi4py`` (the logged runtime) and with
 ``mpirun --mca btl tcp,self`` (Debian's Open MPI and python3-mpi4py): a ping-pong of 8
 bytes, 4 KiB, 1 MiB and 8 MiB between 2 ranks, and an 8 MiB float64 ``Allreduce`` on 4
-ranks. Each round also runs the ping-pong under RAPS without logging (the local
-launcher's ``--unlogged``: ``logged_vs_unlogged_*``, what logging itself costs) and under
-Open MPI with its default transports (shared memory between ranks of one node:
-``same_node_*``, against RAPS's path between two ranks of one node). Each of
+ranks. RAPS runs these over loopback TCP too (``messagelog.same_node: tcp``, through a
+config file of that one key): TCP against TCP. Each round also runs the ping-pong under
+RAPS without logging (the local launcher's ``--unlogged``, TCP as well:
+``logged_vs_unlogged_*``, what logging itself costs), and RAPS with its default path
+between ranks of one host (a Unix socket) against Open MPI with its default transports
+(shared memory: ``same_node_*``). Each of
 ``--repeats`` rounds launches them one after the other (load that comes and goes
 touches all alike); a launch runs untimed warm-up iterations first, and every figure is
 the median of the rounds. Each launch starts with an empty message log and
@@ -30,6 +32,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -93,11 +96,14 @@ def check_openmpi(python: str = SYSTEM_PYTHON) -> str:
     return (out.stdout.strip().splitlines() or ["mpirun (version unknown)"])[0]
 
 
-def launch(who: str, argv: list[str], measure: str, iterations: int, warmup: int
-           ) -> dict[str, Any]:
-    """One run of the program; its rank 0 result (BenchError if the run fails)."""
+def launch(who: str, argv: list[str], measure: str, iterations: int, warmup: int,
+           config: str | None = None) -> dict[str, Any]:
+    """One run of the program (``config``: RAPS's config file, else the defaults); its
+    rank 0 result (BenchError if the run fails)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RAPS_", "OMPI_", "PMIX_"))}
+    if config is not None:
+        env["RAPS_CONFIG"] = config
     cmd = [*argv, measure, "--iterations", str(iterations), "--warmup", str(warmup),
            "--repeats", "1", "--latency-factor", str(LATENCY_FACTOR)]
     try:
@@ -136,9 +142,11 @@ def _judge(key: str, ratio: float) -> bool:
 
 
 def side_figures(raps: list[dict[str, float]], unlogged: list[dict[str, float]],
-                 default: list[dict[str, float]]) -> tuple[dict[str, Any], dict[str, bool]]:
+                 default: list[dict[str, float]], same_node: list[dict[str, float]]
+                 ) -> tuple[dict[str, Any], dict[str, bool]]:
     """Logged against unlogged RAPS (``logged_vs_unlogged_*``: bandwidth ratios) and RAPS
-    against Open MPI's default transports on one node (``same_node_*``); their goals."""
+    on its same-host path (``same_node``) against Open MPI's default transports on one
+    node (``same_node_*``); their goals."""
     def med(runs: list[dict[str, float]], key: str) -> float:
         return statistics.median(r[key] for r in runs)
 
@@ -151,7 +159,7 @@ def side_figures(raps: list[dict[str, float]], unlogged: list[dict[str, float]],
         name = f"logged_vs_unlogged_{size}"
         out[name] = round(mine / base, 3)
         met[name] = _judge(name, mine / base)
-    mine, theirs = med(raps, "bw_1MiB"), med(default, "bw_1MiB")
+    mine, theirs = med(same_node, "bw_1MiB"), med(default, "bw_1MiB")
     out["same_node_bw_1MiB_raps_MBps"] = round(mine, 1)
     out["same_node_bw_1MiB_openmpi_MBps"] = round(theirs, 1)
     out["same_node_bw_1MiB_ratio"] = round(mine / theirs, 3)
@@ -217,25 +225,34 @@ def run_mpi(iterations: int, repeats: int, warmup: int,
     version = check_openmpi()
     started = time.monotonic()
     runs: dict[str, list[dict[str, float]]] = {
-        "raps": [], "openmpi": [], "tcp": [], "raps_unlogged": [], "openmpi_default": []}
-    main_runs: list[tuple[str, Callable[[int], list[str]]]] = [
-        ("raps", raps_argv), ("openmpi", openmpi_argv)]
-    side_runs: list[tuple[str, Callable[[int], list[str]]]] = [
-        ("raps_unlogged", raps_unlogged_argv), ("openmpi_default", openmpi_default_argv)]
-    for i in range(repeats):
-        for who, argv in main_runs:
-            say(f"round {i + 1}/{repeats}: {who}")
-            pp = launch(who, argv(2), "pingpong", iterations, warmup)
-            ar = launch(who, argv(ALLREDUCE_RANKS), "allreduce", iterations, warmup)
-            runs[who].append(figures(pp, ar))
-        for who, argv in side_runs:
-            say(f"round {i + 1}/{repeats}: {who}")
-            runs[who].append(figures(launch(who, argv(2), "pingpong", iterations, warmup),
-                                     {}))
-        say(f"round {i + 1}/{repeats}: python tcp")
-        runs["tcp"].append(tcp_floor.figures(iterations, warmup, LATENCY_FACTOR, BANDWIDTH))
+        "raps": [], "openmpi": [], "tcp": [], "raps_unlogged": [], "openmpi_default": [],
+        "raps_same_node": []}
+    with tempfile.TemporaryDirectory(prefix="raps-bench-mpi-") as tmp:
+        tcp = os.path.join(tmp, "tcp.yaml")  # RAPS over loopback TCP, as Open MPI's tcp BTL
+        with open(tcp, "w") as f:
+            f.write("messagelog:\n  same_node: tcp\n")
+        main_runs: list[tuple[str, Callable[[int], list[str]], str | None]] = [
+            ("raps", raps_argv, tcp), ("openmpi", openmpi_argv, None)]
+        side_runs: list[tuple[str, Callable[[int], list[str]], str | None]] = [
+            ("raps_unlogged", raps_unlogged_argv, tcp),
+            ("openmpi_default", openmpi_default_argv, None),
+            ("raps_same_node", raps_argv, None)]
+        for i in range(repeats):
+            for who, argv, conf in main_runs:
+                say(f"round {i + 1}/{repeats}: {who}")
+                pp = launch(who, argv(2), "pingpong", iterations, warmup, conf)
+                ar = launch(who, argv(ALLREDUCE_RANKS), "allreduce", iterations, warmup, conf)
+                runs[who].append(figures(pp, ar))
+            for who, argv, conf in side_runs:
+                say(f"round {i + 1}/{repeats}: {who}")
+                runs[who].append(figures(
+                    launch(who, argv(2), "pingpong", iterations, warmup, conf), {}))
+            say(f"round {i + 1}/{repeats}: python tcp")
+            runs["tcp"].append(tcp_floor.figures(iterations, warmup, LATENCY_FACTOR,
+                                                 BANDWIDTH))
     main = assemble(runs["raps"], runs["openmpi"])
-    side, met = side_figures(runs["raps"], runs["raps_unlogged"], runs["openmpi_default"])
+    side, met = side_figures(runs["raps"], runs["raps_unlogged"], runs["openmpi_default"],
+                             runs["raps_same_node"])
     main["goals_met"].update(met)
     return {"benchmark": "mpi", "iterations": iterations,
             "latency_round_trips": iterations * LATENCY_FACTOR, "warmup": warmup,

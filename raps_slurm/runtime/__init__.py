@@ -77,7 +77,7 @@ def settings_from(env: Mapping[str, str]) -> Settings:
                     checkpoint_interval=interval, max_generations=c.max_generations,
                     recv_timeout=m.recv_timeout_sec, host=host,
                     stats_interval=m.stats_interval_sec, spin_us=spin,
-                    frame_mac=m.frame_mac)
+                    frame_mac=m.frame_mac, same_node=m.same_node)
 
 
 def _node_address() -> str:

@@ -90,6 +90,7 @@ class Settings:
     max_message: int = MAX_MESSAGE  # bytes; peers refuse a longer frame from its header
     spin_us: int = 0  # a receive polls this long before it sleeps (runtime/pump.py)
     frame_mac: str = "control"  # which frames carry a MAC (runtime/transport.py)
+    same_node: str = "unix"  # a peer on this host: over a Unix socket, or tcp
 
 
 class Context(PeerLinks):
@@ -152,7 +153,7 @@ class Context(PeerLinks):
         self.listener = Listener(self.s.host, self._on_frame, self._on_close,
                                  Auth(port.rank_keys, rank, self.s.max_message,
                                       epoch=epoch, frame_mac=self.s.frame_mac),
-                                 self.s.spin_us / 1e6)
+                                 self.s.spin_us / 1e6, unix=self.s.same_node == "unix")
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)
         self._flusher = threading.Thread(target=self._ticker, name="raps-msg-flush",

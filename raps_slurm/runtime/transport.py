@@ -252,12 +252,42 @@ class Auth:
             return dict(self.refused)
 
 
+def unix_name(address: tuple[str, int]) -> str:
+    """The abstract Unix socket of the listener at TCP ``address``: that listener holds the
+    TCP port, so no other listener on the host has the name."""
+    return f"\0raps-rank/{address[0]}:{address[1]}"
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+        socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return int(uid)
+
+
+def _unix(address: tuple[str, int], timeout: float) -> socket.socket | None:
+    """A Unix connection to the listener at ``address`` if it is on this host and runs
+    under this uid; None otherwise (then TCP)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(unix_name(address))
+        if peer_uid(sock) == os.getuid():
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
+
+
 def _peer(conn: socket.socket) -> str:
     try:
-        host, port = conn.getpeername()[:2]
-        return f"{host}:{port}"
+        name = conn.getpeername()
     except OSError:
         return "a closed connection"
+    if not isinstance(name, tuple):
+        return "a process on this host"  # a Unix socket: its uid was checked at accept
+    return f"{name[0]}:{name[1]}"
 
 
 def _kind(exc: framing.FrameError, authenticated: bool) -> str:
@@ -268,16 +298,21 @@ def _kind(exc: framing.FrameError, authenticated: bool) -> str:
 
 class Listener:
     """Accepts peers' connections; every authenticated frame goes to
-    ``on_frame(frame, conn_id)``."""
+    ``on_frame(frame, conn_id)``. With ``unix`` it also listens on :func:`unix_name`
+    of its TCP address, for peers on the same host (the caller's uid must be this
+    rank's: another user's process is refused before its handshake)."""
 
     def __init__(self, host: str, on_frame: Callable[[Frame, int], None],
-                 on_close: Callable[[int], None], auth: Auth, spin: float = 0.0) -> None:
+                 on_close: Callable[[int], None], auth: Auth, spin: float = 0.0, *,
+                 unix: bool = False) -> None:
         self.auth = auth
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, 0))
         self.sock.listen(128)
         self.address = self.sock.getsockname()[:2]
+        self.usock = self._unix_listener() if unix else None
+        self.unix = unix
         self._on_frame, self._on_close = on_frame, on_close
         self._conns: dict[int, socket.socket] = {}
         self._lock = threading.Lock()
@@ -286,23 +321,44 @@ class Listener:
                           deadline=HANDSHAKE_DEADLINE)
         self._closed = False
         self.pump = Pump(self._body, self._end, spin)
-        threading.Thread(target=self._accept, name="raps-accept", daemon=True).start()
+        for sock in (self.sock, self.usock):
+            if sock is not None:
+                threading.Thread(target=self._accept, args=(sock,), name="raps-accept",
+                                 daemon=True).start()
+
+    def _unix_listener(self) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(unix_name(self.address))
+            sock.listen(128)
+            return sock
+        except OSError as exc:  # taken by someone who guessed the port: TCP only
+            log.warning("rank %d: no Unix socket for peers on this host (%s): TCP only",
+                        self.auth.rank, exc)
+            sock.close()
+            return None
 
     def connect(self, address: tuple[str, int], epoch: int, dst: int,
                 timeout: float = 5.0) -> Outgoing:
-        """An authenticated connection to rank ``dst`` at ``address`` (OSError if not)."""
-        return Outgoing(address, epoch, self.auth, dst, timeout)
+        """An authenticated connection to rank ``dst`` at ``address`` (OSError if not):
+        over a Unix socket when the peer is on this host and this listener uses them."""
+        return Outgoing(address, epoch, self.auth, dst, timeout, unix=self.unix)
 
-    def _accept(self) -> None:
+    def _accept(self, sock: socket.socket) -> None:
+        local = sock.family == socket.AF_UNIX
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, _ = sock.accept()
             except OSError:
                 return
             with self._lock:
                 if self._closed:
                     conn.close()
                     return
+            if local and (uid := peer_uid(conn)) != os.getuid():
+                self.auth.refuse("uid", f"uid {uid}", "a Unix connection from another uid")
+                conn.close()
+                continue
             # A slot per handshake, bounded per source: a stranger's connections are
             # evicted before a peer's, and none outlives HANDSHAKE_DEADLINE (gate.py).
             if not self._gate.admit(conn):
@@ -312,7 +368,8 @@ class Listener:
                 self._next += 1
                 cid = self._next
                 self._conns[cid] = conn
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not local:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 threading.Thread(target=self._read, args=(conn, cid),
                                  name=f"raps-read-{cid}", daemon=True).start()
@@ -436,8 +493,12 @@ class Listener:
         with self._lock:
             self._closed = True
             conns = list(self._conns.values())
-        with contextlib.suppress(OSError):
-            self.sock.close()
+        for sock in (self.sock, self.usock):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes its accept
+                with contextlib.suppress(OSError):
+                    sock.close()
         self.pump.close()
         for c in conns:
             with contextlib.suppress(OSError):
@@ -449,17 +510,30 @@ class Outgoing:
     done; its answers come on the peer's own connection to us)."""
 
     def __init__(self, address: tuple[str, int], epoch: int, auth: Auth, dst: int,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, *, unix: bool = False) -> None:
         self.peer_epoch = epoch
         self._max = auth.max_frame
         self._tagged = auth.tagged
-        self.sock = socket.create_connection(address, timeout=timeout)
-        try:
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.mac = self._handshake(auth, dst, f"{address[0]}:{address[1]}", timeout)
-        except BaseException:
-            self.close()
-            raise
+        peer = f"{address[0]}:{address[1]}"
+        sock = _unix(address, timeout) if unix else None
+        self.local = sock is not None  # over a Unix socket: the peer is on this host
+        if sock is not None:
+            self.sock = sock
+            try:
+                self.mac = self._handshake(auth, dst, peer, timeout)
+            except (OSError, FrameError) as exc:
+                log.debug("rank %d: Unix connection to rank %d failed (%s): TCP", auth.rank,
+                          dst, exc)
+                self.close()
+                self.local = False
+        if not self.local:
+            self.sock = socket.create_connection(address, timeout=timeout)
+            try:
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.mac = self._handshake(auth, dst, peer, timeout)
+            except BaseException:
+                self.close()
+                raise
         self.sock.settimeout(None)
         self.lock = threading.Lock()
 

@@ -54,10 +54,11 @@ def test_medians_ratios_and_goals() -> None:
 def test_logged_against_unlogged_and_one_node_against_open_mpis_default() -> None:
     raps = [_launch(0.004, 0.02, 0.3)] * 3
     unlogged = [_launch(0.0038, 0.0185, 0.3)] * 3  # 4 KiB: 0.95 of it; 8 MiB: 0.925
-    shm = [_launch(0.001, 0.005, 0.1)] * 3  # Open MPI's shared memory: 4x RAPS at 1 MiB
-    out, met = mpi.side_figures(raps, unlogged, shm)
+    shm = [_launch(0.001, 0.005, 0.1)] * 3  # Open MPI's shared memory
+    unix = [_launch(0.004, 0.0125, 0.3)] * 3  # RAPS on one host: 0.4 of it at 1 MiB
+    out, met = mpi.side_figures(raps, unlogged, shm, unix)
     assert out["logged_vs_unlogged_4KiB"] == 0.95 and out["logged_vs_unlogged_8MiB"] == 0.925
-    assert out["same_node_bw_1MiB_ratio"] == 0.25
+    assert out["same_node_bw_1MiB_ratio"] == 0.4  # from the same-host runs, not TCP's
     assert out["same_node_bw_1MiB_openmpi_MBps"] == round(2 * 4 * (1 << 20) / 0.005 / 1e6, 1)
     assert met == {"logged_vs_unlogged_4KiB": True, "logged_vs_unlogged_8MiB": False,
                    "same_node_bw_1MiB": False}

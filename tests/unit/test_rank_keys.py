@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from raps_slurm.checkpoint.peer_keys import PeerKeys, make_tickets
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry
 from raps_slurm.runtime.transport import (
     _HELLO,
+    DATA,
     HANDSHAKE_MAX,
     HELLO,
     PROTOCOL,
@@ -28,6 +30,7 @@ from raps_slurm.runtime.transport import (
     Outgoing,
     RankKeys,
     encode,
+    unix_name,
 )
 from raps_slurm.store import Keys, MemoryStore
 
@@ -168,3 +171,37 @@ def test_a_connection_without_a_ticket_is_not_attempted() -> None:
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         Outgoing(s.getsockname()[:2], 1, auth, 1)
+
+
+def test_ranks_on_one_host_use_a_unix_socket_checked_by_uid() -> None:
+    got: list[Frame] = []
+    key = os.urandom(32)
+    near = Listener("127.0.0.1", lambda f, c: got.append(f), lambda c: None,
+                    Auth(key, 1, epoch=1), unix=True)
+    far = Listener("127.0.0.1", lambda f, c: got.append(f), lambda c: None,
+                   Auth(key, 2, epoch=1))  # no Unix socket: TCP as between hosts
+    me = Listener("127.0.0.1", lambda f, c: None, lambda c: None, Auth(key, 0, epoch=1),
+                  unix=True)
+    try:
+        a, b = me.connect(near.address, 1, 1), me.connect(far.address, 1, 2)
+        assert a.local and a.sock.family == socket.AF_UNIX
+        assert not b.local and b.sock.family == socket.AF_INET
+        for o, dst in ((a, 1), (b, 2)):
+            o.send(encode(DATA, 0, dst, 1, 1, b"x" * 100_000))
+        end = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert sorted((f.dst, len(f.payload)) for f in got) == [(1, 100_000), (2, 100_000)]
+        # another uid's process on this host: refused before any handshake
+        probe = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(chr(0) + sys.argv[1]); "
+                 "s.settimeout(10); print(s.recv(1) == b'')")
+        out = subprocess.run(["/usr/bin/python3", "-c", probe, unix_name(near.address)[1:]],
+                             user=65534, capture_output=True, text=True, timeout=30,
+                             check=False)
+        assert out.stdout.strip() == "True", out.stderr
+        assert near.auth.refusals() == {"uid": 1}
+        a.close()
+        b.close()
+    finally:
+        for lst in (near, far, me):
+            lst.close()
