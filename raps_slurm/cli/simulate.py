@@ -1,8 +1,9 @@
 """``rapsctl simulate``: the capacity planner (discrete-event simulator, ``raps_slurm.sim``).
 
 ``run`` compares the strategies of one scenario; ``sweep`` varies scenario keys over a
-grid; ``recommend`` finds the checkpoint interval, spares and replicas that maximise
-raps-slurm's useful work per allocated node for a failure rate and state size; ``plots``
+grid; ``advise`` picks the best strategy for a job and cluster; ``recommend`` finds the
+checkpoint interval, spares and replicas that maximise raps-slurm's useful work per
+allocated node for a failure rate and state size; ``plots``
 writes the three standard figures; ``calibrate`` turns benchmark outputs into scenario
 parameters; ``validate`` compares a real run (``bench efficiency``) with its simulation;
 ``keys`` lists every scenario key. Pure computation: no cluster, no etcd.
@@ -322,6 +323,72 @@ def recommend_cmd(mtbf_h: float, state_gb: float, nodes: int, scenario: str | No
     if g["daly_useful_work_fraction"] is not None:
         click.echo(f"  global checkpoints instead: Daly interval {g['daly_interval_s']:g} s, "
                    f"useful work {g['daly_useful_work_fraction'] * 100:.2f} % by Daly's model")
+
+
+@simulate.command("advise")
+@click.option("--nodes", type=click.IntRange(1, 10_000_000), default=None,
+              help="Working nodes of the job (default: the scenario's job.nodes).")
+@click.option("--state-gb", type=click.FloatRange(0, 1e6), default=None,
+              help="Checkpointed state per node, GB (default: the scenario's).")
+@click.option("--mtbf-h", type=click.FloatRange(0.001, 1e9), default=None,
+              help="Node MTBF, hours (default: the scenario's failures.mtbf_h or its log).")
+@click.option("--spares", type=click.IntRange(0, 1_000_000), default=None,
+              help="Spare nodes for raps and scr (default: the scenario's raps.spares).")
+@click.option("--comm-share", type=click.FloatRange(0, 1), default=None,
+              help="Share of its time the application communicates; with --mpi it sets "
+                   "raps.log_overhead.")
+@click.option("--mpi", "mpi_file", type=click.Path(dir_okay=False), default=None,
+              help="A rapsctl bench mpi --json output: RAPS's message speed against Open "
+                   "MPI, the cost of leaving it (needs --comm-share).")
+@click.option("--scenario", "scenario", type=click.Path(dir_okay=False), default=None,
+              help="The cluster and the rest of the job (default: built-in).")
+@_set
+@_seeds
+@click.option("--days", type=click.FloatRange(0.01, 100_000), default=None,
+              help="Simulated days per seed (default: the scenario's run.horizon_days).")
+@click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
+def advise_cmd(nodes: int | None, state_gb: float | None, mtbf_h: float | None,
+               spares: int | None, comm_share: float | None, mpi_file: str | None,
+               scenario: str | None, sets: tuple[str, ...], seeds: int | None,
+               days: float | None, as_json: bool) -> None:
+    """The best recovery strategy for a job on a cluster, with its settings, and every
+    strategy's useful work at its own interval."""
+    from raps_slurm.sim.advise import advise, messaging_cost
+
+    if (mpi_file is None) != (comm_share is None):
+        raise ScenarioError(["--mpi and --comm-share: give both (the application's "
+                             "communication share turns bench mpi's speed into a cost) "
+                             "or neither"])
+    s = load_scenario(scenario) if scenario else parse_scenario({}, "built-in")
+    for key, value in (("job.nodes", nodes), ("job.state_gb_per_node", state_gb),
+                       ("failures.mtbf_h", mtbf_h), ("raps.spares", spares),
+                       ("run.horizon_days", days)):
+        if value is not None:
+            s = override(s, key, value)
+    s = _apply(s, sets, seeds)
+    cost = ""
+    if mpi_file is not None and comm_share is not None:
+        s, cost = messaging_cost(s, mpi_file, comm_share)
+    with _progress("simulating", as_json) as update:
+        out = advise(s, update)
+    if cost:
+        out["log_overhead_from"] = cost
+    for w in out["warnings"]:
+        click.echo(f"warning: {w}", err=True)
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{out['nodes']} nodes, {out['state_gb_per_node']:g} GB each, job MTBF "
+               f"{out['job_mtbf_s'] / 3600:.2f} h, {out['seeds']} seed(s) x "
+               f"{out['horizon_days']:g} days; objective: {out['objective']}")
+    for name, r in out["strategies"].items():
+        extra = "".join(f", {k} {r[k]:g}" for k in ("spares", "replicas", "flush_every",
+                                                    "log_overhead") if k in r)
+        click.echo(f"  {name:<7} {r['node_efficiency'] * 100:6.2f} % per allocated node "
+                   f"(+- {r['node_efficiency_ci95'] * 100:.2f}), every {r['interval_s']:g} s"
+                   f"{extra}")
+    tie = f" (within noise of {', '.join(out['within_noise'])})" if out["within_noise"] else ""
+    click.echo(f"best: {out['best']}{tie}")
 
 
 @simulate.command("calibrate")

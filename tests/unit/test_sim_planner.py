@@ -151,3 +151,31 @@ def test_a_cluster_that_cannot_run_the_job_says_so() -> None:
     assert rep["strategies"]["global"]["useful_work_fraction"] == 0.0
     assert any(w.startswith("global: no useful work in any seed checkpointing every 3600 s")
                for w in rep["warnings"]), rep["warnings"]
+
+
+def test_advise_names_the_strategy_with_the_most_work_per_node() -> None:
+    from raps_slurm.sim.advise import advise
+
+    out = advise(parse_scenario({**SMALL, "run": {"seeds": 2, "horizon_days": 30}}, "t"))
+    eff = {n: r["node_efficiency"] for n, r in out["strategies"].items()}
+    assert out["best"] == max(eff, key=lambda n: eff[n])
+    assert out["strategies"]["global"]["spares"] == 0
+    assert out["strategies"]["scr"]["flush_every"] in (2, 5, 10, 20, 50)
+    assert all(out["strategies"][n]["interval_s"] > 0 for n in eff)
+
+
+def test_advise_takes_the_messaging_cost_from_bench_mpi(tmp_path: Path) -> None:
+    from raps_slurm.sim.advise import messaging_cost
+
+    root = Path(__file__).resolve().parents[2]
+    runs = sorted((root / "docs" / "runs").glob("bench-mpi-*.json"))
+    assert runs, "docs/runs holds the bench mpi outputs"
+    s = parse_scenario(SMALL, "t")
+    none, _ = messaging_cost(s, str(runs[0]), 0.0)
+    quarter, how = messaging_cost(s, str(runs[0]), 0.25)
+    assert none.raps.log_overhead == 0.0 < quarter.raps.log_overhead
+    assert "Open MPI" in how
+    bad = tmp_path / "m.json"
+    bad.write_text((root / "examples" / "calibration" / "detect.json").read_text())
+    with pytest.raises(ScenarioError, match="expected the output of rapsctl bench mpi"):
+        messaging_cost(s, str(bad), 0.25)
