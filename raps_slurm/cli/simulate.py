@@ -325,15 +325,22 @@ def recommend_cmd(mtbf_h: float, state_gb: float, nodes: int, scenario: str | No
                    f"useful work {g['daly_useful_work_fraction'] * 100:.2f} % by Daly's model")
 
 
+_DEFAULT = " (default: the scenario's)"
+_ADVISE_JOB = (("--nodes", click.IntRange(1, 10_000_000), "Working nodes of the job"),
+               ("--state-gb", click.FloatRange(0, 1e6), "Checkpointed state per node, GB"),
+               ("--mtbf-h", click.FloatRange(0.001, 1e9), "Node MTBF, hours"),
+               ("--spares", click.IntRange(0, 1_000_000), "Spare nodes for raps and scr"))
+
+
+def _advise_job(f: Any) -> Any:
+    """The job and cluster options of ``advise``, each defaulting to the scenario."""
+    for flag, kind, text in reversed(_ADVISE_JOB):
+        f = click.option(flag, type=kind, default=None, help=text + _DEFAULT + ".")(f)
+    return f
+
+
 @simulate.command("advise")
-@click.option("--nodes", type=click.IntRange(1, 10_000_000), default=None,
-              help="Working nodes of the job (default: the scenario's job.nodes).")
-@click.option("--state-gb", type=click.FloatRange(0, 1e6), default=None,
-              help="Checkpointed state per node, GB (default: the scenario's).")
-@click.option("--mtbf-h", type=click.FloatRange(0.001, 1e9), default=None,
-              help="Node MTBF, hours (default: the scenario's failures.mtbf_h or its log).")
-@click.option("--spares", type=click.IntRange(0, 1_000_000), default=None,
-              help="Spare nodes for raps and scr (default: the scenario's raps.spares).")
+@_advise_job
 @click.option("--comm-share", type=click.FloatRange(0, 1), default=None,
               help="Share of its time the application communicates; with --mpi it sets "
                    "raps.log_overhead.")
