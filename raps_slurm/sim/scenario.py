@@ -113,22 +113,30 @@ class RapsSpec:
                                 "checkpoint.interval_s)", 0, 1e8)
     spares: int = _f(4, "spare nodes allocated with the job (sbatch --raps-spares); scr "
                            "relaunches on the same spares", 0, 1_000_000)
-    incr_s_per_gb: float = _f(0.66, "blocking time of an incremental save per GB of state",
-                              0.0, 1e6)
-    restore_gbps: float = _f(0.72, "decode and verify speed of a restore, GB/s per node",
-                             0.001, 1e6)
+    incr_s_per_gb: float = _f(0.8233, "blocking time of an incremental save per GB of state "
+                                      "(default measured: bench checkpoint, "
+                                      "examples/calibration)", 0.0, 1e6)
+    restore_gbps: float = _f(0.5235, "decode and verify speed of a restore, GB/s per node "
+                                     "(default measured: bench checkpoint)", 0.001, 1e6)
     node_net_gbps: float = _f(3.0, "per-node network for copies and restores, GB/s",
                               0.001, 1e6)
-    storage_ratio: float = _f(0.65, "stored bytes per state byte (zstd with byte shuffle)",
-                              0.01, 10)
-    log_overhead: float = _f(0.03, "share of compute time lost to message logging", 0.0, 0.99)
-    replay_speedup: float = _f(4.0, "re-execution speed during replay vs normal (logged "
-                                    "messages need no waiting)", 0.1, 1000)
+    storage_ratio: float = _f(0.6518, "stored bytes per state byte (zstd with byte shuffle; "
+                                      "default measured: bench checkpoint)", 0.01, 10)
+    log_overhead: float = _f(0.0943, "share of compute time lost to message logging (default "
+                                     "measured: bench messaging, logged against unlogged "
+                                     "RAPS, a quarter of the time communicating; against "
+                                     "Open MPI, bench mpi, it is about 0.5)", 0.0, 0.99)
+    replay_speedup: float = _f(0.5952, "re-execution speed during replay vs normal (default "
+                                       "measured: bench recovery on heat_ring, whose steps "
+                                       "sleep: a lower bound for a compute-bound program)",
+                               0.1, 1000)
     max_concurrent_recoveries: int = _f(4, "recovery.max_concurrent_recoveries", 1, 10_000)
     recovery_timeout_s: float = _f(300.0, "recovery.recovery_timeout_sec", 1, 1e7)
     prefer_original_rack: bool = _f(False, "recovery.prefer_original_rack")
-    plan_s: float = _f(0.05, "from the DEAD verdict to the plan started", 0.0, 3600)
-    launch_s: float = _f(0.5, "srun step start and rank start on the target", 0.0, 3600)
+    plan_s: float = _f(0.078, "from the DEAD verdict to the plan started (default "
+                              "measured: bench recovery)", 0.0, 3600)
+    launch_s: float = _f(1.033, "srun step start and rank start on the target (default "
+                                "measured: bench recovery)", 0.0, 3600)
     heartbeat_interval_s: float = _f(1.0, "detection.kernel_heartbeat_interval_sec",
                                      0.001, 3600)
     miss_threshold: int = _f(3, "detection.miss_threshold", 1, 100)
