@@ -11,6 +11,7 @@ parameters; ``validate`` compares a real run (``bench efficiency``) with its sim
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -353,11 +354,20 @@ def _advise_job(f: Any) -> Any:
 @_seeds
 @click.option("--days", type=click.FloatRange(0.01, 100_000), default=None,
               help="Simulated days per seed (default: the scenario's run.horizon_days).")
+@click.option("--map", "map_dir", type=click.Path(file_okay=False), default=None,
+              help="Instead: write advise-map.png, .csv and .json to this directory: the "
+                   "best strategy for each job size of --map-nodes and node MTBF of "
+                   "--map-mtbf-h (spares, idle nodes and racks scaled from the scenario).")
+@click.option("--map-nodes", default="16,128,1024,8192", show_default=True, metavar="LIST",
+              help="Job sizes of the map: N1,N2,...")
+@click.option("--map-mtbf-h", default="2000,10000,50000", show_default=True, metavar="LIST",
+              help="Node MTBFs of the map, hours: H1,H2,...")
 @click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON.")
 def advise_cmd(nodes: int | None, state_gb: float | None, mtbf_h: float | None,
                spares: int | None, comm_share: float | None, mpi_file: str | None,
                scenario: str | None, sets: tuple[str, ...], seeds: int | None,
-               days: float | None, as_json: bool) -> None:
+               days: float | None, map_dir: str | None, map_nodes: str, map_mtbf_h: str,
+               as_json: bool) -> None:
     """The best recovery strategy for a job on a cluster, with its settings, and every
     strategy's useful work at its own interval."""
     from raps_slurm.sim.advise import advise, messaging_cost
@@ -376,6 +386,9 @@ def advise_cmd(nodes: int | None, state_gb: float | None, mtbf_h: float | None,
     cost = ""
     if mpi_file is not None and comm_share is not None:
         s, cost = messaging_cost(s, mpi_file, comm_share)
+    if map_dir is not None:
+        _advice_map(s, map_dir, map_nodes, map_mtbf_h, cost, as_json)
+        return
     with _progress("simulating", as_json) as update:
         out = advise(s, update)
     if cost:
@@ -396,6 +409,32 @@ def advise_cmd(nodes: int | None, state_gb: float | None, mtbf_h: float | None,
                    f"{extra}")
     tie = f" (within noise of {', '.join(out['within_noise'])})" if out["within_noise"] else ""
     click.echo(f"best: {out['best']}{tie}")
+
+
+def _advice_map(s: Scenario, out_dir: str, nodes: str, mtbf_h: str, cost: str,
+                quiet: bool) -> None:
+    from raps_slurm.sim import plots
+    from raps_slurm.sim.advise import advice_map
+
+    n_list = [int(v) for v in parse_values("--map-nodes", nodes)]
+    m_list = [float(v) for v in parse_values("--map-mtbf-h", mtbf_h)]
+    if any(n < 1 for n in n_list) or any(m <= 0 for m in m_list):
+        raise ScenarioError(["--map-nodes, --map-mtbf-h: expected positive numbers"])
+    with _progress("mapping", quiet) as update:
+        rows = advice_map(s, tuple(n_list), tuple(m_list), update)
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    with (d / "advise-map.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    (d / "advise-map.json").write_text(json.dumps(
+        {"scenario": s.name, "log_overhead": s.raps.log_overhead,
+         "log_overhead_from": cost, "rows": rows}))
+    png = plots.plot_advice_map(rows, d / "advise-map.png", title=(
+        f"Best strategy, {s.name}, raps.log_overhead {s.raps.log_overhead:g}"))
+    for p in (png, d / "advise-map.csv", d / "advise-map.json"):
+        click.echo(str(p))
 
 
 @simulate.command("calibrate")

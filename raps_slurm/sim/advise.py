@@ -14,7 +14,7 @@ from typing import Any
 from raps_slurm.errors import ScenarioError
 from raps_slurm.sim import calibrate
 from raps_slurm.sim.runner import run_report
-from raps_slurm.sim.scenario import Scenario, override
+from raps_slurm.sim.scenario import Scenario, override, parse_scenario, to_dict
 
 OBJECTIVE = "node_efficiency: useful node-hours / allocated node-hours (spares included)"
 
@@ -60,3 +60,48 @@ def advise(s: Scenario, progress: Callable[[int, int], None] | None = None
             "job_mtbf_s": rep["models"]["job_mtbf_s"], "seeds": rep["seeds"],
             "horizon_days": s.run.horizon_days, "strategies": rows,
             "warnings": rep["warnings"]}
+
+
+MAP_NODES = (16, 128, 1024, 8192)
+MAP_MTBF_H = (2_000.0, 10_000.0, 50_000.0)
+
+
+def scaled(s: Scenario, nodes: int, mtbf_h: float) -> Scenario:
+    """Scenario ``s`` for a job of ``nodes`` at node MTBF ``mtbf_h``: spares and idle
+    nodes in the same proportion to the job as in ``s`` (at least one each), racks of the
+    same size."""
+    pool = s.job.nodes + s.raps.spares + s.cluster.idle_nodes
+    per_rack = max(1, pool // max(1, s.cluster.racks))
+    spares = max(1, round(nodes * s.raps.spares / s.job.nodes))
+    idle = max(1, round(nodes * s.cluster.idle_nodes / s.job.nodes))
+    racks = max(1, (nodes + spares + idle) // per_rack)
+    if s.cluster.rack_sizes:
+        raise ScenarioError(["--map: the scenario gives a list of rack sizes; the map needs "
+                             "a rack count (cluster.racks) to scale the cluster"])
+    data = to_dict(s)
+    data["job"]["nodes"] = nodes
+    data["failures"]["mtbf_h"] = mtbf_h
+    data["raps"]["spares"] = spares
+    data["cluster"].update(idle_nodes=idle, racks=racks)
+    return parse_scenario(data, s.source or "scenario")
+
+
+def advice_map(s: Scenario, nodes: tuple[int, ...] = MAP_NODES,
+               mtbf_h: tuple[float, ...] = MAP_MTBF_H,
+               progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """One row per (nodes, node MTBF): the best strategy and each one's useful work per
+    allocated node and interval, every point on the scenario's seeds and horizon."""
+    rows: list[dict[str, Any]] = []
+    total = len(nodes) * len(mtbf_h)
+    for n in nodes:
+        for m in mtbf_h:
+            out = advise(scaled(s, n, m))
+            row: dict[str, Any] = {"nodes": n, "node_mtbf_h": m, "best": out["best"],
+                                   "within_noise": ",".join(out["within_noise"])}
+            for name, r in out["strategies"].items():
+                row[f"{name}_node_efficiency"] = r["node_efficiency"]
+                row[f"{name}_interval_s"] = r["interval_s"]
+            rows.append(row)
+            if progress is not None:
+                progress(len(rows), total)
+    return rows

@@ -170,3 +170,33 @@ def plot_storage_vs_replicas(
     ax.legend([bars, line], ["checkpoint storage (TB)", "useful work (%)"], loc="upper left",
               fontsize="small")
     return _save(fig, path)
+
+
+def plot_advice_map(rows: Sequence[Mapping[str, Any]], path: str | Path, *,
+                    title: str = "") -> Path:
+    """Where each strategy wins: job nodes across, node MTBF up, each cell coloured by
+    the best strategy and labelled with it and its useful work per allocated node."""
+    from matplotlib.colors import ListedColormap
+
+    nodes = sorted({int(r["nodes"]) for r in rows})
+    mtbfs = sorted({float(r["node_mtbf_h"]) for r in rows})
+    names = _ordered(sorted({str(r["best"]) for r in rows}))
+    colours = _colours(names)
+    grid = [[0.0] * len(nodes) for _ in mtbfs]
+    fig, ax = _new_figure()
+    for r in rows:
+        i, j = mtbfs.index(float(r["node_mtbf_h"])), nodes.index(int(r["nodes"]))
+        grid[i][j] = names.index(str(r["best"]))
+        best = str(r["best"])
+        eff = float(r[f"{best}_node_efficiency"])
+        tie = "*" if r.get("within_noise") else ""
+        ax.text(j, i, f"{best}{tie}\n{eff * 100:.0f} %", ha="center", va="center",
+                fontsize=8, color="white")
+    ax.imshow(grid, cmap=ListedColormap([colours[n] for n in names]), origin="lower",
+              aspect="auto", vmin=-0.5, vmax=len(names) - 0.5)
+    ax.set_xticks(range(len(nodes)), [f"{n:,}" for n in nodes])
+    ax.set_yticks(range(len(mtbfs)), [f"{m:g}" for m in mtbfs])
+    ax.set_xlabel("job nodes")
+    ax.set_ylabel("node MTBF (h)")
+    ax.set_title(title or "Best strategy (useful work per allocated node; * within noise)")
+    return _save(fig, path)

@@ -179,3 +179,21 @@ def test_advise_takes_the_messaging_cost_from_bench_mpi(tmp_path: Path) -> None:
     bad.write_text((root / "examples" / "calibration" / "detect.json").read_text())
     with pytest.raises(ScenarioError, match="expected the output of rapsctl bench mpi"):
         messaging_cost(s, str(bad), 0.25)
+
+
+def test_the_map_scales_the_cluster_and_draws_the_winners(tmp_path: Path) -> None:
+    from raps_slurm.sim.advise import advice_map, scaled
+    from raps_slurm.sim.plots import plot_advice_map
+
+    s = parse_scenario({**SMALL, "run": {"seeds": 1, "horizon_days": 10}}, "t")
+    big = scaled(s, 64, 1000.0)
+    assert (big.job.nodes, big.raps.spares, big.cluster.idle_nodes) == (64, 8, 8)
+    assert big.failures.mtbf_h == 1000.0 and big.cluster.racks == 16  # 5 nodes per rack
+    rows = advice_map(s, (16, 64), (500.0, 5000.0))
+    assert [(r["nodes"], r["node_mtbf_h"]) for r in rows] == [
+        (16, 500.0), (16, 5000.0), (64, 500.0), (64, 5000.0)]
+    for r in rows:
+        eff = {n: r[f"{n}_node_efficiency"] for n in ("raps", "global", "scr")}
+        assert r["best"] == max(eff, key=lambda n: eff[n])
+    png = plot_advice_map(rows, tmp_path / "m.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
