@@ -51,11 +51,11 @@ static void bprintf(struct buf *b, const char *fmt, ...) {
   }
 }
 
-/* Open addressing over the previous generation's digests (which chunks to reference). */
+/* Open addressing over chunk names: slots hold an index + 1 into a chunk array given at
+ * each call (the array of this save moves as it grows). */
 struct dset {
-  size_t *slot; /* index + 1 into chunks; 0 empty */
-  size_t mask;
-  const struct raps_chunk *chunks;
+  size_t *slot; /* 0: empty */
+  size_t mask, used;
 };
 
 static uint64_t key64(const uint8_t *d) {
@@ -64,24 +64,35 @@ static uint64_t key64(const uint8_t *d) {
   return k;
 }
 
-static int dset_init(struct dset *s, const struct raps_chunk *chunks, size_t n) {
-  size_t cap = 16;
-  while (cap < 2 * n + 2) cap <<= 1;
-  s->slot = calloc(cap, sizeof(size_t));
-  s->mask = cap - 1;
-  s->chunks = chunks;
-  if (!s->slot) return -1;
-  for (size_t i = 0; i < n; i++) {
-    size_t h = key64(chunks[i].digest) & s->mask;
-    while (s->slot[h]) h = (h + 1) & s->mask;
-    s->slot[h] = i + 1;
-  }
+static int dset_has(const struct dset *s, const struct raps_chunk *chunks, const uint8_t *d) {
+  if (!s->slot) return 0;
+  for (size_t h = key64(d) & s->mask; s->slot[h]; h = (h + 1) & s->mask)
+    if (memcmp(chunks[s->slot[h] - 1].digest, d, RAPS_DIGEST) == 0) return 1;
   return 0;
 }
 
-static int dset_has(const struct dset *s, const uint8_t *d) {
-  for (size_t h = key64(d) & s->mask; s->slot[h]; h = (h + 1) & s->mask)
-    if (memcmp(s->chunks[s->slot[h] - 1].digest, d, RAPS_DIGEST) == 0) return 1;
+/* Add chunks[i] (kept at most half full); -1 when out of memory. */
+static int dset_add(struct dset *s, const struct raps_chunk *chunks, size_t i) {
+  if (2 * (s->used + 1) > (s->slot ? s->mask + 1 : 0)) {
+    size_t cap = s->slot ? 2 * (s->mask + 1) : 1024, *old = s->slot, oldcap = s->mask + 1;
+    s->slot = calloc(cap, sizeof(size_t));
+    if (!s->slot) {
+      s->slot = old;
+      return -1;
+    }
+    s->mask = cap - 1;
+    for (size_t k = 0; old && k < oldcap; k++)
+      if (old[k]) {
+        size_t h = key64(chunks[old[k] - 1].digest) & s->mask;
+        while (s->slot[h]) h = (h + 1) & s->mask;
+        s->slot[h] = old[k];
+      }
+    free(old);
+  }
+  size_t h = key64(chunks[i].digest) & s->mask;
+  while (s->slot[h]) h = (h + 1) & s->mask;
+  s->slot[h] = i + 1;
+  s->used++;
   return 0;
 }
 
@@ -110,43 +121,86 @@ struct save {
   size_t n, cap;
   int pack;
   size_t pack_size;
+  struct prev_item items[MAX_REGIONS]; /* this save's regions, for the next pre-pass */
+  int nitems;
 };
 
-/* Cut, name and (if new) pack the bytes of one item; its chunk count in *count. */
-static int save_item(struct save *sv, const uint8_t *data, size_t n, size_t elem,
-                     size_t *count) {
-  *count = 0;
+/* Name one chunk of len bytes at data and pack it unless the agent holds it. */
+static int save_chunk(struct save *sv, const uint8_t *data, size_t len, size_t elem,
+                      const uint8_t *digest) {
+  if (sv->n == sv->cap) {
+    size_t cap = sv->cap ? 2 * sv->cap : 1024;
+    struct raps_chunk *c = realloc(sv->chunks, cap * sizeof *c);
+    if (!c) return raps__fail(RAPS_ERR_SYSTEM, "out of memory (chunk list)");
+    sv->chunks = c, sv->cap = cap;
+  }
+  struct raps_chunk *c = &sv->chunks[sv->n];
+  c->size = (uint32_t)len;
+  if (digest) memcpy(c->digest, digest, RAPS_DIGEST);
+  else raps__digest(&sv->p, data, len, c->digest);
+  /* held by the agent (the base), or already sent in this save */
+  int known = digest || dset_has(&sv->known, S.prev, c->digest) ||
+              dset_has(&sv->sent, sv->chunks, c->digest);
+  if (!known) {
+    if (dset_add(&sv->sent, sv->chunks, sv->n) != 0)
+      return raps__fail(RAPS_ERR_SYSTEM, "out of memory (chunk names)");
+    if (sv->pack < 0) {
+      sv->pack = raps__memfd("raps-pack", 1, &sv->pack_size);
+      if (sv->pack < 0) return -sv->pack;
+    }
+    int rc = raps__pack_add(sv->pack, &sv->pack_size, &sv->p, c, data, elem);
+    if (rc == RAPS_OK && sv->pack_size >= PACK_BYTES) {
+      rc = put_pack(sv->sid, sv->pack);
+      sv->pack = -1;
+    }
+    if (rc != RAPS_OK) return rc;
+  }
+  sv->n++;
+  return RAPS_OK;
+}
+
+/* Cut data[0..n) anew and save its chunks. */
+static int save_cut(struct save *sv, const uint8_t *data, size_t n, size_t elem) {
   for (size_t off = 0; off < n;) {
     size_t len = raps__cut(data + off, n - off, sv->p.avg_chunk_kb);
-    if (sv->n == sv->cap) {
-      size_t cap = sv->cap ? 2 * sv->cap : 1024;
-      struct raps_chunk *c = realloc(sv->chunks, cap * sizeof *c);
-      if (!c) return raps__fail(RAPS_ERR_SYSTEM, "out of memory (chunk list)");
-      sv->chunks = c, sv->cap = cap;
-    }
-    struct raps_chunk *c = &sv->chunks[sv->n];
-    c->size = (uint32_t)len;
-    raps__digest(&sv->p, data + off, len, c->digest);
-    int known = (sv->known.slot && dset_has(&sv->known, c->digest));
-    for (size_t i = 0; !known && i < sv->n; i++) /* the same chunk twice in one save */
-      known = memcmp(sv->chunks[i].digest, c->digest, RAPS_DIGEST) == 0 &&
-              sv->chunks[i].size == c->size;
-    if (!known) {
-      if (sv->pack < 0) {
-        sv->pack = raps__memfd("raps-pack", 1, &sv->pack_size);
-        if (sv->pack < 0) return -sv->pack;
-      }
-      int rc = raps__pack_add(sv->pack, &sv->pack_size, &sv->p, c, data + off, elem);
-      if (rc == RAPS_OK && sv->pack_size >= PACK_BYTES) {
-        rc = put_pack(sv->sid, sv->pack);
-        sv->pack = -1;
-      }
-      if (rc != RAPS_OK) return rc;
-    }
-    sv->n++, (*count)++;
+    int rc = save_chunk(sv, data + off, len, elem, NULL);
+    if (rc != RAPS_OK) return rc;
     off += len;
   }
   return RAPS_OK;
+}
+
+/* Save one item; its chunk count in *count. With the previous generation's chunks of the
+ * same region (same size, base held by the agent), each old chunk whose bytes still have
+ * its name is referenced as it is; only the runs that changed are cut again. */
+static int save_item(struct save *sv, int id, const uint8_t *data, size_t n, size_t elem,
+                     size_t *count) {
+  size_t start = sv->n;
+  const struct prev_item *old = NULL;
+  for (int i = 0; sv->known.slot && id >= 0 && i < S.nprev_items; i++)
+    if (S.prev_items[i].id == id && S.prev_items[i].nbytes == n) old = &S.prev_items[i];
+  int rc = RAPS_OK;
+  if (!old) {
+    rc = save_cut(sv, data, n, elem);
+  } else {
+    size_t off = 0, run = 0; /* run: start of the changed bytes not yet saved */
+    for (size_t k = 0; rc == RAPS_OK && k < old->count; k++) {
+      const struct raps_chunk *c = &S.prev[old->first + k];
+      uint8_t d[RAPS_DIGEST];
+      raps__digest(&sv->p, data + off, c->size, d);
+      if (memcmp(d, c->digest, RAPS_DIGEST) == 0) {
+        rc = save_cut(sv, data + run, off - run, elem);
+        if (rc == RAPS_OK) rc = save_chunk(sv, data + off, c->size, elem, d);
+        run = off + c->size;
+      }
+      off += c->size;
+    }
+    if (rc == RAPS_OK) rc = save_cut(sv, data + run, n - run, elem);
+  }
+  *count = sv->n - start;
+  if (rc == RAPS_OK && id >= 0 && sv->nitems < MAX_REGIONS)
+    sv->items[sv->nitems++] = (struct prev_item){id, n, start, *count};
+  return rc;
 }
 
 static void item_json(struct buf *b, const char *name, size_t nbytes, size_t chunks, int first) {
@@ -180,8 +234,9 @@ static int do_save(struct save *sv, long version) {
   if (!good || avg < 1 || avg > 4096 || (strcmp(digest, "blake3") && strcmp(digest, "sha256")))
     return raps__fail(RAPS_ERR_PROTOCOL, "malformed ckpt_begin reply");
   sv->p = (struct raps_params){(int)avg, strcmp(digest, "sha256") == 0, (int)level, shuffle};
-  if (base_ok && S.prev && dset_init(&sv->known, S.prev, S.nprev) != 0)
-    return raps__fail(RAPS_ERR_SYSTEM, "out of memory (previous chunks)");
+  for (size_t i = 0; base_ok && i < S.nprev; i++)
+    if (dset_add(&sv->known, S.prev, i) != 0)
+      return raps__fail(RAPS_ERR_SYSTEM, "out of memory (previous chunks)");
 
   size_t hsize = 24 + 16 * (size_t)S.nregions, total = 0, count = 0;
   uint8_t *head = calloc(1, hsize);
@@ -197,13 +252,13 @@ static int do_save(struct save *sv, long version) {
   }
   struct buf items = {0};
   bprintf(&items, "[");
-  rc = save_item(sv, head, hsize, 1, &count);
+  rc = save_item(sv, -1, head, hsize, 1, &count);
   free(head);
   item_json(&items, "raps.c", hsize, count, 1);
   total += hsize;
   for (int i = 0; rc == RAPS_OK && i < S.nregions; i++) {
     struct region *g = &S.regions[i];
-    rc = save_item(sv, g->ptr, g->nbytes, g->elem, &count);
+    rc = save_item(sv, g->id, g->ptr, g->nbytes, g->elem, &count);
     char name[24];
     snprintf(name, sizeof name, "r%d", g->id);
     item_json(&items, name, g->nbytes, count, 0);
@@ -261,6 +316,8 @@ static int do_save(struct save *sv, long version) {
       if (rc == RAPS_OK) {
         free(S.prev);
         S.prev = sv->chunks, S.nprev = sv->n, S.prev_gen = gen;
+        memcpy(S.prev_items, sv->items, sizeof(struct prev_item) * (size_t)sv->nitems);
+        S.nprev_items = sv->nitems;
         sv->chunks = NULL;
       }
     }
@@ -290,6 +347,7 @@ int raps_checkpoint(long version) {
     raps__set_kind(kind);
   }
   free(sv.known.slot);
+  free(sv.sent.slot);
   free(sv.chunks);
   if (rc != RAPS_OK) return rc;
   S.last_ckpt = raps__mono();
@@ -329,6 +387,7 @@ static void take_chunks(int fd) {
   munmap(text, (size_t)size);
   free(S.prev);
   S.prev = chunks, S.nprev = n;
+  S.nprev_items = 0; /* where each region's chunks are is not parsed: no pre-pass */
 }
 
 /* Fetch the newest generation into S.cached (RAPS_ERR_NO_CHECKPOINT if none). */

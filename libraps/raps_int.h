@@ -98,6 +98,9 @@ struct raps_state {
   struct raps_chunk *prev; /* the last generation's chunks: the base of the next save */
   size_t nprev;
   long long prev_gen;
+  /* where each region's chunks were in prev (id, size, first chunk, count): the pre-pass */
+  struct prev_item { int id; size_t nbytes, first, count; } prev_items[MAX_REGIONS];
+  int nprev_items;
   uint8_t *cached; /* a generation restart_test fetched, for raps_restore */
   size_t cached_size;
   long cached_version;
