@@ -37,7 +37,7 @@ WRITERS: dict[str, set[str]] = {
     "jobs_prefix": HOOKS_W, "job": HOOKS_W, "job_prefix": HOOKS_W, "job_map": HOOKS_W,
     "job_groups_prefix": HOOKS_W, "job_ranks_prefix": HOOKS_W, "job_rank": HOOKS_W,
     "job_group": HOOKS_W, "job_escalation": HOOKS_W,
-    "job_hung_verdict": HOOKS_W,
+    "job_hung_verdict": HOOKS_W, "job_paused": HOOKS_W,
     # checkpoint records: every agent (a holder updates another node's record)
     "reports_prefix": NOBODY, "job_reports_root": BOTH, "job_reports_prefix": BOTH,
     "job_ckpts_prefix": BOTH, "ckpt_prefix": BOTH, "ckpt": BOTH,
