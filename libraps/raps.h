@@ -22,7 +22,7 @@ enum raps_code {
   RAPS_ERR_NO_AGENT = 3,      /* the agent's socket cannot be reached */
   RAPS_ERR_REFUSED = 4,       /* the agent refused (raps_last_kind() has its kind) */
   RAPS_ERR_PERMISSION = 5,    /* another user's job or rank */
-  RAPS_ERR_WRONG_JOB = 6,     /* job or rank unknown, or this copy's epoch superseded */
+  RAPS_ERR_WRONG_JOB = 6,     /* job, node or rank not this one's, or its epoch superseded */
   RAPS_ERR_QUOTA = 7,         /* over the job's disk, write or size quota */
   RAPS_ERR_NO_CHECKPOINT = 8, /* no generation committed yet */
   RAPS_ERR_LOST = 9,          /* generations exist but none could be restored whole */

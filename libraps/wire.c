@@ -135,6 +135,7 @@ int raps__kind_code(const char *kind) {
   static const struct { const char *kind; int code; } map[] = {
       {"permission", RAPS_ERR_PERMISSION}, {"not_registered", RAPS_ERR_WRONG_JOB},
       {"epoch", RAPS_ERR_WRONG_JOB},       {"unknown_job", RAPS_ERR_WRONG_JOB},
+      {"node", RAPS_ERR_WRONG_JOB},
       {"quota", RAPS_ERR_QUOTA},           {"size", RAPS_ERR_QUOTA},
       {"lost", RAPS_ERR_LOST},
   };
