@@ -97,7 +97,7 @@ def check_openmpi(python: str = SYSTEM_PYTHON) -> str:
 
 
 def launch(who: str, argv: list[str], measure: str, iterations: int, warmup: int,
-           config: str | None = None) -> dict[str, Any]:
+           config: str | None = None, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """One run of the program (``config``: RAPS's config file, else the defaults); its
     rank 0 result (BenchError if the run fails)."""
     env = {k: v for k, v in os.environ.items()
@@ -105,7 +105,7 @@ def launch(who: str, argv: list[str], measure: str, iterations: int, warmup: int
     if config is not None:
         env["RAPS_CONFIG"] = config
     cmd = [*argv, measure, "--iterations", str(iterations), "--warmup", str(warmup),
-           "--repeats", "1", "--latency-factor", str(LATENCY_FACTOR)]
+           "--repeats", "1", "--latency-factor", str(LATENCY_FACTOR), *extra]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT,
                            check=False)

@@ -57,12 +57,12 @@ def _round_trip(comm: Any, buf: Any) -> Callable[[], None]:
     return ping if rank == 0 else pong if rank == 1 else lambda: None
 
 
-def pingpong(comm: Any, iterations: int, warmup: int, repeats: int, latency_factor: int
-             ) -> dict[str, Any]:
-    """Round trips between ranks 0 and 1 (other ranks only join the barriers); the 8-byte
-    one ``latency_factor`` times as many."""
+def pingpong(comm: Any, iterations: int, warmup: int, repeats: int, latency_factor: int,
+             sizes: tuple[int, ...] = PINGPONG_BYTES) -> dict[str, Any]:
+    """Round trips between ranks 0 and 1 (other ranks only join the barriers) for each of
+    ``sizes`` (multiples of 8 bytes); those below 64 KiB ``latency_factor`` times as many."""
     result: dict[str, Any] = {}
-    for nbytes in PINGPONG_BYTES:
+    for nbytes in sizes:
         buf = np.arange(nbytes // 8, dtype=np.float64)
         n = iterations * latency_factor if nbytes < SMALL else iterations
         secs = _blocks(comm, _round_trip(comm, buf), n, warmup, repeats)
@@ -96,10 +96,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--latency-factor", type=int, default=100)
+    p.add_argument("--sizes", default=",".join(map(str, PINGPONG_BYTES)),
+                   help="ping-pong sizes in bytes, comma-separated multiples of 8")
     a = p.parse_args(argv)
     comm = MPI.COMM_WORLD
     if a.measure == "pingpong":
-        result = pingpong(comm, a.iterations, a.warmup, a.repeats, a.latency_factor)
+        sizes = tuple(int(x) for x in a.sizes.split(","))
+        result = pingpong(comm, a.iterations, a.warmup, a.repeats, a.latency_factor, sizes)
     else:
         result = allreduce(comm, a.iterations, a.warmup, a.repeats)
     if comm.Get_rank() == 0:

@@ -5,8 +5,8 @@ only parses options and prints. ``detect``, ``loss``, ``recovery``, ``efficiency
 and ``launch`` bring up their own private 6-node cluster (scripts/cluster.sh wiring, ports
 from ``--port``, run dir in /tmp) and take it down at the end; ``heartbeats`` and ``churn``
 start a throw-away etcd; ``checkpoint``, ``messaging`` and ``simulate`` run on this
-machine alone; ``mpi`` runs the same mpi4py program under RAPS and under Open MPI
-here. docs/benchmarks.md says what each one measures and what it found.
+machine alone; ``mpi`` and ``osu`` run the same mpi4py program under RAPS and under
+Open MPI here. docs/benchmarks.md says what each one measures and what it found.
 """
 
 from __future__ import annotations
@@ -19,7 +19,17 @@ from typing import Any, TypeVar
 import click
 
 from raps_slurm import config as cfgmod
-from raps_slurm.bench import checkpoint, churn, detect, heartbeats, loss, messaging, mpi, recovery
+from raps_slurm.bench import (
+    checkpoint,
+    churn,
+    detect,
+    heartbeats,
+    loss,
+    messaging,
+    mpi,
+    osu,
+    recovery,
+)
 from raps_slurm.bench.faults import run_faults
 from raps_slurm.bench.launch import run_launch
 from raps_slurm.bench.simulate import run_simulate
@@ -173,6 +183,24 @@ def bench_mpi(iterations: int, warmup: int, repeats: int, as_json: bool) -> None
             print(line, file=sys.stderr, flush=True)
 
     _echo(mpi.run_mpi(iterations, repeats, warmup, say))
+
+
+@bench.command("osu")
+@click.option("--iterations", default=8, show_default=True, type=click.IntRange(1, 1000),
+              help="Timed round trips per size (below 64 KiB: 100 times as many).")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 100),
+              help="Untimed round trips before them.")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 50),
+              help="Launches of each of the four runs; the median counts.")
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_osu(iterations: int, warmup: int, repeats: int, as_json: bool) -> None:
+    """Latency and bandwidth from 8 B to 4 MiB, RAPS beside Open MPI: over TCP, and on
+    each one's default path between ranks of one host."""
+    def say(line: str) -> None:
+        if not as_json:
+            print(line, file=sys.stderr, flush=True)
+
+    _echo(osu.run_osu(iterations, repeats, warmup, say=say))
 
 
 @bench.command("recovery")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from raps_slurm.bench import mpi
+from raps_slurm.bench import mpi, osu
 
 KEYS = ["lat_8B_raps_us", "lat_8B_openmpi_us", "lat_8B_ratio", "bw_1MiB_raps_MBps",
         "bw_1MiB_openmpi_MBps", "bw_1MiB_ratio", "bw_8MiB_raps_MBps", "bw_8MiB_openmpi_MBps",
@@ -139,3 +139,25 @@ def test_without_mpirun_one_line_and_exit_1() -> None:
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.strip().splitlines() == [
         "rapsctl: mpirun not found: install Open MPI (Debian: openmpi-bin)"], p.stderr
+
+
+def test_osu_rows_per_size_and_pair() -> None:
+    launch = {"8": {"round_trips": 100, "seconds": [0.002]},  # 10 us half round trip
+              "4096": {"round_trips": 10, "seconds": [0.004]}}  # 200 us
+    assert osu.half_trips(launch) == {8: 10.0, 4096: 200.0}
+    fast = {8: 2.0, 4096: 20.0}
+    runs = {"raps_tcp": [osu.half_trips(launch)] * 3, "openmpi_tcp": [fast] * 3,
+            "raps_host": [{8: 4.0, 4096: 40.0}], "openmpi_host": [fast]}
+    out = osu.table(runs, (8, 4096))
+    assert out["tcp"][1] == {"bytes": 4096, "raps_lat_us": 200.0, "openmpi_lat_us": 20.0,
+                             "lat_ratio": 10.0, "raps_MBps": 40.96,
+                             "openmpi_MBps": 409.6, "bw_ratio": 0.1}
+    assert [r["lat_ratio"] for r in out["host"]] == [2.0, 2.0]
+
+
+def test_a_tiny_osu_run_measures_every_size_four_ways() -> None:
+    out = osu.run_osu(iterations=1, repeats=1, warmup=0, sizes=(8, 1 << 20))
+    assert out["benchmark"] == "osu"
+    for pair in ("tcp", "host"):
+        assert [r["bytes"] for r in out[pair]] == [8, 1 << 20]
+        assert all(r["raps_lat_us"] > 0 and r["openmpi_lat_us"] > 0 for r in out[pair])
