@@ -220,7 +220,9 @@ EOF
 
 # The config a RAPS process of WHO (agent, coordinator, hooks) reads.
 raps_conf() {
-  if [ "$ETCD_AUTH" = 1 ] || [ "$1" = agent ]; then echo "$RUN/etc/raps-$1.yaml"; else echo "$RUN/etc/raps.yaml"; fi
+  # its own when `up` wrote one (etcd with authentication; the agents always), so later
+  # commands follow the mode the cluster came up in
+  if [ -f "$RUN/etc/raps-$1.yaml" ]; then echo "$RUN/etc/raps-$1.yaml"; else echo "$RUN/etc/raps.yaml"; fi
 }
 
 # The agents' config names a cluster key that does not exist: they run on their node key
@@ -291,6 +293,7 @@ write_raps_conf() {
   chmod 0644 "$RUN/etc/raps.yaml"
   cp "$RUN/etc/raps.yaml" "$RUN/etc/raps-agent.yaml"
   no_cluster_key "$RUN/etc/raps-agent.yaml"
+  rm -f "$RUN/etc/raps-coordinator.yaml" "$RUN/etc/raps-hooks.yaml"
   if [ "$ETCD_AUTH" = 1 ]; then write_auth_confs; fi
   if id slurm >/dev/null 2>&1 && ! runuser -u slurm -- "$RAPS_PYTHON" -c 'import raps_slurm.hooks.run' 2>/dev/null; then
     die "SlurmUser 'slurm' cannot run $RAPS_PYTHON with raps_slurm (PrologSlurmctld would fail every job): set RAPS_PYTHON, e.g. to the venv scripts/test.sh creates"

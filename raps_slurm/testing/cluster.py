@@ -284,10 +284,12 @@ class CoordinatorProcess:
 @contextmanager
 def cluster_for_tests(prefix: str, etcd_members: int = 1, net: str | None = None,
                       port_offset: int = 0, nodes: int = 6, racks: int = 3,
-                      store_timeout: float | None = None) -> Iterator[LocalCluster]:
+                      store_timeout: float | None = None,
+                      etcd_auth: bool = True) -> Iterator[LocalCluster]:
     """A cluster up in a fresh run dir for the test session (ports from
     ``RAPS_CLUSTER_PORT``, default 17000, plus ``port_offset``; network ``net``, else
-    ``RAPS_CLUSTER_NET``, default loopback); always down and removed afterwards."""
+    ``RAPS_CLUSTER_NET``, default loopback; etcd with authentication unless
+    ``etcd_auth`` is off); always down and removed afterwards."""
     # Not pytest's tmp_path: its parents are mode 0700 and slurmctld runs as SlurmUser.
     run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     c = LocalCluster(run_dir, nodes=nodes, racks=racks,
@@ -296,7 +298,7 @@ def cluster_for_tests(prefix: str, etcd_members: int = 1, net: str | None = None
                      net=net or os.environ.get("RAPS_CLUSTER_NET", "lo"),
                      store_timeout=store_timeout)
     try:
-        c.up()
+        c.up(extra_env=None if etcd_auth else {"RAPS_CLUSTER_ETCD_AUTH": "0"})
         yield c
     finally:
         try:
