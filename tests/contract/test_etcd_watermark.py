@@ -44,12 +44,16 @@ def small_etcd() -> Iterator[EtcdServer]:
         server.stop()
 
 
-def _status(config: Path) -> dict[str, object]:
+def _show_status(config: Path, *args: str) -> str:
     r = subprocess.run([sys.executable, "-m", "raps_slurm.cli", "--config", str(config),
-                        "show", "status", "--json"], capture_output=True, text=True,
+                        "show", "status", *args], capture_output=True, text=True,
                        cwd=ROOT, timeout=60, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
-    out: dict[str, object] = json.loads(r.stdout)
+    return r.stdout
+
+
+def _status(config: Path) -> dict[str, object]:
+    out: dict[str, object] = json.loads(_show_status(config, "--json"))
     return out
 
 
@@ -129,6 +133,7 @@ def test_the_heaviest_writer_is_paused_before_nospace(small_etcd: EtcdServer,
         assert status["alarms"] == []
         [paused] = status["reports_paused"]  # type: ignore[misc]
         assert paused["job"] == "6" and paused["user"] == "mallory"
+        assert "reports of job 6 (user mallory) paused since" in _show_status(config)
         # The flood's keys go and the history is compacted: below the resume share the
         # leader lifts the pause and the job writes again. (etcd counts the compacted
         # pages free at its next writes: the victim's small reports go on meanwhile.)
