@@ -144,13 +144,19 @@ def test_compute_needs_the_controllers_key_and_writes_nothing_without_it(
     assert tree(root) == t
 
 
-def test_login_gets_plugin_config_and_rapsctl_only(tmp_path: Path) -> None:
+def test_login_gets_plugin_config_rapsctl_and_libraps_only(tmp_path: Path) -> None:
     out = install(tmp_path, "--role", "login", "--enable")
     assert out.returncode == 0, out.stderr
     assert "install.sh: --enable: the login role has no service" in out.stdout
     files = {p for p, v in tree(tmp_path).items() if v[0] != "dir"}
+    # libraps: programs are built on login nodes (scripts/test.sh installs gfortran)
+    libraps = {"usr/local/include/raps.h", "usr/local/include/raps.mod",
+               "usr/local/lib/libraps.so", "usr/local/lib/libraps.so.0",
+               "usr/local/lib/libraps_f.so", "usr/local/lib/libraps_f.so.0",
+               "usr/local/lib/pkgconfig/raps.pc"}
     assert files == {"etc/raps/raps.yaml", f"{LIB}/raps_spank.so", "etc/slurm/plugstack.conf",
-                     "etc/slurm/plugstack.conf.d/raps.conf", "usr/local/bin/rapsctl"}
+                     "etc/slurm/plugstack.conf.d/raps.conf", "usr/local/bin/rapsctl",
+                     *libraps}
 
 
 def test_config_prefix_and_sysconfdir_shape_every_path(tmp_path: Path) -> None:
