@@ -3,7 +3,7 @@ socket takes the C test rank's packs (raps_slurm.checkpoint.pack.iter_records, e
 decoded and checked against its blake3 name) and manifests (Manifest.from_json, which
 checks the whole digest), and serves them back for the restore. Refusals, a missing
 agent and a bad environment come back as their error codes. The agent itself is tested
-with libraps in tests/integration/test_libraps.py."""
+with libraps in tests/integration/test_libraps_agent.py."""
 
 from __future__ import annotations
 
