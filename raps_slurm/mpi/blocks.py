@@ -28,7 +28,7 @@ from raps_slurm.mpi.tree import (
     in_place,
     view,
 )
-from raps_slurm.mpi.types import OPS, Op, copy_array
+from raps_slurm.mpi.types import OPS, Op, copy_array, reducible
 
 SUM = OPS["SUM"]
 
@@ -174,7 +174,9 @@ class BlockCollectives(TreeComm):
     # --- prefix reductions and reduce-scatter ------------------------------------------
 
     def _operands(self, sendbuf: Any, rb: Buffer, call: str) -> np.ndarray[Any, Any]:
-        mine = copy_array(rb.array if in_place(sendbuf) else as_buffer(sendbuf, call).array)
+        src = rb if in_place(sendbuf) else as_buffer(sendbuf, call)
+        reducible(src.datatype, call)
+        mine = copy_array(src.array)
         if mine.size != rb.array.size:
             raise ValueError(f"{call}: send count {mine.size} and receive count "
                              f"{rb.array.size} differ")
@@ -244,6 +246,7 @@ class BlockCollectives(TreeComm):
     def _reduce_scatter(self, src: Buffer, rb: Buffer, counts: list[int], op: Op, call: str
                         ) -> None:
         me, n = self.Get_rank(), self.Get_size()
+        reducible(src.datatype, call)
         got = self._run(self._array_steps(copy_array(src.array), op, 0, T_REDUCE))
         per = rb.datatype.offsets.size  # base elements per element
         if me == 0:

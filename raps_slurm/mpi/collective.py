@@ -35,7 +35,7 @@ from raps_slurm.mpi.tree import (
     in_place,
     view,
 )
-from raps_slurm.mpi.types import OPS, Op, copy_array
+from raps_slurm.mpi.types import OPS, Op, copy_array, reducible
 
 SUM = OPS["SUM"]
 
@@ -132,9 +132,12 @@ class Intracomm(BlockCollectives, NonBlocking):
         me, _ = self._enter(call, max(root, 0))
         rb = as_buffer(recvbuf, call, readonly=False) if me == root or root < 0 else None
         if in_place(sendbuf) and rb is not None:
+            reducible(rb.datatype, call)
             mine = copy_array(rb.array)
         else:
-            mine = copy_array(as_buffer(sendbuf, call).array)
+            sb = as_buffer(sendbuf, call)
+            reducible(sb.datatype, call)
+            mine = copy_array(sb.array)
             if rb is not None and rb.count != (mine.size // max(rb.datatype.offsets.size, 1)):
                 raise ValueError(f"{call}: send count {mine.size} and receive count "
                                  f"{rb.count} differ")
@@ -152,6 +155,7 @@ class Intracomm(BlockCollectives, NonBlocking):
         me, n = self._enter("Allreduce")
         rb = as_buffer(recvbuf, "Allreduce", readonly=False)
         src = rb if in_place(sendbuf) else as_buffer(sendbuf, "Allreduce")
+        reducible(src.datatype, "Allreduce")
         if n & (n - 1) == 0 and src.array.size >= n > 1:
             if rb.datatype.contiguous and src.array.size == rb.array.size \
                     and src.array.dtype == rb.array.dtype and rb.array.dtype.fields is None:

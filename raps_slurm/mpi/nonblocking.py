@@ -23,7 +23,7 @@ from raps_slurm.mpi.buffers import Buffer, as_buffer
 from raps_slurm.mpi.engine import Recv
 from raps_slurm.mpi.requests import Request, Status
 from raps_slurm.mpi.tree import Schedule, TreeComm, in_place, view
-from raps_slurm.mpi.types import OPS, Op, copy_array
+from raps_slurm.mpi.types import OPS, Op, copy_array, reducible
 from raps_slurm.mpi.world import world
 
 SUM = OPS["SUM"]
@@ -113,9 +113,9 @@ class NonBlocking(TreeComm):
         return T_NONBLOCKING + n % (1 << 30)
 
     def _operand(self, sendbuf: Any, rb: Buffer | None, call: str) -> np.ndarray[Any, Any]:
-        if in_place(sendbuf) and rb is not None:
-            return copy_array(rb.array)
-        return copy_array(as_buffer(sendbuf, call).array)
+        src = rb if in_place(sendbuf) and rb is not None else as_buffer(sendbuf, call)
+        reducible(src.datatype, call)
+        return copy_array(src.array)
 
     def Ibarrier(self) -> Request:
         """A barrier that completes in Wait/Test."""

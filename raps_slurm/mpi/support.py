@@ -112,15 +112,17 @@ FAMILIES: tuple[Family, ...] = (
     Family("datatypes",
            _c("MPI.DOUBLE MPI.INT MPI.LONG MPI.BYTE MPI.DOUBLE_INT Datatype.Create_contiguous "
               "Datatype.Create_vector Datatype.Create_indexed Datatype.Create_hvector "
-              "Datatype.Create_hindexed Datatype.Create_subarray "
-              "Datatype.Create_resized Datatype.Commit Datatype.Free Datatype.Get_size "
+              "Datatype.Create_hindexed Datatype.Create_subarray Datatype.Create_resized "
+              "MPI.Datatype.Create_struct Datatype.Commit Datatype.Free Datatype.Get_size "
               "Datatype.Get_extent MPI.ORDER_FORTRAN"),
            ("examples/mpi4py/datatypes.py", "examples/mpi4py/buffers.py",
             "examples/mpi4py/vector.py", "examples/mpi_reduce.py"),
            note="every predefined contiguous type (CHAR, FLOAT, C_BOOL, the INT*_T/UINT*_T "
                 "family, complex types, ...) and mpi4py's typecodes ('d', 'i', 'B', ...); "
                 "derived types of one predefined type (byte strides and displacements: "
-                "whole elements of it); C or Fortran contiguous buffers"),
+                "whole elements of it); Create_struct of any types, in point-to-point and "
+                "in collectives that move data (no reduction); C or Fortran contiguous "
+                "buffers"),
 )
 
 

@@ -49,8 +49,8 @@ class Datatype(metaclass=Namespace):
     ``base`` type, with an extent in the same units."""
 
     def __init__(self, name: str, dtype: npt.DTypeLike, base: Datatype | None = None,
-                 offsets: Sequence[int] | None = None, extent: int = 1, lb: int = 0
-                 ) -> None:
+                 offsets: Sequence[int] | None = None, extent: int = 1, lb: int = 0,
+                 mixed: bool = False, align: int = 0) -> None:
         self.name = name
         self.dtype = np.dtype(dtype)
         self.base = base if base is not None else self
@@ -63,6 +63,10 @@ class Datatype(metaclass=Namespace):
         self.contiguous = self.units == k and lb == 0 and bool(
             (self.offsets == np.arange(k)).all())
         self.last = int(self.offsets.max(initial=-1))  # the highest offset of an element
+        # a Create_struct of several types: its base is BYTE, offsets in bytes, and no
+        # reduction applies to it (MPI's predefined operations take no struct type)
+        self.mixed = mixed
+        self.align = align or self.dtype.alignment
 
     @property
     def size(self) -> int:
@@ -118,7 +122,8 @@ class Datatype(metaclass=Namespace):
                  ) -> Datatype:
         if self.freed:
             raise ValueError(f"MPI.Datatype.{name.split('.')[-1]}: {self.name} was freed")
-        return Datatype(name, self.base.dtype, self.base, offsets, extent, lb)
+        return Datatype(name, self.base.dtype, self.base, offsets, extent, lb, self.mixed,
+                        self.align)
 
     def _expand(self, starts: Sequence[int]) -> list[int]:
         """This type's base offsets for one element at each of ``starts`` (base units)."""
@@ -197,6 +202,38 @@ class Datatype(metaclass=Namespace):
         return self._derived(f"subarray({self.name})",
                              self._expand([int(i) * self.units for i in np.sort(flat)]), whole)
 
+    @staticmethod
+    def Create_struct(blocklengths: Sequence[int], displacements: Sequence[int],
+                      datatypes: Sequence[Datatype]) -> Datatype:
+        """Blocks of ``blocklengths[i]`` elements of ``datatypes[i]`` at byte
+        ``displacements[i]``. Its data are bytes (base ``BYTE``); its extent is rounded up
+        to the largest alignment of its types, as Open MPI and MPICH do, so that it
+        matches a C struct (or a numpy ``align=True`` dtype) of those fields."""
+        if not len(blocklengths) == len(displacements) == len(datatypes):
+            raise ValueError(f"MPI.Datatype.Create_struct: {len(blocklengths)} block lengths, "
+                             f"{len(displacements)} displacements and {len(datatypes)} "
+                             "datatypes: expected as many of each")
+        _nonneg("Create_struct", blocklength=min(blocklengths, default=0))
+        offs: list[int] = []
+        lo, hi, align = 0, 0, 1
+        spans: list[tuple[int, int]] = []
+        for n, d, t in zip(blocklengths, displacements, datatypes, strict=True):
+            t = as_datatype(t, "MPI.Datatype.Create_struct", need_commit=False)
+            item = t.base.dtype.itemsize
+            byte = np.arange(item, dtype=np.int64)
+            for i in range(int(n)):
+                start = int(d) + i * t.extent
+                offs.extend((start + t.offsets[:, None] * item + byte[None, :]).reshape(-1)
+                            .tolist())
+            if n:
+                spans.append((int(d) + t.lb, int(d) + t.lb + int(n) * t.extent))
+                align = max(align, t.align)
+        if spans:
+            lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        extent = -(-(hi - lo) // align) * align
+        names = ",".join(t.name if isinstance(t, Datatype) else str(t) for t in datatypes)
+        return Datatype(f"struct({names})", BYTE.dtype, BYTE, offs, extent, lo, True, align)
+
     def Create_resized(self, lb: int, extent: int) -> Datatype:
         """The same data with lower bound ``lb`` and extent ``extent`` (bytes, whole
         base elements)."""
@@ -272,12 +309,12 @@ TYPECODES: dict[str, Datatype] = {c: TYPES[n] for c, n in {
 }.items()}
 
 
-def as_datatype(t: Any, what: str) -> Datatype:
+def as_datatype(t: Any, what: str, need_commit: bool = True) -> Datatype:
     """A Datatype, or the one a typecode string names (as mpi4py's ``TypeDict``)."""
     if isinstance(t, Datatype):
         if t.freed:
             raise ValueError(f"{what}: datatype {t.name} was freed")
-        if not t.committed:
+        if need_commit and not t.committed:
             raise ValueError(f"{what}: datatype {t.name} is not committed (call Commit())")
         return t
     key = t.lstrip("@=<") if isinstance(t, str) else t
@@ -296,6 +333,13 @@ def datatype_of(dtype: np.dtype[Any]) -> Datatype:
     """The datatype an array's dtype stands for (one of its own when none does)."""
     t = _BY_DTYPE.get(dtype)
     return t if t is not None else Datatype(f"<{dtype}>", dtype)
+
+
+def reducible(t: Datatype, call: str) -> None:
+    """Refuse a reduction on a struct of several types (MPI defines none)."""
+    if t.mixed:
+        raise ValueError(f"{call}: datatype {t.name} mixes several types: a reduction takes "
+                         "a predefined type or a derived type of one")
 
 
 def _loc(pick: Callable[[Any, Any], bool]) -> Callable[[Any, Any], Any]:

@@ -9,7 +9,7 @@ import pytest
 
 from raps_slurm.mpi import MPI
 from raps_slurm.mpi.buffers import as_buffer, as_vector
-from raps_slurm.mpi.types import TYPES
+from raps_slurm.mpi.types import TYPES, reducible
 
 
 def test_every_simple_form_names_the_same_elements_as_mpi4py() -> None:
@@ -93,3 +93,41 @@ def test_byte_strided_types_and_fortran_buffers() -> None:
         MPI.INT.Create_hvector(2, 1, 6)
     with pytest.raises(TypeError, match="not contiguous"):
         as_buffer(m[:2, :])
+
+
+def test_a_struct_type_is_a_c_structs_layout_and_moves_its_fields_bytes() -> None:
+    for fields in ([("c", "i1"), ("d", "f8", 3), ("i", "i4")], [("s", "i2"), ("c", "i1")],
+                   [("i", "i4"), ("l", "i8"), ("f", "f4")]):
+        dt = np.dtype(fields, align=True)
+        types = {"i1": MPI.CHAR, "i2": MPI.SHORT, "i4": MPI.INT, "i8": MPI.LONG,
+                 "f4": MPI.FLOAT, "f8": MPI.DOUBLE}
+        t = MPI.Datatype.Create_struct(
+            [int(np.prod(dt[f].shape)) or 1 for f in dt.names],
+            [dt.fields[f][1] for f in dt.names],
+            [types[dt[f].base.str.lstrip("<|")] for f in dt.names]).Commit()
+        packed = sum(dt[f].itemsize for f in dt.names)
+        assert (t.Get_size(), t.Get_extent()) == (packed, (0, dt.itemsize)), fields
+    dt = np.dtype([("c", "i1"), ("d", "f8"), ("i", "i4")], align=True)
+    t = MPI.Datatype.Create_struct([1, 1], [dt.fields["d"][1], dt.fields["i"][1]],
+                                   [MPI.DOUBLE, MPI.INT])
+    t = t.Create_resized(0, dt.itemsize).Commit()     # the fields d and i, not c
+    a = np.array([(1, 2.5, 3), (4, 5.5, 6)], dtype=dt)
+    data = as_buffer([a, 2, t]).raw()
+    packed = np.array([(2.5, 3), (5.5, 6)], dtype=[("d", "f8"), ("i", "i4")])  # no padding
+    assert bytes(data) == packed.tobytes()
+    r = np.full(2, -1, dtype=dt)
+    as_buffer([r, 2, t], readonly=False).put(data, "Recv")
+    assert [x.tolist() for x in r] == [(-1, 2.5, 3), (-1, 5.5, 6)]
+
+
+def test_a_struct_type_is_refused_by_reductions_and_bad_lists_are_named() -> None:
+    t = MPI.Datatype.Create_struct([1, 1], [0, 8], [MPI.DOUBLE, MPI.INT]).Commit()
+    assert t.Dup().mixed and t.Create_contiguous(2).Get_extent() == (0, 32)
+    with pytest.raises(ValueError,
+                       match=r"Allreduce: datatype struct\(DOUBLE,INT\) mixes several types"):
+        reducible(t, "Allreduce")
+    reducible(MPI.DOUBLE.Create_vector(2, 1, 2).Commit(), "Allreduce")  # one type: allowed
+    with pytest.raises(ValueError, match="2 block lengths, 1 displacements and 2 datatypes"):
+        MPI.Datatype.Create_struct([1, 1], [0], [MPI.DOUBLE, MPI.INT])
+    with pytest.raises(ValueError, match="blocklength -1"):
+        MPI.Datatype.Create_struct([-1], [0], [MPI.DOUBLE])
