@@ -1,6 +1,8 @@
 """Non-blocking collectives: ``Ibarrier``, ``Ibcast``, ``Ireduce``, ``Iallreduce``,
-completed by ``Wait``, by ``Waitall`` and by a ``Test`` loop that does other work
-meanwhile (integer reductions: the same under any order). Rank 0 prints what every
+completed by ``Wait``, by ``Waitall``, by a ``Test`` loop that does other work
+meanwhile, and one at a time by ``Waitany`` and ``Testany`` beside point-to-point
+receives (integer reductions: the same under any order; the order in which ``Waitany``
+and ``Testany`` complete them is timing, so only the set is printed). Rank 0 prints what every
 rank got. Run and
 crash it as common.py says.
 """
@@ -39,7 +41,34 @@ def main() -> None:
         lines.append(f"rank {rank} step {step}: {total.tolist()} "
                      f"{top.tolist() if rank == 0 else None} {b.tolist()} {inplace.tolist()} "
                      f"worked {work >= 0}")
+        lines.append(f"rank {rank} step {step} one by one: {one_by_one(comm, step)}")
     print_all(comm, lines)
+
+
+def one_by_one(comm, step):
+    """Collectives and a ring's receive completed one at a time by ``Waitany`` (even
+    steps) or a ``Testany`` loop (odd steps)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    data = np.arange(4, dtype="l") * (rank + 2) - step
+    total = np.zeros(4, dtype="l")
+    halo = np.full(2, -1, dtype="l")
+    b = np.full(2, rank + 100 * step, dtype="i")
+    reqs = [comm.Irecv(halo, source=(rank - 1) % size, tag=step),
+            comm.Iallreduce(data, total, op=MPI.SUM),
+            comm.Ibcast(b, root=0),
+            comm.Ibarrier()]
+    comm.Send(data[:2], dest=(rank + 1) % size, tag=step)
+    done = set()
+    while len(done) < len(reqs):
+        if step % 2 == 0:
+            i = MPI.Request.Waitany(reqs)
+        else:
+            i, flag = MPI.Request.Testany(reqs)
+            if not flag:
+                continue
+        done.add(i)
+    last = MPI.Request.Waitany(reqs)  # none active: UNDEFINED
+    return f"{sorted(done)} {last == MPI.UNDEFINED} {halo.tolist()} {total.tolist()} {b.tolist()}"
 
 
 if __name__ == "__main__":

@@ -172,9 +172,11 @@ class Request(metaclass=Namespace):
     @staticmethod
     def waitany(requests: list[Request], status: Status | None = None) -> tuple[int, Any]:
         """Wait for one: (index, object)."""
-        live = _live(requests, "Waitany")
+        live = _live(requests, "Waitany", collectives=True)
         if not live:
             return UNDEFINED, None
+        if any(requests[i].collective for i in live):
+            return _waitany_collectives(requests, live, status)
         for i in live:
             if requests[i].recv is None:  # a send is complete: no timing in it
                 return i, requests[i]._finish(status)
@@ -222,9 +224,12 @@ class Request(metaclass=Namespace):
     def testany(requests: list[Request], status: Status | None = None
                 ) -> tuple[int, bool, Any]:
         """(index or UNDEFINED, flag, object)."""
-        live = _live(requests, "Testany")
+        live = _live(requests, "Testany", collectives=True)
         if not live:
             return UNDEFINED, True, None
+        if any(requests[i].collective for i in live):
+            one = _any_pass(requests, live, status)
+            return (UNDEFINED, False, None) if one is None else (one[0], True, one[1])
         for i in live:
             if requests[i].recv is None:
                 return i, True, requests[i]._finish(status)
@@ -300,12 +305,55 @@ class Request(metaclass=Namespace):
         return chosen, objs
 
 
-def _live(requests: list[Request], call: str) -> list[int]:
+def _live(requests: list[Request], call: str, collectives: bool = False) -> list[int]:
     live = [i for i, r in enumerate(requests) if r.active]
-    if any(requests[i].collective for i in live):
+    if not collectives and any(requests[i].collective for i in live):
         raise unsupported(f"MPI.Request.{call} over a non-blocking collective's request "
-                          "(Wait, Test, Waitall or Testall it)")
+                          "(Wait, Test, Waitany, Testany, Waitall or Testall it)")
     return live
+
+
+def _any_pass(requests: list[Request], live: list[int], status: Status | None
+              ) -> tuple[int, Any] | None:
+    """One ``Testany`` over requests among which are non-blocking collectives: (index,
+    object) of the one it completes, or None. A send, then a collective already ended
+    (no timing in either); else each pending collective in index order takes the steps
+    whose messages arrived, its progress a recorded decision as in its own ``Test``
+    (a step may send, and a re-executed rank must send at the same points); else the
+    receives, one recorded decision as in a ``Testany`` of receives alone."""
+    for i in live:
+        if requests[i].recv is None and not requests[i].collective:
+            return i, requests[i]._finish(status)
+    colls = [i for i in live if requests[i].collective]
+    for i in colls:
+        if requests[i]._done():
+            return i, requests[i]._finish(status)
+    for i in colls:
+        if requests[i].test(status)[0]:
+            return i, None
+    recvs = [i for i in live if not requests[i].collective]
+    if not recvs:
+        return None
+
+    def first() -> tuple[int, int, int] | None:
+        done = [i for i in recvs if requests[i]._done()]
+        return (1, done[0], 0) if done else None
+    got = world().engine.decision(first, lambda rep: requests[rep[1]]._wait())
+    return None if got is None else (got[1], requests[got[1]]._finish(status))
+
+
+def _waitany_collectives(requests: list[Request], live: list[int], status: Status | None
+                         ) -> tuple[int, Any]:
+    """``Waitany`` over requests among which are non-blocking collectives: ``Testany``
+    passes (each outcome recorded, so a re-executed rank makes the same passes), waiting
+    between two until a receive request or a collective's next receive is matched."""
+    eng = world().engine
+    while True:
+        got = _any_pass(requests, live, status)
+        if got is not None:
+            return got
+        pending = [r.recv if not r.collective else r._at for r in (requests[i] for i in live)]
+        eng.wait_any([p for p in pending if p is not None])
 
 
 def _masked(pos: list[int], rep: tuple[int, int, int]) -> list[int]:

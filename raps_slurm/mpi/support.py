@@ -64,10 +64,10 @@ FAMILIES: tuple[Family, ...] = (
               "Request.Testall Request.Testany Request.Waitsome Request.Testsome "
               "MPI.REQUEST_NULL"),
            ("examples/mpi4py/requests.py", "examples/mpi_waitany.py", CALLS_PY,
-            "examples/mpi4py/basics.py"),
+            "examples/mpi4py/basics.py", "examples/mpi4py/nonblocking.py"),
            {f"Request.{c.lower()}": f"Request.{c}" for c in
             _c("Wait Test Waitall Waitany Testall Testany Waitsome Testsome")},
-           "a non-blocking collective's request only in Wait, Test, Waitall, Testall"),
+           "a non-blocking collective's request in all but Waitsome, Testsome"),
     Family("persistent requests",
            _c("Comm.Send_init Comm.Recv_init Prequest.Start Prequest.Startall"),
            ("examples/mpi4py/requests.py",)),
@@ -88,7 +88,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("non-blocking collectives",
            _c("Comm.Ibarrier Comm.Ibcast Comm.Ireduce Comm.Iallreduce"),
            ("examples/mpi4py/nonblocking.py",),
-           note="they move in the call, Wait and Test only (see Non-blocking collectives)"),
+           note="they move in the call and in the calls that wait for or test their "
+                "requests only (see Non-blocking collectives)"),
     Family("operations",
            _c("MPI.SUM MPI.PROD MPI.MAX MPI.MIN MPI.LAND MPI.LOR MPI.LXOR MPI.BAND MPI.BOR "
               "MPI.BXOR MPI.MAXLOC MPI.MINLOC"),
