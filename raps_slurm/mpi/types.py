@@ -207,8 +207,8 @@ class Datatype(metaclass=Namespace):
                       datatypes: Sequence[Datatype]) -> Datatype:
         """Blocks of ``blocklengths[i]`` elements of ``datatypes[i]`` at byte
         ``displacements[i]``. Its data are bytes (base ``BYTE``); its extent is rounded up
-        to the largest alignment of its types, as Open MPI and MPICH do, so that it
-        matches a C struct (or a numpy ``align=True`` dtype) of those fields."""
+        to the largest alignment of its types, as the MPI standard and Open MPI do, so
+        that it matches a C struct (or a numpy ``align=True`` dtype) of those fields."""
         if not len(blocklengths) == len(displacements) == len(datatypes):
             raise ValueError(f"MPI.Datatype.Create_struct: {len(blocklengths)} block lengths, "
                              f"{len(displacements)} displacements and {len(datatypes)} "
@@ -228,6 +228,10 @@ class Datatype(metaclass=Namespace):
             if n:
                 spans.append((int(d) + t.lb, int(d) + t.lb + int(n) * t.extent))
                 align = max(align, t.align)
+        if offs and min(offs) < 0:
+            # a buffer here starts at its first byte: nothing lies before it
+            raise ValueError(f"MPI.Datatype.Create_struct: data at byte {min(offs)}: "
+                             "expected displacements that put every byte at 0 or after")
         if spans:
             lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
         extent = -(-(hi - lo) // align) * align

@@ -131,3 +131,5 @@ def test_a_struct_type_is_refused_by_reductions_and_bad_lists_are_named() -> Non
         MPI.Datatype.Create_struct([1, 1], [0], [MPI.DOUBLE, MPI.INT])
     with pytest.raises(ValueError, match="blocklength -1"):
         MPI.Datatype.Create_struct([-1], [0], [MPI.DOUBLE])
+    with pytest.raises(ValueError, match="data at byte -8: expected displacements"):
+        MPI.Datatype.Create_struct([1, 1], [-8, 0], [MPI.DOUBLE, MPI.INT])
