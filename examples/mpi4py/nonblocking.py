@@ -1,10 +1,9 @@
 """Non-blocking collectives: ``Ibarrier``, ``Ibcast``, ``Ireduce``, ``Iallreduce``,
 completed by ``Wait``, by ``Waitall``, by a ``Test`` loop that does other work
-meanwhile, and one at a time by ``Waitany`` and ``Testany`` beside point-to-point
-receives (integer reductions: the same under any order; the order in which ``Waitany``
-and ``Testany`` complete them is timing, so only the set is printed). Rank 0 prints what every
-rank got. Run and
-crash it as common.py says.
+meanwhile, and some at a time by ``Waitany``, ``Testany``, ``Waitsome`` and
+``Testsome`` beside a point-to-point receive (integer reductions: the same under any
+order; the order in which those complete them is timing, so only the set is printed).
+Rank 0 prints what every rank got. Run and crash it as common.py says.
 """
 
 import numpy as np
@@ -46,8 +45,8 @@ def main() -> None:
 
 
 def one_by_one(comm, step):
-    """Collectives and a ring's receive completed one at a time by ``Waitany`` (even
-    steps) or a ``Testany`` loop (odd steps)."""
+    """Collectives and a ring's receive completed by ``Waitany``, a ``Testany`` loop,
+    ``Waitsome`` or a ``Testsome`` loop (steps 0, 1, 2, 3)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     data = np.arange(4, dtype="l") * (rank + 2) - step
     total = np.zeros(4, dtype="l")
@@ -60,15 +59,20 @@ def one_by_one(comm, step):
     comm.Send(data[:2], dest=(rank + 1) % size, tag=step)
     done = set()
     while len(done) < len(reqs):
-        if step % 2 == 0:
-            i = MPI.Request.Waitany(reqs)
-        else:
+        if step % 4 == 0:
+            done.add(MPI.Request.Waitany(reqs))
+        elif step % 4 == 1:
             i, flag = MPI.Request.Testany(reqs)
-            if not flag:
-                continue
-        done.add(i)
-    last = MPI.Request.Waitany(reqs)  # none active: UNDEFINED
-    return f"{sorted(done)} {last == MPI.UNDEFINED} {halo.tolist()} {total.tolist()} {b.tolist()}"
+            if flag:
+                done.add(i)
+        elif step % 4 == 2:
+            done.update(MPI.Request.Waitsome(reqs))
+        else:
+            done.update(MPI.Request.Testsome(reqs))
+    # none active: Waitany says UNDEFINED, Waitsome None
+    last = (MPI.Request.Waitany(reqs), MPI.Request.Waitsome(reqs))
+    return (f"{sorted(done)} {last == (MPI.UNDEFINED, None)} {halo.tolist()} "
+            f"{total.tolist()} {b.tolist()}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ so the same bits), written as a schedule that stops at each receive. It moves on
 points a replay reproduces: the call itself runs the schedule to its first receive (the
 sends before it), ``Wait`` runs it to the end, and ``Test`` takes every step whose
 message has arrived and records how far it got as a determinant (a restored rank's
-``Test`` waits until the schedule is that far). It does not move inside other calls:
+``Test`` waits until the schedule is that far); ``Testany``, ``Waitany``, ``Testsome``
+and ``Waitsome`` move it through that same ``Test``. It does not move inside other calls:
 a program that needs it to (a rank waiting in ``Recv`` on a peer that first needs this
 rank's part of the collective) waits for ever, where Open MPI's progress engine would
 move it. Each non-blocking collective on a communicator gets a tag of its own (the

@@ -172,7 +172,7 @@ class Request(metaclass=Namespace):
     @staticmethod
     def waitany(requests: list[Request], status: Status | None = None) -> tuple[int, Any]:
         """Wait for one: (index, object)."""
-        live = _live(requests, "Waitany", collectives=True)
+        live = _live(requests)
         if not live:
             return UNDEFINED, None
         if any(requests[i].collective for i in live):
@@ -224,7 +224,7 @@ class Request(metaclass=Namespace):
     def testany(requests: list[Request], status: Status | None = None
                 ) -> tuple[int, bool, Any]:
         """(index or UNDEFINED, flag, object)."""
-        live = _live(requests, "Testany", collectives=True)
+        live = _live(requests)
         if not live:
             return UNDEFINED, True, None
         if any(requests[i].collective for i in live):
@@ -271,46 +271,66 @@ class Request(metaclass=Namespace):
     @staticmethod
     def _some(requests: list[Request], statuses: list[Status] | None, *, block: bool
               ) -> tuple[list[int] | None, list[Any] | None]:
-        live = _live(requests, "Waitsome" if block else "Testsome")
+        live = _live(requests)
         if not live:
             return None, None
-        sends = [i for i in live if requests[i].recv is None]
+        sends = [i for i in live if requests[i].recv is None and not requests[i].collective]
         if sends:
             # complete at once, and no timing in it: these alone, no decision recorded
             chosen = sends
+        elif any(requests[i].collective for i in live):
+            chosen = _some_collectives(requests, live, block)
         else:
-            # at most 126 positions fit a determinant (two 63-bit masks); later ones are
-            # left for the next call
-            pos = live[:126]
-            eng = world().engine
-
-            def masks() -> tuple[int, int, int] | None:
-                if block:
-                    eng.wait_any([requests[i].recv for i in pos])  # type: ignore[misc]
-                done = [k for k, i in enumerate(pos) if requests[i]._done()]
-                if not done:
-                    return None
-                return (1, sum(1 << k for k in done if k < 63),
-                        sum(1 << (k - 63) for k in done if k >= 63))
-
-            def wait_for(rep: tuple[int, int, int]) -> None:
-                for i in _masked(pos, rep):
-                    requests[i]._wait()
-            got = eng.decision(masks, wait_for)
-            if got is None:
-                return [], []
-            chosen = _masked(pos, got)
+            chosen = _some_recvs(requests, live, block)
         objs = [requests[i]._finish(statuses[n] if statuses is not None else None)
                 for n, i in enumerate(chosen)]
         return chosen, objs
 
 
-def _live(requests: list[Request], call: str, collectives: bool = False) -> list[int]:
-    live = [i for i, r in enumerate(requests) if r.active]
-    if not collectives and any(requests[i].collective for i in live):
-        raise unsupported(f"MPI.Request.{call} over a non-blocking collective's request "
-                          "(Wait, Test, Waitany, Testany, Waitall or Testall it)")
-    return live
+def _some_recvs(requests: list[Request], live: list[int], block: bool) -> list[int]:
+    """The receive requests of ``live`` that completed (``block``: at least one), one
+    recorded decision. At most 126 positions fit a determinant (two 63-bit masks): later
+    ones are left for the next call."""
+    pos = live[:126]
+    eng = world().engine
+
+    def masks() -> tuple[int, int, int] | None:
+        if block:
+            eng.wait_any([requests[i].recv for i in pos])  # type: ignore[misc]
+        done = [k for k, i in enumerate(pos) if requests[i]._done()]
+        if not done:
+            return None
+        return (1, sum(1 << k for k in done if k < 63),
+                sum(1 << (k - 63) for k in done if k >= 63))
+
+    def wait_for(rep: tuple[int, int, int]) -> None:
+        for i in _masked(pos, rep):
+            requests[i]._wait()
+    got = eng.decision(masks, wait_for)
+    return [] if got is None else _masked(pos, got)
+
+
+def _some_collectives(requests: list[Request], live: list[int], block: bool) -> list[int]:
+    """``Testsome`` (``Waitsome``: until one completes) over receives and non-blocking
+    collectives: the collectives already ended, those that end as they take the steps
+    whose messages arrived (each one's progress recorded as in its own ``Test``), and
+    the receives that completed (one recorded decision), in index order."""
+    eng = world().engine
+    while True:
+        colls = [i for i in live if requests[i].collective]
+        chosen = {i for i in colls if requests[i]._done()}
+        chosen.update(i for i in colls if i not in chosen and requests[i].test()[0])
+        recvs = [i for i in live if not requests[i].collective]
+        if recvs:
+            chosen.update(_some_recvs(requests, recvs, block=False))
+        if chosen or not block:
+            return sorted(chosen)
+        pending = [r.recv if not r.collective else r._at for r in (requests[i] for i in live)]
+        eng.wait_any([p for p in pending if p is not None])
+
+
+def _live(requests: list[Request]) -> list[int]:
+    return [i for i, r in enumerate(requests) if r.active]
 
 
 def _any_pass(requests: list[Request], live: list[int], status: Status | None

@@ -67,7 +67,7 @@ FAMILIES: tuple[Family, ...] = (
             "examples/mpi4py/basics.py", "examples/mpi4py/nonblocking.py"),
            {f"Request.{c.lower()}": f"Request.{c}" for c in
             _c("Wait Test Waitall Waitany Testall Testany Waitsome Testsome")},
-           "a non-blocking collective's request in all but Waitsome, Testsome"),
+           "a non-blocking collective's request in each"),
     Family("persistent requests",
            _c("Comm.Send_init Comm.Recv_init Prequest.Start Prequest.Startall"),
            ("examples/mpi4py/requests.py",)),

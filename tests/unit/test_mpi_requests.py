@@ -1,4 +1,4 @@
-"""Waitany and Testany over non-blocking collectives' requests: each collective's
+"""Waitany, Testany, Waitsome and Testsome over non-blocking collectives' requests: each collective's
 progress is a recorded decision, so a re-executed rank completes the same request in
 the same call and sends at the same points (the matching engine on a scripted runtime;
 examples/mpi4py/nonblocking.py checks the whole against Open MPI)."""
@@ -37,7 +37,7 @@ def _schedules(e: Engine) -> tuple[CollRequest, CollRequest]:
 
 
 def _run(rt: ScriptedRuntime, monkeypatch: pytest.MonkeyPatch, records: list[bytes] | None,
-         script: bool) -> list[Any]:
+         script: bool, some: bool = False) -> list[Any]:
     e = Engine(rt)  # type: ignore[arg-type]
     e.load({}, records or [])
     monkeypatch.setattr(world_module, "_world", _World(e))
@@ -46,10 +46,13 @@ def _run(rt: ScriptedRuntime, monkeypatch: pytest.MonkeyPatch, records: list[byt
     for tag in (None, 100, 200):
         if script and tag is not None:
             rt.arrive(1, 0, tag, "x")
-        seen.append((Request.Testany(reqs), len(rt.sent)))
+        seen.append((Request.Testsome(reqs) if some else Request.Testany(reqs), len(rt.sent)))
     if script:
         rt.arrive(1, 0, 102, "x")
-    seen.append((Request.Waitany(reqs), Request.Waitany(reqs), len(rt.sent)))
+    if some:
+        seen.append((Request.Waitsome(reqs), Request.Waitsome(reqs), len(rt.sent)))
+    else:
+        seen.append((Request.Waitany(reqs), Request.Waitany(reqs), len(rt.sent)))
     return seen
 
 
@@ -67,3 +70,14 @@ def test_any_over_collectives_records_their_progress_and_replays_it(
     for tag in (100, 200, 102):
         replay.arrive(1, 0, tag, "x")
     assert _run(replay, monkeypatch, rt.records, script=False) == seen
+
+
+def test_some_over_collectives_records_their_progress_and_replays_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rt = ScriptedRuntime(0, 2)
+    seen = _run(rt, monkeypatch, None, script=True, some=True)
+    assert seen == [([], 0), ([], 1), ([1], 1), ([0], None, 1)]
+    replay = ScriptedRuntime(0, 2)
+    for tag in (100, 200, 102):
+        replay.arrive(1, 0, tag, "x")
+    assert _run(replay, monkeypatch, rt.records, script=False, some=True) == seen
