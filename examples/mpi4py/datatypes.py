@@ -82,7 +82,7 @@ PART = np.dtype([("kind", "i1"), ("x", "f8", 3), ("id", "i4"), ("tag", "i1", 3)]
 
 def structs(comm, step):
     """Records of a structured dtype moved whole, some of their fields only, and
-    gathered, with types made by Create_struct (as mpi4py's demo/mpi-ref-v1 ex-3.13)."""
+    gathered, with types made by Create_struct (one of them nesting a derived type)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
     displs = [PART.fields[f][1] for f in PART.names]

@@ -46,7 +46,8 @@ class Datatype(metaclass=Namespace):
     """An MPI datatype. A predefined one names the numpy dtype of one element; a derived
     one (``Create_contiguous``, ``Create_vector``, ``Create_indexed``,
     ``Create_subarray``) is a list of element offsets in units of its one predefined
-    ``base`` type, with an extent in the same units."""
+    ``base`` type, with an extent in the same units; a ``Create_struct`` of several
+    types has ``BYTE`` for base, its offsets the bytes of its fields' data."""
 
     def __init__(self, name: str, dtype: npt.DTypeLike, base: Datatype | None = None,
                  offsets: Sequence[int] | None = None, extent: int = 1, lb: int = 0,
