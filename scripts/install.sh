@@ -147,7 +147,7 @@ if [ "$role" = compute ] && [ -n "$tickets" ]; then keyless=1; fi
 if [ -n "$keyless" ] && [ -n "$key" ]; then
   usage "--key: the config sets detection.transfer_tickets_file, so a compute node holds no cluster key (install its node key and tickets instead, docs/install.md)"
 elif [ -n "$key" ]; then
-  "$py" -c 'import sys; from raps_slurm.heartbeat import load_key; load_key(sys.argv[1])' "$key" 2>"$tmp/key" \
+  "$py" -c 'import sys; from raps_slurm.wire.heartbeat import load_key; load_key(sys.argv[1])' "$key" 2>"$tmp/key" \
     || usage "--key: $(tail -1 "$tmp/key" | sed 's/^[A-Za-z_.]*Error: //')"
 elif [ "$role" = compute ] && [ -z "$keyless" ] && [ ! -f "$root$key_file" ]; then
   usage "no cluster key at $key_file: pass --key FILE (the controller's $key_file; every node shares it)"
@@ -175,7 +175,7 @@ elif [ "$role" != login ]; then
   elif [ "$role" = controller ]; then
     mkdir -p "$(dirname "$root$key_file")"
     # What `rapsctl config create-key` does (64 random bytes, 0600, never over a key).
-    "$py" -c 'import sys; from raps_slurm.heartbeat import create_key; create_key(sys.argv[1])' "$root$key_file"
+    "$py" -c 'import sys; from raps_slurm.wire.heartbeat import create_key; create_key(sys.argv[1])' "$root$key_file"
     say "created $key_file (copy it to every compute node: install.sh --role compute --key FILE)"
     changed=$((changed + 1))
   fi

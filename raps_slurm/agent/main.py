@@ -46,8 +46,8 @@ from raps_slurm.checkpoint.transfer import TransferServer
 from raps_slurm.config import Config, load_config, node_dir
 from raps_slurm.core.jobs import JobRecord
 from raps_slurm.errors import RapsError, StoreError
-from raps_slurm.heartbeat import accepted_key, agent_keys, load_key
 from raps_slurm.store import Keys, StateStore, open_store
+from raps_slurm.wire.heartbeat import accepted_key, agent_keys, load_key
 
 log = logging.getLogger("raps.agent")
 stop = threading.Event()

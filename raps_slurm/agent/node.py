@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 from raps_slurm.config import Config
 from raps_slurm.errors import BadDatagram, LeaseExpired, StoreError
-from raps_slurm.heartbeat import Ack, Heartbeat, Probe, decode, encode, new_incarnation
 from raps_slurm.store import Keys, Lease, StateStore
+from raps_slurm.wire.heartbeat import Ack, Heartbeat, Probe, decode, encode, new_incarnation
 
 log = logging.getLogger("raps.agent")
 

@@ -24,8 +24,8 @@ from raps_slurm.agent.node import NodeAgent
 from raps_slurm.agent.sched import RankLiveness
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.errors import RecordError, StoreError
-from raps_slurm.heartbeat import MAX_APP_ENTRIES, AppReport, encode, new_incarnation
 from raps_slurm.store import Keys, StateStore
+from raps_slurm.wire.heartbeat import MAX_APP_ENTRIES, AppReport, encode, new_incarnation
 
 log = logging.getLogger("raps.agent")
 

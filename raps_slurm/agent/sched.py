@@ -13,7 +13,7 @@ from pathlib import Path
 
 from raps_slurm.agent.local_api import RankInfo
 from raps_slurm.core.liveness import SchedSample, active_between, waited_ms
-from raps_slurm.heartbeat import RankProgress
+from raps_slurm.wire.heartbeat import RankProgress
 
 log = logging.getLogger("raps.agent")
 

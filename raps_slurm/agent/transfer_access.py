@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 from raps_slurm.core.jobs import JobRecord, RankMap, group_from_json
 from raps_slurm.errors import RapsError
-from raps_slurm.heartbeat import is_node_name
 from raps_slurm.store import Keys, StateStore
+from raps_slurm.wire.heartbeat import is_node_name
 
 TTL = 60.0
 RECHECK = 5.0

@@ -57,7 +57,10 @@ import yaml
 
 from raps_slurm.config import load_file
 from raps_slurm.errors import BadDatagram, BenchError, StoreError
-from raps_slurm.heartbeat import (
+from raps_slurm.store import MAX_TXN_OPS, Keys, Put, StateStore, open_store
+from raps_slurm.testing import EtcdServer
+from raps_slurm.testing.cluster import wait_until
+from raps_slurm.wire.heartbeat import (
     KIND_ACK,
     KIND_HEARTBEAT,
     KIND_PROBE,
@@ -71,9 +74,6 @@ from raps_slurm.heartbeat import (
     new_incarnation,
     node_key,
 )
-from raps_slurm.store import MAX_TXN_OPS, Keys, Put, StateStore, open_store
-from raps_slurm.testing import EtcdServer
-from raps_slurm.testing.cluster import wait_until
 
 PER_SOCKET = 2500  # nodes per load socket: a socket's acks stay far below its buffer
 STOPPED = 10  # nodes stopped at once for the latency figures

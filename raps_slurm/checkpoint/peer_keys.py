@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable
 
 from raps_slurm.errors import BadDatagram, ConfigError
-from raps_slurm.keyfile import read_private, write_key
+from raps_slurm.wire.keyfile import read_private, write_key
 
 TICKET_CONTEXT = b"raps-transfer\x00"  # domain separation from the heartbeat node keys
 RANK_CONTEXT = b"raps-rank\x00"  # rank traffic keys: another use of the same pair keys
@@ -62,7 +62,7 @@ class PeerKeys:
                      also: bytes | None = None) -> PeerKeys:
         """Everything derived from the cluster key (and a rollover's accepted key, whose
         pair keys a server also accepts)."""
-        from raps_slurm.heartbeat import node_key
+        from raps_slurm.wire.heartbeat import node_key
 
         roots = [cluster_key] if also is None else [cluster_key, also]
         return cls(node, lambda: [node_key(r, node) for r in roots],
@@ -98,7 +98,7 @@ class PeerKeys:
 
 def make_tickets(cluster_key: bytes, node: str, servers: list[str]) -> bytes:
     """The tickets file of ``node`` for ``servers`` (itself left out), as JSON."""
-    from raps_slurm.heartbeat import node_key
+    from raps_slurm.wire.heartbeat import node_key
 
     node_key(cluster_key, node)  # BadDatagram if ``node`` is no node name
     tickets = {s: pair_key(node_key(cluster_key, s), node).hex()

@@ -25,7 +25,7 @@ Bounds: the whole handshake must arrive within ``handshake_timeout`` of the conn
 a request may wait ``idle_timeout`` for its first byte, then all of it (length, payload,
 MAC) must arrive within ``request_timeout`` plus its length at ``min_rate`` bytes/s: a
 deadline per request, not per ``recv``. At most ``max_connections`` are served at once,
-one thread each (:mod:`raps_slurm.gate`: a new connection evicts the oldest one still in
+one thread each (:mod:`raps_slurm.wire.gate`: a new connection evicts the oldest one still in
 its handshake; only when every slot holds an authenticated peer is it refused).
 """
 
@@ -76,9 +76,9 @@ from raps_slurm.checkpoint.transfer_wire import decode_records as decode_records
 from raps_slurm.checkpoint.transfer_wire import encode_records as encode_records
 from raps_slurm.checkpoint.transfer_wire import verify_chunk as verify_chunk
 from raps_slurm.errors import RapsError, RecordError
-from raps_slurm.framing import FrameError
-from raps_slurm.gate import BoundedServer, Gate
 from raps_slurm.logquota import LogQuota
+from raps_slurm.wire.framing import FrameError
+from raps_slurm.wire.gate import BoundedServer, Gate
 
 log = logging.getLogger("raps.transfer")
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import blake3
 
-from raps_slurm import framing
 from raps_slurm.checkpoint.codec import RAW, ChunkError, Decoder, hasher
 from raps_slurm.checkpoint.manifest import is_hex_digest
 from raps_slurm.checkpoint.pack import HEADER, MAX_CHUNK, STORED_SLACK
 from raps_slurm.errors import RapsError
-from raps_slurm.framing import FrameError
+from raps_slurm.wire import framing
+from raps_slurm.wire.framing import FrameError
 
 MAX_FRAME = 64 << 20
 TIMEOUT = 30.0  # idle wait for a request (server) or a reply (client)

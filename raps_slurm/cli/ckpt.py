@@ -38,8 +38,8 @@ from raps_slurm.cli.show import show
 from raps_slurm.config import Config
 from raps_slurm.core.checkpoints import CkptRecord, restore_order
 from raps_slurm.errors import RapsError, RecordError
-from raps_slurm.heartbeat import load_key
 from raps_slurm.store import Keys, StateStore, open_store
+from raps_slurm.wire.heartbeat import load_key
 
 
 @contextmanager

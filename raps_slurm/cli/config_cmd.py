@@ -94,7 +94,7 @@ def create_key_cmd(ctx: click.Context, file: str | None) -> None:
     64 random bytes, mode 0600; copy it to every node like munge.key. Refuses to
     overwrite an existing key.
     """
-    from raps_slurm.heartbeat import create_key
+    from raps_slurm.wire.heartbeat import create_key
 
     path = file or cfgmod.load_config(ctx.obj.get("config_path")).detection.cluster_key_file
     create_key(path)
@@ -134,7 +134,7 @@ def node_key_cmd(ctx: click.Context, nodes: tuple[str, ...], out: str,
     """
     from raps_slurm.config import node_dir
     from raps_slurm.errors import ConfigError
-    from raps_slurm.heartbeat import create_node_key, load_key
+    from raps_slurm.wire.heartbeat import create_node_key, load_key
 
     if len(nodes) > 1 and "%n" not in out:
         raise ConfigError([f"--out {out}: name the node with %n when writing "
@@ -165,8 +165,8 @@ def transfer_tickets_cmd(ctx: click.Context, nodes: tuple[str, ...], peers: str,
     from raps_slurm.checkpoint.peer_keys import create_tickets
     from raps_slurm.config import node_dir
     from raps_slurm.errors import BadDatagram, ConfigError, SlurmParseError
-    from raps_slurm.heartbeat import load_key
     from raps_slurm.slurm.parsers import expand
+    from raps_slurm.wire.heartbeat import load_key
 
     if len(nodes) > 1 and "%n" not in out:
         raise ConfigError([f"--out {out}: name the node with %n when writing "

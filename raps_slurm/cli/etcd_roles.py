@@ -12,11 +12,11 @@ import click
 
 from raps_slurm import config as cfgmod
 from raps_slurm.errors import RapsError, SlurmParseError
-from raps_slurm.heartbeat import is_node_name
 from raps_slurm.slurm.parsers import expand
 from raps_slurm.store import EtcdStore, Keys, open_store
 from raps_slurm.store.etcd_auth import apply_roles
 from raps_slurm.store.roles import etcdctl_commands, roles
+from raps_slurm.wire.heartbeat import is_node_name
 
 
 @click.command("etcd-roles")

@@ -7,7 +7,7 @@ coordinator that leads by its own clock acknowledges: an ack is a promise that t
 may go on until ``sent_at + miss window``, and a deposed leader must not make it.
 
 The thread reads batches of up to 64 datagrams with one ``recvmmsg`` and acknowledges
-them with one ``sendmmsg`` (raps_slurm/_udp.c, which also signs the acks), then lets
+them with one ``sendmmsg`` (raps_slurm/wire/_udp.c, which also signs the acks), then lets
 the next ones gather for 2 ms: about 8 µs of CPU per heartbeat with its ack, against
 22-32 µs for a ``recvfrom``/``sendto`` loop and twice that for an asyncio endpoint
 (``rapsctl bench heartbeats``, docs/benchmarks.md). The receive buffer is enlarged so
@@ -44,9 +44,9 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from raps_slurm._udp import MAX_BATCH, recv_batch, sign_send
 from raps_slurm.errors import BadDatagram
-from raps_slurm.heartbeat import (
+from raps_slurm.wire._udp import MAX_BATCH, recv_batch, sign_send
+from raps_slurm.wire.heartbeat import (
     FRAME,
     AppReport,
     Heartbeat,

@@ -33,10 +33,10 @@ from raps_slurm.coordinator.recovery import Recovery
 from raps_slurm.coordinator.userdoor import UserDoor
 from raps_slurm.coordinator.weights import Weights
 from raps_slurm.errors import RapsError, StoreError
-from raps_slurm.heartbeat import accepted_key, load_key
 from raps_slurm.slurm import SlurmClient
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import StateStore, Watch, open_store
+from raps_slurm.wire.heartbeat import accepted_key, load_key
 
 log = logging.getLogger("raps.coordinator")
 

@@ -15,7 +15,7 @@ Ops (read-only): ``job`` (the job as ``rapsctl show job --json`` prints it) and
 
 Bounds: the whole request must arrive within ``TIMEOUT`` of the connection (a deadline,
 not a per-``recv`` timeout: one byte a second does not keep it open), and at most
-``MAX_CONNECTIONS`` are served at once, one thread each (:mod:`raps_slurm.gate`: a new
+``MAX_CONNECTIONS`` are served at once, one thread each (:mod:`raps_slurm.wire.gate`: a new
 connection evicts the oldest one still sending its request). Refusals are counted like
 the others: ``timeout``, ``evicted``, ``busy``.
 """
@@ -37,11 +37,11 @@ from raps_slurm.coordinator.recovery import plans_in_order, read_plans
 from raps_slurm.core.jobs import JobRecord, authorize
 from raps_slurm.core.planner import plan_dict
 from raps_slurm.errors import RecordError, Refused, StoreError
-from raps_slurm.framing import FrameError, read_frame
-from raps_slurm.gate import BoundedServer, Gate
 from raps_slurm.munge import Credential, MungeError
 from raps_slurm.registry import UnknownJob, job_view
 from raps_slurm.store import Keys, StateStore
+from raps_slurm.wire.framing import FrameError, read_frame
+from raps_slurm.wire.gate import BoundedServer, Gate
 
 log = logging.getLogger("raps.coordinator")
 

@@ -2,7 +2,7 @@
 
 ``run``         raps-run itself: rank map, one step for the job, plans followed
 ``control``     its control server and the Popen-like handle of each started rank
-``channel``     the authenticated control channel (over ``raps_slurm.framing``)
+``channel``     the authenticated control channel (over ``raps_slurm.wire.framing``)
 ``supervisor``  the one task per node that starts, pins, watches and signals its ranks
 ``output``      the ranks' output passed on in whole lines (supervisors, local launcher)
 

@@ -1,5 +1,5 @@
 """The control channel between ``raps-run`` and its node supervisors: authentication and
-JSON messages over :mod:`raps_slurm.framing`.
+JSON messages over :mod:`raps_slurm.wire.framing`.
 
 raps-run makes a fresh random secret per run and passes it, with its address, in the
 environment of the steps it starts (``RAPS_CONTROL=host:port``, ``RAPS_CONTROL_KEY`` in
@@ -15,7 +15,7 @@ challenge-response over it, both ways:
 Both then derive one key per direction from the secret and both nonces, and every
 further frame carries an HMAC with a sequence number (a frame replayed from an earlier
 connection, reflected back or reordered is refused). The supervisor's first message is
-``hello``. Only the standard library and :mod:`raps_slurm.framing` are imported.
+``hello``. Only the standard library and :mod:`raps_slurm.wire.framing` are imported.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from raps_slurm.framing import FrameError, FrameMac, read_frame, send_frame
+from raps_slurm.wire.framing import FrameError, FrameMac, read_frame, send_frame
 
 PROTOCOL = b"raps-control/1"
 NONCE_BYTES = 32

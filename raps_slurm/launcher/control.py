@@ -2,7 +2,7 @@
 and one :class:`RankHandle` per started rank, with the ``poll``/``send_signal``/``kill``/
 ``wait`` face of ``subprocess.Popen`` backed by the supervisors' reports.
 
-The listener bounds what it accepts (:class:`raps_slurm.gate.Gate`): at most
+The listener bounds what it accepts (:class:`raps_slurm.wire.gate.Gate`): at most
 :data:`HANDSHAKES` connections in their handshake at once, :data:`PER_SOURCE` of them
 from one address, each for at most :data:`AUTH_SEC`; when all are taken a new one
 evicts the oldest unauthenticated connection of the address holding the most, so
@@ -25,10 +25,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from raps_slurm.framing import FrameError
-from raps_slurm.gate import Gate
 from raps_slurm.launcher.channel import AUTH_SEC, ENV_ADDRESS, ENV_KEY, Channel, accept
 from raps_slurm.logquota import LogQuota
+from raps_slurm.wire.framing import FrameError
+from raps_slurm.wire.gate import Gate
 
 # A rank whose supervisor's connection dropped (its node died, its step ended) counts as
 # exited at that moment with this code, as ``Popen`` reports a SIGKILLed process.

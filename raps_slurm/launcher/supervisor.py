@@ -49,10 +49,10 @@ from typing import Any
 
 from raps_slurm.config import node_dir
 from raps_slurm.core.launch import FENCED_EXIT, LOST_EXIT, PREEMPTED_EXIT, cpu_share
-from raps_slurm.framing import FrameError
 from raps_slurm.launcher.channel import ENV_ADDRESS, ENV_KEY, Channel, connect
 from raps_slurm.launcher.output import Lines, label
 from raps_slurm.launcher.output import say as output_say
+from raps_slurm.wire.framing import FrameError
 
 FORWARDED = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 CANNOT_START = 127

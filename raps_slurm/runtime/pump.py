@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raps_slurm import framing
+from raps_slurm.wire import framing
 
 HANDOFF = 0.01  # s out of its waits before the application's reading goes back
 IDLE_POLL = 0.5  # s between deadline checks while nothing comes

@@ -12,7 +12,7 @@ other as fast as they can never block each other in TCP.
 node ``c`` to a rank on node ``s`` is keyed by a key of that pair of nodes and the run
 (:class:`RankKeys`, handed by the agents of ``c`` and ``s`` only, to the job owner's
 ranks only). It starts with a challenge-response in plain frames of
-:mod:`raps_slurm.framing` (at most :data:`HANDSHAKE_MAX` bytes, within
+:mod:`raps_slurm.wire.framing` (at most :data:`HANDSHAKE_MAX` bytes, within
 :data:`HANDSHAKE_TIMEOUT`):
 
 1. the connecting rank sends ``"raps-rank/3" | Nc (16 random bytes) | src u32 | dst u32
@@ -75,13 +75,13 @@ from dataclasses import dataclass
 
 import blake3
 
-from raps_slurm import framing
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.errors import RapsError
-from raps_slurm.gate import Gate
 from raps_slurm.logquota import LogQuota
 from raps_slurm.runtime.msglog import RECORD, checksum
 from raps_slurm.runtime.pump import Conn, Pump
+from raps_slurm.wire import framing
+from raps_slurm.wire.gate import Gate
 
 log = logging.getLogger("raps.runtime")
 

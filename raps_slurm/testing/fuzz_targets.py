@@ -38,7 +38,12 @@ from raps_slurm.core.health import HealthPolicy, HealthSettings, door_rejections
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap
 from raps_slurm.core.planner import Plan, PlanEvent
 from raps_slurm.errors import BadDatagram, ConfigError, RecordError, ScenarioError
-from raps_slurm.heartbeat import (
+from raps_slurm.runtime.msglog import Entry, MessagingError, parse_records
+from raps_slurm.runtime.transport import DATA, FrameError
+from raps_slurm.runtime.transport import decode as decode_frame
+from raps_slurm.runtime.transport import encode as encode_frame
+from raps_slurm.sim.scenario import load_scenario
+from raps_slurm.wire.heartbeat import (
     Heartbeat,
     NodeKeys,
     claimed_node,
@@ -49,11 +54,6 @@ from raps_slurm.heartbeat import (
     parse_heartbeat,
     sign,
 )
-from raps_slurm.runtime.msglog import Entry, MessagingError, parse_records
-from raps_slurm.runtime.transport import DATA, FrameError
-from raps_slurm.runtime.transport import decode as decode_frame
-from raps_slurm.runtime.transport import encode as encode_frame
-from raps_slurm.sim.scenario import load_scenario
 
 KEY = bytes(range(32))  # a fixed cluster key: seeds signed with it reach past the MAC
 _NODE_KEYS = NodeKeys(KEY)  # the coordinator's view: the key of the node a datagram names

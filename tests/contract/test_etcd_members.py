@@ -18,10 +18,10 @@ import yaml
 
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.errors import NotLeader, StoreError
-from raps_slurm.heartbeat import create_key
 from raps_slurm.store import EtcdStore, Keys
 from raps_slurm.testing import EtcdCluster
 from raps_slurm.testing.cluster import wait_until
+from raps_slurm.wire.heartbeat import create_key
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = 3.0

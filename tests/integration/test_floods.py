@@ -28,7 +28,10 @@ from raps_slurm.checkpoint.transfer import TransferClient, TransferError
 from raps_slurm.checkpoint.transfer_wire import handshake_proof, recv_handshake, send_handshake
 from raps_slurm.coordinator.election import read_leader
 from raps_slurm.errors import BadDatagram
-from raps_slurm.heartbeat import (
+from raps_slurm.store import Keys, StateStore
+from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
+from raps_slurm.testing.etcd import free_port
+from raps_slurm.wire.heartbeat import (
     MAGIC,
     MAX_DATAGRAM,
     VERSION,
@@ -37,10 +40,7 @@ from raps_slurm.heartbeat import (
     encode,
     node_key,
 )
-from raps_slurm.heartbeat import load_key as load_cluster_key
-from raps_slurm.store import Keys, StateStore
-from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
-from raps_slurm.testing.etcd import free_port
+from raps_slurm.wire.heartbeat import load_key as load_cluster_key
 
 DATAGRAMS = 10_000
 TRANSFER_CONNECTIONS = 1_000  # per kind (3,000 in all): each a TCP connection and a server thread

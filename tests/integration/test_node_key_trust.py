@@ -28,11 +28,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from raps_slurm.config import load_file
 from raps_slurm.coordinator.election import read_leader
 from raps_slurm.errors import SlurmCommandError
-from raps_slurm.heartbeat import Heartbeat, encode, load_key
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
 from raps_slurm.testing.etcd import free_port
+from raps_slurm.wire.heartbeat import Heartbeat, encode, load_key
 
 U64 = (1 << 64) - 1
 RECEIVERS = 3  # the forgets must reach the receiver processes too

@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from raps_slurm import framing
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.runtime.checkpoint import CheckpointClient
 from raps_slurm.runtime.transport import _HELLO, DATA, HANDSHAKE_MAX, PROTOCOL, Auth, encode
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 from raps_slurm.testing.jobs import HEAT_RING, agent_job, heat_reference, system_user
+from raps_slurm.wire import framing
 
 NODES = ("n1", "n2", "n3")
 ARGS = ("--steps", "200", "--every", "50", "--step-sec", "0.05")

@@ -98,7 +98,7 @@ def test_the_logged_floor_checks_every_tag_and_keeps_every_message() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from raps_slurm.bench import tcp_floor
-    from raps_slurm.framing import FrameError
+    from raps_slurm.wire.framing import FrameError
 
     a, b = socket.socketpair()
     with a, b, ThreadPoolExecutor(1) as pool:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from raps_slurm.framing import (
+from raps_slurm.wire.framing import (
     HEADER,
     STREAM_AT,
     STREAM_PIECE,

@@ -1,4 +1,4 @@
-"""raps_slurm.gate: which connection goes when slots run out, per source, and when."""
+"""raps_slurm.wire.gate: which connection goes when slots run out, per source, and when."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from raps_slurm.gate import Gate
+from raps_slurm.wire.gate import Gate
 
 
 def _pair() -> tuple[socket.socket, socket.socket]:

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from raps_slurm import heartbeat as hbm
 from raps_slurm.errors import BadDatagram, ConfigError, RapsError
-from raps_slurm.heartbeat import (
+from raps_slurm.wire import heartbeat as hbm
+from raps_slurm.wire.heartbeat import (
     KEY_BYTES,
     MAX_DATAGRAM,
     Ack,
@@ -35,7 +35,7 @@ from raps_slurm.heartbeat import (
     parse_heartbeat,
     sign,
 )
-from raps_slurm.heartbeat import body as message_body
+from raps_slurm.wire.heartbeat import body as message_body
 
 KEY = bytes(range(64))
 OTHER_KEY = bytes(range(1, 65))
@@ -507,7 +507,7 @@ def test_load_key_fuzz_only_config_errors(tmp_path: Path, data: bytes, mode: int
 
 
 def test_app_report_round_trip_and_limits() -> None:
-    from raps_slurm.heartbeat import MAX_APP_ENTRIES, MAX_DATAGRAM, AppReport, RankProgress
+    from raps_slurm.wire.heartbeat import MAX_APP_ENTRIES, MAX_DATAGRAM, AppReport, RankProgress
     ranks = tuple(RankProgress(12, i, 1000 + i, None if i % 2 else i + 1)
                   for i in range(MAX_APP_ENTRIES))
     msg = AppReport("n" * 64, 7, 9, 123.5, ranks)
@@ -523,7 +523,7 @@ def test_app_report_round_trip_and_limits() -> None:
 
 
 def test_app_report_with_run_delays_is_kind_5_and_round_trips() -> None:
-    from raps_slurm.heartbeat import (
+    from raps_slurm.wire.heartbeat import (
         KIND_APP,
         KIND_APP_WAITED,
         MAX_APP_ENTRIES,
@@ -553,7 +553,7 @@ def test_app_report_with_run_delays_is_kind_5_and_round_trips() -> None:
 
 
 def test_app_report_count_must_match_the_entries() -> None:
-    from raps_slurm.heartbeat import AppReport, RankProgress
+    from raps_slurm.wire.heartbeat import AppReport, RankProgress
     data = bytearray(encode(AppReport("n1", 1, 1, 1.0, (RankProgress(1, 0, 5, None),)), KEY))
     count_at = 5 + 24  # header, then incarnation, counter, sent_at: the count byte
     for count in (0, 2, 200):

@@ -10,7 +10,7 @@ import pytest
 
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
 from raps_slurm.errors import BadDatagram
-from raps_slurm.heartbeat import Ack, Heartbeat, Probe, decode, encode, node_key
+from raps_slurm.wire.heartbeat import Ack, Heartbeat, Probe, decode, encode, node_key
 
 KEY = b"k" * 32  # the cluster key; agents sign with their node keys
 U64 = (1 << 64) - 1
@@ -135,7 +135,7 @@ def test_the_server_forgets_a_node_and_then_accepts_a_smaller_incarnation(
 
 def test_names_outside_the_cluster_are_refused_before_any_key_work(
         agent: socket.socket, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raps_slurm import heartbeat
+    from raps_slurm.wire import heartbeat
 
     derived: list[str] = []
     real = heartbeat.node_key

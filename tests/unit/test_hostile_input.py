@@ -19,8 +19,8 @@ from raps_slurm.agent.local_api import LocalApiServer, RankTable
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.transfer import TransferClient, TransferError, TransferServer
 from raps_slurm.coordinator.heartbeats import HeartbeatServer
-from raps_slurm.heartbeat import MAX_DATAGRAM, Ack, Heartbeat, decode, encode, node_key
 from raps_slurm.runtime.agent_client import encode_frame, read_reply
+from raps_slurm.wire.heartbeat import MAX_DATAGRAM, Ack, Heartbeat, decode, encode, node_key
 
 KEY, OTHER = b"k" * 32, b"o" * 32
 N1 = node_key(KEY, "n1")  # n1's heartbeats verify only with its node key

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from raps_slurm._udp import hmac_state
 from raps_slurm.errors import BadDatagram, ConfigError
-from raps_slurm.heartbeat import (
+from raps_slurm.wire._udp import hmac_state
+from raps_slurm.wire.heartbeat import (
     AppReport,
     Heartbeat,
     NodeKeys,

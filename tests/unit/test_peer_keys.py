@@ -23,10 +23,10 @@ from raps_slurm.checkpoint.transfer_wire import handshake_proof, recv_handshake,
 from raps_slurm.config import Config, DetectionConfig, parse_config
 from raps_slurm.core.jobs import JobRecord, JobSpec, group_to_json
 from raps_slurm.errors import ConfigError
-from raps_slurm.heartbeat import create_node_key, node_key
 from raps_slurm.model import BackupGroup
 from raps_slurm.store import Keys, MemoryStore
 from raps_slurm.testing.cluster import wait_until
+from raps_slurm.wire.heartbeat import create_node_key, node_key
 
 CLUSTER = secrets.token_bytes(64)
 NODES = ["n1", "n2", "n3"]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from raps_slurm.framing import HEADER, FrameReader, send_parts
 from raps_slurm.runtime import pump as pump_mod
 from raps_slurm.runtime.pump import HANDOFF, Conn, Pump
+from raps_slurm.wire.framing import HEADER, FrameReader, send_parts
 
 
 class Sink:

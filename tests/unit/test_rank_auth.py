@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from raps_slurm import framing
 from raps_slurm.checkpoint.codec import CodecParams
 from raps_slurm.runtime.context import Context, Settings
 from raps_slurm.runtime.ports import LocalPort
@@ -34,6 +33,7 @@ from raps_slurm.runtime.transport import (
     Outgoing,
     encode,
 )
+from raps_slurm.wire import framing
 
 PARAMS = CodecParams(avg_chunk_kb=4)
 SETTINGS = Settings(flush_ms=20, large_threshold=256, high_watermark=1 << 20,

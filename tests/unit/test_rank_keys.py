@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from raps_slurm import framing
 from raps_slurm.agent.api_schema import Refused
 from raps_slurm.agent.key_api import RankKeyOps
 from raps_slurm.agent.local_api import RankInfo, RankTable
@@ -33,6 +32,7 @@ from raps_slurm.runtime.transport import (
     unix_name,
 )
 from raps_slurm.store import Keys, MemoryStore
+from raps_slurm.wire import framing
 
 CLUSTER = b"C" * 64
 NODES = ["n1", "n2", "n3"]
@@ -42,7 +42,7 @@ OWNER = 1000
 def agent(store: MemoryStore, node: str, tmp: str) -> tuple[RankKeyOps, RankTable]:
     """The key op of ``node``'s agent as installed: its node key and tickets, no cluster
     key."""
-    from raps_slurm.heartbeat import node_key
+    from raps_slurm.wire.heartbeat import node_key
 
     path = os.path.join(tmp, f"{node}.tickets")
     with open(path, "wb") as f:

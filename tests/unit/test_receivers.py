@@ -16,7 +16,7 @@ import pytest
 from raps_slurm.coordinator import receivers
 from raps_slurm.coordinator.heartbeats import HeartbeatServer, Received
 from raps_slurm.coordinator.receivers import ReceiverPool
-from raps_slurm.heartbeat import Ack, Heartbeat, claimed_node, decode, encode, node_key
+from raps_slurm.wire.heartbeat import Ack, Heartbeat, claimed_node, decode, encode, node_key
 
 KEY = b"k" * 32  # the cluster key; agents sign with their node keys
 SENDERS = 24  # source ports: the kernel hashes them over the receivers

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from raps_slurm.core.launch import cpu_share
-from raps_slurm.framing import HEADER, FrameError
 from raps_slurm.launcher.channel import connect
 from raps_slurm.launcher.control import LOST_EXIT, ControlServer, RankHandle
+from raps_slurm.wire.framing import HEADER, FrameError
 
 # The ranks print word by word (PYTHONUNBUFFERED, see start()) at the same moment into
 # the supervisor's one output: their lines come out whole (launcher/output.py).

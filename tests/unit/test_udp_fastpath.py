@@ -1,4 +1,4 @@
-"""raps_slurm._udp (C: batched recvmmsg/sendmmsg, HMAC-SHA256 tags) on real loopback
+"""raps_slurm.wire._udp (C: batched recvmmsg/sendmmsg, HMAC-SHA256 tags) on real loopback
 sockets, and against the reference codec (the Python side of the fast path,
 parse_heartbeat and ack_body, is tested in test_heartbeat.py)."""
 
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raps_slurm import _udp
 from raps_slurm.errors import BadDatagram
-from raps_slurm.heartbeat import (
+from raps_slurm.wire import _udp
+from raps_slurm.wire.heartbeat import (
     FRAME,
     TAG_BYTES,
     Heartbeat,

@@ -1,4 +1,4 @@
-"""Batched UDP receive/send with HMAC-SHA256 tags (the heartbeat path; raps_slurm/_udp.c)."""
+"""Batched UDP receive/send with HMAC-SHA256 tags (the heartbeat path; raps_slurm/wire/_udp.c)."""
 
 MAX_BATCH: int
 TAG_BYTES: int

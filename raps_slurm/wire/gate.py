@@ -17,7 +17,7 @@ connection still waiting that long is shut down at the next admission, so a slow
 holds a slot a bounded time whatever the owner's own read timeouts. The owner counts
 each refusal by kind: ``busy`` (no slot), ``evicted`` (for a newer connection),
 ``source`` (its source's limit) and ``timeout`` (past the deadline). Deadlines on the
-requests themselves are the owner's (see :func:`raps_slurm.framing.recv_into`).
+requests themselves are the owner's (see :func:`raps_slurm.wire.framing.recv_into`).
 """
 
 from __future__ import annotations

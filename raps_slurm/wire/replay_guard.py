@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from raps_slurm.errors import ConfigError
 
 if TYPE_CHECKING:
-    from raps_slurm.heartbeat import Heartbeat
+    from raps_slurm.wire.heartbeat import Heartbeat
 
 # A real agent sends one heartbeat per interval (>= 0.05 s), one resend and its probe replies:
 # far below this many per second of its incarnation's life. A counter above the bound is a

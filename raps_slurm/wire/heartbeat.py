@@ -53,10 +53,10 @@ or app report verifies only with the key of the node it names, and acks and prob
 are signed with that node's key: root on one compute node cannot speak for another. To pick
 the key, the coordinator reads the name (``claimed_node``) before the tag; anything whose name
 cannot be read is dropped as "signature" (it cannot be verified). The replay guard
-(:mod:`raps_slurm.replay_guard`) refuses stale, replayed and impossible (incarnation in the
+(:mod:`raps_slurm.wire.replay_guard`) refuses stale, replayed and impossible (incarnation in the
 future, counter beyond what the incarnation's age allows) sequence numbers
 (docs/architecture.md, Trust boundaries). Key files are read and written by
-:mod:`raps_slurm.keyfile`.
+:mod:`raps_slurm.wire.keyfile`.
 """
 
 from __future__ import annotations
@@ -69,19 +69,19 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from raps_slurm import _udp
 from raps_slurm.core.liveness import WAITED_MODULUS as WAITED_MODULUS
 from raps_slurm.errors import BadDatagram, ConfigError
+from raps_slurm.wire import _udp
 
 # re-exported (the "as" ones): the daemons, rapsctl, scripts/install.sh and the tests take
 # them from here
-from raps_slurm.keyfile import KEY_BYTES as KEY_BYTES
-from raps_slurm.keyfile import accepted_key as accepted_key
-from raps_slurm.keyfile import create_key as create_key
-from raps_slurm.keyfile import load_key as load_key
-from raps_slurm.keyfile import write_key
-from raps_slurm.replay_guard import ReplayGuard as ReplayGuard
-from raps_slurm.replay_guard import new_incarnation as new_incarnation
+from raps_slurm.wire.keyfile import KEY_BYTES as KEY_BYTES
+from raps_slurm.wire.keyfile import accepted_key as accepted_key
+from raps_slurm.wire.keyfile import create_key as create_key
+from raps_slurm.wire.keyfile import load_key as load_key
+from raps_slurm.wire.keyfile import write_key
+from raps_slurm.wire.replay_guard import ReplayGuard as ReplayGuard
+from raps_slurm.wire.replay_guard import new_incarnation as new_incarnation
 
 MAX_DATAGRAM = 512  # bytes; anything longer is dropped unread
 MAX_NAME = 64

@@ -1,9 +1,9 @@
-/* raps_slurm._udp: batched UDP receive with an HMAC-SHA256 check, batched sign-and-send.
+/* raps_slurm.wire._udp: batched UDP receive with an HMAC-SHA256 check, batched sign-and-send.
  *
  * The coordinator's heartbeat path spent most of its CPU per datagram on two syscalls and
  * two HMACs run through Python objects. Here recvmmsg/sendmmsg move up to 64 datagrams per
  * syscall and the HMACs run on precomputed SHA-256 states, with the GIL released while the
- * socket is read. The message format stays in Python (raps_slurm/heartbeat.py): this module
+ * socket is read. The message format stays in Python (raps_slurm/wire/heartbeat.py): this module
  * only knows "a datagram is a body followed by a 32-byte HMAC-SHA256 tag".
  */
 #define PY_SSIZE_T_CLEAN
@@ -377,7 +377,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "raps_slurm._udp",
+    PyModuleDef_HEAD_INIT, "raps_slurm.wire._udp",
     "Batched UDP receive/send with HMAC-SHA256 tags (the heartbeat path).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
