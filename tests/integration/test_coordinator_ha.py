@@ -117,8 +117,9 @@ def test_standby_takes_over_and_a_thawed_leader_writes_nothing(
 
 def test_deposed_leader_write_is_refused_by_etcd(store: tuple[StateStore, Keys]) -> None:
     """The guard itself, on the real etcd: no local clock check stands in the way."""
-    s, _ = store
-    keys = Keys(f"/raps-ha-test/{time.monotonic_ns()}/")
+    s, cluster_keys = store
+    # under the installation's prefix: the cluster's etcd users may touch nothing else
+    keys = Keys(f"{cluster_keys.prefix}ha-test/{time.monotonic_ns()}/")
     old = Leadership(s, keys.leader(), 2, {"name": "old"})
     new = Leadership(s, keys.leader(), 2, {"name": "new"})
     assert old.step() and not new.step()
