@@ -27,8 +27,13 @@ from raps_slurm.runtime.agent_client import encode_frame, recv_exact
 
 ROOT = Path(__file__).resolve().parents[2]
 LIB = ROOT / "libraps"
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None or not (LIB / "Makefile").exists(),
-                                reason="needs a C compiler")
+
+
+@pytest.fixture(autouse=True)
+def _compiler() -> None:
+    # scripts/test.sh installs gcc and make: where CI runs, a missing one is a failure
+    assert shutil.which("cc") is not None, "no C compiler: run scripts/test.sh"
+    assert (LIB / "Makefile").exists(), f"{LIB}/Makefile is missing"
 
 
 class StandIn:
