@@ -26,6 +26,7 @@ by reading on the waiting thread: runtime/pump.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,17 @@ def check_openmpi(python: str = SYSTEM_PYTHON) -> str:
                          "and python3-numpy")
     out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, check=False)
     return (out.stdout.strip().splitlines() or ["mpirun (version unknown)"])[0]
+
+
+@contextlib.contextmanager
+def tcp_config() -> Iterator[str]:
+    """A config file of one key, ``messagelog.same_node: tcp``: RAPS over loopback TCP, as
+    Open MPI's tcp BTL (removed on exit)."""
+    with tempfile.TemporaryDirectory(prefix="raps-bench-mpi-") as tmp:
+        path = os.path.join(tmp, "tcp.yaml")
+        with open(path, "w") as f:
+            f.write("messagelog:\n  same_node: tcp\n")
+        yield path
 
 
 def launch(who: str, argv: list[str], measure: str, iterations: int, warmup: int,
@@ -227,10 +239,7 @@ def run_mpi(iterations: int, repeats: int, warmup: int,
     runs: dict[str, list[dict[str, float]]] = {
         "raps": [], "openmpi": [], "tcp": [], "raps_unlogged": [], "openmpi_default": [],
         "raps_same_node": []}
-    with tempfile.TemporaryDirectory(prefix="raps-bench-mpi-") as tmp:
-        tcp = os.path.join(tmp, "tcp.yaml")  # RAPS over loopback TCP, as Open MPI's tcp BTL
-        with open(tcp, "w") as f:
-            f.write("messagelog:\n  same_node: tcp\n")
+    with tcp_config() as tcp:
         main_runs: list[tuple[str, Callable[[int], list[str]], str | None]] = [
             ("raps", raps_argv, tcp), ("openmpi", openmpi_argv, None)]
         side_runs: list[tuple[str, Callable[[int], list[str]], str | None]] = [

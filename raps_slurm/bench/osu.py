@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -59,10 +58,7 @@ def run_osu(iterations: int, repeats: int, warmup: int, sizes: tuple[int, ...] =
     started = time.monotonic()
     extra = ("--sizes", ",".join(map(str, sizes)))
     runs: dict[str, list[dict[int, float]]] = {k: [] for p in PAIRS.values() for k in p}
-    with tempfile.TemporaryDirectory(prefix="raps-bench-osu-") as tmp:
-        tcp = os.path.join(tmp, "tcp.yaml")
-        with open(tcp, "w") as f:
-            f.write("messagelog:\n  same_node: tcp\n")
+    with mpi.tcp_config() as tcp:
         plan: list[tuple[str, list[str], str | None]] = [
             ("raps_tcp", mpi.raps_argv(2), tcp), ("openmpi_tcp", mpi.openmpi_argv(2), None),
             ("raps_host", mpi.raps_argv(2), None),

@@ -43,6 +43,14 @@ def _echo(result: dict[str, Any]) -> None:
     click.echo(json.dumps(result))
 
 
+def _say(as_json: bool) -> Callable[[str], None]:
+    """Progress lines on stderr, none with ``--json``."""
+    def say(line: str) -> None:
+        if not as_json:
+            print(line, file=sys.stderr, flush=True)
+    return say
+
+
 def _size(text: str, option: str) -> int:
     """A size option in bytes, or one line naming the option and what is allowed."""
     try:
@@ -107,11 +115,7 @@ def bench_loss(minutes: float, share: float, jitter: float, port: int, as_json: 
 @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 def bench_heartbeats(nodes: int, seconds: int, port: int, receivers: int, as_json: bool) -> None:
     """One raps-coordinator receiving N nodes' signed heartbeats at 1 Hz over loopback."""
-    def say(line: str) -> None:
-        if not as_json:
-            print(line, file=sys.stderr, flush=True)
-
-    _echo(heartbeats.run_heartbeats(nodes, seconds, port, receivers, say))
+    _echo(heartbeats.run_heartbeats(nodes, seconds, port, receivers, _say(as_json)))
 
 
 @bench.command("checkpoint")
@@ -178,11 +182,7 @@ def bench_messaging(ctx: click.Context, size: str, count: int, large_size: str,
 def bench_mpi(iterations: int, warmup: int, repeats: int, as_json: bool) -> None:
     """The same mpi4py program under RAPS and Open MPI (TCP): bandwidth, latency,
     allreduce."""
-    def say(line: str) -> None:
-        if not as_json:
-            print(line, file=sys.stderr, flush=True)
-
-    _echo(mpi.run_mpi(iterations, repeats, warmup, say))
+    _echo(mpi.run_mpi(iterations, repeats, warmup, _say(as_json)))
 
 
 @bench.command("osu")
@@ -196,11 +196,7 @@ def bench_mpi(iterations: int, warmup: int, repeats: int, as_json: bool) -> None
 def bench_osu(iterations: int, warmup: int, repeats: int, as_json: bool) -> None:
     """Latency and bandwidth from 8 B to 4 MiB, RAPS beside Open MPI: over TCP, and on
     each one's default path between ranks of one host."""
-    def say(line: str) -> None:
-        if not as_json:
-            print(line, file=sys.stderr, flush=True)
-
-    _echo(osu.run_osu(iterations, repeats, warmup, say=say))
+    _echo(osu.run_osu(iterations, repeats, warmup, say=_say(as_json)))
 
 
 @bench.command("recovery")
