@@ -152,7 +152,8 @@ class Context(PeerLinks):
         # Peers authenticate with their nodes' keys (docs/messaging.md, Authentication).
         self.listener = Listener(self.s.host, self._on_frame, self._on_close,
                                  Auth(port.rank_keys, rank, self.s.max_message,
-                                      epoch=epoch, frame_mac=self.s.frame_mac),
+                                      epoch=epoch, frame_mac=self.s.frame_mac,
+                                      ranks=size),
                                  self.s.spin_us / 1e6, unix=self.s.same_node == "unix")
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)

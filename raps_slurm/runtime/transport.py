@@ -69,6 +69,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +97,8 @@ KEY_BYTES = 32
 # one record of one log segment, or it could never be spilled to the log store.
 MAX_MESSAGE = MAX_SEGMENT - RECORD.size
 HANDSHAKE_MAX = 96  # bytes of a handshake frame: a 2 GiB header is refused from 4 bytes
+ASK_EVERY = 1.0  # s: a peer's keys are asked of the agent again at most this often
+ASK_BURST = 2.0  # ... after this many at once
 HANDSHAKE_TIMEOUT = 10.0  # the whole handshake, so a slow or silent stranger goes
 MAX_HANDSHAKES = 32  # connections in their handshake at once; more evict the oldest
 HANDSHAKES_PER_SOURCE = 16  # of those, from one address: at most half the slots
@@ -190,7 +193,7 @@ class Auth:
 
     def __init__(self, keys: bytes | Callable[[int], RankKeys], rank: int,
                  max_message: int = MAX_MESSAGE, *, epoch: int = 0,
-                 frame_mac: str = "control") -> None:
+                 frame_mac: str = "control", ranks: int = 1 << 31) -> None:
         if isinstance(keys, bytes):
             if len(keys) != KEY_BYTES:
                 raise ValueError(f"key of {len(keys)} bytes: exactly {KEY_BYTES} are needed")
@@ -201,7 +204,9 @@ class Auth:
         if frame_mac not in FRAME_MAC:
             raise ValueError(f"frame_mac {frame_mac!r}: expected one of {', '.join(FRAME_MAC)}")
         self._source, self.rank, self.max_message = keys, rank, max_message
-        self._keys: dict[int, RankKeys] = {}
+        # peer -> (its keys or why there are none, when asked, forgotten since, tokens)
+        self._keys: dict[int, tuple[RankKeys | str, float, bool, float]] = {}
+        self.ranks = ranks
         self.epoch, self.frame_mac = epoch, frame_mac
         self.mode = FRAME_MAC.index(frame_mac)
         self.max_frame = HEADER.size + max_message + framing.TAG_SIZE
@@ -211,22 +216,42 @@ class Auth:
 
     def keys_for(self, peer: int, fresh: bool = False) -> RankKeys:
         """``peer``'s :class:`RankKeys`, asked once and kept (``fresh``: asked again, as
-        after the peer moved or a handshake with it failed); FrameError if not to be had."""
+        after the peer moved or a handshake with it failed); FrameError if not to be had.
+
+        Asking again takes a token of the peer's bucket (:data:`ASK_BURST` at once, one
+        more each :data:`ASK_EVERY`): a new incarnation's first hello is answered at
+        once, and a stranger's hellos (a rank out of range, a wrong epoch, a wrong
+        proof) cost the agent and etcd no more than that; an answer or a refusal is kept
+        until then."""
+        if not 0 <= peer < self.ranks:
+            raise FrameError(f"rank {peer}: this job has ranks 0..{self.ranks - 1}",
+                             "handshake")
+        now = time.monotonic()
         with self._lock:
-            keys = None if fresh else self._keys.get(peer)
-        if keys is None:
+            known = self._keys.get(peer)
+            ask, tokens = known is None, 0.0
+            if known is not None and (fresh or known[2]):
+                tokens = min(ASK_BURST, known[3] + (now - known[1]) / ASK_EVERY)
+                ask = tokens >= 1
+        if ask:
             try:
-                keys = self._source(peer)
+                got: RankKeys | str = self._source(peer)
             except (OSError, RapsError) as exc:
-                raise FrameError(f"no keys for rank {peer}: {exc}", "handshake") from None
+                got = f"no keys for rank {peer}: {exc}"
             with self._lock:
-                self._keys[peer] = keys
-        return keys
+                left = ASK_BURST - 1 if known is None else tokens - 1
+                self._keys[peer] = known = (got, now, False, left)
+        assert known is not None
+        if isinstance(known[0], str):
+            raise FrameError(known[0], "handshake")
+        return known[0]
 
     def forget(self, peer: int) -> None:
-        """Ask for ``peer``'s keys again next time."""
+        """Ask for ``peer``'s keys again next time (if its bucket has a token)."""
         with self._lock:
-            self._keys.pop(peer, None)
+            known = self._keys.get(peer)
+            if known is not None:
+                self._keys[peer] = (known[0], known[1], True, known[3])
 
     def proof(self, key: bytes, side: bytes, nc: bytes, ns: bytes, src: int, dst: int,
               src_epoch: int = 0, dst_epoch: int = 0) -> bytes:

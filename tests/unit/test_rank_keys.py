@@ -18,6 +18,8 @@ from raps_slurm.checkpoint.peer_keys import PeerKeys, make_tickets
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry
 from raps_slurm.runtime.transport import (
     _HELLO,
+    ASK_BURST,
+    ASK_EVERY,
     DATA,
     HANDSHAKE_MAX,
     HELLO,
@@ -205,3 +207,28 @@ def test_ranks_on_one_host_use_a_unix_socket_checked_by_uid() -> None:
     finally:
         for lst in (near, far, me):
             lst.close()
+
+
+def test_strangers_hellos_cost_the_agent_a_bounded_number_of_asks() -> None:
+    key = os.urandom(32)
+    asked: list[int] = []
+
+    def source(peer: int) -> RankKeys:
+        asked.append(peer)
+        return RankKeys(key, (key,), 1)
+
+    lst = Listener("127.0.0.1", lambda f, c: None, lambda c: None,
+                   Auth(source, 1, ranks=3))
+    try:
+        start = time.monotonic()
+        for _ in range(20):  # a wrong epoch each time: each asks for rank 0's keys afresh
+            assert hello(lst.address, key, 0, 7)
+        took = time.monotonic() - start
+        assert hello(lst.address, key, 9, 1)  # no rank 9 in a job of 3: nothing asked
+        # the first ask and what the bucket allows (a burst, then one per ASK_EVERY); the
+        # rest answered from what was kept
+        bound = 1 + ASK_BURST + took / ASK_EVERY
+        assert set(asked) == {0} and 2 <= len(asked) <= bound, (asked, took)
+        assert lst.auth.refusals() == {"epoch": 20, "handshake": 1}
+    finally:
+        lst.close()
