@@ -71,6 +71,9 @@ class Plan:
     run: int = 0  # the job run (Slurm restart count) the plan belongs to
     detected_at: float | None = None  # when the fault verdict was given
     planned: bool = False  # a move off a live node drained for health (not a failure)
+    # the rank's last reported step when the plan was made (None: it reported none): the
+    # relaunched rank has caught up once it reports this step again
+    progress: int | None = None
 
     @property
     def active(self) -> bool:
@@ -85,7 +88,8 @@ class Plan:
                      "state": self.state, "created_at": self.created_at,
                      "started_at": self.started_at, "restored_at": self.restored_at,
                      "finished_at": self.finished_at, "note": self.note, "run": self.run,
-                     "detected_at": self.detected_at, "planned": self.planned})
+                     "detected_at": self.detected_at, "planned": self.planned,
+                     "progress": self.progress})
 
     @classmethod
     def from_json(cls, key: str, raw: bytes) -> Plan:
@@ -101,7 +105,7 @@ class Plan:
         if not isinstance(planned, bool):
             raise RecordError(f"{key}: field 'planned': expected true or false, "
                               f"got {planned!r:.40}")
-        plan = replace(plan, planned=planned)
+        plan = replace(plan, planned=planned, progress=r.opt_integer("progress"))
         if not plan.job.isdigit():
             raise RecordError(f"{key}: field 'job': expected a job id, got {plan.job!r:.40}")
         return plan
