@@ -83,6 +83,12 @@ class Detection:
         new epoch leaves the set and is watched again from its next heartbeat."""
         self._finished = ranks
 
+    def step_of(self, job: str, rank: int) -> int | None:
+        """The last step a rank reported to this leader's detector (None: none, or not
+        the leader): what a recovery plan records as the rank's pre-fault progress."""
+        det = self.detector
+        return None if det is None else det.step_of(job, rank)
+
     def close(self) -> None:
         """Stop following nodes/ and wait for pending Slurm side effects."""
         if self._nodes is not None:

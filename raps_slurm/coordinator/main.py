@@ -187,7 +187,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                                     start_now=lambda job: slurm.start_now(int(job)),
                                     update_pending=lambda job, exclude, count:
                                     slurm.update_pending(int(job), exclude, count),
-                                    cancel=lambda job: slurm.cancel(int(job)))
+                                    cancel=lambda job: slurm.cancel(int(job)),
+                                    step_of=detection.step_of)
     weights = Weights(cfg, store, keys, leadership, nodes=slurm.nodes,
                       topology=lambda: coordinator.topology,
                       set_weight=lambda node, w: slurm.set_weight([node], w), background=True,

@@ -53,10 +53,12 @@ class Recovery(Escalations):
                  update_pending: Callable[[str, list[str] | None, int | None], None]
                  = lambda job, exclude, num_nodes: None,
                  cancel: Callable[[str], None] = lambda job: None,
+                 step_of: Callable[[str, int], int | None] = lambda job, rank: None,
                  clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         self._job_info, self._requeue, self._clock = job_info, requeue, clock
         self._start_now, self._update_pending, self._cancel = start_now, update_pending, cancel
+        self._step_of = step_of  # a rank's last reported step: a plan's pre-fault progress
         self._reported: set[str] = set()
         # What this pass knows, for escalations: what the requeued run asks Slurm for.
         self._views: dict[str, JobView] = {}
@@ -373,6 +375,9 @@ class Recovery(Escalations):
         guarded on its keys being absent), and book them with the revision they were
         written at, so that ``_start`` may start them in this same pass."""
         done: list[Plan] = []
+        plans = [p if p.progress is not None
+                 else dataclasses.replace(p, progress=self._step_of(p.job, p.rank))
+                 for p in plans]
         step = MAX_TXN_OPS - 1  # the leadership guard takes one place
         for i in range(0, len(plans), step):
             chunk = plans[i:i + step]

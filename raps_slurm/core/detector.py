@@ -331,6 +331,11 @@ class Detector:
     def _judged_by_progress(r: _Rank) -> bool:
         return r.step > 0 and r.blocked_on is None and r.stalled != r.progress_at
 
+    def step_of(self, job: str, rank: int) -> int | None:
+        """The last step ``(job, rank)`` reported, None if it reported none (or finished)."""
+        r = self._ranks.get((job, rank))
+        return None if r is None else r.step
+
     def ranks_finished(self, ranks: frozenset[RankKey]) -> None:
         """The ranks that finished their program in their current epoch (the whole set each
         time): one new in it stops being watched, once, and its heartbeats are ignored; one

@@ -44,6 +44,7 @@ class World:
     finished: list[frozenset[tuple[str, int]]] = field(default_factory=list)
     state: str = "RUNNING"
     batch_host: str = "n1"
+    steps: dict[int, int] = field(default_factory=dict)  # rank -> its last reported step
 
     def coordinator(self, name: str = "c1", max_concurrent: int = 4,
                     max_requeues: int = 3,
@@ -65,7 +66,8 @@ class World:
             cfg, self.store, self.keys, lead, job_info=self.info,
             requeue=self.requeued.append, start_now=self.released.append,
             update_pending=lambda job, exclude, n: self.updated.append((job, exclude, n)),
-            cancel=self.cancelled.append, clock=self.clock)
+            cancel=self.cancelled.append, step_of=lambda job, rank: self.steps.get(rank),
+            clock=self.clock)
         return c
 
     def info(self, job: str) -> JobInfo:

@@ -766,3 +766,14 @@ def test_a_rank_that_leaves_the_finished_set_is_watched_again() -> None:
     assert lead.run(69.0) == []
     (v,) = lead.run(200.0)
     assert v.kind == "HUNG" and v.at == 70.0
+
+
+def test_step_of_is_the_last_step_reported_until_the_rank_finished() -> None:
+    lead = Leader()
+    steady(lead, "n1", 50.0)
+    lead.app(1.0, "7", 3, "n1", step=5)
+    lead.app(2.0, "7", 3, "n1", step=9)
+    lead.run(3.0)
+    assert (lead.det.step_of("7", 3), lead.det.step_of("7", 4)) == (9, None)
+    lead.det.ranks_finished(frozenset({("7", 3)}))
+    assert lead.det.step_of("7", 3) is None

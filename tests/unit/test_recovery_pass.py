@@ -41,6 +41,21 @@ def test_dead_node_plan_started_followed_and_done(world: World) -> None:
     assert world.entry(3).epoch == 2 and world.requeued == []
 
 
+def test_a_plan_records_the_ranks_pre_fault_progress(world: World) -> None:
+    c = world.coordinator("c1", max_concurrent=1)
+    step(c, world)
+    world.steps = {2: 41, 3: 57}
+    world.dead = {"n5", "n6"}
+    step(c, world, 3)
+    book = read_plans(world.store, world.keys)
+    got = {p.rank: p.progress for p, _ in book.plans.values()}
+    assert got == {2: 41, 3: 57}
+    world.steps = {}  # what a plan recorded stays, whatever the detector says later
+    step(c, world)
+    assert {p.rank: p.progress for p, _ in read_plans(world.store, world.keys).plans.values()} \
+        == {2: 41, 3: 57}
+
+
 def test_bound_holds_the_second_plan_until_the_first_restored(world: World) -> None:
     c = world.coordinator("c1", max_concurrent=1)
     step(c, world)
