@@ -173,6 +173,34 @@ static int parse_uint(const char *name, const char *text, long low, long *out) {
   return RAPS_OK;
 }
 
+/* RAPS_EPOCHS: "RANK=EPOCH,RANK=EPOCH,..." gives ranks a relaunch moved their own epoch
+ * (one srun step gives every task the same environment); the epoch of rank, if listed. */
+static int epoch_of(const char *text, long rank, long *epoch) {
+  static const char *allowed = "expected comma-separated RANK=EPOCH pairs of integers, "
+                               "RANK >= 0 and EPOCH >= 1, each rank at most once "
+                               "(e.g. 3=2,7=4)";
+  int found = 0;
+  for (const char *p = text;;) {
+    char *e;
+    long r = -1, ep = 0;
+    errno = 0;
+    if (*p >= '0' && *p <= '9') r = strtol(p, &e, 10);
+    if (r < 0 || errno || *e != '=' || !(e[1] >= '0' && e[1] <= '9'))
+      return raps__fail(RAPS_ERR_ENV, "RAPS_EPOCHS=%.200s: %s", text, allowed);
+    ep = strtol(e + 1, &e, 10);
+    if (errno || ep < 1 || (*e && *e != ','))
+      return raps__fail(RAPS_ERR_ENV, "RAPS_EPOCHS=%.200s: %s", text, allowed);
+    if (r == rank) {
+      if (found)
+        return raps__fail(RAPS_ERR_ENV, "RAPS_EPOCHS=%.200s: rank %ld is listed twice; %s",
+                          text, rank, allowed);
+      found = 1, *epoch = ep;
+    }
+    if (!*e) return RAPS_OK;
+    p = e + 1;
+  }
+}
+
 int raps_init(void) {
   const char *path = getenv("RAPS_AGENT_SOCKET");
   if (!path || !*path) return raps__fail(RAPS_ERR_ENV, "RAPS_AGENT_SOCKET is not set (run "
@@ -203,6 +231,8 @@ int raps_init(void) {
   int rc = parse_uint(rank_var, getenv(rank_var), 0, &rank);
   if (rc == RAPS_OK && getenv("RAPS_EPOCH") && *getenv("RAPS_EPOCH"))
     rc = parse_uint("RAPS_EPOCH", getenv("RAPS_EPOCH"), 1, &epoch);
+  const char *epochs = getenv("RAPS_EPOCHS");
+  if (rc == RAPS_OK && epochs && *epochs) rc = epoch_of(epochs, rank, &epoch);
   if (rc != RAPS_OK) return rc;
   if (rank > 0x7fffffffL) return raps__fail(RAPS_ERR_ENV, "%s=%ld: expected below 2**31", rank_var, rank);
   return raps_init_with(path, job, (int)rank, epoch);

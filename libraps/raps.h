@@ -33,8 +33,10 @@ enum raps_code {
 };
 
 /* Read RAPS_AGENT_SOCKET (%n = SLURMD_NODENAME), RAPS_JOB (or SLURM_JOB_ID), RAPS_RANK
- * (or SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK), RAPS_EPOCH (1),
- * RAPS_APP_HEARTBEAT_SEC (10) and RAPS_CKPT_INTERVAL (600), register the rank with the agent and start heartbeating. */
+ * (or SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK), RAPS_EPOCH (1) and
+ * RAPS_EPOCHS (RANK=EPOCH,... overrides RAPS_EPOCH for the ranks it lists),
+ * RAPS_APP_HEARTBEAT_SEC (10) and RAPS_CKPT_INTERVAL (600), register the rank with the
+ * agent and start heartbeating. */
 int raps_init(void);
 /* The same with explicit values (epoch >= 1). */
 int raps_init_with(const char *socket_path, const char *job, int rank, long epoch);

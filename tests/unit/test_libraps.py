@@ -45,6 +45,7 @@ class StandIn:
         self.puts: list[list[tuple[str, int]]] = []  # (digest, codec) of each pack
         self.manifests: list[Manifest] = []
         self.ops: list[str] = []
+        self.requests: list[dict[str, Any]] = []
         stand_in = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -79,6 +80,7 @@ class StandIn:
     def _answer(self, req: dict[str, Any], fds: list[int]) -> tuple[dict[str, Any], list[int]]:
         op = req["op"]
         self.ops.append(op)
+        self.requests.append(req)
         if op in self.refuse:
             return {"ok": False, "kind": self.refuse[op], "error": f"{op}: no, {op}"}, []
         if op in ("register", "heartbeat"):
@@ -186,3 +188,32 @@ def test_bad_environment_and_no_agent(check: Path, env: dict[str, str], code: in
                                       named: str) -> None:
     rc, lines = run(check, env, "init")
     assert rc == 1 and lines[0]["rc"] == code and named in lines[0]["error"], lines
+
+
+@pytest.mark.parametrize(("rank", "epochs", "want"), [
+    ("3", "3=2,7=4", 2), ("7", "3=2,7=4", 4), ("5", "3=2,7=4", 1), ("0", "0=9", 9),
+])
+def test_epochs_give_listed_ranks_their_own_epoch(check: Path, sock: str, rank: str,
+                                                  epochs: str, want: int) -> None:
+    agent = StandIn(sock)
+    try:
+        rc, lines = run(check, {**rank_env(sock), "RAPS_RANK": rank, "RAPS_EPOCH": "1",
+                                "RAPS_EPOCHS": epochs}, "init")
+    finally:
+        agent.close()
+    assert rc == 0, lines
+    registers = [r for r in agent.requests if r["op"] == "register"]
+    assert [(r["rank"], r["epoch"]) for r in registers] == [(int(rank), want)], registers
+
+
+@pytest.mark.parametrize("epochs", ["3=", "=2", "3=0", "3=2,", "3=2;7=4", "3=2, 7=4",
+                                    "-1=2", "3=+2", "0=2,0=3", "3=2x"])
+def test_malformed_epochs_are_refused(check: Path, sock: str, epochs: str) -> None:
+    agent = StandIn(sock)
+    try:
+        rc, lines = run(check, {**rank_env(sock), "RAPS_EPOCHS": epochs}, "init")
+    finally:
+        agent.close()
+    assert rc == 1 and lines[0]["rc"] == 2, lines
+    assert "RAPS_EPOCHS" in lines[0]["error"] and "RANK=EPOCH" in lines[0]["error"], lines
+    assert "register" not in agent.ops, agent.ops
