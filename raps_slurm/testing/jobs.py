@@ -30,15 +30,31 @@ _RESULT = re.compile(r"(?:\s*\d+: )?final ")
 
 
 def heat_reference(tmp: Path, ranks: int, args: Sequence[str]) -> str:
-    """The ``final ...`` line of a failure-free run (the local launcher, same arithmetic)."""
+    """The ``final ...`` line of a failure-free run (the local launcher, same arithmetic).
+    Without ``--step-sec``: the pace only, the result does not depend on it, and a slow
+    job's reference need not take as long as the job."""
     proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(ranks),
                            "--dir", str(tmp / "ref"), "--", sys.executable, str(HEAT_RING),
-                           *args], capture_output=True, text=True, timeout=300, check=False)
+                           *unpaced(args)], capture_output=True, text=True, timeout=300,
+                          check=False)
     if proc.returncode != 0:
         raise AssertionError(f"reference run failed: {proc.stderr[-2000:]}")
     [line] = [x for x in proc.stdout.splitlines() if x.startswith("final ")]
     return line
 
+
+def unpaced(args: Sequence[str]) -> list[str]:
+    """``args`` without heat_ring's ``--step-sec SEC`` (or ``--step-sec=SEC``)."""
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--step-sec":
+            skip = True
+        elif not a.startswith("--step-sec="):
+            out.append(a)
+    return out
 
 def agent_job(store: StateStore, keys: Keys, nodes: Sequence[str], *, spare: str = "n5",
               backup: str = "n4", owner: int | None = None, user: str = "") -> str:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from raps_slurm.testing.jobs import last_final, result_problem
+from raps_slurm.testing.jobs import last_final, result_problem, unpaced
 
 CLEAN = "final aa bb cc dd"
 OTHER = "final aa bb cc 00"
@@ -41,3 +41,11 @@ def test_a_program_whose_result_line_has_another_first_word_is_judged_by_it() ->
         f"its last tasks line is {other!r}, not {clean!r}"
     assert result_problem("COMPLETED", "raps-run: all 4 ranks finished\n", clean) == \
         f"its last tasks line is None, not {clean!r}"
+
+
+def test_a_reference_run_drops_only_the_pace() -> None:
+    """heat_ring's result does not depend on ``--step-sec``: the reference runs without it."""
+    assert unpaced(["--steps", "5", "--step-sec", "5.0", "--every", "3"]) == \
+        ["--steps", "5", "--every", "3"]
+    assert unpaced(("--steps", "9", "--step-sec=0.05")) == ["--steps", "9"]
+    assert unpaced(["--steps", "240", "--every", "20"]) == ["--steps", "240", "--every", "20"]
