@@ -27,7 +27,7 @@ def run_size(nodes: int, years: float, mtbf_h: float, seed: int) -> dict[str, An
     per: dict[str, dict[str, float | int]] = {}
     t0, c0 = time.perf_counter(), time.process_time()
     events = 0
-    for name in ("raps", "global", "scr"):
+    for name in ("raps", "global", "scr", "step"):
         t, c = time.perf_counter(), time.process_time()
         r = run_one(s, name, seed)
         per[name] = {"wall_s": round(time.perf_counter() - t, 3),

@@ -43,7 +43,7 @@ _ROWS = (("useful_work_fraction", "useful work (share of wall time)"),
          ("recovery_max_s", "recovery max (s)"),
          ("failures_per_seed", "node failures seen per seed"),
          ("job_failures_per_seed", "job stops per seed"),
-         ("escalations_per_seed", "raps whole-job requeues per seed"),
+         ("escalations_per_seed", "whole-job requeues per seed (raps, step)"),
          ("storage_gb", "checkpoint storage (GB)"),
          ("pfs_tb_per_seed", "PFS traffic per seed (TB)"),
          ("network_tb_per_seed", "node network traffic per seed (TB)"))

@@ -43,7 +43,7 @@ def advise(s: Scenario, progress: Callable[[int, int], None] | None = None
             "useful_work_fraction": summ["useful_work_fraction"],
             "useful_work_fraction_ci95": summ["useful_work_fraction_ci95"],
             "interval_s": iv["interval_s"], "why": iv["why"],
-            "spares": s.raps.spares if name in ("raps", "scr") else 0}
+            "spares": s.raps.spares if name in ("raps", "scr", "step") else 0}
         if name == "raps":
             row["replicas"] = s.checkpoint.replicas
             row["log_overhead"] = s.raps.log_overhead

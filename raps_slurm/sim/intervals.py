@@ -6,10 +6,11 @@ every strategy runs at its own best unless the scenario pins it:
 - ``global``: Daly's optimum (:func:`~raps_slurm.sim.models.daly_interval`) for its
   checkpoint and the job's MTBF; the simulator models Daly's renewal process, so no
   search is needed;
-- ``raps`` and ``scr``: a bounded search, simulated on the scenario's own seeds (common
-  random numbers), around a closed-form start: Young's interval for the blocking save with
-  the lost work replayed ``replay_speedup`` times faster (raps), Daly's for the local and
-  partner write plus the flush's share (scr). Five points at x0.5 ... x2, then two around
+- ``raps``, ``scr`` and ``step``: a bounded search, simulated on the scenario's own seeds
+  (common random numbers), around a closed-form start: Young's interval for the blocking
+  save with the lost work replayed ``replay_speedup`` times faster (raps), Daly's for the
+  local and partner write plus the flush's share (scr), Daly's for the blocking
+  incremental save with the relaunch as restart (step). Five points at x0.5 ... x2, then two around
   the best; then, for scr, ``flush_every`` among a few values at that interval.
 
 A pin: ``checkpoint.interval_s`` > 0 sets every strategy's interval, ``<strategy>.interval_s``
@@ -48,7 +49,7 @@ class Choice:
 
 def _own(s: Scenario, strategy: str) -> float:
     return {"raps": s.raps.interval_s, "global": s.global_.interval_s,
-            "scr": s.scr.interval_s}[strategy]
+            "scr": s.scr.interval_s, "step": s.step.interval_s}[strategy]
 
 
 def pinned(s: Scenario, strategy: str) -> float:
@@ -61,7 +62,7 @@ def with_interval(s: Scenario, interval_s: float, flush_every: int | None = None
     """The scenario with every strategy's interval (and SCR's flush frequency) fixed."""
     out = replace(s, checkpoint=replace(s.checkpoint, interval_s=interval_s),
                   raps=replace(s.raps, interval_s=0.0), global_=replace(s.global_, interval_s=0.0),
-                  scr=replace(s.scr, interval_s=0.0))
+                  scr=replace(s.scr, interval_s=0.0), step=replace(s.step, interval_s=0.0))
     if flush_every is not None:
         out = replace(out, scr=replace(out.scr, flush_every=flush_every))
     return out
@@ -73,7 +74,7 @@ def _clamp(x: float) -> float:
 
 def start_point(s: Scenario, strategy: str, job_mtbf_s: float, nodes: int) -> tuple[float, str]:
     """The closed-form interval a strategy's search starts from, and what it is."""
-    from raps_slurm.sim.periodic import global_costs, scr_costs
+    from raps_slurm.sim.periodic import global_costs, scr_costs, step_costs
 
     if strategy == "global":
         g = global_costs(s, nodes)
@@ -87,6 +88,10 @@ def start_point(s: Scenario, strategy: str, job_mtbf_s: float, nodes: int) -> tu
         return _clamp(daly_interval(max(delta, 1e-6), job_mtbf_s)), (
             f"Daly's interval for a {delta:.1f} s checkpoint (local, partner and the flush's "
             f"share)")
+    if strategy == "step":
+        c = step_costs(s, nodes)
+        return _clamp(daly_interval(max(c.delta, 1e-6), job_mtbf_s)), (
+            f"Daly's interval for a {c.delta:.1f} s incremental save")
     save = s.raps.incr_s_per_gb * s.job.state_gb_per_node
     return _clamp(young_interval(max(save, 1e-3), job_mtbf_s * s.raps.replay_speedup)), (
         f"Young's interval for a {save:.1f} s save, lost work replayed "

@@ -17,7 +17,15 @@ and costs a restart, which a failure of a node the restart holds starts over:
   requeue for the job's nodes and spares. Each node's checkpoint has one copy on its
   partner (:func:`partners`: the same-numbered node in the next rack): when a node and
   its partner die before the job is restored, that checkpoint is gone and the job falls back
-  to its last PFS flush (every ``flush_every`` checkpoints, blocking) or its beginning.
+  to its last PFS flush (every ``flush_every`` checkpoints, blocking) or its beginning;
+- step (``raps-run --restart-mode step``): scr's relaunch inside the allocation with RAPS's
+  costs: a blocking incremental save, copies on ``checkpoint.replicas`` holders in other
+  racks (the partner chain), RAPS's detection before the relaunch, every rank restored
+  from the newest common checkpoint (the replaced node pulls its copy from a holder), no
+  message logging. A checkpoint serves the restart once its delta reached the holders
+  (``lag``); a failure before that goes back one more interval. When a node and every
+  holder of its copy are down, the job is requeued and waits until one of them is
+  repaired (its disk holds the copy), as raps does.
 """
 
 from __future__ import annotations
@@ -26,9 +34,10 @@ import heapq
 import math
 from dataclasses import dataclass
 
+from raps_slurm.sim.detect import detection_delays
 from raps_slurm.sim.intervals import DEFAULT_FLUSH, pinned
 from raps_slurm.sim.results import StrategyResult
-from raps_slurm.sim.scenario import Scenario
+from raps_slurm.sim.scenario import RapsSpec, Scenario
 from raps_slurm.sim.trace import FAIL, Layout, Outage
 
 GB = 1e9
@@ -42,15 +51,17 @@ class Costs:
     delta: float               # blocking checkpoint
     queue: float               # a requeue: waiting without nodes
     hold: float                # a requeue: start-up and restore, holding the nodes
-    relaunch: float = -1.0     # scr: relaunch inside the allocation (-1: never, global)
+    relaunch: float = -1.0     # scr, step: relaunch inside the allocation (-1: never, global)
     flush: float = 0.0         # scr: blocking PFS flush of the whole job's state
     flush_every: int = 0       # scr: every Nth checkpoint is flushed (0: never)
     pfs_restore: float = 0.0   # scr: extra time to read the flushed checkpoint back
     spares: int = 0            # spare nodes allocated with the job
+    copies: int = -1           # step: holders of each node's copy (-1: scr's one partner)
+    lag: float = 0.0           # step: a checkpoint's delta reaches its holders this later
     # Traffic and storage, for the report.
     pfs_bytes_per_ckpt: float = 0.0     # global: the whole state each checkpoint
     pfs_bytes_per_restart: float = 0.0  # global: read back at each restart
-    net_bytes_per_ckpt: float = 0.0     # scr: every node's copy to its partner
+    net_bytes_per_ckpt: float = 0.0     # scr, step: every node's copy to its partner(s)
     flush_bytes: float = 0.0            # scr: the whole state each flush
     storage_gb: float = 0.0
 
@@ -88,6 +99,36 @@ def scr_costs(s: Scenario, nodes: int) -> Costs:
                  flush_bytes=state * GB,
                  storage_gb=2 * state * s.checkpoint.generations
                  + (state if every else 0.0))
+
+
+def step_costs(s: Scenario, nodes: int) -> Costs:
+    """Costs of ``raps-run --restart-mode step`` for a job of ``nodes``: RAPS's save and
+    restore figures (``step.*``, else ``raps.*``), its detection, no logging."""
+    r, st = s.raps, s.step
+    per = s.job.state_gb_per_node
+    save = (st.incr_s_per_gb if st.incr_s_per_gb >= 0 else r.incr_s_per_gb) * per
+    decode = st.restore_gbps if st.restore_gbps > 0 else r.restore_gbps
+    # Survivors decode their local copy while the replaced node pulls its own and decodes
+    # it: the pull gates the restart.
+    restore = per * r.storage_ratio / r.node_net_gbps + per / decode
+    detect = detection_mean(r)
+    delta_gb = per * s.job.change_rate * r.storage_ratio
+    replicas = s.checkpoint.replicas
+    gens = 1 + (s.checkpoint.generations - 1) * s.job.change_rate
+    return Costs(save, detect + s.cluster.queue_wait_s, s.job.reinit_s + restore,
+                 relaunch=detect + st.relaunch_s + restore, spares=r.spares,
+                 copies=replicas, lag=delta_gb * replicas / r.node_net_gbps,
+                 net_bytes_per_ckpt=delta_gb * replicas * nodes * GB,
+                 storage_gb=per * r.storage_ratio * gens * (1 + replicas) * nodes)
+
+
+def detection_mean(r: RapsSpec) -> float:
+    """Crash -> DEAD verdict: ``raps.detect_s``, else the mean of the coordinator's
+    detector over crash phases (:func:`~raps_slurm.sim.detect.detection_delays`)."""
+    if r.detect_s >= 0:
+        return r.detect_s
+    delays = detection_delays(r)
+    return sum(delays) / len(delays)
 
 
 def partners(layout: Layout) -> list[int]:
@@ -132,6 +173,12 @@ class PeriodicSim:
                      if x not in self.pos and x not in self.spare_set]
         heapq.heapify(self.free)
         self.partner = partners(layout)
+        # step: working positions by rack, racks in cluster order (the holders' places)
+        self.rack_order = list(dict.fromkeys(layout.rack[x] for x in layout.nodes))
+        self.rack_index = {r: k for k, r in enumerate(self.rack_order)}
+        self.rack_pos: dict[str, list[int]] = {}
+        for i, x in enumerate(self.working):
+            self.rack_pos.setdefault(layout.rack[x], []).append(i)
         self.partnered: dict[int, set[int]] = {}   # position -> positions it is partner of
         for i, j in enumerate(self.partner):
             self.partnered.setdefault(j, set()).add(i)
@@ -145,6 +192,12 @@ class PeriodicSim:
         self.fault_t = self.fault_done = 0.0
         self.failed: set[int] = set()   # positions whose node died since the last restore
         self.partner_lost = False
+        self.t_ckpt = -math.inf   # when the newest checkpoint was written (step's lag)
+        # step: the nodes that died since the last restore, by position, and for each
+        # node whose every copy is down, the nodes one of which must come back first
+        self.dead_node: dict[int, str] = {}
+        self.wait_for: list[set[str]] = []
+        self.requeues: dict[str, int] = {}   # step: whole-job requeues by cause
         self.finished: float | None = None
         self.recoveries: list[float] = []
         self.stops: list[float] = []
@@ -170,6 +223,7 @@ class PeriodicSim:
                     k = min(k, (math.ceil(left / tau - 1e-9) - 1) // per)
                 if k >= 1:
                     self.t_seg += k * block
+                    self.t_ckpt = self.t_seg
                     self.useful += k * per * tau
                     self.ckpts += k * per
                     self.ckpt_time += k * (block - per * tau)
@@ -181,6 +235,7 @@ class PeriodicSim:
             if self.t_seg + seg + flush > until:
                 return
             self.t_seg += seg + flush
+            self.t_ckpt = self.t_seg
             self.useful += tau
             self.ckpts += 1
             self.ckpt_time += delta + flush
@@ -205,6 +260,8 @@ class PeriodicSim:
                 self.phase, self.t_seg = RUN, t
                 self.failed.clear()
                 self.partner_lost = False
+                self.dead_node.clear()
+                self.wait_for.clear()
                 self.stops.append(t - self.fault_t)
                 self.recoveries.append(t - self.fault_t + self.fault_done)
 
@@ -217,10 +274,17 @@ class PeriodicSim:
             self.ckpt_time += max(0.0, p - self.tau)
             self.fault_t, self.fault_done = t, done
             self.restarts += 1
+            if t - self.t_ckpt < self.c.lag and self.useful >= self.tau - 1e-9:
+                # The newest checkpoint has not reached the holders: the one before it.
+                self.useful -= self.tau
+                self.lost += self.tau
+                self.fault_done += self.tau
         else:
             self.interrupted += 1
         self.failed.update(dead)
-        if self.c.relaunch >= 0 and not self.partner_lost and self.n > 1 and any(
+        if self.c.copies >= 0:
+            self._copies_lost(dead)
+        elif self.c.relaunch >= 0 and not self.partner_lost and self.n > 1 and any(
                 self.partner[i] in self.failed for i in self.failed):
             # A node and its partner are gone: back to the last flush (or the beginning).
             self.partner_lost = True
@@ -230,6 +294,38 @@ class PeriodicSim:
             self.useful = self.flushed
             self.n_flush = 0
         self._restart(t)
+
+    def _chain(self, i: int) -> list[int]:
+        """step: the positions holding position ``i``'s copies, one in each of the next
+        racks that hold working nodes (as RAPS's backup groups span fault domains and are
+        rebuilt after a move); with too few racks, the next positions in ``i``'s own."""
+        own = self.layout.rack[self.working[i]]
+        k0, nr = self.rack_index[own], len(self.rack_order)
+        out: list[int] = []
+        for k in range(1, nr if self.c.copies else 1):
+            members = self.rack_pos.get(self.rack_order[(k0 + k) % nr])
+            if members:
+                out.append(members[i % len(members)])
+                if len(out) == self.c.copies:
+                    return out
+        members = self.rack_pos[own]
+        at = members.index(i)
+        for m in range(1, min(len(members), self.c.copies - len(out) + 1)):
+            out.append(members[(at + m) % len(members)])
+        return out
+
+    def _copies_lost(self, dead: list[int]) -> None:
+        """step: a node whose every copy is down (it and all its holders died since the
+        last restore) holds the restart until one of those nodes is repaired (after a
+        requeue: a failed node leaves the allocation)."""
+        for i in dead:
+            self.dead_node.setdefault(i, self.working[i])
+        for i, node in self.dead_node.items():
+            chain = self._chain(i)
+            if all(j in self.dead_node for j in chain):
+                group = {node, *(self.dead_node[j] for j in chain)}
+                if group not in self.wait_for:
+                    self.wait_for.append(group)
 
     def _holes(self) -> list[int]:
         """Positions whose node is down (the down set is small: the outages under way)."""
@@ -241,6 +337,9 @@ class PeriodicSim:
         heapq.heappush(self.free, self.index[old])
         self.working[i] = node
         self.pos[node] = i
+        if self.c.copies >= 0:
+            self.rack_pos[self.layout.rack[old]].remove(i)
+            self.rack_pos.setdefault(self.layout.rack[node], []).append(i)
         # SCR rebuilds its partner sets at a restart: the new node and every node whose
         # copy it holds must keep their partner in another rack.
         self._repartner(i)
@@ -267,7 +366,7 @@ class PeriodicSim:
     def _restart(self, t: float) -> None:
         holes = self._holes()
         extra = self.c.pfs_restore if self.partner_lost else 0.0
-        if self.c.relaunch >= 0 and len(self.spares) - len(
+        if self.c.relaunch >= 0 and not self.wait_for and len(self.spares) - len(
                 self.spare_set & self.down) >= len(holes):
             live = [x for x in self.spares if x not in self.down]
             for i, x in zip(holes, live, strict=False):
@@ -276,12 +375,18 @@ class PeriodicSim:
             self._set_spares(live[len(holes):])
             self.phase, self.phase_end = HOLD, t + self.c.relaunch + extra
             return
+        if self.c.copies >= 0:
+            why = "no copy" if self.wait_for else "no spare"
+            self.requeues[why] = self.requeues.get(why, 0) + 1
         self.phase, self.phase_end = QUEUE, t + self.c.queue
 
     def _allocate(self, t: float) -> None:
         """Nodes for the requeued job: its live nodes keep their place (and their
         checkpoints), holes take its live spares, then the lowest-numbered live others
         (:func:`~raps_slurm.sim.trace.allocate`, without walking the whole cluster)."""
+        if any(group <= self.down for group in self.wait_for):
+            self.phase = NODES  # a checkpoint is only on dead nodes: a repair retries
+            return
         holes = self._holes()
         live_spares = [x for x in self.spares if x not in self.down]
         need = len(holes) + self.c.spares - len(live_spares)
@@ -362,7 +467,8 @@ class PeriodicSim:
             strategy=self.name, wall_s=wall, useful_s=self.useful, nodes=self.n,
             allocated_nodes=self.n + c.spares, lost_work_s=self.lost,
             checkpoint_s=self.ckpt_time, checkpoints=self.ckpts, failures=self.failures,
-            job_failures=self.restarts, escalations=0, interrupted_restarts=self.interrupted,
+            job_failures=self.restarts, escalations=sum(self.requeues.values()),
+            escalation_kinds=dict(self.requeues), interrupted_restarts=self.interrupted,
             recoveries=self.recoveries, stops=self.stops, storage_gb=c.storage_gb,
             pfs_tb=(self.ckpts * c.pfs_bytes_per_ckpt + self.restarts * c.pfs_bytes_per_restart
                     + self.flushes * c.flush_bytes) / 1e12,

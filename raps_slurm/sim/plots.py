@@ -17,9 +17,10 @@ from matplotlib.ticker import FuncFormatter
 FIGSIZE = (7.0, 4.5)
 DPI = 120
 # Fixed per strategy so the same strategy has the same colour in every chart.
-STRATEGY_COLOURS = {"raps": "tab:blue", "global": "tab:orange", "scr": "tab:green"}
+STRATEGY_COLOURS = {"raps": "tab:blue", "global": "tab:orange", "scr": "tab:green",
+                    "step": "tab:red"}
 _OTHER_COLOURS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
-_STRATEGY_ORDER = ("raps", "global", "scr")
+_STRATEGY_ORDER = ("raps", "global", "scr", "step")
 # A log axis cannot show zero; an instant recovery is drawn at this many seconds instead.
 _MIN_RECOVERY_S = 0.1
 

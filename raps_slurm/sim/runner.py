@@ -17,7 +17,7 @@ from raps_slurm.sim.inputs import (
 )
 from raps_slurm.sim.intervals import Choice, choose, job_mtbf, with_interval
 from raps_slurm.sim.models import daly_fraction, daly_interval, young_interval
-from raps_slurm.sim.periodic import global_costs, scr_costs, simulate_periodic
+from raps_slurm.sim.periodic import global_costs, scr_costs, simulate_periodic, step_costs
 from raps_slurm.sim.raps import RapsSim
 from raps_slurm.sim.results import (
     StrategyResult,
@@ -48,7 +48,7 @@ def run_one(s: Scenario, strategy: str, seed: int, nodes: int | None = None,
     n = len(layout.working)
     if strategy == "raps":
         return RapsSim(s, layout, seed, horizon, work_s, timeline).simulate()
-    costs = global_costs(s, n) if strategy == "global" else scr_costs(s, n)
+    costs = {"global": global_costs, "scr": scr_costs, "step": step_costs}[strategy](s, n)
     return simulate_periodic(strategy, s, layout, timeline, horizon, costs, work_s)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from raps_slurm.config import _build, _f, read_yaml
 from raps_slurm.errors import ScenarioError
 
-STRATEGIES = ("raps", "global", "scr")
+STRATEGIES = ("raps", "global", "scr", "step")
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,8 @@ class RunSpec:
                                 "fraction: after run.seeds, more seeds until it is reached "
                                 "or run.max_seeds (0 = exactly run.seeds)", 0.0, 1.0)
     max_seeds: int = _f(200, "most seeds run.half_width may use", 2, 10_000)
-    strategies: tuple[str, ...] = _f(list(STRATEGIES), "strategies to compare: raps, global, scr")
+    strategies: tuple[str, ...] = _f(list(STRATEGIES), "strategies to compare: raps, global, "
+                                                       "scr, step")
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ class CheckpointSpec:
 
     interval_s: float = _f(0.0, "compute time between two checkpoints, seconds, for every "
                                 "strategy; 0 = each strategy's own best, chosen by the planner "
-                                "(Daly's optimum for global, a bounded search for raps and scr)",
+                                "(Daly's optimum for global, a bounded search for raps, scr and "
+                                "step)",
                            0, 1e8)
     replicas: int = _f(2, "raps: copies besides the primary (checkpoint.replica_count)", 0, 8)
     generations: int = _f(2, "generations kept (storage estimate)", 1, 1000)
@@ -181,6 +183,32 @@ class ScrSpec:
 
 
 @dataclass(frozen=True)
+class StepSpec:
+    """raps-run --restart-mode step: RAPS's per-node incremental checkpoints with copies in
+    the backup group, no message logging; a lost node ends the MPI step, a spare of the
+    allocation takes its place and the whole step is relaunched from the newest common
+    checkpoint (detection: the raps.* detection keys; spares: raps.spares; copies:
+    checkpoint.replicas)."""
+
+    interval_s: float = _f(0.0, "step's checkpoint interval, seconds (0 = "
+                                "checkpoint.interval_s)", 0, 1e8)
+    relaunch_s: float = _f(1.188, "DEAD verdict -> every rank of the new step started: the "
+                                  "old step ended, raps-run's srun of the whole step, the "
+                                  "ranks' start (default measured: bench launch, "
+                                  "raps_from_exec_s, 24 ranks on 6 nodes, docs/benchmarks.md; "
+                                  "ending the old step is not in it; bench restart's "
+                                  "relaunch_s is)", 0.0, 1e8)
+    incr_s_per_gb: float = _f(-1.0, "blocking time of a libraps incremental save per GB of "
+                                    "state; -1 = raps.incr_s_per_gb (measured on the Python "
+                                    "runtime's save, the same agent and store: libraps's own "
+                                    "is not measured)", -1.0, 1e6)
+    restore_gbps: float = _f(-1.0, "decode and verify speed of a libraps restore, GB/s per "
+                                   "node; -1 = raps.restore_gbps (measured on the Python "
+                                   "runtime's restore: libraps's own is not measured)",
+                             -1.0, 1e6)
+
+
+@dataclass(frozen=True)
 class Scenario:
     """A whole scenario; ``source`` is the file it came from ('' for built ones)."""
 
@@ -194,6 +222,7 @@ class Scenario:
     global_: GlobalSpec = field(default_factory=GlobalSpec,
                                 metadata={"key": "global"})
     scr: ScrSpec = field(default_factory=ScrSpec)
+    step: StepSpec = field(default_factory=StepSpec)
     source: str = field(default="", metadata={"internal": True})
 
 
@@ -288,6 +317,12 @@ def _check(s: Scenario, errors: list[str]) -> None:
         errors.append("run.strategies: expected at least one of " + ", ".join(STRATEGIES))
     if not s.job.trace:
         errors.extend(cluster_check(s, s.job.nodes))
+    if s.step.restore_gbps != -1 and s.step.restore_gbps < 0.001:
+        errors.append(f"step.restore_gbps: {s.step.restore_gbps:g} is not allowed, expected -1 "
+                      f"(= raps.restore_gbps) or 0.001 to 1000000.0")
+    if s.step.incr_s_per_gb != -1 and s.step.incr_s_per_gb < 0:
+        errors.append(f"step.incr_s_per_gb: {s.step.incr_s_per_gb:g} is not allowed, expected "
+                      f"-1 (= raps.incr_s_per_gb) or 0 to 1000000.0")
     if s.cluster.power_domains > s.cluster.racks:
         errors.append(f"cluster.power_domains: {s.cluster.power_domains} exceeds cluster.racks "
                       f"= {s.cluster.racks} (a power domain holds whole racks)")

@@ -102,5 +102,5 @@ def test_bench_simulate_json_keys() -> None:
     out = json.loads(r.stdout)
     assert set(out) == {"nodes", "working_nodes", "spares", "sim_years", "wall_s", "events",
                         "strategies", "sizes", "cpu_s"}
-    assert set(out["strategies"]) == {"raps", "global", "scr"}
+    assert set(out["strategies"]) == {"raps", "global", "scr", "step"}
     assert out["nodes"] == 200 and out["events"] > 0

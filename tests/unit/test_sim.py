@@ -53,13 +53,14 @@ def scn(**sections: dict[str, object]) -> object:
     ({"failures": {"distribution": "gamma"}},
      "test: failures.distribution: 'gamma' is not allowed, expected one of exponential, weibull"),
     ({"run": {"strategies": ["raps", "magic"]}},
-     "test: run.strategies: 'magic' is not a strategy, expected some of raps, global, scr"),
+     "test: run.strategies: 'magic' is not a strategy, expected some of raps, global, scr, "
+     "step"),
     ({"failures": {"correlated_share": 0.2, "correlated_scope": "power"}},
      "test: failures.correlated_scope: 'power' needs cluster.power_domains > 0"),
     ({"global": {"pfs_write_gbps": -1}},
      "test: global.pfs_write_gbps: -1 is out of range, allowed 0.001 to 1000000000.0"),
     ({"source": "x"}, "test: source: unknown key (allowed: name, run, cluster, failures, job, "
-                      "checkpoint, raps, global, scr)"),
+                      "checkpoint, raps, global, scr, step)"),
     ([1, 2], "test: scenario: expected a mapping of keys, got [1, 2]"),
 ])
 def test_bad_scenarios_name_the_key(data: object, message: str) -> None:

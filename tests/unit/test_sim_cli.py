@@ -22,7 +22,7 @@ def test_run_json_has_every_strategy() -> None:
     r = rapsctl("simulate", "run", SEED, "--json", *QUICK)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    for name in ("raps", "global", "scr"):
+    for name in ("raps", "global", "scr", "step"):
         frac = out["strategies"][name]["useful_work_fraction"]
         assert 0 < frac < 1
     assert out["strategies"]["raps"]["useful_work_fraction"] > \
@@ -36,7 +36,7 @@ def test_run_table_csv_and_cdf(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "useful work (share of wall time)" in r.stdout
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
-    assert [row["strategy"] for row in rows] == ["raps", "global", "scr"]
+    assert [row["strategy"] for row in rows] == ["raps", "global", "scr", "step"]
     assert (tmp_path / "recovery-cdf.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -45,7 +45,7 @@ def test_sweep_writes_rows_and_plots(tmp_path: Path) -> None:
                 "--vary", "checkpoint.replicas=1,2", "--json", "--plots", str(tmp_path))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert len(out["rows"]) == 2 * 2 * 3
+    assert len(out["rows"]) == 2 * 2 * 4
     assert {row["checkpoint.interval_s"] for row in out["rows"]} == {300, 1200}
     assert sorted(Path(p).name for p in out["plots"]) == ["storage-vs-replicas.png",
                                                          "useful-vs-interval.png"]

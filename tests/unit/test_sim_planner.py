@@ -67,9 +67,9 @@ def test_seed_128_reports_each_strategy_at_its_own_interval() -> None:
     rep, _ = run_report(parse_scenario({**_data(s), "run": {"seeds": 1,
                                                               "horizon_days": 120}}, "t"))
     iv = rep["intervals"]
-    assert set(iv) == {"raps", "global", "scr"}
+    assert set(iv) == {"raps", "global", "scr", "step"}
     assert iv["global"]["interval_s"] == rep["models"]["daly_interval_s"]
-    assert len({iv[n]["interval_s"] for n in iv}) == 3  # their own, not one shared
+    assert len({iv[n]["interval_s"] for n in iv}) == 4  # their own, not one shared
     assert abs(rep["strategies"]["global"]["useful_work_fraction"]
                - rep["models"]["daly_global_fraction_at_daly"]) < 0.02
 
