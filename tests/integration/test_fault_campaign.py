@@ -1,8 +1,11 @@
 """A short seeded fault campaign (``rapsctl bench faults``' runs) on the session cluster:
-heat_ring and random programs under crashed and frozen nodes (a working node, a node with
-its log backup, a whole rack, a rack and one more node) end with their failure-free
+heat_ring and random programs under crashed and frozen nodes end with their failure-free
 results, a job is requeued only when no spare remained, and no rank of a node no fault
-touched is restarted or moved."""
+touched is restarted or moved. Seed 20's four runs here: a rack (one node frozen, one
+crashed), a working node with the node of its log backup, a rack again, a working node.
+Its fifth run, a rack of two crashed nodes, proved nothing the first four and
+test_node_recovery's rack test do not; a rack and one more node, which leaves no spare,
+is test_recovery's no-spare requeue and ``rapsctl bench faults``' longer campaigns."""
 
 from __future__ import annotations
 
@@ -15,11 +18,11 @@ import pytest
 from raps_slurm.bench.faults import campaign
 from raps_slurm.testing.cluster import LocalCluster
 
-RUNS, SEED = 5, 20
+RUNS, SEED = 4, 20
 
 
-# five jobs of 20-60 s each on a loaded 2-core machine, and their failure-free references
-@pytest.mark.timeout(540)
+# four jobs of 20-60 s each on a loaded 2-core machine, and their failure-free references
+@pytest.mark.timeout(450)
 def test_a_seeded_fault_campaign_loses_no_data_and_computes_no_wrong_result(
         cluster: LocalCluster, leading: Callable[[str], Any]) -> None:
     with leading("faults"):
