@@ -147,6 +147,9 @@ write_conf() {
     echo "CredType=cred/munge"
     echo "StateSaveLocation=$RUN/ctld"
     echo "SlurmdSpoolDir=$RUN/spool/%n"
+    # Per node: PMIx makes its client directory under TmpFS, named by job and step
+    # only, and the fake nodes of one host would share it (srun --mpi=pmix).
+    echo "TmpFS=$RUN/tmp/%n"
     echo "SlurmctldPidFile=$RUN/pids/slurmctld.pid"
     echo "SlurmdPidFile=$RUN/pids/slurmd-%n.pid"
     echo "SlurmctldLogFile=$RUN/log/slurmctld.log"
@@ -516,7 +519,8 @@ etcd_member_arg() {
 
 start_slurmd() {
   local n=$1
-  mkdir -p "$RUN/spool/$n"
+  mkdir -p "$RUN/spool/$n" "$RUN/tmp/$n"
+  chmod 1777 "$RUN/tmp/$n"
   local cmd="exec '$SLURM_SBIN/slurmd' -N '$n' -f '$RUN/etc/slurm.conf'"
   if cgroups_usable; then
     mkdir -p "$CG_DIR/$n"

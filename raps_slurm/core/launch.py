@@ -250,3 +250,61 @@ def hash_seed(env: Mapping[str, str], job: str) -> dict[str, str]:
     for ch in job.encode():
         seed = (seed * 131 + ch) % 4294967295  # PYTHONHASHSEED is 0..4294967295
     return {"PYTHONHASHSEED": str(seed)}
+
+
+RESTART_MODES = ("ranks", "step")
+
+
+def restart_mode(options: Sequence[str]) -> tuple[str, list[str]]:
+    """raps-run's ``--restart-mode MODE`` (or ``=MODE``) among ``options`` -> (mode, the
+    other options); ``ranks`` when absent. ValueError naming the value and what is allowed."""
+    rest: list[str] = []
+    mode = "ranks"
+    i = 0
+    while i < len(options):
+        word = options[i]
+        i += 1
+        if word == "--restart-mode" or word.startswith("--restart-mode="):
+            if "=" in word:
+                value = word.partition("=")[2]
+            elif i < len(options):
+                value, i = options[i], i + 1
+            else:
+                raise ValueError("--restart-mode needs a value: ranks or step")
+            if value not in RESTART_MODES:
+                raise ValueError(f"--restart-mode {value!r}: expected ranks or step")
+            mode = value
+        else:
+            rest.append(word)
+    return mode, rest
+
+
+def step_hostfile(placement: Mapping[int, tuple[str, int]]) -> str:
+    """``$SLURM_HOSTFILE`` of a step whose task i is rank i: one node per line, in rank
+    order. ValueError if the ranks are not 0..size-1."""
+    if sorted(placement) != list(range(len(placement))):
+        raise ValueError(f"ranks {sorted(placement)[:8]}... are not 0..{len(placement) - 1}")
+    return "".join(f"{placement[r][0]}\n" for r in range(len(placement)))
+
+
+def step_epochs(placement: Mapping[int, tuple[str, int]]) -> dict[str, str]:
+    """The epochs of one step's tasks, which srun all give the same environment:
+    ``RAPS_EPOCH`` the most common, ``RAPS_EPOCHS`` ``RANK=EPOCH`` for the others (ranks a
+    plan moved), so that the variable grows with the moves, not with the ranks."""
+    counts: dict[int, int] = {}
+    for _, epoch in placement.values():
+        counts[epoch] = counts.get(epoch, 0) + 1
+    base = max(sorted(counts), key=lambda e: counts[e]) if counts else 1
+    moved = ",".join(f"{r}={e}" for r, (_, e) in sorted(placement.items()) if e != base)
+    return {"RAPS_EPOCH": str(base), "RAPS_EPOCHS": moved}
+
+
+def step_overcommit(placement: Mapping[int, tuple[str, int]], allocated: Sequence[int]
+                    ) -> list[str]:
+    """``--overcommit`` when a node runs more ranks than the CPUs every node of the job
+    holds (Slurm would refuse the step), else nothing."""
+    per_node: dict[str, int] = {}
+    for node, _ in placement.values():
+        per_node[node] = per_node.get(node, 0) + 1
+    most = max(per_node.values(), default=0)
+    return [] if allocated and min(allocated) >= most else ["--overcommit"]

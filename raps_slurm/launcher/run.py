@@ -61,12 +61,14 @@ from raps_slurm.core.launch import (
     node_slots,
     outcome,
     relaunches,
+    restart_mode,
     run_flags,
     split_command,
     step_cpu_options,
 )
 from raps_slurm.errors import RapsError, SlurmCommandError
 from raps_slurm.launcher.control import ControlServer, RankHandle
+from raps_slurm.launcher.step import StepLauncher
 from raps_slurm.mpi import shim_env
 from raps_slurm.runtime.agent_client import AgentError
 from raps_slurm.runtime.checkpoint import CheckpointClient
@@ -443,15 +445,18 @@ class Launcher:
         return 0
 
 
-USAGE = """usage: raps-run [--mpi4py] [-l|--label] [SRUN OPTIONS] -- PROGRAM [ARGS]
+USAGE = """usage: raps-run [--mpi4py] [-l|--label] [--restart-mode ranks|step] [SRUN OPTIONS]
+                -- PROGRAM [ARGS]
 
 Starts the ranks of this --raps job on the nodes the coordinator chose, as one job
 step with one node supervisor per node, and relaunches a node's ranks on a spare when
 it dies. SRUN OPTIONS (e.g. --cpus-per-task, --mem, --gres) go to every supervisor
 step; --cpus-per-task is per rank. --mpi4py runs an mpi4py program unchanged: its
 `from mpi4py import MPI` resolves to raps_slurm.mpi. -l/--label starts each line of a
-rank's output with its rank ("3: "). The config comes from $RAPS_CONFIG, then
-/etc/raps/raps.yaml."""
+rank's output with its rank ("3: "). --restart-mode step runs any MPI program (with
+libraps) as one `srun --mpi=pmix` step and, when a node is lost, restarts the whole step
+on a spare within the allocation, every rank from the newest common checkpoint. The
+config comes from $RAPS_CONFIG, then /etc/raps/raps.yaml."""
 
 MAP_TIMEOUT_SEC = 120.0
 
@@ -464,8 +469,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(0)
     try:
         srun_options, program = split_command(args)
+        mode, srun_options = restart_mode(srun_options)
         flags, srun_options = run_flags(srun_options)
         cpus_per_rank(srun_options)
+        if mode == "step" and "mpi4py" in flags:
+            raise ValueError("--mpi4py runs under the default restart mode (ranks), not step")
     except ValueError as exc:
         _usage_error(str(exc))
     job = os.environ.get("SLURM_JOB_ID", "")
@@ -484,13 +492,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     here = os.environ.get("SLURMD_NODENAME", "")
     if "%n" in template and not here:
         _usage_error("SLURMD_NODENAME is not set (needed for %n in the agent socket path)")
+    agent_path = node_dir(template, here) if "%n" in template else template
+    if mode == "step":
+        _run_step(cfg, job, int(run_text), agent_path, srun_options, program, template,
+                  "label" in flags)
     try:
         ctl = ControlServer(control_host(os.environ))
     except (RapsError, OSError) as exc:
         say(f"cannot open the control channel: {exc}")
         sys.exit(1)
-    agent = CheckpointClient(node_dir(template, here) if "%n" in template else template,
-                             job, 0, 1, timeout=30)
+    agent = CheckpointClient(agent_path, job, 0, 1, timeout=30)
     launcher = Launcher(cfg, job, int(run_text), agent, SlurmClient(CommandRunner(timeout=30)),
                         srun_options, program, template, ctl, mpi4py="mpi4py" in flags,
                         label="label" in flags)
@@ -515,6 +526,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = 1
     finally:
         launcher.end_steps()
+        agent.close()
+    sys.exit(code)
+
+
+def _run_step(cfg: Config, job: str, run: int, agent_path: str, srun_options: list[str],
+              program: list[str], template: str, label: bool) -> typing.NoReturn:
+    """raps-run --restart-mode step (:mod:`raps_slurm.launcher.step`)."""
+    agent = CheckpointClient(agent_path, job, 0, 1, timeout=30)
+    launcher = StepLauncher(cfg, job, run, agent, SlurmClient(CommandRunner(timeout=30)),
+                            srun_options, program, template, label=label)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        say("SIGTERM: Slurm ends this run; killing its srun")
+        launcher.terminate()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        code = launcher.run_job(MAP_TIMEOUT_SEC)
+    except (RapsError, AgentError, SlurmCommandError) as exc:
+        say(str(exc))
+        code = 1
+    finally:
+        if launcher.proc is not None and launcher.proc.poll() is None:
+            launcher.end_step()
+        launcher.close()
         agent.close()
     sys.exit(code)
 

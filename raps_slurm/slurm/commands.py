@@ -105,6 +105,29 @@ def cancel(job_id: int, signal: str | None = None) -> list[str]:
     return [*argv, str(int(job_id))]
 
 
+def cancel_step(job_id: int, step: int, signal: str = "KILL") -> list[str]:
+    """Signal one step of a job (``JOB.STEP``); SIGKILL by default."""
+    return ["scancel", f"--signal={signal}", f"{int(job_id)}.{int(step)}"]
+
+
+def squeue_steps(job_id: int) -> list[str]:
+    """The job's steps, one ``ID NAME`` line each (``JOB.STEP``)."""
+    return ["squeue", "--steps", f"--jobs={int(job_id)}", "--noheader", "--format=%i %j"]
+
+
+def srun_mpi_step(size: int, name: str, options: Iterable[str],
+                  program: Iterable[str]) -> list[str]:
+    """One MPI step of ``size`` tasks placed by ``$SLURM_HOSTFILE`` (task i on the file's
+    line i: the rank map's node of rank i), started by Slurm's PMIx plugin unless
+    ``options`` name another ``--mpi``; a task that fails ends the step."""
+    opts = list(options)
+    mpi = [] if any(o == "--mpi" or o.startswith("--mpi=") for o in opts) else ["--mpi=pmix"]
+    if size < 1:
+        raise ValueError("an MPI step needs at least one task")
+    return ["srun", *mpi, f"--ntasks={size}", "--distribution=arbitrary",
+            "--kill-on-bad-exit=1", f"--job-name={name}", *opts, *program]
+
+
 def srun_rank(node: str, name: str, options: Iterable[str], program: Iterable[str]) -> list[str]:
     """One rank as its own step: one task on ``node``, only the CPUs it asks for, and it
     survives the loss of other nodes (``--no-kill``); ``options`` are the user's."""

@@ -223,3 +223,16 @@ def slurm_user(config: dict[str, str]) -> tuple[str, int | None]:
     value = config["SlurmUser"]
     m = re.fullmatch(r"([^()\s]+)\((\d+)\)", value)
     return (m.group(1), int(m.group(2))) if m else (value, None)
+
+
+def parse_steps(text: str, job_id: int) -> dict[str, int]:
+    """``squeue --steps --format='%i %j'`` of one job -> step name -> step number (the
+    job's own numbered steps only: not ``batch``, ``extern`` or another job's)."""
+    out: dict[str, int] = {}
+    prefix = f"{int(job_id)}."
+    for line in text.splitlines():
+        ident, _, name = line.strip().partition(" ")
+        number = ident[len(prefix):] if ident.startswith(prefix) else ""
+        if number.isdigit():
+            out[name.strip()] = int(number)
+    return out
