@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -541,8 +542,14 @@ def test_the_previous_runs_sruns_cannot_cancel_a_requeued_runs_step(
     one left behind would cancel the step of the same number ``KillWait`` + 2 s later,
     by then the requeued run's (the fault campaign's 'STEP 2.0 ON n1 CANCELLED'). No srun
     outlives the run that started it, and the requeued run (longer than that) finishes."""
-    clean = reference(tmp_path, 4)
-    slow = ["--steps", "240", "--every", "20", "--step-sec", "0.3"]
+    # 160 steps of 0.3 s: resumed from step 20 or 40, the requeued run computes for 36 s
+    # and more, past KillWait + 2 s after the requeue (checked below)
+    slow = ["--steps", "160", "--every", "20", "--step-sec", "0.3"]
+    clean = heat_reference(tmp_path, 4, slow)
+    run = CommandRunner(timeout=60, env=cluster.env)
+    kill_wait = next(int(x.split("=")[1].split()[0]) for x in
+                     run.run(["scontrol", "show", "config"]).splitlines()
+                     if x.split("=")[0].strip() == "KillWait")
     job, out = cluster.submit_raps_run([sys.executable, str(HEAT_RING), *slow],
                                        ["--raps-spares=0", "-N4", "--open-mode=append"],
                                        "killwait")
@@ -556,10 +563,15 @@ def test_the_previous_runs_sruns_cannot_cancel_a_requeued_runs_step(
             with crashed(cluster, store, ranks[victim]):
                 wait_until(f"job {job} requeued", lambda: cluster.slurm().job(int(job)),
                            lambda j: j.restart_count == 1, 60)
+                requeued = time.monotonic()
                 wait_until("the first run's sruns gone",
                            lambda: sruns_of_run(cluster, job, 0), lambda pids: not pids, 15)
                 mapped(rapsctl, job, run=1)
                 text = finish(cluster, job, out, clean, timeout=240)
+                lasted = time.monotonic() - requeued
+        # a shorter requeued run would pass whether or not an srun was left behind
+        assert lasted > kill_wait + 2, f"the requeued run ended {lasted:.0f} s after the " \
+            f"requeue, within KillWait ({kill_wait} s) + 2 s"
         # (the first run's step and job are cancelled "DUE TO JOB REQUEUE": before it)
         second = text[text.index(f"job {job} run 1:"):]
         assert " CANCELLED " not in second, second[-4000:]
