@@ -390,23 +390,36 @@ static void take_chunks(int fd) {
   S.nprev_items = 0; /* where each region's chunks are is not parsed: no pre-pass */
 }
 
-/* Fetch the newest generation into S.cached (RAPS_ERR_NO_CHECKPOINT if none). */
-static int fetch(void) {
-  if (S.cached) return RAPS_OK;
-  char req[128];
-  snprintf(req, sizeof req, "{\"op\":\"ckpt_restore\",\"job\":\"%s\",\"rank\":%d}", S.job,
-           S.rank);
+static void drop_cached(void) {
+  if (S.cached) munmap(S.cached, S.cached_size);
+  S.cached = NULL;
+}
+
+/* Fetch generation gen (0: the newest) into S.cached (RAPS_ERR_NO_CHECKPOINT if none). */
+static int fetch(long long gen) {
+  if (S.cached && (gen == 0 || S.cached_gen == gen)) return RAPS_OK;
+  drop_cached();
+  char req[192], which[40] = "";
+  if (gen > 0) snprintf(which, sizeof which, ",\"generation\":%lld", gen);
+  snprintf(req, sizeof req, "{\"op\":\"ckpt_restore\",\"job\":\"%s\",\"rank\":%d%s}", S.job,
+           S.rank, which);
   struct raps_reply r;
   int rc = raps__call(&S.ck, req, NULL, 0, SAVE_TIMEOUT, &r);
   if (rc != RAPS_OK) return rc;
-  long long gen = 0, size = 0;
+  long long resume = -1, size = 0;
+  if (!raps__json_is_null(r.body, r.len, "resume_step") &&
+      (!raps__json_long(r.body, r.len, "resume_step", &resume) || resume < 0))
+    resume = -1; /* an older agent's reply has none: caught up at the first progress */
+  S.resume_step = (long)resume;
   if (raps__json_is_null(r.body, r.len, "generation")) {
     raps__reply_free(&r);
     return raps__fail(RAPS_ERR_NO_CHECKPOINT, "rank %d of job %s has no committed generation",
                       S.rank, S.job);
   }
-  if (!raps__json_long(r.body, r.len, "generation", &gen) ||
-      !raps__json_long(r.body, r.len, "size", &size) || r.nfds != 2 || size < 24) {
+  long long got = 0;
+  if (!raps__json_long(r.body, r.len, "generation", &got) ||
+      !raps__json_long(r.body, r.len, "size", &size) || r.nfds != 2 || size < 24 ||
+      (gen > 0 && got != gen)) {
     raps__reply_free(&r);
     return raps__fail(RAPS_ERR_PROTOCOL, "malformed ckpt_restore reply");
   }
@@ -419,10 +432,70 @@ static int fetch(void) {
   if (memcmp(data, HEADER_MAGIC, 8) != 0) {
     munmap(data, (size_t)size);
     return raps__fail(RAPS_ERR_MISMATCH, "generation %lld of rank %d was not saved by "
-                      "libraps", gen, S.rank);
+                      "libraps", got, S.rank);
   }
   S.cached = data, S.cached_size = (size_t)size, S.cached_version = (long)version;
-  S.prev_gen = gen;
+  S.cached_gen = got, S.prev_gen = got;
+  return RAPS_OK;
+}
+
+/* The rank's generations and their labels (ckpt_generations), once per session. */
+static int list_generations(void) {
+  if (S.listed) return RAPS_OK;
+  char req[128];
+  snprintf(req, sizeof req, "{\"op\":\"ckpt_generations\",\"job\":\"%s\",\"rank\":%d}", S.job,
+           S.rank);
+  struct raps_reply r;
+  int rc = raps__call(&S.ck, req, NULL, 0, SAVE_TIMEOUT, &r);
+  if (rc != RAPS_OK) return rc;
+  const char *v;
+  size_t vn;
+  int n = 0;
+  if (!raps__json_get(r.body, r.len, "generations", &v, &vn) || vn < 2 || v[0] != '[') {
+    raps__reply_free(&r);
+    return raps__fail(RAPS_ERR_PROTOCOL, "malformed ckpt_generations reply");
+  }
+  /* flat objects {"generation": G, "label": L|null}: no braces inside */
+  for (const char *p = v, *end = v + vn; n < RAPS_MAX_LABELS && (p = memchr(p, '{',
+                                                                           (size_t)(end - p)));) {
+    const char *close = memchr(p, '}', (size_t)(end - p));
+    if (!close) break;
+    long long gen = 0, label = -1;
+    size_t on = (size_t)(close - p + 1);
+    if (raps__json_long(p, on, "generation", &gen) && gen >= 1 &&
+        !raps__json_is_null(p, on, "label") && raps__json_long(p, on, "label", &label) &&
+        label >= 0)
+      S.gens[n] = gen, S.labels[n++] = (long)label;
+    p = close + 1;
+  }
+  raps__reply_free(&r);
+  S.ngens = n, S.listed = 1;
+  return RAPS_OK;
+}
+
+int raps_restart_labels(long *labels, int cap, int *count) {
+  if (!S.ready) return raps__fail(RAPS_ERR_STATE, "raps_restart_labels: raps_init first");
+  if (!count || cap < 0 || (cap > 0 && !labels))
+    return raps__fail(RAPS_ERR_ARG, "labels, cap, count: expected an array of cap >= 0 "
+                      "longs and a pointer");
+  *count = 0;
+  int rc = list_generations();
+  if (rc != RAPS_OK) return rc;
+  for (int i = 0; i < S.ngens && i < cap; i++) labels[i] = S.labels[i];
+  *count = S.ngens < cap ? S.ngens : cap;
+  if (S.ngens == 0)
+    return raps__fail(RAPS_ERR_NO_CHECKPOINT, "rank %d of job %s has no generation saved by "
+                      "libraps", S.rank, S.job);
+  raps__fail(RAPS_OK, "%s", "");
+  return RAPS_OK;
+}
+
+int raps_restart_choose(long version) {
+  if (!S.ready) return raps__fail(RAPS_ERR_STATE, "raps_restart_choose: raps_init first");
+  if (version < -1) return raps__fail(RAPS_ERR_ARG, "version %ld: expected an integer >= 0, "
+                                      "or -1 for the newest", version);
+  S.chosen = version;
+  raps__fail(RAPS_OK, "%s", "");
   return RAPS_OK;
 }
 
@@ -430,18 +503,17 @@ int raps_restart_test(long *version) {
   if (!S.ready) return raps__fail(RAPS_ERR_STATE, "raps_restart_test: raps_init first");
   if (!version) return raps__fail(RAPS_ERR_ARG, "version: expected a pointer");
   *version = -1;
-  int rc = fetch();
+  int rc = fetch(0);
   if (rc != RAPS_OK) return rc;
   *version = S.cached_version;
   raps__fail(RAPS_OK, "%s", "");
   return RAPS_OK;
 }
 
-int raps_restore(long *version) {
-  if (!S.ready) return raps__fail(RAPS_ERR_STATE, "raps_restore: raps_init first");
-  int rc = fetch();
-  if (rc != RAPS_OK) return rc;
+/* Copy the cached generation into the protected regions. */
+static int copy_back(void) {
   const uint8_t *d = S.cached;
+  int rc = RAPS_OK;
   int64_t nr;
   memcpy(&nr, d + 16, 8);
   size_t hsize = 24 + 16 * (size_t)nr;
@@ -462,9 +534,47 @@ int raps_restore(long *version) {
     else if (size) memcpy(S.regions[i].ptr, d + off, (size_t)size);
     off += (size_t)size;
   }
-  if (rc == RAPS_OK && version) *version = S.cached_version;
-  munmap(S.cached, S.cached_size);
-  S.cached = NULL;
-  if (rc == RAPS_OK) raps__fail(RAPS_OK, "%s", "");
   return rc;
+}
+
+int raps_restore_version(long version) {
+  if (!S.ready) return raps__fail(RAPS_ERR_STATE, "raps_restore_version: raps_init first");
+  if (version < 0) return raps__fail(RAPS_ERR_ARG, "version %ld: expected an integer >= 0",
+                                     version);
+  int rc = list_generations();
+  if (rc != RAPS_OK) return rc;
+  long long gen = 0;
+  for (int i = 0; !gen && i < S.ngens; i++)
+    if (S.labels[i] == version) gen = S.gens[i]; /* the newest so labelled */
+  if (!gen)
+    return raps__fail(RAPS_ERR_NO_CHECKPOINT, "rank %d of job %s holds no generation "
+                      "labelled %ld", S.rank, S.job, version);
+  rc = fetch(gen);
+  if (rc == RAPS_OK && S.cached_version != version)
+    rc = raps__fail(RAPS_ERR_MISMATCH, "generation %lld is labelled %ld, not %ld", gen,
+                    S.cached_version, version);
+  if (rc == RAPS_OK) rc = copy_back();
+  drop_cached();
+  if (rc != RAPS_OK) return rc;
+  S.restored = 1;
+  raps__fail(RAPS_OK, "%s", "");
+  return RAPS_OK;
+}
+
+int raps_restore(long *version) {
+  if (!S.ready) return raps__fail(RAPS_ERR_STATE, "raps_restore: raps_init first");
+  if (S.chosen >= 0) {
+    int rc = raps_restore_version(S.chosen);
+    if (rc == RAPS_OK && version) *version = S.chosen;
+    return rc;
+  }
+  int rc = fetch(0);
+  if (rc != RAPS_OK) return rc;
+  rc = copy_back();
+  if (rc == RAPS_OK && version) *version = S.cached_version;
+  drop_cached();
+  if (rc != RAPS_OK) return rc;
+  S.restored = 1;
+  raps__fail(RAPS_OK, "%s", "");
+  return RAPS_OK;
 }

@@ -21,7 +21,7 @@
 #define EXIT_FENCED 75 /* EX_TEMPFAIL, as a fenced Python rank */
 
 struct raps_state S = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
-                       .blocked_on = -1};
+                       .blocked_on = -1, .chosen = -1, .resume_step = -1};
 
 static __thread char last_error[640];
 static __thread char last_kind[64];
@@ -296,6 +296,8 @@ int raps_finalize(void) {
   if (S.cached) munmap(S.cached, S.cached_size);
   S.cached = NULL;
   S.nregions = 0;
+  S.listed = S.ngens = 0, S.chosen = -1;
+  S.resume_step = -1, S.restored = S.sent_running = S.sent_caught_up = 0;
   S.ready = 0;
   return ok();
 }

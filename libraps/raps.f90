@@ -6,10 +6,12 @@ module raps
   private
   public :: raps_init, raps_mem_protect, raps_mem_unprotect, raps_checkpoint, &
             raps_restart_test, raps_restore, raps_progress, raps_checkpoint_due, &
-            raps_finalize, raps_error_message
+            raps_finalize, raps_error_message, raps_restart_labels, raps_restart_choose, &
+            raps_restore_version
   integer(c_int), parameter, public :: RAPS_OK = 0, RAPS_ERR_NO_AGENT = 3, &
        RAPS_ERR_REFUSED = 4, RAPS_ERR_PERMISSION = 5, RAPS_ERR_WRONG_JOB = 6, &
-       RAPS_ERR_QUOTA = 7, RAPS_ERR_NO_CHECKPOINT = 8, RAPS_ERR_MISMATCH = 13
+       RAPS_ERR_QUOTA = 7, RAPS_ERR_NO_CHECKPOINT = 8, RAPS_ERR_MISMATCH = 13, &
+       RAPS_MAX_LABELS = 64
 
   interface
     function raps_init() bind(c, name="raps_init") result(rc)
@@ -41,6 +43,26 @@ module raps
     function raps_restore(version) bind(c, name="raps_restore") result(rc)
       import :: c_int, c_long
       integer(c_long), intent(out) :: version
+      integer(c_int) :: rc
+    end function
+    !> The labels of this rank's generations, newest first (at most cap).
+    function raps_restart_labels(labels, cap, count) bind(c, name="raps_restart_labels") &
+        result(rc)
+      import :: c_int, c_long
+      integer(c_long), intent(out) :: labels(*)
+      integer(c_int), value :: cap
+      integer(c_int), intent(out) :: count
+      integer(c_int) :: rc
+    end function
+    !> Make raps_restore restore the newest generation labelled version (-1: the newest).
+    function raps_restart_choose(version) bind(c, name="raps_restart_choose") result(rc)
+      import :: c_int, c_long
+      integer(c_long), value :: version
+      integer(c_int) :: rc
+    end function
+    function raps_restore_version(version) bind(c, name="raps_restore_version") result(rc)
+      import :: c_int, c_long
+      integer(c_long), value :: version
       integer(c_int) :: rc
     end function
     function raps_progress(step) bind(c, name="raps_progress") result(rc)

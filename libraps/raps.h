@@ -14,6 +14,7 @@ extern "C" {
 #endif
 
 #define RAPS_VERSION "0.1.0"
+#define RAPS_MAX_LABELS 64 /* raps_restart_labels gives at most this many */
 
 enum raps_code {
   RAPS_OK = 0,
@@ -49,8 +50,17 @@ int raps_mem_unprotect(int id);
 int raps_checkpoint(long version);
 /* The version of this rank's newest committed generation; RAPS_ERR_NO_CHECKPOINT if none. */
 int raps_restart_test(long *version);
-/* Restore every protected region from the newest generation; *version its label. */
+/* Restore every protected region from the generation labelled as raps_restart_choose
+ * (or raps_restart_test_all) chose, else from the newest; *version its label. */
 int raps_restore(long *version);
+/* The labels of this rank's generations, newest first (at most cap, and at most
+ * RAPS_MAX_LABELS); RAPS_ERR_NO_CHECKPOINT and *count = 0 if it has none. */
+int raps_restart_labels(long *labels, int cap, int *count);
+/* Make raps_restore restore the newest generation labelled version (-1: the newest). */
+int raps_restart_choose(long version);
+/* Restore every protected region from this rank's newest generation labelled version;
+ * RAPS_ERR_NO_CHECKPOINT if none is. */
+int raps_restore_version(long version);
 /* Report progress (a step that grows while the rank works); sent with the next
  * heartbeat. A rank whose step stands still while it heartbeats is taken for hung. */
 int raps_progress(long step);
@@ -70,6 +80,7 @@ const char *raps_last_kind(void);
 #endif
 
 #if defined(MPI_VERSION) && !defined(RAPS_NO_MPI_HELPERS)
+#include <limits.h>
 /* Collective forms: the same result on every rank of comm. */
 
 /* raps_checkpoint on every rank; RAPS_OK only if every rank committed version. */
@@ -79,21 +90,27 @@ static inline int raps_checkpoint_all(MPI_Comm comm, long version) {
   return rc != RAPS_OK ? rc : worst;
 }
 
-/* The common version: the one every rank's newest generation carries. *version = -1 and
- * RAPS_ERR_NO_CHECKPOINT when some rank has none; RAPS_ERR_MISMATCH when the ranks'
- * newest differ (a checkpoint that did not complete on every rank). */
+/* The common version: the newest label a generation of every rank of comm carries;
+ * raps_restore then restores it. *version = -1 and RAPS_ERR_NO_CHECKPOINT when no label is
+ * held by every rank. Each round every rank offers its newest label at most the
+ * candidate, and the minimum becomes the candidate, until every rank holds it. */
 static inline int raps_restart_test_all(MPI_Comm comm, long *version) {
-  long mine = -1, lo = -1, hi = -1;
-  int rc = raps_restart_test(&mine);
-  if (rc != RAPS_OK && rc != RAPS_ERR_NO_CHECKPOINT) mine = -2;
-  if (rc == RAPS_ERR_NO_CHECKPOINT) mine = -1;
-  MPI_Allreduce(&mine, &lo, 1, MPI_LONG, MPI_MIN, comm);
-  MPI_Allreduce(&mine, &hi, 1, MPI_LONG, MPI_MAX, comm);
-  *version = lo;
-  if (lo == -2) return rc != RAPS_OK ? rc : RAPS_ERR_REFUSED;
-  if (hi == -1) return RAPS_ERR_NO_CHECKPOINT;
-  if (lo != hi) return RAPS_ERR_MISMATCH;
-  return RAPS_OK;
+  long labels[RAPS_MAX_LABELS], candidate = LONG_MAX;
+  int n = 0, rc = raps_restart_labels(labels, RAPS_MAX_LABELS, &n);
+  long err = rc != RAPS_OK && rc != RAPS_ERR_NO_CHECKPOINT ? rc : 0;
+  *version = -1;
+  for (;;) {
+    long mine[2] = {-1, -err}, got[2];
+    for (int i = 0; i < n; i++)
+      if (labels[i] <= candidate && labels[i] > mine[0]) mine[0] = labels[i];
+    MPI_Allreduce(mine, got, 2, MPI_LONG, MPI_MIN, comm);
+    if (got[1] < 0) return err ? (int)err : (int)-got[1];
+    if (got[0] < 0) return RAPS_ERR_NO_CHECKPOINT;
+    if (got[0] == candidate) break;
+    candidate = got[0];
+  }
+  *version = candidate;
+  return raps_restart_choose(candidate);
 }
 #endif
 

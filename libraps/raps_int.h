@@ -4,7 +4,6 @@
 
 #include <stddef.h>
 #include <pthread.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #define RAPS_MAX_REQUEST 65536 /* the agent's frame limit (MAX_REQUEST) */
@@ -104,6 +103,16 @@ struct raps_state {
   uint8_t *cached; /* a generation restart_test fetched, for raps_restore */
   size_t cached_size;
   long cached_version;
+  long long cached_gen;
+  /* the rank's generations (newest first) and their labels, from ckpt_generations */
+  long long gens[RAPS_MAX_LABELS];
+  long labels[RAPS_MAX_LABELS];
+  int ngens, listed;
+  long chosen; /* the label raps_restore restores (raps_restart_choose), -1: the newest */
+  /* recovery progress of a relaunched rank (epoch > 1) after its restore: the step it
+   * had reached before the fault (-1: unknown) and which phases it reported */
+  long resume_step;
+  int restored, sent_running, sent_caught_up;
 };
 extern struct raps_state raps__state;
 #define S raps__state

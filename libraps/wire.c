@@ -137,7 +137,7 @@ int raps__kind_code(const char *kind) {
       {"epoch", RAPS_ERR_WRONG_JOB},       {"unknown_job", RAPS_ERR_WRONG_JOB},
       {"node", RAPS_ERR_WRONG_JOB},
       {"quota", RAPS_ERR_QUOTA},           {"size", RAPS_ERR_QUOTA},
-      {"lost", RAPS_ERR_LOST},
+      {"lost", RAPS_ERR_LOST},             {"no_generation", RAPS_ERR_NO_CHECKPOINT},
   };
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
     if (strcmp(kind, map[i].kind) == 0) return map[i].code;

@@ -3,8 +3,8 @@
 ! The NX x NY plate is cut into bands of columns (Fortran keeps columns contiguous), one
 ! per rank; each step swaps halo columns with the neighbours (MPI_Sendrecv), relaxes the
 ! interior (Jacobi) and sums the squared change (MPI_Allreduce). Every EVERY steps the
-! ranks checkpoint their band and the step; at start they restore the generation every
-! rank committed, if any. Rank 0 prints the residual and a hash of the whole plate.
+! ranks checkpoint their band and the step; at start they restore the newest generation
+! every rank committed (the common label), if any. Rank 0 prints the residual and a hash of the whole plate.
 !
 !   mpirun -np 4 ./heat [NX NY STEPS EVERY]        (defaults 256 256 400 50)
 !   RAPS_HEAT_CRASH_AT=K: the last rank exits at the start of step K, as a lost node.
@@ -14,8 +14,10 @@ program heat
   use raps
   implicit none
   integer :: nx = 256, ny = 256, rank, nranks, ierr, cols, left, right, i, j, rc
+  integer(c_int) :: nlabels
   integer(c_long), target :: step = 0
-  integer(c_long) :: steps = 400, every = 50, crash_at = -1, mine, lo, hi, got
+  integer(c_long) :: steps = 400, every = 50, crash_at = -1, mine, lo, common
+  integer(c_long) :: labels(RAPS_MAX_LABELS)
   real(c_double), allocatable, target :: u(:, :), v(:, :), plate(:, :)
   real(c_double) :: local, residual = 0
   character(len=32) :: arg
@@ -45,14 +47,23 @@ program heat
   call must(raps_init(), "raps_init")
   call must(raps_mem_protect(0, c_loc(u), int(8 * size(u), c_size_t), 8_c_size_t), "protect")
   call must(raps_mem_protect(1, c_loc(step), 8_c_size_t, 8_c_size_t), "protect")
-  ! the common generation: every rank's newest must carry the same step
-  rc = raps_restart_test(mine)
-  if (rc /= RAPS_OK .and. rc /= RAPS_ERR_NO_CHECKPOINT) call must(rc, "raps_restart_test")
-  call MPI_Allreduce(mine, lo, 1, MPI_LONG, MPI_MIN, MPI_COMM_WORLD, ierr)
-  call MPI_Allreduce(mine, hi, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD, ierr)
-  if (lo /= hi) call must(RAPS_ERR_MISMATCH, "ranks restored different generations")
+  ! the common generation: the newest label every rank holds. Each round every rank
+  ! offers its newest label at most the candidate; the minimum is the next candidate.
+  nlabels = 0
+  rc = raps_restart_labels(labels, RAPS_MAX_LABELS, nlabels)
+  if (rc /= RAPS_OK .and. rc /= RAPS_ERR_NO_CHECKPOINT) call must(rc, "raps_restart_labels")
+  common = huge(common)
+  do
+    mine = -1
+    do i = 1, nlabels
+      if (labels(i) <= common) mine = max(mine, labels(i))
+    end do
+    call MPI_Allreduce(mine, lo, 1, MPI_LONG, MPI_MIN, MPI_COMM_WORLD, ierr)
+    if (lo < 0 .or. lo == common) exit
+    common = lo
+  end do
   if (lo >= 0) then
-    call must(raps_restore(got), "raps_restore")
+    call must(raps_restore_version(common), "raps_restore_version")
     if (rank == 0) write (*, '(a,i0)') "restored step ", step
   end if
 

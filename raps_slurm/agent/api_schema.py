@@ -1,6 +1,7 @@
 """The local API's request schemas: strict decoding of what a user process sends.
 
-Every request is a JSON object with an ``op`` and exactly the fields its schema names;
+Every request is a JSON object with an ``op`` and the fields its schema names (all of
+them but those marked :class:`Omittable`, and no other);
 decoding refuses duplicate keys, NaN/Infinity and deep nesting, and every refusal is a
 :class:`Refused` with a kind (counted by the server) and one line naming the field.
 """
@@ -63,6 +64,13 @@ def is_int(value: object, low: int, high: int) -> bool:
 
 
 Check = tuple[Callable[[object], bool], str]
+
+
+class Omittable(tuple[Callable[[object], bool], str]):
+    """A :data:`Check` whose field a request may leave out (its handler then sees no key);
+    when present it is checked like any other."""
+
+
 JOB: Check = (lambda v: isinstance(v, str) and v.isascii() and v.isdigit()
                 and 1 <= len(v) <= MAX_JOB_ID_LEN,
                 f"a string of 1..{MAX_JOB_ID_LEN} decimal digits")
@@ -99,8 +107,11 @@ def parse_request(obj: Mapping[str, object],
         if key != "op" and key not in schema:
             raise Refused("schema", f"unknown field {_show(key)} for op '{op}' "
                                     f"(allowed: {allowed})")
-    for key, (ok, what) in schema.items():
+    for key, check in schema.items():
+        ok, what = check
         if key not in obj:
+            if isinstance(check, Omittable):
+                continue
             raise Refused("schema", f"missing field '{key}' for op '{op}' (allowed: {allowed})")
         if not ok(obj[key]):
             raise Refused("schema", f"field '{key}': expected {what}, got {_show(obj[key])}")

@@ -14,12 +14,21 @@ store. Ops, each answered ``{"ok": true, ...}`` or an error with a kind:
     ``generation``, ``state``, ``holders``. A superseded epoch is refused with kind
     ``epoch``.
 ``ckpt_abort {session}``   drop an unfinished save.
-``ckpt_restore {job, rank}``   the newest verified generation: answers ``generation``
-    (null when the rank never committed), ``fallbacks`` and ``size``, with two
-    descriptors: the data and the manifest. Generations exist but none is whole (nor
-    the cold copy): refused with kind ``lost``, and the rank's verdict ESCALATE is
-    written first, for the leader, with ``lost`` true when every holder answered
-    (docs/recovery.md).
+``ckpt_restore {job, rank, generation?}``   the newest verified generation, or with
+    ``generation`` (optional; null or an integer >= 1) that one only (its cold copy as
+    the one fallback), as a restart of every rank from their common generation needs:
+    refused with kind ``no_generation`` when the rank has no record of it. Answers
+    ``generation`` (null when the rank never committed), ``fallbacks``, ``size`` and
+    ``resume_step`` (the ``progress`` of the recovery plan that gave the rank its
+    registered epoch: the step it had reached before the fault; null without such a
+    plan or progress), with two descriptors: the data and the manifest. Generations
+    exist but none is whole (nor the cold copy): refused with kind ``lost``, and the
+    rank's verdict ESCALATE is written first, for the leader, with ``lost`` true when
+    every holder answered (docs/recovery.md).
+``ckpt_generations {job, rank}``   the rank's newest generations (at most 64), newest
+    first, as ``generations``: ``[{generation, label}]``, ``label`` the ``version`` a
+    libraps rank gave it (null for others, or when no manifest of it could be read), and
+    ``more`` (older ones exist). Only the uid that registered the rank.
 
 A pack counts against the job's disk quota on this node at its full size (before
 chunks already here are skipped) and a commit as one etcd write of the job
@@ -39,21 +48,25 @@ import threading
 import time
 import typing
 
-from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Refused, is_int
+from raps_slurm.agent.api_schema import EPOCH, JOB, RANK, Check, Omittable, Refused, is_int
 from raps_slurm.agent.local_api import Extension, Peer, RankTable, close_fds, registered_epoch
 from raps_slurm.agent.quota import JobQuotas
 from raps_slurm.agent.recovery_api import record_event
 from raps_slurm.agent.uid_limits import RESTORE, UidLimits, shared
-from raps_slurm.checkpoint.manifest import MAX_MANIFEST
+from raps_slurm.checkpoint.manifest import MAX_MANIFEST, Manifest
 from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
 from raps_slurm.checkpoint.restore import RestoreError
 from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked
-from raps_slurm.core.planner import plan_id
+from raps_slurm.core.checkpoints import restore_order
+from raps_slurm.core.planner import Plan, plan_id
 from raps_slurm.errors import RapsError, RecordError, StoreError, StoreUnavailable
 
 log = logging.getLogger("raps.agent")
 
 _BASE: Check = (lambda v: v is None or is_int(v, 1, 2**63 - 1), "null or an integer >= 1")
+_GENERATION = Omittable((lambda v: v is None or is_int(v, 1, 2**63 - 1),
+                         "null or an integer >= 1"))
+MAX_LISTED = 64  # generations ckpt_generations lists (checkpoint.max_generations: 5)
 _SESSION: Check = (lambda v: isinstance(v, str) and len(v) == 32 and v.isalnum(),
                    "a session id from ckpt_begin")
 
@@ -77,7 +90,9 @@ class CheckpointOps:
             "ckpt_put": Extension({"session": _SESSION}, self.put),
             "ckpt_commit": Extension({"session": _SESSION}, self.commit),
             "ckpt_abort": Extension({"session": _SESSION}, self.abort),
-            "ckpt_restore": Extension({"job": JOB, "rank": RANK}, self.restore),
+            "ckpt_restore": Extension({"job": JOB, "rank": RANK, "generation": _GENERATION},
+                                      self.restore),
+            "ckpt_generations": Extension({"job": JOB, "rank": RANK}, self.generations),
         }
 
     # --- checks --------------------------------------------------------------------------
@@ -194,22 +209,28 @@ class CheckpointOps:
                 ) -> tuple[dict[str, object], list[int]]:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        wanted = typing.cast("int | None", f.get("generation"))
         epoch = self._rank_of(peer, job, rank)
         asked = time.time()
         try:
             # what the restore allocates is charged to the caller's uid, refused over it
             with self.limits.op(RESTORE, peer.uid, "ckpt_restore") as charge:
-                result = self.service.restore(job, rank, charge)
+                result = self.service.restore(job, rank, charge, wanted)
         except RestoreError as exc:
             if epoch is not None:
                 self._lost(job, rank, epoch, peer, str(exc), not exc.unreached)
             raise Refused("lost", str(exc)) from None
+        if result is None and wanted is not None:
+            raise Refused("no_generation", f"rank {rank} of job {job} has no generation "
+                                           f"{wanted} (ckpt_generations lists them)")
+        resume = self._resume_step(job, rank, epoch)
         if result is None:
             if epoch is not None and epoch > 1:
                 self.recovery_event(job, rank, epoch, "restored", {
                     "generation": None, "bytes": 0, "bytes_pulled": 0, "chunks_pulled": 0,
                     "sources": [], "fallbacks": []})
-            return {"ok": True, "generation": None, "fallbacks": [], "size": 0}, []
+            return {"ok": True, "generation": None, "fallbacks": [], "size": 0,
+                    "resume_step": resume}, []
         r = result.restored
         manifest_fd = sealed_bytes(r.manifest.to_json(), "raps-manifest")
         if r.buffer is not None:
@@ -225,8 +246,35 @@ class CheckpointOps:
                 "fallbacks": [fb.to_dict() for fb in result.fallbacks]})
         return {"ok": True, "generation": result.generation,
                 "fallbacks": [fb.to_dict() for fb in result.fallbacks],
-                "size": r.manifest.total_size, "pulled_chunks": result.pulled_chunks}, \
-            [r.fd, manifest_fd]
+                "size": r.manifest.total_size, "pulled_chunks": result.pulled_chunks,
+                "resume_step": resume}, [r.fd, manifest_fd]
+
+    def generations(self, f: dict[str, object], peer: Peer, fds: list[int]
+                    ) -> tuple[dict[str, object], list[int]]:
+        close_fds(fds)
+        job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        self._rank_of(peer, job, rank)
+        try:
+            records = restore_order(self.service.trusted_records(job, rank))
+        except RestoreError as exc:
+            raise Refused("lost", str(exc)) from None
+        out: list[dict[str, object]] = []
+        for rec in records[:MAX_LISTED]:
+            m = self.service.manifest(job, rank, rec)
+            out.append({"generation": rec.generation, "label": _label(m)})
+        return {"ok": True, "generations": out, "more": len(records) > MAX_LISTED}, []
+
+    def _resume_step(self, job: str, rank: int, epoch: int | None) -> int | None:
+        """The step the rank had reached before the fault that relaunched it: the
+        ``progress`` of the plan that gave it ``epoch`` (None: no plan, or no progress)."""
+        if epoch is None or epoch < 2:
+            return None
+        try:
+            kv = self.service.store.get(self.service.keys.plan(plan_id(job, rank, epoch)))
+            return Plan.from_json(kv.key, kv.value).progress if kv is not None else None
+        except (StoreError, RecordError) as exc:
+            log.warning("job %s rank %d: resume step unknown: %s", job, rank, exc)
+            return None
 
     def _lost(self, job: str, rank: int, epoch: int, peer: Peer, reason: str,
               checked: bool) -> None:
@@ -260,3 +308,11 @@ class CheckpointOps:
     def _forget(self, sid: str) -> None:
         with self._lock:
             self._owners.pop(sid, None)
+
+
+def _label(m: Manifest | None) -> int | None:
+    """The ``version`` a libraps rank gave a generation (its manifest's
+    ``extra.libraps.version``), or None."""
+    lib = m.extra.get("libraps") if m is not None else None
+    v = lib.get("version") if isinstance(lib, dict) else None
+    return v if is_int(v, 0, 2**63 - 1) else None

@@ -220,9 +220,12 @@ class Restorer:
                         change: Callable[[CkptRecord], CkptRecord]) -> CkptRecord | None:
         raise NotImplementedError
 
-    def restore(self, job: str, rank: int, charge: Charge = _free) -> RestoreResult | None:
+    def restore(self, job: str, rank: int, charge: Charge = _free,
+                generation: int | None = None) -> RestoreResult | None:
         """The newest restorable generation, verified; None if the rank never committed.
         RestoreError if generations exist but none (nor the cold copy) is whole.
+        ``generation``: that one only (its cold copy as the one fallback), as a restart
+        of every rank from their common generation needs; None if it has no record.
 
         ``charge`` is called, before they are allocated, with the bytes of memory the
         restore is about to hold beyond the most it held so far (the state's non-zero
@@ -236,22 +239,33 @@ class Restorer:
         while finishing no sooner. A restore started when the plan came
         (:meth:`restore_early`) is taken if it is of the rank's newest generation."""
         early = self.early.take(job, rank)
+        if early is not None and generation not in (None, early.generation):
+            early.restored.close()  # of the newest generation; another one is wanted
+            early = None
         if early is not None:
             return early
-        return self.restore_queued(job, rank, charge)
+        return self.restore_queued(job, rank, charge, generation)
+
+    def manifest(self, job: str, rank: int, rec: CkptRecord) -> Manifest | None:
+        """A generation's manifest, from this node or a holder, checked against its record;
+        None if none could be read."""
+        peers = self._peers()
+        sources = [h for h in rec.holders if h != self.node and h in peers]
+        with self.chunks.pinned(job, gens=[(rank, rec.generation)]):
+            return self._manifest(job, rank, rec, peers, sources, set())[0]
 
     def restore_early(self, job: str, rank: int) -> bool:
         """Start restoring a rank relaunched here before it asks; False if not started."""
         return self.early.start(job, rank)
 
-    def restore_queued(self, job: str, rank: int, charge: Charge = _free
-                       ) -> RestoreResult | None:
+    def restore_queued(self, job: str, rank: int, charge: Charge = _free,
+                       generation: int | None = None) -> RestoreResult | None:
         """A restore, in turn with the node's others (at most RESTORES_AT_ONCE at once)."""
         with self._restoring:
             self._waiting_restores += 1
         try:
             with self._restores:
-                return self._restore(job, rank, charge)
+                return self._restore(job, rank, charge, generation)
         finally:
             with self._restoring:
                 self._waiting_restores -= 1
@@ -291,8 +305,13 @@ class Restorer:
         with self._restoring:
             self._restoring.wait_for(lambda: self._waiting_restores == 0, most)
 
-    def _restore(self, job: str, rank: int, charge: Charge = _free) -> RestoreResult | None:
+    def _restore(self, job: str, rank: int, charge: Charge = _free,
+                 generation: int | None = None) -> RestoreResult | None:
         records = decide.restore_order(self.trusted_records(job, rank))
+        if generation is not None:
+            records = [r for r in records if r.generation == generation]
+            if not records:
+                return None
         fallbacks: list[Fallback] = []
         unreached: set[str] = set()  # holders down, or a transfer from them failed
         peak = _Peak(charge)
@@ -305,7 +324,7 @@ class Restorer:
             fallbacks.append(failure)
             log.warning("job %s rank %d: generation %d not restorable (%s); falling back",
                         job, rank, rec.generation, failure.reason)
-        cold = self._restore_cold(job, rank, fallbacks, peak.need)
+        cold = self._restore_cold(job, rank, fallbacks, peak.need, generation)
         if cold is not None:
             return cold
         if not records and not fallbacks:
@@ -567,9 +586,11 @@ class Restorer:
             self._update_holders(job, rank, rec.generation, change)
 
     def _restore_cold(self, job: str, rank: int, fallbacks: list[Fallback],
-                      charge: Charge = _free) -> RestoreResult | None:
-        """The newest cold copy that matches its record in etcd and whose every chunk is
-        good (see :mod:`raps_slurm.checkpoint.cold`); each refused one is a fallback."""
+                      charge: Charge = _free, only: int | None = None
+                      ) -> RestoreResult | None:
+        """The newest cold copy (``only``: of that generation) that matches its record in
+        etcd and whose every chunk is good (see :mod:`raps_slurm.checkpoint.cold`); each
+        refused one is a fallback."""
         c = self.cfg.checkpoint
         if not c.cold_dir:
             return None
@@ -582,6 +603,8 @@ class Restorer:
             return None
         records = {r.generation: r for r in self.trusted_records(job, rank)} if gens else {}
         for gen in gens:
+            if only is not None and gen != only:
+                continue
             bad: list[str] = []
             stored = 0
             try:

@@ -52,6 +52,9 @@ def programs() -> Iterator[Path]:
         subprocess.run(["mpicc", "-O2", "-o", str(out / "heat"),
                         str(ROOT / "examples/c/heat.c"), *link, "-lraps"],
                        check=True, capture_output=True, timeout=120)
+        subprocess.run(["mpicc", "-O2", "-o", str(out / "common"),
+                        str(LIB / "tests/common.c"), *link, "-lraps"],
+                       check=True, capture_output=True, timeout=120)
         subprocess.run(["mpif90", "-O2", "-J", str(out), "-o", str(out / "fheat"),
                         str(ROOT / "examples/fortran/heat.f90"), *link, "-lraps_f", "-lraps"],
                        check=True, capture_output=True, timeout=120)
@@ -138,18 +141,43 @@ def test_refusals_keep_the_agent_serving(cluster: LocalCluster,
     assert os.path.exists(node_dir(load_file(cluster.config_path).agent.socket_path, "n1"))
 
 
-def mpirun(cluster: LocalCluster, program: Path, job: str, crash_at: int | None = None
-           ) -> subprocess.CompletedProcess[str]:
+def mpirun(cluster: LocalCluster, program: Path, job: str, crash_at: int | None = None,
+           args: tuple[str, ...] = ("64", "64", "120", "20"), ranks: int = 4,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     cfg = load_file(cluster.config_path)
-    env = {"PATH": "/usr/bin:/bin", "RAPS_JOB": job, "RAPS_APP_HEARTBEAT_SEC": "1",
-           "RAPS_AGENT_SOCKET": node_dir(cfg.agent.socket_path, "n1"),
-           "OMPI_MCA_btl": "self,vader", "OMPI_MCA_plm_rsh_agent": "false"}
+    full = {"PATH": "/usr/bin:/bin", "RAPS_JOB": job, "RAPS_APP_HEARTBEAT_SEC": "1",
+            "RAPS_AGENT_SOCKET": node_dir(cfg.agent.socket_path, "n1"),
+            "OMPI_MCA_btl": "self,vader", "OMPI_MCA_plm_rsh_agent": "false", **(env or {})}
     if crash_at is not None:
-        env["RAPS_HEAT_CRASH_AT"] = str(crash_at)
+        full["RAPS_HEAT_CRASH_AT"] = str(crash_at)
     # 4 ranks on 2 cores: Open MPI yields instead of spinning when oversubscribed
-    return subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4",
-                           str(program), "64", "64", "120", "20"], env=env,
+    return subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                           str(ranks), str(program), *args], env=full,
                           capture_output=True, text=True, timeout=180, cwd="/")
+
+
+def per_rank(proc: subprocess.CompletedProcess[str]) -> dict[int, dict[str, Any]]:
+    """The JSON line each rank of libraps/tests/common.c printed last."""
+    out = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            d = json.loads(line)
+            out[d["rank"]] = d
+    assert proc.returncode == 0, (proc.returncode, out, proc.stderr[-2000:])
+    return out
+
+
+def test_ranks_restore_their_common_generation(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], programs: Path) -> None:
+    job = setup_job(store, 2)
+    saved = per_rank(mpirun(cluster, programs / "common", job, args=("save",), ranks=2))
+    assert saved == {0: {"rank": 0, "saved": True}, 1: {"rank": 1, "saved": True}}, saved
+    s, k = store
+    assert s.get(k.ckpt(job, 0, 2)) is not None and s.get(k.ckpt(job, 1, 2)) is None
+    # rank 0 holds labels 10 and 20, rank 1 only 10: both restore 10, byte for byte
+    again = per_rank(mpirun(cluster, programs / "common", job, args=("restore",), ranks=2))
+    for rank in (0, 1):
+        assert again[rank] == {"rank": rank, "common": 10, "restored": 10, "same": True}, again
 
 
 def final(proc: subprocess.CompletedProcess[str]) -> str:
