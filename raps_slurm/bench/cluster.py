@@ -24,7 +24,8 @@ QUIET = (("messagelog", "stats_interval_sec"), ("messagelog", "batch_flush_ms"),
          ("coordinator", "slurm_poll_sec"), ("logging", "level"))
 
 
-def profile(directory: Path, interval: float, quiet: bool = False) -> Path:
+def profile(directory: Path, interval: float, quiet: bool = False,
+            defaults_for: tuple[tuple[str, str], ...] = ()) -> Path:
     """configs/test.yaml with detection at ``interval`` and the default strikes and margin,
     and the default receive timeout: the tests' 60 s fails a stuck test fast, but a bench
     moving gigabytes on a loaded machine can make a healthy rank wait longer for a peer."""
@@ -36,9 +37,11 @@ def profile(directory: Path, interval: float, quiet: bool = False) -> Path:
     data["detection"].update({"kernel_heartbeat_interval_sec": interval, "miss_threshold": 3,
                               "fence_margin_sec": 0.5,
                               "lease_duration_sec": max(15.0, 5 * interval)})
-    if quiet:
+    # ``defaults_for``: more keys at their shipped values (a bench that needs the
+    # production rhythm for them)
+    if quiet or defaults_for:
         defaults = yaml.safe_load((REPO / "configs" / "raps.yaml").read_text())
-        for section, key in QUIET:
+        for section, key in (QUIET if quiet else ()) + defaults_for:
             data.setdefault(section, {})[key] = defaults[section][key]
     path = directory / "bench-profile.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -48,14 +51,16 @@ def profile(directory: Path, interval: float, quiet: bool = False) -> Path:
 @contextmanager
 def private_cluster(prefix: str, port: int, interval: float,
                     extra_env: dict[str, str] | None = None, net: str = "lo",
-                    quiet: bool = False) -> Iterator[LocalCluster]:
+                    quiet: bool = False,
+                    defaults_for: tuple[tuple[str, str], ...] = ()) -> Iterator[LocalCluster]:
     """A 6-node cluster in a fresh run dir, detection at ``interval``, on loopback or
     (``net="ns"``) in network namespaces; always taken down."""
     run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     run_dir.chmod(0o755)  # slurmctld runs as SlurmUser
     # in namespace mode a request to an etcd member behind a cut fails over within 1 s,
     # well inside the leader's and the agents' leases (docs/detection.md, Real partitions)
-    cluster = LocalCluster(run_dir, port_base=port, profile=profile(run_dir, interval, quiet),
+    cluster = LocalCluster(run_dir, port_base=port, profile=profile(run_dir, interval, quiet,
+                                                                  defaults_for),
                            net=net, store_timeout=1.0 if net == "ns" else None)
     try:
         cluster.up(extra_env=extra_env)

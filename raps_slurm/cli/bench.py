@@ -235,6 +235,30 @@ def bench_efficiency(steps: int, step_sec: float, interval: float, port: int,
     _echo(recovery.run_efficiency(steps, step_sec, interval, port))
 
 
+@bench.command("restart")
+@click.option("--state", "state_text", default="256MiB", show_default=True,
+              help="Plate held by each of the 4 ranks (e.g. 64MiB, 256MiB).")
+@click.option("--steps", default=60, show_default=True, type=click.IntRange(4, 100000),
+              help="Steps of the stencil.")
+@click.option("--every", default=10, show_default=True, type=click.IntRange(1, 100000),
+              help="Steps between checkpoints.")
+@click.option("--crash-after", default=2, show_default=True, type=click.IntRange(1, 1000),
+              help="Checkpoints committed before the crash (half-way to the next).")
+@_interval("Kernel heartbeat interval (seconds) of RAPS's detection.")
+@_port(19500)
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def bench_restart(state_text: str, steps: int, every: int, crash_after: int, interval: float,
+                  port: int, as_json: bool) -> None:
+    """The C stencil loses a node: restarted by RAPS within the allocation, then by a
+    plain Slurm requeue; the time each takes to get back to the pre-fault step."""
+    from raps_slurm.bench import restart  # here: this command's hunk stays in one place
+    if (crash_after + 1) * every > steps:
+        raise click.BadParameter(f"the crash at checkpoint {crash_after} + half an interval "
+                                 f"needs more than {steps} steps", param_hint="--steps")
+    _echo(restart.run_restart(_size(state_text, "--state"), steps, every, crash_after,
+                              interval, port, _say(as_json)))
+
+
 @bench.command("launch")
 @click.option("--nodes", default=6, show_default=True, type=click.IntRange(1, 6),
               help="Nodes of each job (the benchmark cluster has 6).")
