@@ -16,7 +16,10 @@ from its fields. What each kind gives (docs/simulator.md, "Calibration"):
   settings it ran with;
 - ``bench recovery``: ``raps.plan_s``, ``raps.launch_s``, ``raps.replay_speedup``
   (replayed work over replay time) and, without a checkpoint file, ``raps.restore_gbps``
-  and ``raps.detect_s``.
+  and ``raps.detect_s``;
+- ``bench restart``: ``step.relaunch_s`` (DEAD verdict -> the new step launched) and
+  ``step.restore_gbps`` (a node's state over the launch -> restored phase), and
+  ``raps.detect_s`` when no bench detect or bench recovery gives it.
 
 Every value records the file and fields it came from and how it was computed; a value two
 files give is taken from the better source (the dedicated benchmark) and the other one is
@@ -35,7 +38,7 @@ from raps_slurm.sim.detect import detection_delays
 from raps_slurm.sim.scenario import RapsSpec, Scenario, override
 
 GB = 1e9
-KINDS = ("checkpoint", "mpi", "messaging", "detect", "recovery")
+KINDS = ("checkpoint", "mpi", "messaging", "detect", "recovery", "restart")
 
 # Values no benchmark here measures, and why they stay assumed.
 NOT_MEASURED = {
@@ -47,6 +50,8 @@ NOT_MEASURED = {
     "failures.*": "node failure rates and repair times come from the site's logs "
                   "(failures.log) or its records, not from a benchmark",
     "global.*, scr.*": "no parallel file system or node-local SSD to measure here",
+    "step.incr_s_per_gb": "no benchmark times a libraps save alone: the default (-1) takes "
+                          "raps.incr_s_per_gb, the Python runtime's save to the same agent",
 }
 
 
@@ -71,7 +76,7 @@ def kind_of(data: Any) -> str | None:
     """Which benchmark printed ``data`` (None: not one calibrate reads)."""
     if not isinstance(data, dict):
         return None
-    if data.get("benchmark") in ("checkpoint", "mpi", "messaging", "detect"):
+    if data.get("benchmark") in ("checkpoint", "mpi", "messaging", "detect", "restart"):
         return str(data["benchmark"])
     if {"restore_s", "replay_s", "detect_s", "plan_s"} <= set(data):
         return "recovery"  # bench recovery prints no "benchmark" field
@@ -246,6 +251,32 @@ def from_recovery(d: dict[str, Any], path: str, decode: Value | None = None
     return out, notes
 
 
+def from_restart(d: dict[str, Any], path: str) -> tuple[list[Value], list[str]]:
+    """Phases of ``bench restart`` (raps-run --restart-mode step on the C stencil, one rank
+    per node); the notes say what it could not give."""
+    out = [Value("raps.detect_s", round(_num(d, "detect_s", path), 3), path, ("detect_s",),
+                 "crash -> DEAD verdict of the one crash (bench detect's median is better)",
+                 2)]
+    notes: list[str] = []
+    if d.get("relaunch_s") is None or d.get("restore_s") is None:
+        notes.append(f"{path}: relaunch_s or restore_s is null (no plan launched or "
+                     f"restored): step.* not calibrated")
+        return out, notes
+    relaunch, restore = _num(d, "relaunch_s", path), _num(d, "restore_s", path)
+    state_gb = _num(d, "state_per_rank_bytes", path) / GB
+    out.append(Value("step.relaunch_s", round(relaunch, 3), path, ("relaunch_s",),
+                     "DEAD verdict -> the new step launched (the old one ended)", 0))
+    if restore > 0:
+        out.append(Value("step.restore_gbps", round(state_gb / restore, 4), path,
+                         ("state_per_rank_bytes", "restore_s"),
+                         f"{state_gb:.3g} GB per node (one rank per node) over restore_s "
+                         f"{restore:g} s: new step launched -> every moved rank restored",
+                         0))
+    else:
+        notes.append(f"{path}: restore_s is 0: step.restore_gbps not calibrated")
+    return out, notes
+
+
 def calibrate(paths: list[str], comm_share: float = 0.25) -> dict[str, Any]:
     """Scenario parameters from benchmark outputs, each with its provenance."""
     if not paths:
@@ -269,6 +300,10 @@ def calibrate(paths: list[str], comm_share: float = 0.25) -> dict[str, Any]:
         elif kind == "detect":
             values += from_detect(d, str(path))
             detect = d
+        elif kind == "restart":
+            got, why = from_restart(d, str(path))
+            values += got
+            notes += why
         else:
             decode = next((v for v in values if v.key == "raps.restore_gbps"), None)
             got, why = from_recovery(d, str(path), decode)

@@ -10,7 +10,7 @@ import pytest
 
 from raps_slurm.cli import main
 from raps_slurm.errors import ScenarioError
-from raps_slurm.sim.calibrate import apply, calibrate, kind_of, log_overhead
+from raps_slurm.sim.calibrate import apply, calibrate, kind_of, log_overhead, to_yaml
 from raps_slurm.sim.raps import RapsSim
 from raps_slurm.sim.scenario import load_scenario, parse_scenario
 from raps_slurm.sim.trace import build_layout
@@ -110,7 +110,7 @@ def test_recovery_without_replay_fields_says_why(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("content", "message"), [
     ("{not json", "not JSON"),
     ('{"benchmark": "loss"}', "not the output of rapsctl bench checkpoint|mpi|messaging|"
-                              "detect|recovery"),
+                              "detect|recovery|restart"),
     ('{"benchmark": "checkpoint", "size_bytes": 1e9}', "field 'incr_seconds' is missing or "
                                                        "not a number (got None)"),
 ])
@@ -157,7 +157,8 @@ def test_cli_yaml_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     bad.write_text("[]")
     rc, out, err = rapsctl(capsys, "calibrate", str(bad))
     assert rc == 2 and err.splitlines() == [f"rapsctl: {bad}: not the output of rapsctl "
-                                            f"bench checkpoint|mpi|messaging|detect|recovery (no "
+                                            f"bench checkpoint|mpi|messaging|detect|recovery|"
+                                            f"restart (no "
                                             f'"benchmark" field naming one, nor bench '
                                             f"recovery's restore_s/replay_s)"], err
 
@@ -179,3 +180,30 @@ def test_seed_128_uses_the_committed_measurements() -> None:
     readme = (ROOT / "examples" / "calibration" / "README.md").read_text()
     for f in files:
         assert Path(f).name in readme
+
+
+RESTART = {"benchmark": "restart", "ranks": 4, "state_per_rank_bytes": 256 << 20,
+           "detect_s": 3.3, "relaunch_s": 2.5, "restore_s": 1.6, "caught_up_s": 12.0,
+           "raps": {}, "requeue": {}}
+
+
+def test_bench_restart_calibrates_the_step_strategy(tmp_path: Path) -> None:
+    (path,) = write(tmp_path, restart=RESTART)
+    r = calibrate([path])
+    p = r["parameters"]
+    assert p["step.relaunch_s"] == 2.5
+    assert p["step.restore_gbps"] == pytest.approx((256 << 20) / 1e9 / 1.6, abs=1e-4)
+    assert p["raps.detect_s"] == 3.3  # the only source here
+    assert r["sources"]["step.restore_gbps"]["fields"] == ["state_per_rank_bytes",
+                                                           "restore_s"]
+    s = apply(parse_scenario({}, "t"), p)
+    assert (s.step.relaunch_s, s.raps.detect_s) == (2.5, 3.3)
+    # bench detect's median and bench recovery's crash both beat the restart's one crash.
+    both = calibrate(write(tmp_path, restart=RESTART, detect=DETECT, recovery=RECOVERY))
+    assert both["parameters"]["raps.detect_s"] == 2.9
+    assert [d["value"] for d in both["also_measured"]["raps.detect_s"]] == [3.4, 3.3]
+    (path,) = write(tmp_path, restart={**RESTART, "relaunch_s": None})
+    r = calibrate([path])
+    assert "step.relaunch_s" not in r["parameters"]
+    assert any("step.* not calibrated" in n for n in r["notes"])
+    assert "step:" not in to_yaml(r) and "raps:" in to_yaml(r)
