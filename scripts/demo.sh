@@ -7,8 +7,10 @@
 # back, on a spare, restored and replayed, with the recovery's timeline; and checks the
 # final field against a failure-free run. Then the same with an mpi4py program
 # (examples/mpi_master_worker.py under raps-run --mpi4py), checked against Open MPI's
-# mpirun. Exit 0 only when both results match. Then takes the cluster down (--keep
-# leaves it up).
+# mpirun. Then a C MPI program (examples/c/heat.c with libraps, under
+# raps-run --restart-mode step) loses a node: its step starts again on a spare within the
+# allocation, checked against the same program run by mpirun without a failure. Exit 0
+# only when all three results match. Then takes the cluster down (--keep leaves it up).
 #   scripts/demo.sh [--keep]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +22,7 @@ keep=0
 ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server etcd-client curl gcc make procps \
   python3-dev libssl-dev \
   python3 python3-venv \
-  openmpi-bin python3-mpi4py python3-numpy
+  openmpi-bin python3-mpi4py python3-numpy libopenmpi-dev libzstd-dev
 ensure_venv ""
 make -s -C spank
 
@@ -168,6 +170,60 @@ if [ "$mstate" = COMPLETED ] && [ -n "$mfinal" ] && [ "$mfinal" = "$mpi_referenc
   echo "demo: the mpi4py job survived the node loss and printed what Open MPI printed"
 else
   echo "demo: FAILED: mpi4py job state $mstate, result differs or missing; see $mout" >&2
+  rc=1
+fi
+# --- part 3: a C MPI program, restarted whole within its allocation -----------------------
+step "part 3: a C heat stencil (examples/c/heat.c, checkpoints through libraps), first under mpirun"
+make -s -C libraps
+cbin=$RAPS_CLUSTER_DIR/cheat
+mkdir -p "$cbin" && chmod 755 "$cbin" && cp libraps/libraps.so.0 "$cbin/"
+mpicc -O2 -o "$cbin/heat" examples/c/heat.c -I libraps -L libraps -Wl,-rpath,"$cbin" -lraps
+CARGS=(1024 1024 2400 200)
+rm -rf "$cbin/files" && mkdir -p "$cbin/files"
+# the same computation with the program's own file checkpoints, no RAPS: the reference
+c_reference=$(RAPS_HEAT_FILE_CKPT="$cbin/files" mpirun --allow-run-as-root --oversubscribe \
+  --mca btl self,tcp -n 4 "$cbin/heat" "${CARGS[@]}" | grep '^final ')
+echo "$c_reference"
+
+step "the same program: sbatch --raps --raps-spares=2 --no-kill -N6, raps-run --restart-mode step"
+cout=$RAPS_CLUSTER_DIR/demo-c.out
+printf '#!/bin/bash\nexec %s --restart-mode step -- %s %s\n' "$(command -v raps-run)" \
+  "$cbin/heat" "${CARGS[*]}" >"$RAPS_CLUSTER_DIR/demo-c.sh"
+# the fake nodes share this host: Open MPI's shared memory would join ranks of two of them
+cjob=$(sbatch --parsable --raps --raps-spares=2 --no-kill -N6 -J raps-demo-c -o "$cout" \
+  --export=ALL,OMPI_MCA_btl=^vader,OMPI_MCA_btl_tcp_if_include=lo,RAPS_HEAT_LOG=1 \
+  "$RAPS_CLUSTER_DIR/demo-c.sh")
+wait_mapped "$cjob"
+read -r cvictim cnode < <(victim "$cjob")
+echo "rank $cvictim runs on $cnode"
+wait_committed "$cjob" "$cvictim" 1
+
+step "its node dies: scripts/cluster.sh crash $cnode"
+crashed_at=$(date +%s.%N)
+scripts/cluster.sh crash "$cnode"
+cstate=$(wait_end "$cjob")
+echo "job $cjob: $cstate, Slurm restarts: $(scontrol -o show job "$cjob" | tr ' ' '\n' | sed -n 's/^Restarts=//p')"
+grep '^raps-run: \|^restored ' "$cout" || true
+rapsctl show recoveries "$cjob"
+"$PY" -c "from raps_slurm.bench.restart import progress; import sys
+p = progress(open(sys.argv[1]).read(), float(sys.argv[2]))
+print(f\"from the crash: running again after {p['running_s']}s, back at step {p['pre_fault_step']} \"
+      f\"(its progress before the crash) after {p['caught_up_s']}s\")" "$cout" "$crashed_at" || true
+echo "Slurm alone: the node is noticed after SlurmdTimeout (${slurmd_timeout}s here, 300s by"
+echo "default), then the job fails, or with --requeue waits in the queue again and restarts"
+echo "whole from what the program wrote to the shared file system (rapsctl bench restart"
+echo "measures both)."
+scripts/cluster.sh restart "$cnode"
+scontrol update NodeName="$cnode" State=RESUME
+
+step "result: raps-run --restart-mode step with a crash against mpirun without one"
+cfinal=$(grep '^final ' "$cout" || true)
+echo "mpirun:     $c_reference"
+echo "with crash: ${cfinal:-<no result>}"
+if [ "$cstate" = COMPLETED ] && [ -n "$cfinal" ] && [ "$cfinal" = "$c_reference" ]; then
+  echo "demo: the C job survived the node loss with the failure-free result"
+else
+  echo "demo: FAILED: C job state $cstate, result differs or missing; see $cout" >&2
   rc=1
 fi
 if ((keep)); then
