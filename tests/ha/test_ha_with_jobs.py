@@ -40,7 +40,10 @@ from raps_slurm.testing.jobs import (
     rank_entries,
 )
 
-STEPS = ["--steps", "1500", "--every", "20"]
+# 1,000 steps of 0.05 s: the job still runs long after the three phases (over 24 s after
+# the submission on a loaded 2-core machine, where 1,500 steps ran 125 s); a job that
+# ended before them would fail the test, not pass it
+STEPS = ["--steps", "1000", "--every", "20"]
 NAMES = ("ha-a", "ha-b", "ha-c")
 
 
