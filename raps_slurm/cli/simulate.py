@@ -330,7 +330,7 @@ _DEFAULT = " (default: the scenario's)"
 _ADVISE_JOB = (("--nodes", click.IntRange(1, 10_000_000), "Working nodes of the job"),
                ("--state-gb", click.FloatRange(0, 1e6), "Checkpointed state per node, GB"),
                ("--mtbf-h", click.FloatRange(0.001, 1e9), "Node MTBF, hours"),
-               ("--spares", click.IntRange(0, 1_000_000), "Spare nodes for raps and scr"))
+               ("--spares", click.IntRange(0, 1_000_000), "Spare nodes for raps, scr and step"))
 
 
 def _advise_job(f: Any) -> Any:
