@@ -44,8 +44,9 @@ def advise(s: Scenario, progress: Callable[[int, int], None] | None = None
             "useful_work_fraction_ci95": summ["useful_work_fraction_ci95"],
             "interval_s": iv["interval_s"], "why": iv["why"],
             "spares": s.raps.spares if name in ("raps", "scr", "step") else 0}
-        if name == "raps":
+        if name in ("raps", "step"):
             row["replicas"] = s.checkpoint.replicas
+        if name == "raps":
             row["log_overhead"] = s.raps.log_overhead
         if "flush_every" in iv:
             row["flush_every"] = iv["flush_every"]
