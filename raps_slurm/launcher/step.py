@@ -40,7 +40,7 @@ from raps_slurm.slurm import SlurmClient, commands
 from raps_slurm.slurm.runner import kill_step
 
 POLL_SEC = 0.25
-SETTLE_CYCLES = 2  # leader cycles to wait for the other plans of the same fault
+SETTLE_CYCLES = 1  # leader cycles to wait for the other plans of the same fault
 
 
 def say(text: str) -> None:
@@ -132,28 +132,30 @@ class StepLauncher:
         todo = relaunches(self.incarnations(), plans, self.run)
         if not todo:
             return False
-        # The plans of one fault (a node's ranks, ranks hung together) start within a
-        # cycle or two of each other: one restart for them all, not one per plan.
-        time.sleep(SETTLE_CYCLES * self.cfg.coordinator.cycle_interval_sec)
-        with contextlib.suppress(AgentError):
-            todo = relaunches(self.incarnations(), self._ask("job_plans").get("plans") or [],
-                              self.run) or todo
         try:
             nodes = set(self.slurm.job(int(self.job)).nodes)  # never $SLURM_JOB_NODELIST
         except SlurmCommandError as exc:
             say(f"cannot read the job's node list: {exc}")
             return False
-        outside = sorted({r.node for r in todo} - nodes)
-        if outside:
-            say(f"plans name nodes outside the allocation ({','.join(outside)}); waiting "
-                "for the coordinator")
+        if {r.node for r in todo} - nodes:
+            say(f"plans name nodes outside the allocation "
+                f"({','.join(sorted({r.node for r in todo} - nodes))}); waiting for the "
+                "coordinator")
             return False
+        # The step cannot go on without the moved ranks: end it now. The plans of one
+        # fault (a node's ranks, ranks hung together) start within a cycle or two of
+        # each other: one restart for them all, not one per plan.
+        self.end_step()
+        time.sleep(SETTLE_CYCLES * self.cfg.coordinator.cycle_interval_sec)
+        with contextlib.suppress(AgentError):
+            more = relaunches(self.incarnations(), self._ask("job_plans").get("plans") or [],
+                              self.run)
+            todo = [r for r in more if r.node in nodes] or todo
         for r in todo:
             old = self.placement[r.rank][0]
             say(f"plan {r.plan_id}: rank {r.rank} moves from {old} to {r.node} (epoch "
                 f"{r.epoch}): restarting the step")
             self.placement[r.rank] = (r.node, r.epoch)
-        self.end_step()
         self.start()
         for r in todo:
             with contextlib.suppress(AgentError):
