@@ -24,7 +24,7 @@ from raps_slurm.testing.jobs import committed, crashed, finish, job_plans, job_s
 from raps_slurm.testing.programs import build_stencils, export_option
 
 # 4 ranks, one per working node; the plate is cut in 4 bands (C: rows, Fortran: columns).
-ARGS = ["512", "512", "1500", "100"]
+ARGS = ["1024", "1024", "3000", "200"]  # about 10 s of steps: the crash falls mid-run
 
 
 @pytest.fixture(scope="module")
