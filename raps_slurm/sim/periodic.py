@@ -19,8 +19,8 @@ and costs a restart, which a failure of a node the restart holds starts over:
   its partner die before the job is restored, that checkpoint is gone and the job falls back
   to its last PFS flush (every ``flush_every`` checkpoints, blocking) or its beginning;
 - step (``raps-run --restart-mode step``): scr's relaunch inside the allocation with RAPS's
-  costs: a blocking incremental save, copies on ``checkpoint.replicas`` holders in other
-  racks (the partner chain), RAPS's detection before the relaunch, every rank restored
+  costs: a blocking incremental save, copies on ``checkpoint.replicas`` holders in the
+  next racks (:meth:`PeriodicSim._chain`), RAPS's detection before the relaunch, every rank restored
   from the newest common checkpoint (the replaced node pulls its copy from a holder), no
   message logging. A checkpoint serves the restart once its delta reached the holders
   (``lag``); a failure before that goes back one more interval. When a node and every
@@ -193,9 +193,11 @@ class PeriodicSim:
         self.failed: set[int] = set()   # positions whose node died since the last restore
         self.partner_lost = False
         self.t_ckpt = -math.inf   # when the newest checkpoint was written (step's lag)
-        # step: the nodes that died since the last restore, by position, and for each
-        # node whose every copy is down, the nodes one of which must come back first
+        # step: the nodes that died since the last restore, by position, the positions
+        # that held their copies then, and for each node whose every copy is down, the
+        # nodes one of which must come back first
         self.dead_node: dict[int, str] = {}
+        self.dead_chain: dict[int, list[int]] = {}
         self.wait_for: list[set[str]] = []
         self.requeues: dict[str, int] = {}   # step: whole-job requeues by cause
         self.finished: float | None = None
@@ -261,6 +263,7 @@ class PeriodicSim:
                 self.failed.clear()
                 self.partner_lost = False
                 self.dead_node.clear()
+                self.dead_chain.clear()
                 self.wait_for.clear()
                 self.stops.append(t - self.fault_t)
                 self.recoveries.append(t - self.fault_t + self.fault_done)
@@ -319,9 +322,11 @@ class PeriodicSim:
         last restore) holds the restart until one of those nodes is repaired (after a
         requeue: a failed node leaves the allocation)."""
         for i in dead:
-            self.dead_node.setdefault(i, self.working[i])
+            if i not in self.dead_node:
+                self.dead_node[i] = self.working[i]
+                self.dead_chain[i] = self._chain(i)
         for i, node in self.dead_node.items():
-            chain = self._chain(i)
+            chain = self.dead_chain[i]
             if all(j in self.dead_node for j in chain):
                 group = {node, *(self.dead_node[j] for j in chain)}
                 if group not in self.wait_for:
