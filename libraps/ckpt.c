@@ -395,6 +395,14 @@ static void drop_cached(void) {
   S.cached = NULL;
 }
 
+/* The step this rank had reached before the fault that relaunched it (-1: unknown; an
+ * older agent's reply has none): caught up once raps_progress reaches it. */
+static void take_resume_step(const struct raps_reply *r) {
+  long long resume = -1;
+  if (raps__json_long(r->body, r->len, "resume_step", &resume) && resume >= 0)
+    S.resume_step = (long)resume;
+}
+
 /* Fetch generation gen (0: the newest) into S.cached (RAPS_ERR_NO_CHECKPOINT if none). */
 static int fetch(long long gen) {
   if (S.cached && (gen == 0 || S.cached_gen == gen)) return RAPS_OK;
@@ -406,11 +414,8 @@ static int fetch(long long gen) {
   struct raps_reply r;
   int rc = raps__call(&S.ck, req, NULL, 0, SAVE_TIMEOUT, &r);
   if (rc != RAPS_OK) return rc;
-  long long resume = -1, size = 0;
-  if (!raps__json_is_null(r.body, r.len, "resume_step") &&
-      (!raps__json_long(r.body, r.len, "resume_step", &resume) || resume < 0))
-    resume = -1; /* an older agent's reply has none: caught up at the first progress */
-  S.resume_step = (long)resume;
+  long long size = 0;
+  take_resume_step(&r);
   if (raps__json_is_null(r.body, r.len, "generation")) {
     raps__reply_free(&r);
     return raps__fail(RAPS_ERR_NO_CHECKPOINT, "rank %d of job %s has no committed generation",
@@ -451,6 +456,7 @@ static int list_generations(void) {
   const char *v;
   size_t vn;
   int n = 0;
+  take_resume_step(&r);
   if (!raps__json_get(r.body, r.len, "generations", &v, &vn) || vn < 2 || v[0] != '[') {
     raps__reply_free(&r);
     return raps__fail(RAPS_ERR_PROTOCOL, "malformed ckpt_generations reply");
@@ -556,7 +562,6 @@ int raps_restore_version(long version) {
   if (rc == RAPS_OK) rc = copy_back();
   drop_cached();
   if (rc != RAPS_OK) return rc;
-  S.restored = 1;
   raps__fail(RAPS_OK, "%s", "");
   return RAPS_OK;
 }
@@ -574,7 +579,6 @@ int raps_restore(long *version) {
   if (rc == RAPS_OK && version) *version = S.cached_version;
   drop_cached();
   if (rc != RAPS_OK) return rc;
-  S.restored = 1;
   raps__fail(RAPS_OK, "%s", "");
   return RAPS_OK;
 }

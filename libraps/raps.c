@@ -297,9 +297,20 @@ int raps_finalize(void) {
   S.cached = NULL;
   S.nregions = 0;
   S.listed = S.ngens = 0, S.chosen = -1;
-  S.resume_step = -1, S.restored = S.sent_running = S.sent_caught_up = 0;
+  S.resume_step = -1, S.sent_running = S.sent_caught_up = 0;
   S.ready = 0;
   return ok();
+}
+
+/* Report a phase of the recovery plan that relaunched this rank; what fails is ignored
+ * (the leader times the plan out): it must never fail the program. */
+static void recovery_event(const char *phase, long step) {
+  char req[256];
+  snprintf(req, sizeof req, "{\"op\":\"recovery_event\",\"job\":\"%s\",\"rank\":%d,"
+           "\"epoch\":%ld,\"phase\":\"%s\",\"detail\":{\"step\":%ld}}", S.job, S.rank,
+           S.epoch, phase, step);
+  struct raps_reply r;
+  if (raps__call(&S.ck, req, NULL, 0, 2.0, &r) == RAPS_OK) raps__reply_free(&r);
 }
 
 int raps_progress(long step) {
@@ -308,6 +319,14 @@ int raps_progress(long step) {
   pthread_mutex_lock(&S.mu);
   S.step = step;
   pthread_mutex_unlock(&S.mu);
+  if (S.epoch > 1 && !S.sent_caught_up) { /* relaunched by a plan: its last two phases */
+    if (!S.sent_running) recovery_event("running", step);
+    S.sent_running = 1;
+    if (S.resume_step < 0 || step >= S.resume_step) {
+      recovery_event("caught_up", step);
+      S.sent_caught_up = 1;
+    }
+  }
   return ok();
 }
 

@@ -109,10 +109,10 @@ struct raps_state {
   long labels[RAPS_MAX_LABELS];
   int ngens, listed;
   long chosen; /* the label raps_restore restores (raps_restart_choose), -1: the newest */
-  /* recovery progress of a relaunched rank (epoch > 1) after its restore: the step it
-   * had reached before the fault (-1: unknown) and which phases it reported */
+  /* recovery progress of a relaunched rank (epoch > 1): the step it had reached before
+   * the fault (-1: unknown) and which phases it reported */
   long resume_step;
-  int restored, sent_running, sent_caught_up;
+  int sent_running, sent_caught_up;
 };
 extern struct raps_state raps__state;
 #define S raps__state

@@ -27,8 +27,9 @@ store. Ops, each answered ``{"ok": true, ...}`` or an error with a kind:
     every holder answered (docs/recovery.md).
 ``ckpt_generations {job, rank}``   the rank's newest generations (at most 64), newest
     first, as ``generations``: ``[{generation, label}]``, ``label`` the ``version`` a
-    libraps rank gave it (null for others, or when no manifest of it could be read), and
-    ``more`` (older ones exist). Only the uid that registered the rank.
+    libraps rank gave it (null for others, or when no manifest of it could be read),
+    ``more`` (older ones exist) and ``resume_step`` as ``ckpt_restore``'s. Only the uid
+    that registered the rank.
 
 A pack counts against the job's disk quota on this node at its full size (before
 chunks already here are skipped) and a commit as one etcd write of the job
@@ -253,7 +254,7 @@ class CheckpointOps:
                     ) -> tuple[dict[str, object], list[int]]:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
-        self._rank_of(peer, job, rank)
+        epoch = self._rank_of(peer, job, rank)
         try:
             records = restore_order(self.service.trusted_records(job, rank))
         except RestoreError as exc:
@@ -262,7 +263,8 @@ class CheckpointOps:
         for rec in records[:MAX_LISTED]:
             m = self.service.manifest(job, rank, rec)
             out.append({"generation": rec.generation, "label": _label(m)})
-        return {"ok": True, "generations": out, "more": len(records) > MAX_LISTED}, []
+        return {"ok": True, "generations": out, "more": len(records) > MAX_LISTED,
+                "resume_step": self._resume_step(job, rank, epoch)}, []
 
     def _resume_step(self, job: str, rank: int, epoch: int | None) -> int | None:
         """The step the rank had reached before the fault that relaunched it: the

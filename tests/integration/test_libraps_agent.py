@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
+from raps_slurm.core.planner import Plan, PlanEvent, plan_id
 from raps_slurm.model import BackupGroup
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster
@@ -141,6 +143,17 @@ def test_refusals_keep_the_agent_serving(cluster: LocalCluster,
     assert os.path.exists(node_dir(load_file(cluster.config_path).agent.socket_path, "n1"))
 
 
+def phases(store: tuple[StateStore, Keys], pid: str) -> dict[str, dict[str, Any]]:
+    """What n1's agent recorded of the plan's phases: phase -> detail."""
+    s, k = store
+    out = {}
+    for phase in ("restored", "running", "caught_up"):
+        kv = s.get(k.plan_event("n1", pid, phase))
+        if kv is not None:
+            out[phase] = PlanEvent.from_json(kv.key, kv.value).detail
+    return out
+
+
 def mpirun(cluster: LocalCluster, program: Path, job: str, crash_at: int | None = None,
            args: tuple[str, ...] = ("64", "64", "120", "20"), ranks: int = 4,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -198,3 +211,25 @@ def test_heat_restarts_with_the_failure_free_result(
     again = mpirun(cluster, programs / program, job)
     assert "restored step 60" in again.stdout, (again.stdout[-2000:], again.stderr[-2000:])
     assert final(again) == clean
+
+
+def test_a_relaunched_rank_reports_its_recovery(
+        cluster: LocalCluster, store: tuple[StateStore, Keys], programs: Path) -> None:
+    s, k = store
+    job = setup_job(store, 2)
+    per_rank(mpirun(cluster, programs / "common", job, args=("save",), ranks=2))
+    # a plan moved rank 1 to n1 with epoch 2 when it had reached step 5; the step starts
+    # again whole, every rank from the common generation
+    pid = plan_id(job, 1, 2)
+    s.put(k.plan(pid), Plan(pid, job, 1, "n2", "n1", 2, "node n2 DEAD", 0, "running",
+                            created_at=time.time(), progress=5).to_json())
+    s.put(k.job_rank(job, 1), RankEntry(1, "n1", 2, "running", ("n4",)).to_json())
+    again = per_rank(mpirun(cluster, programs / "common", job, args=("restore", "8"), ranks=2,
+                            env={"RAPS_EPOCH": "1", "RAPS_EPOCHS": "1=2"}))
+    assert all(again[r]["same"] is True and again[r]["common"] == 10 for r in (0, 1)), again
+    seen = phases(store, pid)
+    # restored by the agent, running at the first progress, caught up at the plan's step
+    assert seen["restored"]["generation"] == 1, seen
+    assert seen["running"] == {"step": 0} and seen["caught_up"] == {"step": 5}, seen
+    # rank 0 kept epoch 1: no plan of its own gets a report
+    assert phases(store, plan_id(job, 0, 2)) == {}
