@@ -42,6 +42,9 @@ INTERVAL = 100  # --raps-ckpt-interval: above every limit below (checked by the 
 CRASH_AT = 90   # seconds after the ranks run: just before the first checkpoint
 # 2,400 steps of 0.05 s: the first checkpoint (at INTERVAL) comes well before the end
 HEAT = ["--steps", "2400", "--every", "1000000", "--step-sec", "0.05"]
+# The crashed job: 2,000 steps, still past CRASH_AT (and INTERVAL) when nothing fails;
+# after the crash its work ends 10 s after the victims caught up, not 30
+HIT_HEAT = ["--steps", "2000", *HEAT[2:]]
 
 
 def limits(cluster: LocalCluster) -> dict[str, float]:
@@ -86,7 +89,7 @@ def test_jobs_checkpointing_minutes_apart_complete_with_and_without_a_crash(
     assert limit["messagelog.recv_timeout_sec"] < CRASH_AT, limit
     assert limit["recovery.recovery_timeout_sec"] < CRASH_AT, limit
     quiet_ref = heat_reference(tmp_path / "quiet", 4, HEAT[:4])
-    crash_ref = heat_reference(tmp_path / "crash", 6, HEAT[:4])
+    crash_ref = heat_reference(tmp_path / "crash", 6, HIT_HEAT)
     s, k = store
     run = CommandRunner(timeout=60, env=cluster.env)
     program = [sys.executable, str(HEAT_RING), *HEAT]
@@ -100,7 +103,8 @@ def test_jobs_checkpointing_minutes_apart_complete_with_and_without_a_crash(
             jobs.append(quiet)
             outs.append(quiet_out)
             hit, hit_out = cluster.submit_raps_run(
-                program, [f"--raps-ckpt-interval={INTERVAL}", "--raps-ranks-per-node=2",
+                [sys.executable, str(HEAT_RING), *HIT_HEAT],
+                [f"--raps-ckpt-interval={INTERVAL}", "--raps-ranks-per-node=2",
                           "--raps-spares=1", "-N4"], "crash")
             jobs.append(hit)
             outs.append(hit_out)
