@@ -14,8 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from raps_slurm.errors import ClusterError
+from raps_slurm.coordinator.election import read_leader
+from raps_slurm.errors import ClusterError, StoreError
 from raps_slurm.slurm import CommandRunner, SlurmClient
+from raps_slurm.store import Keys, StateStore
 
 T = TypeVar("T")
 
@@ -319,3 +321,20 @@ def wait_until(what: str, probe: Callable[[], T], ok: Callable[[T], bool] = bool
             raise AssertionError(
                 f"timed out after {timeout}s waiting for {what}; last seen: {value!r}")
         time.sleep(interval)
+
+
+def leader_name(store: StateStore, keys: Keys) -> str | None:
+    """The name in the coordinator leader key (whom ``rapsctl ping`` reports as leader), or
+    None when nobody leads or etcd does not answer. Read here, not through a ``rapsctl``
+    process: a probe that takes a second would see a new leader a second late."""
+    try:
+        value = read_leader(store, keys.leader())
+    except StoreError:
+        return None
+    return str(value.get("name")) if isinstance(value, dict) else None
+
+
+def wait_leading(store: StateStore, keys: Keys, name: str, timeout: float = 20.0) -> None:
+    """Wait until coordinator ``name`` holds the leader key."""
+    wait_until(f"coordinator {name!r} to lead", lambda: leader_name(store, keys),
+               lambda n: n == name, timeout, interval=0.05)

@@ -26,11 +26,15 @@ from pathlib import Path
 import pytest
 
 from raps_slurm.config import load_file
-from raps_slurm.coordinator.election import read_leader
-from raps_slurm.errors import SlurmCommandError, StoreError
+from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore, open_store
-from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
+from raps_slurm.testing.cluster import (
+    CoordinatorProcess,
+    LocalCluster,
+    leader_name,
+    wait_until,
+)
 from raps_slurm.testing.jobs import (
     HEAT_RING,
     committed,
@@ -64,14 +68,6 @@ def coordinators(cluster3: LocalCluster) -> Iterator[dict[str, CoordinatorProces
             c.stop()
 
 
-def leader(store: StateStore, keys: Keys) -> str | None:
-    try:
-        value = read_leader(store, keys.leader())
-    except StoreError:
-        return None
-    return str(value.get("name")) if isinstance(value, dict) else None
-
-
 def ping(cluster: LocalCluster) -> str:
     """``rapsctl ping``'s report (it exits 1 when something is down)."""
     return subprocess.run([sys.executable, "-m", "raps_slurm.cli", "--config",
@@ -91,7 +87,7 @@ def test_leader_frozen_mid_plan_and_etcd_quorum_lost_kill_no_rank(
     lease = load_file(cluster3.config_path).coordinator.leader_lease_sec
     clean = heat_reference(tmp_path, 4, STEPS)
     coordinators["ha-a"].start()
-    wait_until("ha-a to lead", lambda: leader(s, keys), lambda n: n == "ha-a", 20)
+    wait_until("ha-a to lead", lambda: leader_name(s, keys), lambda n: n == "ha-a", 20)
     coordinators["ha-b"].start()
     coordinators["ha-c"].start()
     job, out = cluster3.submit_raps_run(
@@ -112,14 +108,14 @@ def test_leader_frozen_mid_plan_and_etcd_quorum_lost_kill_no_rank(
         coordinators["ha-a"].signal(signal.SIGSTOP)
         [frozen] = job_plans(s, keys, job)
         assert frozen.state in ("queued", "running"), frozen  # not finished when frozen
-        new = wait_until("a standby to lead", lambda: leader(s, keys),
+        new = wait_until("a standby to lead", lambda: leader_name(s, keys),
                          lambda n: n in ("ha-b", "ha-c"), lease + 5, interval=0.05)
         wait_until("the plan done", lambda: job_plans(s, keys, job),
                    lambda p: len(p) == 1 and p[0].state == "done", 60)
         coordinators["ha-a"].signal(signal.SIGCONT)
         wait_until("the thawed leader steps down", coordinators["ha-a"].log,
                    lambda t: "lost leadership" in t, 15)
-        assert leader(s, keys) == new
+        assert leader_name(s, keys) == new
         [plan] = job_plans(s, keys, job)
         assert (plan.plan_id, plan.rank, plan.epoch) == (frozen.plan_id, victim, 2)
         # it logs the step after committing it: the plan can be seen done first
@@ -146,7 +142,7 @@ def test_leader_frozen_mid_plan_and_etcd_quorum_lost_kill_no_rank(
                    lambda: out.read_text(errors="replace"),
                    lambda t: t.count("checkpoint not committed") >= 2, 60)
         cluster3.etcd_start(1)
-        wait_until("a leader again", lambda: leader(s, keys), bool, 30)
+        wait_until("a leader again", lambda: leader_name(s, keys), bool, 30)
         text = finish(cluster3, job, out, clean, timeout=240)
     finally:
         with contextlib.suppress(SlurmCommandError):

@@ -18,7 +18,7 @@ from raps_slurm.testing.cluster import (
     CoordinatorProcess,
     LocalCluster,
     cluster_for_tests,
-    wait_until,
+    wait_leading,
 )
 
 
@@ -77,19 +77,18 @@ def store(cluster: LocalCluster) -> Iterator[tuple[StateStore, Keys]]:
 
 
 @pytest.fixture(scope="session")
-def leading(cluster: LocalCluster, rapsctl: Rapsctl) -> Callable[..., Any]:
+def leading(cluster: LocalCluster, store: tuple[StateStore, Keys]) -> Callable[..., Any]:
     """``with leading(name[, receivers=N]) as c``: a coordinator that leads before the
     block starts."""
-    return lambda name, receivers=1: _leading(cluster, rapsctl, name, receivers)
+    return lambda name, receivers=1: _leading(cluster, store, name, receivers)
 
 
 @contextmanager
-def _leading(cluster: LocalCluster, rapsctl: Rapsctl, name: str,
+def _leading(cluster: LocalCluster, store: tuple[StateStore, Keys], name: str,
              receivers: int = 1) -> Iterator[CoordinatorProcess]:
     c = cluster.coordinator(name).start(receivers=receivers)
     try:
-        wait_until(f"coordinator {name!r} to lead", lambda: rapsctl("ping", check=False).stdout,
-                   lambda out: f"leader {name} " in out, timeout=20)
+        wait_leading(*store, name)
         yield c
     finally:
         assert c.stop() == 0, c.log()[-2000:]

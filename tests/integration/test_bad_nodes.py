@@ -18,7 +18,7 @@ import yaml
 from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import Keys, StateStore
-from raps_slurm.testing.cluster import LocalCluster, wait_until
+from raps_slurm.testing.cluster import LocalCluster, wait_leading, wait_until
 from raps_slurm.testing.jobs import (
     HEAT_RING,
     back_in_service,
@@ -141,8 +141,7 @@ def test_ranks_that_find_their_agent_gone_at_start_move_with_their_node(
     leader = cluster.coordinator("slowdead", slow).start()
     node = ""
     try:
-        wait_until("coordinator 'slowdead' to lead", lambda: rapsctl("ping", check=False).stdout,
-                   lambda out: "leader slowdead " in out, timeout=20)
+        wait_leading(s, k, "slowdead")
         job = run.run(["sbatch", "--parsable", "-o", str(cluster.run_dir / "jobs" /
                                                            "badnodes-gated-%j.out"),
                        "--raps", "--no-kill", "--raps-spares=2", "--raps-ranks-per-node=2",

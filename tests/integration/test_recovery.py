@@ -25,7 +25,12 @@ from raps_slurm.core.planner import Plan
 from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import Keys, StateStore
-from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
+from raps_slurm.testing.cluster import (
+    CoordinatorProcess,
+    LocalCluster,
+    wait_leading,
+    wait_until,
+)
 from raps_slurm.testing.jobs import (
     HEAT_RING,
     back_in_service,
@@ -91,7 +96,7 @@ def only_plan(store: tuple[StateStore, Keys], job: str, out: Path) -> Plan:
 
 
 @contextmanager
-def leading_with(cluster: LocalCluster, rapsctl: Any, name: str, tmp: Path,
+def leading_with(cluster: LocalCluster, store: tuple[StateStore, Keys], name: str, tmp: Path,
                  **recovery: object) -> Iterator[CoordinatorProcess]:
     """A leading coordinator whose config differs in some ``recovery`` keys."""
     cfg = yaml.safe_load(cluster.config_path.read_text())
@@ -100,8 +105,7 @@ def leading_with(cluster: LocalCluster, rapsctl: Any, name: str, tmp: Path,
     path.write_text(yaml.safe_dump(cfg))
     c = cluster.coordinator(name, config=path).start()
     try:
-        wait_until(f"coordinator {name!r} to lead", lambda: rapsctl("ping", check=False).stdout,
-                   lambda o: f"leader {name} " in o, timeout=20)
+        wait_leading(*store, name)
         yield c
     finally:
         c.stop()
@@ -173,7 +177,7 @@ def test_two_nodes_of_a_rack_recover_one_after_the_other(
         cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
         tmp_path: Path) -> None:
     clean = reference(tmp_path, 4)
-    with leading_with(cluster, rapsctl, "one-at-a-time", tmp_path, max_concurrent_recoveries=1), \
+    with leading_with(cluster, store, "one-at-a-time", tmp_path, max_concurrent_recoveries=1), \
             raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
         data = mapped(rapsctl, job)
         ranks = rank_nodes(data)
@@ -296,8 +300,7 @@ def test_coordinator_killed_mid_plan_the_next_leader_finishes_it(
     first = cluster.coordinator("mid-a").start()
     second: CoordinatorProcess | None = None
     try:
-        wait_until("mid-a to lead", lambda: rapsctl("ping", check=False).stdout,
-                   lambda o: "leader mid-a " in o, timeout=20)
+        wait_leading(*store, "mid-a")
         second = cluster.coordinator("mid-b").start()
         with raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
             _, ranks, victim = layout(cluster, rapsctl, job)
@@ -307,8 +310,7 @@ def test_coordinator_killed_mid_plan_the_next_leader_finishes_it(
                 seen = wait_until("a plan", lambda: plans(store, job), bool, 30, interval=0.02)
                 first.signal(signal.SIGKILL)
                 assert seen[0].state in ("queued", "running"), seen  # killed mid-plan
-                wait_until("mid-b to lead", lambda: rapsctl("ping", check=False).stdout,
-                           lambda o: "leader mid-b " in o, timeout=20)
+                wait_leading(*store, "mid-b")
                 text = finish(cluster, job, out, clean)
                 # now: the job's keys go purge_grace_sec (5 s here) after its end, and
                 # the node's return to service below may take longer
@@ -453,7 +455,7 @@ def test_raps_gives_up_after_max_requeues_and_says_why(
         tmp_path: Path) -> None:
     """recovery.max_requeues 0: the first escalation is one too many. The job fails, and
     the reason is in its output and in ``rapsctl show job``; Slurm does not requeue it."""
-    with leading_with(cluster, rapsctl, "giveup", tmp_path, max_requeues=0), \
+    with leading_with(cluster, store, "giveup", tmp_path, max_requeues=0), \
             raps_job(cluster, "--raps-spares=0", "-N4") as (job, out):
         _, ranks, victim = layout(cluster, rapsctl, job)
         wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
