@@ -285,9 +285,16 @@ int raps_finalize(void) {
   pthread_cond_broadcast(&S.cv);
   pthread_mutex_unlock(&S.mu);
   pthread_join(S.thread, NULL);
-  char req[128];
-  snprintf(req, sizeof req, "{\"op\":\"unregister\",\"job\":\"%s\",\"rank\":%d}", S.job, S.rank);
+  /* done: the coordinator takes the silence that follows for the end of the program, not
+   * for a hang (a HUNG verdict would relaunch it); a rank that serves no messages
+   * publishes no address */
+  char req[192];
   struct raps_reply r;
+  snprintf(req, sizeof req, "{\"op\":\"peer_publish\",\"job\":\"%s\",\"rank\":%d,"
+           "\"epoch\":%ld,\"host\":null,\"port\":null,\"done\":true}", S.job, S.rank,
+           S.epoch);
+  if (raps__call(&S.hb, req, NULL, 0, 2.0, &r) == RAPS_OK) raps__reply_free(&r);
+  snprintf(req, sizeof req, "{\"op\":\"unregister\",\"job\":\"%s\",\"rank\":%d}", S.job, S.rank);
   if (raps__call(&S.hb, req, NULL, 0, 2.0, &r) == RAPS_OK) raps__reply_free(&r);
   raps__conn_close(&S.hb);
   raps__conn_close(&S.ck);

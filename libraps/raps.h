@@ -66,7 +66,8 @@ int raps_restore_version(long version);
 int raps_progress(long step);
 /* *due = 1 once the checkpoint interval passed since init or the last checkpoint. */
 int raps_checkpoint_due(int *due);
-/* Stop heartbeating and unregister the rank. */
+/* Stop heartbeating, tell the agent the rank is done (its silence is then no hang) and
+ * unregister the rank. */
 int raps_finalize(void);
 
 const char *raps_strerror(int code);

@@ -6,9 +6,12 @@ keeps them in the node's store and copies them to the rank's log backup. Ops:
 
 ``peer_publish {job, rank, epoch, host, port, done}``  only the uid that registered the
     rank, with the registered epoch; written to ``reports/ranks/<node>/<id>/peers/<rank>``
-    (``done``: the rank finished its program and waits for the others at ``finalize``).
+    (``done``: the rank finished its program and waits for the others at ``finalize``;
+    its silence is then no hang). ``host`` and ``port`` may be null only with ``done``:
+    a rank that serves no messages (a libraps rank at ``raps_finalize``) has none.
 ``peer_lookup {job, rank}``  only the job's owner; ``host``/``port``/``epoch``/``done``
-    or nulls: what the node the rank map gives the rank published.
+    or nulls: what the node the rank map gives the rank published (``host`` and
+    ``port`` null, with its ``epoch`` and ``done``, for a rank that published none).
 ``log_append {job, rank, epoch}`` + sealed memory file   one log segment (parsed before
     it is kept); refused with kind ``epoch`` for a superseded epoch.
 ``log_read {job, rank}``  every segment (pulled from the log backup when this node has
@@ -54,9 +57,11 @@ from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.errors import RecordError
 
-_HOST: Check = (lambda v: isinstance(v, str) and 0 < len(v) <= 255 and v.isascii()
-                and v.isprintable() and " " not in v, "a host name or address")
-_PORT: Check = (lambda v: is_int(v, 1, 65535), "a port 1..65535")
+_HOST: Check = (lambda v: v is None or (isinstance(v, str) and 0 < len(v) <= 255
+                and v.isascii() and v.isprintable() and " " not in v),
+                "a host name or address (null only with done)")
+_PORT: Check = (lambda v: v is None or is_int(v, 1, 65535),
+                "a port 1..65535 (null only with done)")
 _DONE: Check = (lambda v: isinstance(v, bool), "true or false")
 _FLOORS: Check = (lambda v: isinstance(v, dict) and len(v) <= 1 << 20 and all(
     isinstance(k, str) and k.isdigit() and is_int(x, 0, 2**63 - 1) for k, x in v.items()),
@@ -106,6 +111,9 @@ class MessagingOps:
                 ) -> tuple[dict[str, object], list[int]]:
         close_fds(fds)
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
+        if (f["host"] is None or f["port"] is None) and f["done"] is not True:
+            raise Refused("schema", "fields 'host' and 'port': null only with 'done' true "
+                                    "(a finished rank that serves no messages)")
         self._own(peer, job, rank, typing.cast(int, f["epoch"]))
         value = json.dumps({"host": f["host"], "port": f["port"], "epoch": f["epoch"],
                             "done": f["done"], "node": self.service.node}).encode()
@@ -132,7 +140,9 @@ class MessagingOps:
             return {"ok": True, "host": None, "port": None, "epoch": None, "done": False}, []
         try:
             d = json.loads(kv.value)
-            return {"ok": True, "host": str(d["host"]), "port": int(d["port"]),
+            served = d["host"] is not None and d["port"] is not None
+            return {"ok": True, "host": str(d["host"]) if served else None,
+                    "port": int(d["port"]) if served else None,
                     "epoch": int(d["epoch"]), "done": bool(d.get("done"))}, []
         except (ValueError, KeyError, TypeError):
             return {"ok": True, "host": None, "port": None, "epoch": None, "done": False}, []

@@ -213,7 +213,7 @@ def test_heat_restarts_with_the_failure_free_result(
     assert final(again) == clean
 
 
-def test_a_relaunched_rank_reports_its_recovery(
+def test_a_relaunched_rank_reports_its_recovery_and_a_finished_rank_is_done(
         cluster: LocalCluster, store: tuple[StateStore, Keys], programs: Path) -> None:
     s, k = store
     job = setup_job(store, 2)
@@ -233,3 +233,9 @@ def test_a_relaunched_rank_reports_its_recovery(
     assert seen["running"] == {"step": 0} and seen["caught_up"] == {"step": 5}, seen
     # rank 0 kept epoch 1: no plan of its own gets a report
     assert phases(store, plan_id(job, 0, 2)) == {}
+    # raps_finalize said each rank is done (with its epoch): its silence is no hang
+    for rank, epoch in ((0, 1), (1, 2)):
+        kv = s.get(k.job_peer("n1", job, rank))
+        assert kv is not None, f"rank {rank} published nothing"
+        assert json.loads(kv.value) == {"host": None, "port": None, "epoch": epoch,
+                                        "done": True, "node": "n1"}, kv.value
