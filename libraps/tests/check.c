@@ -1,6 +1,8 @@
 /* A rank for the tests: "roundtrip" protects two regions, checkpoints twice (changing
- * one region between), scribbles over both, restores and compares the bytes; "init"
- * only registers. Prints one JSON line per result; exits 0 when the calls succeeded. */
+ * one region between), scribbles over both, restores and compares the bytes; "older"
+ * does the same but lists the labels and restores the first generation by its label,
+ * then reports progress for steps 0..5; "init" only registers. Prints one JSON line per
+ * result; exits 0 when the calls succeeded. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,11 @@ int main(int argc, char **argv) {
       report("protect", raps_mem_protect(2, counts, 1000, sizeof(int))) ||
       report("checkpoint", raps_checkpoint(1)))
     return 1;
+  int older = strcmp(mode, "older") == 0;
+  double *first = malloc(n * sizeof *field);
+  int first_counts[1000];
+  memcpy(first, field, n * sizeof *field);
+  memcpy(first_counts, counts, sizeof counts);
   for (size_t i = 0; i < 1000; i++) field[i] += 1.0; /* one chunk changes */
   counts[5] = -1;
   if (report("checkpoint", raps_checkpoint(2))) return 1;
@@ -40,6 +47,21 @@ int main(int argc, char **argv) {
   memset(field, 0xab, n * sizeof *field);
   memset(counts, 0, sizeof counts);
   long version = -1, restored = -1;
+  if (older) {
+    long labels[RAPS_MAX_LABELS];
+    int count = 0;
+    if (report("restart_labels", raps_restart_labels(labels, RAPS_MAX_LABELS, &count)) ||
+        report("restore_version", raps_restore_version(1)))
+      return 1;
+    int same = memcmp(first, field, n * sizeof *field) == 0 &&
+               memcmp(first_counts, counts, sizeof counts) == 0;
+    printf("{\"labels\":[");
+    for (int i = 0; i < count; i++) printf("%s%ld", i ? "," : "", labels[i]);
+    printf("],\"same\":%s}\n", same ? "true" : "false");
+    for (long step = 0; step <= 5; step++)
+      if (report("progress", raps_progress(step))) return 1;
+    return report("finalize", raps_finalize()) || !same;
+  }
   if (report("restart_test", raps_restart_test(&version)) ||
       report("restore", raps_restore(&restored)))
     return 1;

@@ -1,8 +1,10 @@
 """libraps's wire format, read by the project's own parsers: a stand-in agent on a unix
 socket takes the C test rank's packs (raps_slurm.checkpoint.pack.iter_records, each chunk
 decoded and checked against its blake3 name) and manifests (Manifest.from_json, which
-checks the whole digest), and serves them back for the restore. Refusals, a missing
-agent and a bad environment come back as their error codes. The agent itself is tested
+checks the whole digest), and serves them back for the restore, an older generation by
+its label too. A relaunched rank's recovery reports, the done of raps_finalize, refusals,
+a missing agent and a bad environment (RAPS_EPOCHS among it) are checked against what
+the stand-in received. The agent itself is tested
 with libraps in tests/integration/test_libraps_agent.py."""
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ def _compiler() -> None:
 class StandIn:
     """Answers the local API's ops as the agent does, keeping chunks in memory."""
 
-    def __init__(self, path: str, refuse: dict[str, str] | None = None) -> None:
+    def __init__(self, path: str, refuse: dict[str, str] | None = None,
+                 resume_step: int | None = None) -> None:
         self.refuse = refuse or {}
+        self.resume_step = resume_step
         self.chunks: dict[str, bytes] = {}
         self.puts: list[list[tuple[str, int]]] = []  # (digest, codec) of each pack
         self.manifests: list[Manifest] = []
@@ -107,10 +111,16 @@ class StandIn:
             return {"ok": True, "generation": len(self.manifests), "state": "committed",
                     "holders": ["n1"], "epoch": 1}, []
         if op == "ckpt_restore":
-            m = self.manifests[-1]
+            m = self.manifests[req.get("generation", len(self.manifests)) - 1]
             data = b"".join(self.chunks[d] for d, _ in m.chunks)
             return {"ok": True, "generation": m.generation, "fallbacks": [],
-                    "size": len(data)}, [sealed_bytes(data), sealed_bytes(m.to_json())]
+                    "size": len(data), "resume_step": self.resume_step}, \
+                [sealed_bytes(data), sealed_bytes(m.to_json())]
+        if op == "ckpt_generations":
+            return {"ok": True, "more": False, "resume_step": self.resume_step,
+                    "generations": [{"generation": m.generation,
+                                     "label": m.extra["libraps"]["version"]}
+                                    for m in reversed(self.manifests)]}, []
         return {"ok": True}, []
 
     def close(self) -> None:
@@ -217,3 +227,45 @@ def test_malformed_epochs_are_refused(check: Path, sock: str, epochs: str) -> No
     assert rc == 1 and lines[0]["rc"] == 2, lines
     assert "RAPS_EPOCHS" in lines[0]["error"] and "RANK=EPOCH" in lines[0]["error"], lines
     assert "register" not in agent.ops, agent.ops
+
+
+@pytest.mark.parametrize(("epoch", "resume", "events"), [
+    # relaunched: running at the first progress, caught up at the step before the fault
+    ("2", 3, [("running", 0), ("caught_up", 3)]),
+    ("2", None, [("running", 0), ("caught_up", 0)]),  # the plan has no progress
+    ("1", 3, []),  # never relaunched: nothing to report
+])
+def test_an_older_generation_by_label_and_the_recovery_reports(
+        check: Path, sock: str, epoch: str, resume: int | None,
+        events: list[tuple[str, int]]) -> None:
+    agent = StandIn(sock, resume_step=resume)
+    try:
+        rc, lines = run(check, {**rank_env(sock), "RAPS_EPOCH": epoch}, "older")
+    finally:
+        agent.close()
+    assert rc == 0, lines
+    assert {"labels": [2, 1], "same": True} in lines, lines
+    restores = [r for r in agent.requests if r["op"] == "ckpt_restore"]
+    assert [r.get("generation") for r in restores] == [1], restores
+    sent = [(r["phase"], r["detail"]["step"]) for r in agent.requests
+            if r["op"] == "recovery_event"]
+    assert sent == events and all(r["epoch"] == int(epoch) for r in agent.requests
+                                  if r["op"] == "recovery_event"), agent.requests
+    # finalize: done, with no address (the rank serves no messages), then unregister
+    assert agent.ops[-2:] == ["peer_publish", "unregister"], agent.ops
+    assert {k: v for k, v in agent.requests[-2].items() if k != "job"} == {
+        "op": "peer_publish", "rank": 0, "epoch": int(epoch), "host": None, "port": None,
+        "done": True}, agent.requests[-2]
+
+
+def test_refused_recovery_reports_do_not_fail_the_rank(check: Path, sock: str) -> None:
+    agent = StandIn(sock, refuse={"recovery_event": "schema", "peer_publish": "quota"},
+                    resume_step=2)
+    try:
+        rc, lines = run(check, {**rank_env(sock), "RAPS_EPOCH": "2"}, "older")
+    finally:
+        agent.close()
+    assert rc == 0 and all(x["rc"] == 0 for x in lines if "rc" in x), lines
+    assert agent.ops.count("recovery_event") == 2, agent.ops  # each phase tried once
+    assert agent.ops[-1] == "unregister", agent.ops
+
