@@ -18,7 +18,9 @@ from raps_slurm.testing.cluster import LocalCluster, wait_until
 from raps_slurm.testing.jobs import FINAL, HEAT_RING, heat_reference, job_plans, phase_report
 from raps_slurm.testing.sysfs import make_tree
 
-STEPS = ["--steps", "600", "--every", "20"]
+# 400 steps of 0.05 s: the planned move was done 8 s after the submission on a loaded
+# 2-core machine, and the job runs 20 s and more (a job that ended first fails the test)
+STEPS = ["--steps", "400", "--every", "20"]
 HOT = "n5"  # runs a rank, not the batch script, with the placement of a 6-node job
 
 
