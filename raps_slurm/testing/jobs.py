@@ -12,12 +12,14 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
 from raps_slurm.core.planner import Plan
 from raps_slurm.model import BackupGroup
+from raps_slurm.registry import UnknownJob, job_view
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, KeyValue, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
@@ -73,6 +75,24 @@ def agent_job(store: StateStore, keys: Keys, nodes: Sequence[str], *, spare: str
         store.put(keys.job_group(job, r), group_to_json(BackupGroup(r, node, backup, ())))
     return job
 
+
+def job_view_now(store: StateStore, keys: Keys, job: str) -> dict[str, Any] | None:
+    """The job as ``rapsctl show job --json`` shows it (``registry.job_view``, read here
+    rather than through a ``rapsctl`` process), or None while it is not registered."""
+    try:
+        return job_view(store, keys, job)
+    except UnknownJob:
+        return None
+
+
+def wait_mapped(store: StateStore, keys: Keys, job: str, run: int = 0,
+                timeout: float = 60) -> dict[str, Any]:
+    """Wait until run ``run`` of the job is mapped; the job as ``rapsctl show job`` shows it."""
+    view = wait_until(f"job {job} run {run} mapped", lambda: job_view_now(store, keys, job),
+                      lambda d: d is not None and d["state"] == "mapped"
+                      and d["restart_count"] == run, timeout, interval=0.1)
+    assert view is not None
+    return view
 
 def rank_entries(store: StateStore, keys: Keys, job: str) -> dict[int, RankEntry]:
     """The job's rank map in etcd: rank -> entry (node, epoch)."""

@@ -45,7 +45,7 @@ def agent_stopped(cluster: LocalCluster, store: tuple[StateStore, Keys], node: s
 
 
 def test_a_job_given_a_node_whose_agent_is_dead_runs_on_the_others(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     """The case of issue 44: n5's agent stopped (DEAD), n5 resumed in Slurm, a job of 4
     working nodes x 3 ranks and 2 spares allocated all 6 nodes. n5 gets no rank and no
@@ -64,7 +64,7 @@ def test_a_job_given_a_node_whose_agent_is_dead_runs_on_the_others(
                    lambda st: "DRAIN" not in st and "DOWN" not in st, 30)
         with heat_job(cluster, "--raps-spares=2", "--raps-ranks-per-node=3",
                       "-N6") as (job, out):
-            data = mapped(rapsctl, job)
+            data = mapped(store, job)
             assert node in cluster.slurm().job(int(job)).nodes  # Slurm did allocate it
             ranks = {r["rank"]: r["node"] for r in data["ranks"]}
             assert len(ranks) == 12 and node not in ranks.values(), data
@@ -79,7 +79,7 @@ def test_a_job_given_a_node_whose_agent_is_dead_runs_on_the_others(
 
 
 def test_an_agent_stopped_under_a_running_job_moves_its_ranks_to_a_spare(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     """A working node's agent stops while its ranks run: the ranks cannot reach it, which
     is a failure of the node. They move together to a spare and the job completes, with
@@ -88,7 +88,7 @@ def test_an_agent_stopped_under_a_running_job_moves_its_ranks_to_a_spare(
     clean = heat_reference(tmp_path, 8, HEAT[:4])
     with leading("agentgone"), heat_job(cluster, "--raps-spares=2",
                                         "--raps-ranks-per-node=2", "-N6") as (job, out):
-        data = mapped(rapsctl, job)
+        data = mapped(store, job)
         ranks = {r["rank"]: r["node"] for r in data["ranks"]}
         host = wait_until("the batch host", lambda: cluster.slurm().job(int(job)).batch_host,
                           bool, 20)
@@ -112,7 +112,7 @@ def test_an_agent_stopped_under_a_running_job_moves_its_ranks_to_a_spare(
 
 
 def test_ranks_that_find_their_agent_gone_at_start_move_with_their_node(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         tmp_path: Path) -> None:
     """A working node's agent stops between the mapping and the ranks' start: they exit 1,
     unable to register. The leader here gives a DEAD verdict only after 45 s of silence,
@@ -148,7 +148,7 @@ def test_ranks_that_find_their_agent_gone_at_start_move_with_their_node(
                        "-N6", str(script)]).strip().split(";")[0]
         out = cluster.run_dir / "jobs" / f"badnodes-gated-{job}.out"
         try:
-            mapped_job = mapped(rapsctl, job)
+            mapped_job = mapped(store, job)
             ranks = {r["rank"]: r["node"] for r in mapped_job["ranks"]}
             host = wait_until("the batch host",
                               lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)

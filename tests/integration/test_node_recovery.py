@@ -34,6 +34,7 @@ from raps_slurm.testing.jobs import (
     node_dead,
     rank_entries,
     rank_pids,
+    wait_mapped,
 )
 
 HEAT = ["--steps", "160", "--every", "20", "--step-sec", "0.05"]
@@ -51,9 +52,8 @@ def heat_job(cluster: LocalCluster, *sbatch: str) -> Iterator[tuple[str, Path]]:
             run.run(["scancel", job])
 
 
-def mapped(rapsctl: Any, job: str) -> dict[str, Any]:
-    return wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),
-                      lambda d: d is not None and d["state"] == "mapped", 60)
+def mapped(store: tuple[StateStore, Keys], job: str) -> dict[str, Any]:
+    return wait_mapped(*store, job)
 
 
 def batch_host(cluster: LocalCluster, job: str) -> str:
@@ -61,10 +61,10 @@ def batch_host(cluster: LocalCluster, job: str) -> str:
                       bool, 20)
 
 
-def layout(cluster: LocalCluster, rapsctl: Any, job: str
+def layout(cluster: LocalCluster, store: tuple[StateStore, Keys], job: str
            ) -> tuple[dict[str, Any], dict[int, str], str]:
     """The mapped job, its rank -> node, and the batch script's node."""
-    data = mapped(rapsctl, job)
+    data = mapped(store, job)
     return data, {r["rank"]: r["node"] for r in data["ranks"]}, batch_host(cluster, job)
 
 
@@ -92,12 +92,12 @@ def finish_counting_replays(cluster: LocalCluster, store: tuple[StateStore, Keys
 
 @pytest.mark.parametrize("per_node", [3, 4])
 def test_a_dead_nodes_ranks_move_together_to_one_spare(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path, per_node: int) -> None:
     clean = heat_reference(tmp_path, 4 * per_node, HEAT[:4])
     with leading(f"rpn{per_node}"), heat_job(
             cluster, "--raps-spares=2", f"--raps-ranks-per-node={per_node}", "-N6") as (job, out):
-        data, ranks, host = layout(cluster, rapsctl, job)
+        data, ranks, host = layout(cluster, store, job)
         assert len(ranks) == 4 * per_node and len(set(ranks.values())) == 4
         node = max(n for n in ranks.values() if n != host)
         victims = sorted(r for r, n in ranks.items() if n == node)
@@ -127,12 +127,12 @@ def test_a_dead_nodes_ranks_move_together_to_one_spare(
 
 
 def test_two_nodes_of_a_rack_lost_together_are_two_moves(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     clean = heat_reference(tmp_path, 8, HEAT[:4])
     with leading("rack2"), heat_job(cluster, "--raps-spares=2", "--raps-ranks-per-node=2",
                                     "-N6") as (job, out):
-        data, ranks, host = layout(cluster, rapsctl, job)
+        data, ranks, host = layout(cluster, store, job)
         topo = cluster.slurm().topology()
         rack = next(r for r, members in topo.racks().items()
                     if set(members) <= set(ranks.values()) and host not in members)
@@ -159,7 +159,7 @@ def test_two_nodes_of_a_rack_lost_together_are_two_moves(
 
 
 def test_a_dead_node_resumed_in_slurm_gets_no_ranks_and_no_requeue_loop(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     s, k = store
     node = cluster.node_names[-1]  # never the batch host (Slurm takes the first node)
@@ -176,7 +176,7 @@ def test_a_dead_node_resumed_in_slurm_gets_no_ranks_and_no_requeue_loop(
             wait_until(f"{node} idle in Slurm", lambda: cluster.slurm().node(node).state_text,
                        lambda st: "DRAIN" not in st and "DOWN" not in st, 30)
             with heat_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-                data = mapped(rapsctl, job)
+                data = mapped(store, job)
                 assert node in cluster.slurm().job(int(job)).nodes  # Slurm did allocate it
                 assert node not in {r["node"] for r in data["ranks"]}
                 assert node not in data["spares"] and len(data["spares"]) == 1
@@ -192,7 +192,7 @@ def test_a_dead_node_resumed_in_slurm_gets_no_ranks_and_no_requeue_loop(
 
 
 def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     """The correlated loss the commit rule is for: a node dies together with the node that
     holds its ranks' message log. Their committed checkpoints are whole elsewhere, and a
@@ -200,7 +200,7 @@ def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
     clean = heat_reference(tmp_path, 8, HEAT[:4])
     with leading("logbackup"), heat_job(cluster, "--raps-spares=2", "--raps-ranks-per-node=2",
                                         "-N6") as (job, out):
-        data, ranks, host = layout(cluster, rapsctl, job)
+        data, ranks, host = layout(cluster, store, job)
         backup = {r["node"]: r["group"]["log_backup"] for r in data["ranks"]}
         # a working node whose log backup is not the batch host (losing that escalates)
         node = next(n for n in sorted(backup, reverse=True)
@@ -224,14 +224,14 @@ def test_a_node_and_its_log_backup_lost_together_recover_without_a_requeue(
 
 
 def test_a_stopped_rank_among_four_on_a_node_is_restarted_alone_in_place(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     """SIGSTOP one of a node's 4 ranks: its node supervisor restarts it there with a new
     epoch (no new Slurm step); its 3 neighbours on the node keep running untouched."""
     clean = heat_reference(tmp_path, 16, HEAT[:4])
     with leading("stop4"), heat_job(cluster, "--raps-spares=2", "--raps-ranks-per-node=4",
                                     "-N6") as (job, out):
-        _, ranks, host = layout(cluster, rapsctl, job)
+        _, ranks, host = layout(cluster, store, job)
         node = max(n for n in ranks.values() if n != host)
         mine = sorted(r for r, n in ranks.items() if n == node)
         victim, others = mine[-1], mine[:-1]

@@ -44,6 +44,7 @@ from raps_slurm.testing.jobs import (
     rank_entries,
     rank_pids,
     sruns_of_run,
+    wait_mapped,
 )
 from raps_slurm.testing.jobs import committed as committed_generations
 
@@ -111,10 +112,8 @@ def leading_with(cluster: LocalCluster, store: tuple[StateStore, Keys], name: st
         c.stop()
 
 
-def mapped(rapsctl: Any, job: str, run: int = 0) -> dict[str, Any]:
-    return wait_until(f"job {job} run {run} mapped", lambda: rapsctl.job(int(job)),
-                      lambda d: d is not None and d["state"] == "mapped"
-                      and d["restart_count"] == run, 60)
+def mapped(store: tuple[StateStore, Keys], job: str, run: int = 0) -> dict[str, Any]:
+    return wait_mapped(*store, job, run)
 
 
 def rank_nodes(data: dict[str, Any]) -> dict[int, str]:
@@ -126,11 +125,11 @@ def batch_host(cluster: LocalCluster, job: str) -> str:
                       bool, 20)
 
 
-def layout(cluster: LocalCluster, rapsctl: Any, job: str
+def layout(cluster: LocalCluster, store: tuple[StateStore, Keys], job: str
            ) -> tuple[dict[str, Any], dict[int, str], int]:
     """The mapped job, its rank -> node, and the last rank not on the batch script's node
     (the one to fail: losing the batch host escalates, which another test covers)."""
-    data = mapped(rapsctl, job)
+    data = mapped(store, job)
     ranks = rank_nodes(data)
     host = batch_host(cluster, job)
     return data, ranks, max(r for r, n in ranks.items() if n != host)
@@ -141,7 +140,7 @@ def test_node_crash_relaunches_only_its_rank_and_the_result_is_unchanged(
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     clean = reference(tmp_path, 4)
     with leading("recovery"), raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-        data, ranks, victim = layout(cluster, rapsctl, job)
+        data, ranks, victim = layout(cluster, store, job)
         node = ranks[victim]
         wait_until(f"rank {victim} committed two generations",
                    lambda: committed(store, job, victim), lambda g: len(g) >= 2, 60)
@@ -174,12 +173,12 @@ def test_node_crash_relaunches_only_its_rank_and_the_result_is_unchanged(
 
 
 def test_two_nodes_of_a_rack_recover_one_after_the_other(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         tmp_path: Path) -> None:
     clean = reference(tmp_path, 4)
     with leading_with(cluster, store, "one-at-a-time", tmp_path, max_concurrent_recoveries=1), \
             raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-        data = mapped(rapsctl, job)
+        data = mapped(store, job)
         ranks = rank_nodes(data)
         host = batch_host(cluster, job)
         topo = cluster.slurm().topology()
@@ -204,12 +203,12 @@ def test_two_nodes_of_a_rack_recover_one_after_the_other(
 
 
 def test_primary_and_mirror_lost_restores_from_the_remaining_holder(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     clean = reference(tmp_path, 3)
     with leading("holders"), raps_job(cluster, "--raps-spares=2", "--raps-replicas=2",
                                       "-N5") as (job, out):
-        data, ranks, victim = layout(cluster, rapsctl, job)
+        data, ranks, victim = layout(cluster, store, job)
         rec = wait_until(f"rank {victim} committed on three holders",
                          lambda: [r for r in records(store, job, victim)
                                   if r.state == "committed" and len(r.holders) >= 3],
@@ -239,38 +238,12 @@ def test_primary_and_mirror_lost_restores_from_the_remaining_holder(
         assert restored["generation"] is not None
 
 
-def test_no_spare_left_requeues_the_job_which_resumes_from_checkpoints(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
-        leading: Callable[[str], Any], tmp_path: Path) -> None:
-    clean = reference(tmp_path, 4)
-    with leading("requeue"), raps_job(cluster, "--raps-spares=0", "-N4",
-                                      "--open-mode=append") as (job, out):
-        _, ranks, victim = layout(cluster, rapsctl, job)
-        for r in ranks:
-            wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r), bool, 60)
-        with crashed(cluster, store, ranks[victim]):
-            mapped(rapsctl, job, run=1)
-            # Read while the job runs (purged after it); the leader records the release
-            # just after it starts the requeued run, whose ranks may be mapped first.
-            esc = wait_until("the requeued run's release recorded",
-                             lambda: escalation(store, job),
-                             lambda e: e.get("released_at") is not None, 30)
-            text = finish(cluster, job, out, clean, timeout=180)
-        assert esc["run"] == 0 and "no usable spare" in esc["reason"]
-        assert esc["requeued_at"] is not None and esc["released_at"] is not None
-        # every rank of the second run resumed from a checkpoint, none from scratch, and
-        # once: no healthy rank was restarted in place
-        resumed = [x for x in text.splitlines() if " resumed at step " in x]
-        assert sorted(int(x.split()[1]) for x in resumed) == sorted(ranks), text[-4000:]
-        assert all(int(x.rsplit(" ", 1)[1]) > 0 for x in resumed)
-
-
 def test_frozen_node_thawed_after_the_relaunch_cannot_run_its_rank_twice(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     clean = reference(tmp_path, 4)
     with leading("freeze"), raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-        _, ranks, victim = layout(cluster, rapsctl, job)
+        _, ranks, victim = layout(cluster, store, job)
         node = ranks[victim]
         wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
         old = wait_until(f"rank {victim} epoch 1 running", lambda: rank_pids(job, victim, 1),
@@ -294,7 +267,7 @@ def test_frozen_node_thawed_after_the_relaunch_cannot_run_its_rank_twice(
 
 
 def test_coordinator_killed_mid_plan_the_next_leader_finishes_it(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         tmp_path: Path) -> None:
     clean = reference(tmp_path, 4)
     first = cluster.coordinator("mid-a").start()
@@ -303,7 +276,7 @@ def test_coordinator_killed_mid_plan_the_next_leader_finishes_it(
         wait_leading(*store, "mid-a")
         second = cluster.coordinator("mid-b").start()
         with raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-            _, ranks, victim = layout(cluster, rapsctl, job)
+            _, ranks, victim = layout(cluster, store, job)
             wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool,
                        60)
             with crashed(cluster, store, ranks[victim]):
@@ -327,13 +300,13 @@ def test_coordinator_killed_mid_plan_the_next_leader_finishes_it(
 
 
 def test_sigusr1_checkpoints_every_rank_and_the_requeued_job_resumes(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     clean = reference(tmp_path, 4)
     run = CommandRunner(timeout=60, env=cluster.env)
     with leading("preempt"), raps_job(cluster, "--raps-spares=2", "-N6",
                                       "--open-mode=append") as (job, out):
-        _, ranks, _ = layout(cluster, rapsctl, job)
+        _, ranks, _ = layout(cluster, store, job)
         for r in ranks:
             wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r), bool, 60)
         # what sbatch --signal=B:USR1@T does at T before the time limit
@@ -362,11 +335,11 @@ def test_sigusr1_checkpoints_every_rank_and_the_requeued_job_resumes(
 
 
 def test_hung_rank_is_relaunched_on_its_own_node(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     clean = reference(tmp_path, 4)
     with leading("hung"), raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-        _, ranks, victim = layout(cluster, rapsctl, job)
+        _, ranks, victim = layout(cluster, store, job)
         wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
         [pid] = wait_until(f"rank {victim} running", lambda: rank_pids(job, victim, 1), bool, 20)
         os.kill(pid, signal.SIGSTOP)  # alive, no progress: HUNG, not DEAD
@@ -387,14 +360,14 @@ def test_hung_rank_is_relaunched_on_its_own_node(
 
 
 def test_a_spare_that_cannot_start_the_rank_is_passed_over(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     from raps_slurm.config import load_file
     from raps_slurm.core.planner import RankSite, choose_target
 
     clean = reference(tmp_path, 4)
     with leading("launch"), raps_job(cluster, "--raps-spares=2", "-N6") as (job, out):
-        data, ranks, victim = layout(cluster, rapsctl, job)
+        data, ranks, victim = layout(cluster, store, job)
         node = ranks[victim]
         newest = wait_until(f"rank {victim} committed", lambda: [
             r for r in records(store, job, victim) if r.state == "committed"], bool, 60)[-1]
@@ -426,7 +399,7 @@ def test_a_spare_that_cannot_start_the_rank_is_passed_over(
 
 
 def test_a_requeue_whose_node_count_cannot_be_met_runs_with_fewer_spares(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     """-N5 with one spare: the spare dies, then a working node. No spare is left, the job
     is requeued, and only 4 of the cluster's 6 nodes are alive: the requeued run asks
@@ -434,14 +407,14 @@ def test_a_requeue_whose_node_count_cannot_be_met_runs_with_fewer_spares(
     clean = reference(tmp_path, 4)
     with leading("fewer"), raps_job(cluster, "--raps-spares=1", "-N5",
                                     "--open-mode=append") as (job, out):
-        data, ranks, victim = layout(cluster, rapsctl, job)
+        data, ranks, victim = layout(cluster, store, job)
         [spare] = data["spares"]
         for r in ranks:
             wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r), bool, 60)
         with crashed(cluster, store, spare):
             wait_until(f"{spare} held DEAD", lambda: node_dead(*store, spare), bool, 30)
             with crashed(cluster, store, ranks[victim]):
-                again = mapped(rapsctl, job, run=1)
+                again = mapped(store, job, run=1)
                 esc = escalation(store, job)  # (read while the job runs: purged after it)
                 text = finish(cluster, job, out, clean, timeout=180)
         assert esc["run"] == 0 and "no usable spare" in esc["reason"], esc
@@ -457,7 +430,7 @@ def test_raps_gives_up_after_max_requeues_and_says_why(
     the reason is in its output and in ``rapsctl show job``; Slurm does not requeue it."""
     with leading_with(cluster, store, "giveup", tmp_path, max_requeues=0), \
             raps_job(cluster, "--raps-spares=0", "-N4") as (job, out):
-        _, ranks, victim = layout(cluster, rapsctl, job)
+        _, ranks, victim = layout(cluster, store, job)
         wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
         with crashed(cluster, store, ranks[victim]):
             shown = ended(cluster, rapsctl, job, out, 120)
@@ -508,7 +481,7 @@ def test_a_rank_whose_every_copy_is_damaged_makes_raps_give_up_without_a_requeue
     (another spare, a requeue would find the same): RAPS gives up, with the reason in the
     job's output and in ``rapsctl show job``."""
     with leading("lost"), raps_job(cluster, "--raps-spares=2", "-N5") as (job, out):
-        _, ranks, victim = layout(cluster, rapsctl, job)
+        _, ranks, victim = layout(cluster, store, job)
         wait_until(f"rank {victim} committed", lambda: committed(store, job, victim), bool, 60)
         [pid] = wait_until(f"rank {victim} running", lambda: rank_pids(job, victim, 1), bool, 20)
         os.kill(pid, signal.SIGSTOP)  # no newer generation from now on
@@ -537,13 +510,16 @@ def test_a_rank_whose_every_copy_is_damaged_makes_raps_give_up_without_a_requeue
         assert cluster.slurm().job(int(job)).restart_count == 0
 
 
-def test_the_previous_runs_sruns_cannot_cancel_a_requeued_runs_step(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+def test_no_spare_left_requeues_the_job_which_resumes_from_checkpoints(
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
-    """A run requeued after a node crash: its srun waits for a task on the dead node, and
-    one left behind would cancel the step of the same number ``KillWait`` + 2 s later,
-    by then the requeued run's (the fault campaign's 'STEP 2.0 ON n1 CANCELLED'). No srun
-    outlives the run that started it, and the requeued run (longer than that) finishes."""
+    """A node crash with no spare left: the job is requeued (the escalation recorded, and
+    its release once the requeued run starts), every rank of the requeued run resumes once
+    from a checkpoint, and the job ends with the failure-free result. The first run's
+    srun waits for a task on the dead node, and one left behind would cancel the step of
+    the same number ``KillWait`` + 2 s later, by then the requeued run's (the fault
+    campaign's 'STEP 2.0 ON n1 CANCELLED'): no srun outlives the run that started it, and
+    the requeued run (longer than that) finishes."""
     # 160 steps of 0.3 s: resumed from step 20 or 40, the requeued run computes for 36 s
     # and more, past KillWait + 2 s after the requeue (checked below)
     slow = ["--steps", "160", "--every", "20", "--step-sec", "0.3"]
@@ -557,7 +533,7 @@ def test_the_previous_runs_sruns_cannot_cancel_a_requeued_runs_step(
                                        "killwait")
     try:
         with leading("killwait"):
-            _, ranks, victim = layout(cluster, rapsctl, job)
+            _, ranks, victim = layout(cluster, store, job)
             for r in ranks:
                 wait_until(f"rank {r} committed", lambda r=r: committed(store, job, r),
                            bool, 60)
@@ -568,9 +544,21 @@ def test_the_previous_runs_sruns_cannot_cancel_a_requeued_runs_step(
                 requeued = time.monotonic()
                 wait_until("the first run's sruns gone",
                            lambda: sruns_of_run(cluster, job, 0), lambda pids: not pids, 15)
-                mapped(rapsctl, job, run=1)
+                mapped(store, job, run=1)
+                # Read while the job runs (purged after it); the leader records the release
+                # just after it starts the requeued run, whose ranks may be mapped first.
+                esc = wait_until("the requeued run's release recorded",
+                                 lambda: escalation(store, job),
+                                 lambda e: e.get("released_at") is not None, 30)
                 text = finish(cluster, job, out, clean, timeout=240)
                 lasted = time.monotonic() - requeued
+        assert esc["run"] == 0 and "no usable spare" in esc["reason"], esc
+        assert esc["requeued_at"] is not None and esc["released_at"] is not None, esc
+        # every rank of the second run resumed from a checkpoint, none from scratch, and
+        # once: no healthy rank was restarted in place
+        resumed = [x for x in text.splitlines() if " resumed at step " in x]
+        assert sorted(int(x.split()[1]) for x in resumed) == sorted(ranks), text[-4000:]
+        assert all(int(x.rsplit(" ", 1)[1]) > 0 for x in resumed)
         # a shorter requeued run would pass whether or not an srun was left behind
         assert lasted > kill_wait + 2, f"the requeued run ended {lasted:.0f} s after the " \
             f"requeue, within KillWait ({kill_wait} s) + 2 s"
