@@ -205,10 +205,8 @@ cstate=$(wait_end "$cjob")
 echo "job $cjob: $cstate, Slurm restarts: $(scontrol -o show job "$cjob" | tr ' ' '\n' | sed -n 's/^Restarts=//p')"
 grep '^raps-run: \|^restored ' "$cout" || true
 rapsctl show recoveries "$cjob"
-"$PY" -c "from raps_slurm.bench.restart import progress; import sys
-p = progress(open(sys.argv[1]).read(), float(sys.argv[2]))
-print(f\"from the crash: running again after {p['running_s']}s, back at step {p['pre_fault_step']} \"
-      f\"(its progress before the crash) after {p['caught_up_s']}s\")" "$cout" "$crashed_at" || true
+times=$("$PY" -c 'import json, sys; from raps_slurm.bench.restart import progress; print(json.dumps(progress(open(sys.argv[1]).read(), float(sys.argv[2]))))' "$cout" "$crashed_at" || echo '{}')
+echo "from the crash: running again after $(echo "$times" | json 'd.get("running_s")')s, back at step $(echo "$times" | json 'd.get("pre_fault_step")') (its progress before the crash) after $(echo "$times" | json 'd.get("caught_up_s")')s"
 echo "Slurm alone: the node is noticed after SlurmdTimeout (${slurmd_timeout}s here, 300s by"
 echo "default), then the job fails, or with --requeue waits in the queue again and restarts"
 echo "whole from what the program wrote to the shared file system (rapsctl bench restart"
