@@ -96,6 +96,11 @@ static int dset_add(struct dset *s, const struct raps_chunk *chunks, size_t i) {
   return 0;
 }
 
+static void drop_cached(void) {
+  if (S.cached) munmap(S.cached, S.cached_size);
+  S.cached = NULL;
+}
+
 static void set_blocked(long peer) {
   pthread_mutex_lock(&S.mu);
   S.blocked_on = peer; /* a rank in its checkpoint waits on itself: not hung */
@@ -350,6 +355,8 @@ int raps_checkpoint(long version) {
   free(sv.sent.slot);
   free(sv.chunks);
   if (rc != RAPS_OK) return rc;
+  S.listed = 0; /* a new generation: the labels and a generation fetched are old news */
+  drop_cached();
   S.last_ckpt = raps__mono();
   pthread_mutex_lock(&S.mu);
   if (S.step < version) S.step = version;
@@ -388,11 +395,6 @@ static void take_chunks(int fd) {
   free(S.prev);
   S.prev = chunks, S.nprev = n;
   S.nprev_items = 0; /* where each region's chunks are is not parsed: no pre-pass */
-}
-
-static void drop_cached(void) {
-  if (S.cached) munmap(S.cached, S.cached_size);
-  S.cached = NULL;
 }
 
 /* The step this rank had reached before the fault that relaunched it (-1: unknown; an

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +26,7 @@ from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
 from raps_slurm.core.planner import Plan, PlanEvent, plan_id
 from raps_slurm.model import BackupGroup
+from raps_slurm.runtime.agent_client import encode_frame, read_reply
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster
 from raps_slurm.testing.jobs import system_user
@@ -143,6 +145,15 @@ def test_refusals_keep_the_agent_serving(cluster: LocalCluster,
     assert os.path.exists(node_dir(load_file(cluster.config_path).agent.socket_path, "n1"))
 
 
+def ask(cluster: LocalCluster, request: dict[str, Any]) -> dict[str, Any]:
+    """One request to n1's agent (as root), its reply."""
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(30)
+        conn.connect(node_dir(load_file(cluster.config_path).agent.socket_path, "n1"))
+        conn.sendall(encode_frame(request))
+        return read_reply(conn)
+
+
 def phases(store: tuple[StateStore, Keys], pid: str) -> dict[str, dict[str, Any]]:
     """What n1's agent recorded of the plan's phases: phase -> detail."""
     s, k = store
@@ -187,6 +198,18 @@ def test_ranks_restore_their_common_generation(
     assert saved == {0: {"rank": 0, "saved": True}, 1: {"rank": 1, "saved": True}}, saved
     s, k = store
     assert s.get(k.ckpt(job, 0, 2)) is not None and s.get(k.ckpt(job, 1, 2)) is None
+    listed = [ask(cluster, {"op": "ckpt_generations", "job": job, "rank": r}) for r in (0, 1)]
+    assert [x["generations"] for x in listed] == [
+        [{"generation": 2, "label": 20}, {"generation": 1, "label": 10}],
+        [{"generation": 1, "label": 10}]], listed
+    # a generation the rank lacks, and ones that are no generation number
+    for gen, kind in ((2, "no_generation"), ("2", "schema"), (True, "schema"), (0, "schema")):
+        reply = ask(cluster, {"op": "ckpt_restore", "job": job, "rank": 1, "generation": gen})
+        assert not reply["ok"] and reply["kind"] == kind, (gen, reply)
+    # no address is for a rank that is done only
+    reply = ask(cluster, {"op": "peer_publish", "job": job, "rank": 1, "epoch": 1,
+                          "host": None, "port": None, "done": False})
+    assert not reply["ok"] and "null only with 'done'" in reply["error"], reply
     # rank 0 holds labels 10 and 20, rank 1 only 10: both restore 10, byte for byte
     again = per_rank(mpirun(cluster, programs / "common", job, args=("restore",), ranks=2))
     for rank in (0, 1):
