@@ -8,6 +8,10 @@ its job, and what it and the ranks report about a recovery.
 ``job_plans {job}``  only the job's owner: the job's recovery plans (``plan_id``, ``run``,
     ``rank``, ``target``, ``epoch``, ``state``), ``escalated`` (the run the leader
     requeues, or null) and ``gave_up`` (why RAPS stopped requeueing the job, or "").
+``job_step {job, run, phase}``  only the job's owner (``raps-run --restart-mode step``):
+    ``stopping`` before it kills the job's MPI step for a restart, ``started`` once it
+    started one; the agent stamps the time in ``reports/ranks/<node>/<job>/steps/<run>``,
+    so that the leader does not take the ranks' silence during a restart for a hang.
 ``recovery_event {job, rank, epoch, phase, detail}``  ``launched`` and ``launch_failed``
     (the step ended before the rank restored): the job's owner, for a plan that exists;
     ``running`` and ``caught_up``: only the registered rank with that epoch (its first
@@ -19,6 +23,7 @@ its job, and what it and the ranks report about a recovery.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -46,6 +51,9 @@ log = logging.getLogger("raps.agent")
 _PHASE: Check = (lambda v: v in ("launched", "launch_failed", "running", "caught_up",
                                  "checkpointed"),
                  "'launched', 'launch_failed', 'running', 'caught_up' or 'checkpointed'")
+_STEP_PHASE: Check = (lambda v: v in ("stopping", "started"), "'stopping' or 'started'")
+_RUN: Check = (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31,
+               "a run number 0..2^31-1")
 _DETAIL: Check = (lambda v: isinstance(v, dict) and len(json.dumps(v)) <= 4096,
                   "an object of at most 4 KiB")
 
@@ -87,6 +95,8 @@ class RecoveryOps:
         return {
             "job_layout": Extension({"job": JOB}, self.layout),
             "job_plans": Extension({"job": JOB}, self.plans),
+            "job_step": Extension({"job": JOB, "run": _RUN, "phase": _STEP_PHASE},
+                                  self.step),
             "recovery_event": Extension({"job": JOB, "rank": RANK, "epoch": EPOCH,
                                          "phase": _PHASE, "detail": _DETAIL}, self.event),
         }
@@ -149,6 +159,33 @@ class RecoveryOps:
             except RecordError as exc:
                 log.warning("job_plans: %s", exc)
         return {"ok": True, "plans": out, "escalated": escalated, "gave_up": gave_up}, []
+
+    def step(self, f: dict[str, object], peer: Peer, fds: list[int]
+             ) -> tuple[dict[str, object], list[int]]:
+        close_fds(fds)
+        job, run = typing.cast(str, f["job"]), typing.cast(int, f["run"])
+        phase = typing.cast(str, f["phase"])
+        require_owner(self._owner_of, peer, job)
+        # only the job's current run: one key per run the job really had
+        rkv = self.store.get(self.keys.job(job))
+        try:
+            current = JobRecord.from_json(rkv.key, rkv.value).restart_count if rkv else None
+        except RecordError as exc:
+            raise Refused("record", f"job {job}: {exc}") from None
+        if current != run:
+            raise Refused("run", f"job {job} is in run {current}, not {run}")
+        key = self.keys.job_step(self.node, job, run)
+        value: dict[str, object] = {"stopping_at": None, "started_at": None}
+        kv = self.store.get(key)
+        if kv is not None:
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                old = json.loads(kv.value)
+                value.update({k: old.get(k) for k in value
+                              if isinstance(old.get(k), (int, float))})
+        value[f"{phase}_at"] = time.time()  # this agent's clock, not the caller's
+        raw = json.dumps(value).encode()
+        self.store.put(key, self.quotas.write("job_step", job, peer.uid, raw))
+        return {"ok": True}, []
 
     def event(self, f: dict[str, object], peer: Peer, fds: list[int]
               ) -> tuple[dict[str, object], list[int]]:

@@ -73,6 +73,9 @@ class JobView:
     # rank -> the epoch that finished its program (``peers/<rank>`` says ``done``): its
     # silence after that is the end of the job, not a hang
     done: dict[int, int] = field(default_factory=dict)
+    # run -> (stopping_at, started_at) of its MPI step's latest restart (raps-run
+    # --restart-mode step): the ranks are silent in between, and not hung for it
+    steps: dict[int, tuple[float | None, float | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,7 +87,8 @@ class Snapshot:
     refused: list[str] = field(default_factory=list)  # reports from nodes not of the job
 
 
-_REPORTS = ("verdicts", "peers", "msgstats")  # kinds under reports/ranks/<node>/<job>/
+# kinds under reports/ranks/<node>/<job>/ (the last part: a rank, or a run for steps)
+_REPORTS = ("verdicts", "peers", "msgstats", "steps")
 
 
 def job_nodes(view: JobView) -> set[str]:
@@ -209,11 +213,26 @@ def _read_node_report(view: JobView, kv: KeyValue, kind: str, rank: int, node: s
             view.escalated[rank] = (
                 at, epoch if isinstance(epoch, int) else None, node,
                 str((v.get("evidence") or {}).get("reason", ""))[:300], requeue, lost)
+    elif kind == "steps":
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            v = json.loads(kv.value)
+            stop, start = (v.get(k) for k in ("stopping_at", "started_at"))
+            if not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+                       for x in (stop, start)):
+                raise RecordError(f"{kv.key}: expected stopping_at and started_at, numbers "
+                                  "or null")
+            old = view.steps.get(rank, (None, None))
+            view.steps[rank] = (_later(old[0], stop), _later(old[1], start))
     elif kind == "peers":
         with contextlib.suppress(ValueError, AttributeError, TypeError):
             p = json.loads(kv.value)
             if p.get("done") is True and isinstance(p.get("epoch"), int):
                 view.done[rank] = max(view.done.get(rank, 0), p["epoch"])
+
+
+def _later(a: float | None, b: float | None) -> float | None:
+    """The later of two optional times."""
+    return b if a is None else a if b is None else max(a, b)
 
 
 class Coordinator:

@@ -298,7 +298,11 @@ class Recovery(Escalations):
         the old step's srun; the old copy, fenced by the new epoch, is killed by its agent).
         Only a verdict newer than the rank's last plan counts: the old one stays in etcd."""
         assert view.record is not None
-        out = []
+        out: list[str] = []
+        stopping, started = view.steps.get(view.record.restart_count, (None, None))
+        if stopping is not None and (started is None or started < stopping) and \
+                now - stopping < self.cfg.recovery.recovery_timeout_sec:
+            return out  # the job's MPI step is being restarted: its ranks are silent
         for rank, at in sorted(view.hung.items()):
             if rank not in view.entries:
                 continue
@@ -313,7 +317,7 @@ class Recovery(Escalations):
             # a plan relaunched the rank) says nothing about it: a rank whose step is slow
             # to start is a launch matter (raps-run reports launch_failed), not a hang.
             last = view.hung_last.get(rank)
-            began = max([view.record.registered_at,
+            began = max([view.record.registered_at, started or 0.0,
                          *(p.started_at or 0.0 for p in mine if p.epoch == entry.epoch)])
             if last is not None and last < began:
                 continue

@@ -107,6 +107,7 @@ class StepLauncher:
         self.proc = self.slurm.runner.spawn(argv, env)
         if self.terminated:
             kill_step(self.proc)
+        self._tell("started")
         nodes = sorted({n for n, _ in self.placement.values()})
         say(f"step {self.starts}: {len(self.placement)} ranks on {','.join(nodes)}")
 
@@ -122,6 +123,14 @@ class StepLauncher:
                 self.slurm.cancel_step(int(self.job), number)
         except SlurmCommandError as exc:
             say(f"cannot cancel step {self.name}: {exc}")
+
+    def _tell(self, phase: str) -> None:
+        """Have the agent stamp this run's step ``stopping`` or ``started``: the leader
+        takes no rank's silence between the two for a hang."""
+        try:
+            self._ask("job_step", run=self.run, phase=phase)
+        except AgentError as exc:
+            say(f"agent: cannot record the step {phase}: {exc}")
 
     def incarnations(self) -> dict[int, Incarnation]:
         """The placement as the plan follower reads it."""
@@ -145,6 +154,7 @@ class StepLauncher:
         # The step cannot go on without the moved ranks: end it now. The plans of one
         # fault (a node's ranks, ranks hung together) start within a cycle or two of
         # each other: one restart for them all, not one per plan.
+        self._tell("stopping")
         self.end_step()
         time.sleep(SETTLE_CYCLES * self.cfg.coordinator.cycle_interval_sec)
         with contextlib.suppress(AgentError):

@@ -13,6 +13,7 @@ Layout under the prefix (default ``/raps/v1/``)::
     reports/jobs/<jobid>/ckpt/<rank>/<gen>
     reports/ranks/<node>/<jobid>/verdicts/<rank>   (an agent's ESCALATE)
     reports/ranks/<node>/<jobid>/peers/<rank>      reports/ranks/<node>/<jobid>/msgstats/<rank>
+    reports/ranks/<node>/<jobid>/steps/<run>       (raps-run --restart-mode step's restarts)
     reports/phases/<node>/<id>/<phase>             (launched, restored, running, ...)
     purged/<jobid>                a finished job's keys are gone; agents delete its local data
     weights/<node>                a Slurm Weight the leader set (and the one it found before)
@@ -174,6 +175,12 @@ class Keys:
     def rank_escalation(self, node: str, job_id: int | str, rank: int) -> str:
         """An agent's ESCALATE verdict about a rank on its node."""
         return self.node_job_reports_prefix(node, job_id) + "verdicts/" + _number(rank, "rank")
+
+    def job_step(self, node: str, job_id: int | str, run: int) -> str:
+        """When the job's MPI step last stopped for a restart and last started, in one
+        run (``raps-run --restart-mode step``), as the agent of raps-run's node stamped
+        them."""
+        return self.node_job_reports_prefix(node, job_id) + "steps/" + _number(run, "run")
 
     def job_paused(self, job_id: int | str) -> str:
         """The leader's pause of the job's reports (etcd above its watermark): agents

@@ -97,3 +97,23 @@ def test_phase_reports(agent: Agent) -> None:
     agent.store.put(k.plan("5-1-2"), advance(plan, "escalated", 2.0).to_json())
     agent.store.delete(k.plan_event("n2", "5-1-2", "running"))
     assert agent.ask(OWNER, **event, phase="running")["recorded"] is False
+
+
+def test_step_restarts_are_stamped_by_the_agent_for_the_current_run_only(
+        agent: Agent) -> None:
+    step = {"op": "job_step", "job": "5", "run": 0}
+    before = time.time()
+    assert agent.ask(OWNER, **step, phase="stopping") == {"ok": True}
+    kv = agent.store.get(agent.keys.job_step("n2", "5", 0))
+    assert kv is not None
+    first = json.loads(kv.value)
+    assert first["started_at"] is None and first["stopping_at"] >= before
+    assert agent.ask(OWNER, **step, phase="started") == {"ok": True}
+    kv = agent.store.get(agent.keys.job_step("n2", "5", 0))
+    assert kv is not None
+    both = json.loads(kv.value)
+    assert both["stopping_at"] == first["stopping_at"] <= both["started_at"]
+    assert agent.ask(OTHER, **step, phase="started")["kind"] == "permission"
+    assert agent.ask(OWNER, **{**step, "run": 1}, phase="started")["kind"] == "run"
+    bad = agent.ask(OWNER, **step, phase="paused")
+    assert bad["ok"] is False and "'stopping' or 'started'" in str(bad["error"])

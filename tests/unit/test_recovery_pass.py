@@ -155,6 +155,50 @@ def test_a_silence_from_before_this_run_is_no_hang(world: World) -> None:
     assert set(world.plans()) == {"7-2-2"}
 
 
+def test_a_silence_during_a_step_restart_is_no_hang(world: World) -> None:
+    """raps-run --restart-mode step kills and starts the job's whole MPI step: while the
+    batch host's agent says it is stopping, no rank is judged hung; once it started, a
+    silence from before the start relaunches nothing, one after it does."""
+    c = world.coordinator("c1")
+    step(c, world)
+    key = world.keys.job_step("n1", "7", 0)
+
+    def hung(rank: int, last: float) -> None:
+        verdict = {"kind": "HUNG", "node": "n3", "job": "7", "rank": rank,
+                   "at": world.clock(), "evidence": {"last_app_heartbeat_at": last}}
+        world.store.put(world.keys.job_hung_verdict("7", rank), json.dumps(verdict).encode())
+
+    world.clock.advance(5)
+    stopping = world.clock()
+    world.store.put(key, json.dumps({"stopping_at": stopping, "started_at": None}).encode())
+    world.clock.advance(4)
+    hung(1, stopping + 1.0)  # killed after the stop was recorded: still the restart's
+    step(c, world, 3)
+    assert world.plans() == {}
+    world.clock.advance(2)
+    world.store.put(key, json.dumps({"stopping_at": stopping,
+                                     "started_at": world.clock()}).encode())
+    step(c, world, 3)
+    assert world.plans() == {}  # its silence began before the new step
+    world.clock.advance(10)
+    hung(2, world.clock() - 4.0)  # silent in the new step: a hang
+    step(c, world, 3)
+    assert set(world.plans()) == {"7-2-2"}
+
+
+def test_a_restart_that_never_starts_stops_hiding_hangs(world: World) -> None:
+    c = world.coordinator("c1")
+    step(c, world)
+    world.store.put(world.keys.job_step("n1", "7", 0), json.dumps(
+        {"stopping_at": world.clock(), "started_at": None}).encode())
+    world.clock.advance(61)  # recovery_timeout_sec is 60 in this world
+    verdict = {"kind": "HUNG", "node": "n3", "job": "7", "rank": 1, "at": world.clock(),
+               "evidence": {"last_app_heartbeat_at": world.clock() - 5}}
+    world.store.put(world.keys.job_hung_verdict("7", 1), json.dumps(verdict).encode())
+    step(c, world, 3)
+    assert set(world.plans()) == {"7-1-2"}
+
+
 def test_a_target_that_dies_is_replaced(world: World) -> None:
     c = world.coordinator("c1")
     step(c, world)

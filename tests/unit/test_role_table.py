@@ -20,7 +20,7 @@ from raps_slurm.store.roles import (
 )
 
 ARGS = {"name": "n1", "node": "n1", "job_id": "12", "rank": 3, "gen": 7, "plan_id": "12-3-4",
-        "phase": "running", "event_id": "1", "ident": "1-h-1"}
+        "phase": "running", "event_id": "1", "ident": "1-h-1", "run": 0}
 
 # Who besides the coordinator and the admin may write under each helper's key (with
 # node n1: N1 is n1's agent alone; AGENT_W every agent, through the shared role).
@@ -45,7 +45,7 @@ WRITERS: dict[str, set[str]] = {
     # delete them when a job id is used again)
     "rank_reports_root": HOOKS_W, "node_rank_reports_prefix": {N1, HOOKS},
     "node_job_reports_prefix": {N1, HOOKS}, "rank_escalation": {N1, HOOKS},
-    "job_peer": {N1, HOOKS}, "job_msgstats": {N1, HOOKS},
+    "job_peer": {N1, HOOKS}, "job_msgstats": {N1, HOOKS}, "job_step": {N1, HOOKS},
     "plan_events_prefix": HOOKS_W, "node_plan_events_prefix": {N1, HOOKS},
     "plan_event": {N1, HOOKS}, "job_plan_events_prefix": {N1, HOOKS},
     "plans_prefix": NOBODY, "plan": NOBODY, "job_plans_prefix": NOBODY,
