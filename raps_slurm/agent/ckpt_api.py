@@ -29,7 +29,8 @@ store. Ops, each answered ``{"ok": true, ...}`` or an error with a kind:
     first, as ``generations``: ``[{generation, label}]``, ``label`` the ``version`` a
     libraps rank gave it (null for others, or when no manifest of it could be read),
     ``more`` (older ones exist) and ``resume_step`` as ``ckpt_restore``'s. Only the uid
-    that registered the rank.
+    that registered the rank; it counts as one of the uid's restores (its manifests are
+    read, maybe from holders).
 
 A pack counts against the job's disk quota on this node at its full size (before
 chunks already here are skipped) and a commit as one etcd write of the job
@@ -68,6 +69,7 @@ _BASE: Check = (lambda v: v is None or is_int(v, 1, 2**63 - 1), "null or an inte
 _GENERATION = Omittable((lambda v: v is None or is_int(v, 1, 2**63 - 1),
                          "null or an integer >= 1"))
 MAX_LISTED = 64  # generations ckpt_generations lists (checkpoint.max_generations: 5)
+MANIFEST_BYTES_PER_CHUNK = 80  # ["<64 hex>",<size>], in a manifest's JSON
 _SESSION: Check = (lambda v: isinstance(v, str) and len(v) == 32 and v.isalnum(),
                    "a session id from ckpt_begin")
 
@@ -260,9 +262,14 @@ class CheckpointOps:
         except RestoreError as exc:
             raise Refused("lost", str(exc)) from None
         out: list[dict[str, object]] = []
-        for rec in records[:MAX_LISTED]:
-            m = self.service.manifest(job, rank, rec)
-            out.append({"generation": rec.generation, "label": _label(m)})
+        listed = records[:MAX_LISTED]
+        # manifests read from holders, one at a time: in turn with the uid's restores, and
+        # charged to it as the largest of them (about 80 bytes of JSON per chunk)
+        with self.limits.op(RESTORE, peer.uid, "ckpt_generations") as charge:
+            charge(max((rec.chunks for rec in listed), default=0) * MANIFEST_BYTES_PER_CHUNK)
+            for rec in listed:
+                m = self.service.manifest(job, rank, rec)
+                out.append({"generation": rec.generation, "label": _label(m)})
         return {"ok": True, "generations": out, "more": len(records) > MAX_LISTED,
                 "resume_step": self._resume_step(job, rank, epoch)}, []
 
