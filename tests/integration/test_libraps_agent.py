@@ -14,7 +14,6 @@ import socket
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,14 @@ import pytest
 
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.core.checkpoints import CkptRecord
-from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
+from raps_slurm.core.jobs import RankEntry
 from raps_slurm.core.planner import Plan, PlanEvent, plan_id
-from raps_slurm.model import BackupGroup
 from raps_slurm.runtime.agent_client import encode_frame, read_reply
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster
 from raps_slurm.testing.jobs import system_user
+from raps_slurm.testing.programs import mpirun as run_mpi
+from raps_slurm.testing.programs import register_job
 
 ROOT = Path(__file__).resolve().parents[2]
 LIB = ROOT / "libraps"
@@ -69,15 +69,7 @@ def programs() -> Iterator[Path]:
 
 def setup_job(store: tuple[StateStore, Keys], ranks: int = 1) -> str:
     """A registered job of root with ``ranks`` ranks on n1 (backups on n2, n3)."""
-    s, k = store
-    job = str(800000 + uuid.uuid4().int % 100000)
-    s.put(k.job(job), JobRecord(job, 0, 0, ("n1", "n2", "n3", "n4"), JobSpec(spares=1))
-          .to_json())
-    s.put(k.job_map(job), RankMap(job, 0, ("n1",) * ranks, ("n4",), 2, 0.0).to_json())
-    for rank in range(ranks):
-        s.put(k.job_rank(job, rank), RankEntry(rank, "n1", 1, "running", ("n4",)).to_json())
-        s.put(k.job_group(job, rank), group_to_json(BackupGroup(rank, "n1", "n2", ("n3",))))
-    return job
+    return register_job(store, ranks)
 
 
 def run(cluster: LocalCluster, program: Path, job: str, *args: str, uid: int | None = None,
@@ -168,16 +160,8 @@ def phases(store: tuple[StateStore, Keys], pid: str) -> dict[str, dict[str, Any]
 def mpirun(cluster: LocalCluster, program: Path, job: str, crash_at: int | None = None,
            args: tuple[str, ...] = ("64", "64", "120", "20"), ranks: int = 4,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cfg = load_file(cluster.config_path)
-    full = {"PATH": "/usr/bin:/bin", "RAPS_JOB": job, "RAPS_APP_HEARTBEAT_SEC": "1",
-            "RAPS_AGENT_SOCKET": node_dir(cfg.agent.socket_path, "n1"),
-            "OMPI_MCA_btl": "self,vader", "OMPI_MCA_plm_rsh_agent": "false", **(env or {})}
-    if crash_at is not None:
-        full["RAPS_HEAT_CRASH_AT"] = str(crash_at)
-    # 4 ranks on 2 cores: Open MPI yields instead of spinning when oversubscribed
-    return subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-                           str(ranks), str(program), *args], env=full,
-                          capture_output=True, text=True, timeout=180, cwd="/")
+    crash = {} if crash_at is None else {"RAPS_HEAT_CRASH_AT": str(crash_at)}
+    return run_mpi(cluster.config_path, program, job, args, ranks, {**crash, **(env or {})})
 
 
 def per_rank(proc: subprocess.CompletedProcess[str]) -> dict[int, dict[str, Any]]:
