@@ -68,6 +68,7 @@ from raps_slurm.core.launch import (
 )
 from raps_slurm.errors import RapsError, SlurmCommandError
 from raps_slurm.launcher.control import ControlServer, RankHandle
+from raps_slurm.launcher.layout import ask, on_sigterm, wait_layout
 from raps_slurm.launcher.step import StepLauncher
 from raps_slurm.mpi import shim_env
 from raps_slurm.runtime.agent_client import AgentError
@@ -143,21 +144,11 @@ class Launcher:
     # -- talking to the agent -----------------------------------------------------
 
     def _ask(self, op: str, **fields: Any) -> dict[str, Any]:
-        reply, _ = self.agent.request({"op": op, "job": self.job, **fields})
-        return reply
+        return ask(self.agent, op, self.job, **fields)
 
     def layout(self, timeout: float) -> dict[str, Any]:
         """The rank map of this run, waiting for the coordinator to build it."""
-        deadline = time.monotonic() + timeout
-        seen: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            seen = self._ask("job_layout")
-            if seen.get("ready") and seen.get("run") == self.run:
-                return seen
-            time.sleep(POLL_SEC)
-        raise RapsError(f"job {self.job} run {self.run}: no rank map from the coordinator "
-                        f"after {timeout:g}s (last answer: {seen}); is raps-coordinator "
-                        "running and was the job submitted with --raps?")
+        return wait_layout(self.agent, self.job, self.run, timeout)
 
     # -- steps and ranks -------------------------------------------------------------
 
@@ -510,14 +501,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         # only a flag: the main loop may be in the middle of a command on the channel
         launcher.preempt_asked = True
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        say("SIGTERM: Slurm ends this run; killing its sruns so that none outlives it")
-        launcher.terminate()
-        raise SystemExit(128 + signum)
-
     signal.signal(signal.SIGUSR1, on_usr1)
-    signal.signal(signal.SIGTERM, on_term)
+    on_sigterm(say, "its sruns so that none outlives it", launcher.terminate)
     try:
         code = launcher.run_job(MAP_TIMEOUT_SEC)
     except (RapsError, AgentError, SlurmCommandError) as exc:
@@ -534,25 +519,19 @@ def _run_step(cfg: Config, job: str, run: int, agent_path: str, srun_options: li
               program: list[str], template: str, label: bool) -> typing.NoReturn:
     """raps-run --restart-mode step (:mod:`raps_slurm.launcher.step`)."""
     agent = CheckpointClient(agent_path, job, 0, 1, timeout=30)
-    launcher = StepLauncher(cfg, job, run, agent, SlurmClient(CommandRunner(timeout=30)),
-                            srun_options, program, template, label=label)
+    step_launcher = StepLauncher(cfg, job, run, agent, SlurmClient(CommandRunner(timeout=30)),
+                                 srun_options, program, template, label=label)
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        say("SIGTERM: Slurm ends this run; killing its srun")
-        launcher.terminate()
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_term)
+    on_sigterm(say, "its srun", step_launcher.terminate)
     try:
-        code = launcher.run_job(MAP_TIMEOUT_SEC)
+        code = step_launcher.run_job(MAP_TIMEOUT_SEC)
     except (RapsError, AgentError, SlurmCommandError) as exc:
         say(str(exc))
         code = 1
     finally:
-        if launcher.proc is not None and launcher.proc.poll() is None:
-            launcher.end_step()
-        launcher.close()
+        if step_launcher.proc is not None and step_launcher.proc.poll() is None:
+            step_launcher.end_step()
+        step_launcher.close()
         agent.close()
     sys.exit(code)
 

@@ -33,13 +33,13 @@ from raps_slurm.core.launch import (
     step_hostfile,
     step_overcommit,
 )
-from raps_slurm.errors import RapsError, SlurmCommandError
+from raps_slurm.errors import SlurmCommandError
+from raps_slurm.launcher.layout import POLL_SEC, ask, wait_layout
 from raps_slurm.runtime.agent_client import AgentError
 from raps_slurm.runtime.checkpoint import CheckpointClient
 from raps_slurm.slurm import SlurmClient, commands
 from raps_slurm.slurm.runner import kill_step
 
-POLL_SEC = 0.25
 SETTLE_CYCLES = 1  # leader cycles to wait for the other plans of the same fault
 
 
@@ -69,21 +69,7 @@ class StepLauncher:
         self.grace = 3 * cfg.detection.lease_duration_sec + 2 * cfg.coordinator.cycle_interval_sec
 
     def _ask(self, op: str, **fields: Any) -> dict[str, Any]:
-        reply, _ = self.agent.request({"op": op, "job": self.job, **fields})
-        return reply
-
-    def layout(self, timeout: float) -> dict[str, Any]:
-        """The rank map of this run, waiting for the coordinator to build it."""
-        deadline = time.monotonic() + timeout
-        seen: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            seen = self._ask("job_layout")
-            if seen.get("ready") and seen.get("run") == self.run:
-                return seen
-            time.sleep(POLL_SEC)
-        raise RapsError(f"job {self.job} run {self.run}: no rank map from the coordinator "
-                        f"after {timeout:g}s (last answer: {seen}); is raps-coordinator "
-                        "running and was the job submitted with --raps?")
+        return ask(self.agent, op, self.job, **fields)
 
     def start(self) -> None:
         """Start the step the placement says (task i = rank i on its node)."""
@@ -175,7 +161,7 @@ class StepLauncher:
 
     def run_job(self, map_timeout: float) -> int:
         """Start the step, restart it on plans, return the job's exit code."""
-        lay = self.layout(map_timeout)
+        lay = wait_layout(self.agent, self.job, self.run, map_timeout)
         if lay.get("error"):
             say(f"job {self.job} cannot be mapped: {lay['error']}")
             return 1
