@@ -107,8 +107,8 @@ def step_costs(s: Scenario, nodes: int) -> Costs:
     r, st = s.raps, s.step
     per = s.job.state_gb_per_node
     save = (st.incr_s_per_gb if st.incr_s_per_gb >= 0 else r.incr_s_per_gb) * per
-    # Survivors decode their local copy while the replaced node pulls its own and decodes
-    # it: the pull gates the restart.
+    # Without a measured rate: survivors decode their local copy while the replaced node
+    # pulls its own and decodes it, so the pull gates the restart.
     restore = per / st.restore_gbps if st.restore_gbps > 0 else \
         per * r.storage_ratio / r.node_net_gbps + per / r.restore_gbps
     detect = detection_mean(r)

@@ -192,23 +192,21 @@ class StepSpec:
 
     interval_s: float = _f(0.0, "step's checkpoint interval, seconds (0 = "
                                 "checkpoint.interval_s)", 0, 1e8)
-    relaunch_s: float = _f(1.188, "DEAD verdict -> the new step launched: the old step "
-                                  "ended, raps-run's srun of the whole step, the ranks' start "
-                                  "(default measured: bench launch, raps_from_exec_s, 24 "
-                                  "ranks on 6 nodes, docs/benchmarks.md; ending the old step "
-                                  "is not in it; rapsctl simulate calibrate takes bench "
-                                  "restart's relaunch_s)", 0.0, 1e8)
+    relaunch_s: float = _f(7.292, "DEAD verdict -> the new step launched: the old step "
+                                  "ended, raps-run's srun of the whole step (default "
+                                  "measured: bench restart relaunch_s, 4 ranks on 6 nodes, "
+                                  "examples/calibration/restart.json)", 0.0, 1e8)
     incr_s_per_gb: float = _f(-1.0, "blocking time of a libraps incremental save per GB of "
                                     "state; -1 = raps.incr_s_per_gb (measured on the Python "
                                     "runtime's save, the same agent and store: libraps's own "
                                     "is not measured)", -1.0, 1e6)
-    restore_gbps: float = _f(-1.0, "a node's whole restore after the launch (the moved "
-                                   "node's pull and decode, the others' decode), GB/s of "
-                                   "state; -1 = the compressed copy pulled at "
-                                   "raps.node_net_gbps, then decoded at raps.restore_gbps "
-                                   "(measured on the Python runtime's restore: libraps's own "
-                                   "is not measured; rapsctl simulate calibrate takes it from "
-                                   "bench restart)", -1.0, 1e6)
+    restore_gbps: float = _f(0.2668, "a node's whole restore after the launch (the ranks' "
+                                     "start, the moved node's pull and decode, the others' "
+                                     "decode), GB/s of state (default measured: bench restart, "
+                                     "256 MiB per rank in 1.006 s, "
+                                     "examples/calibration/restart.json); -1 = the compressed "
+                                     "copy pulled at raps.node_net_gbps, then decoded at "
+                                     "raps.restore_gbps", -1.0, 1e6)
 
 
 @dataclass(frozen=True)

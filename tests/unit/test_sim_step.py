@@ -25,7 +25,7 @@ def scenario(**sections: dict[str, Any]) -> Scenario:
         "cluster": {"racks": 4, "idle_nodes": 64},
         "failures": {"mtbf_h": M * NODES / 3600, "repair_h": 1},
         "raps": {"spares": 4, "detect_s": 3.0},
-        "step": {"relaunch_s": 600},
+        "step": {"relaunch_s": 600, "restore_gbps": -1},  # restore: pull and decode
         "run": {"horizon_days": 1000 * M / 86400, "seeds": 5, "strategies": ["step"]}}
     for k, v in sections.items():
         data[k] = {**data.get(k, {}), **v}
