@@ -141,7 +141,9 @@ class StepLauncher:
         # fault (a node's ranks, ranks hung together) start within a cycle or two of
         # each other: one restart for them all, not one per plan.
         self._tell("stopping")
+        began = time.monotonic()
         self.end_step()
+        ended = time.monotonic() - began
         time.sleep(SETTLE_CYCLES * self.cfg.coordinator.cycle_interval_sec)
         with contextlib.suppress(AgentError):
             more = relaunches(self.incarnations(), self._ask("job_plans").get("plans") or [],
@@ -152,6 +154,8 @@ class StepLauncher:
             say(f"plan {r.plan_id}: rank {r.rank} moves from {old} to {r.node} (epoch "
                 f"{r.epoch}): restarting the step")
             self.placement[r.rank] = (r.node, r.epoch)
+        say(f"step {self.starts} ended in {ended:.2f}s; starting step {self.starts + 1} "
+            f"{time.monotonic() - began:.2f}s after the plan")
         self.start()
         for r in todo:
             with contextlib.suppress(AgentError):

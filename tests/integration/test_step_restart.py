@@ -75,9 +75,11 @@ def test_an_mpi_program_loses_a_node_and_ends_with_the_failure_free_output(
         with crashed(cluster, store, victim):
             text = finish(cluster, job, out, clean, 240)
             assert "restored step" in text or "restored generation" in text, text[-3000:]
-            # done: each moved rank reported it was back at its pre-fault step
+            # done: each moved rank reported it was back at its pre-fault step. (A rank
+            # that fails at start-up, e.g. Open MPI's TCP connect under load, is HUNG
+            # and restarted in place: a plan of its own, not a move off the victim.)
             plans = wait_until("the moves done", lambda: [
-                p for p in job_plans(*store, job) if p.source == victim],
+                p for p in job_plans(*store, job) if p.source == victim != p.target],
                 lambda ps: ps and all(p.state == "done" for p in ps), 30)
             assert sorted(p.rank for p in plans) == lost, plans
             assert {p.target for p in plans} <= set(data["spares"]), plans
