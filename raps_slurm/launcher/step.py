@@ -65,6 +65,7 @@ class StepLauncher:
         self.gave_up = ""
         self.terminated = False
         self._dir = Path(tempfile.mkdtemp(prefix=f"raps-run-{job}-"))
+        self._cancels: list[subprocess.Popen[bytes]] = []  # scancels of ended steps
         # A step that ended with a failure on a node still alive: this long for a plan.
         self.grace = 3 * cfg.detection.lease_duration_sec + 2 * cfg.coordinator.cycle_interval_sec
 
@@ -106,7 +107,10 @@ class StepLauncher:
         try:
             number = self.slurm.steps(int(self.job)).get(self.name)
             if number is not None:
-                self.slurm.cancel_step(int(self.job), number)
+                # Not waited for: slurmctld answers a step cancel only once it has tried
+                # every node of the step, a dead one for MessageTimeout (measured: 6 s).
+                self._cancels.append(self.slurm.runner.spawn(
+                    commands.cancel_step(int(self.job), number), dict(os.environ)))
         except SlurmCommandError as exc:
             say(f"cannot cancel step {self.name}: {exc}")
 
@@ -225,7 +229,13 @@ class StepLauncher:
             kill_step(self.proc)
 
     def close(self) -> None:
-        """Remove the host files."""
+        """Let the step cancels finish (10 s at most), remove the host files."""
+        deadline = time.monotonic() + 10
+        for proc in self._cancels:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
         for f in self._dir.glob("hosts-*"):
             f.unlink(missing_ok=True)
         with contextlib.suppress(OSError):

@@ -76,7 +76,3 @@ class SlurmClient:
     def steps(self, job_id: int) -> dict[str, int]:
         """The job's numbered steps that still run: name -> step number."""
         return parsers.parse_steps(self.runner.run(commands.squeue_steps(job_id)), job_id)
-
-    def cancel_step(self, job_id: int, step: int, signal: str = "KILL") -> None:
-        """Signal one step of a job (SIGKILL by default)."""
-        self.runner.run(commands.cancel_step(job_id, step, signal))
