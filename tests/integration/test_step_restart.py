@@ -20,7 +20,15 @@ from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm.runner import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
-from raps_slurm.testing.jobs import committed, crashed, finish, job_plans, job_state, last_final
+from raps_slurm.testing.jobs import (
+    committed,
+    crashed,
+    finish,
+    job_plans,
+    job_state,
+    last_final,
+    wait_mapped,
+)
 from raps_slurm.testing.programs import build_stencils, export_option, mpirun, register_job
 
 # 4 ranks, one per working node; the plate is cut in 4 bands (C: rows, Fortran: columns).
@@ -52,7 +60,7 @@ def step_job(cluster: LocalCluster, program: Path, name: str) -> Iterator[tuple[
 
 @pytest.mark.parametrize("name", ["heat", "fheat"])
 def test_an_mpi_program_loses_a_node_and_ends_with_the_failure_free_output(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], programs: Path, name: str) -> None:
     # the failure-free result: the same program and ranks under mpirun on this host
     ref = mpirun(cluster.config_path, programs / name, register_job(store, 4), ARGS)
@@ -60,8 +68,7 @@ def test_an_mpi_program_loses_a_node_and_ends_with_the_failure_free_output(
     assert ref.returncode == 0 and clean, (ref.stdout[-2000:], ref.stderr[-2000:])
     with leading(f"step-{name}"), \
             step_job(cluster, programs / name, f"{name}-crash") as (job, out):
-        data = wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),
-                          lambda d: d is not None and d["state"] == "mapped", 60)
+        data = wait_mapped(*store, job)
         ranks = {r["rank"]: r["node"] for r in data["ranks"]}
         host = wait_until("the batch host",
                           lambda: cluster.slurm().job(int(job)).batch_host, bool, 20)
