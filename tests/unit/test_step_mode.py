@@ -29,7 +29,7 @@ def test_a_bad_restart_mode_is_refused_in_one_line(words: list[str], what: str) 
 def test_the_host_file_puts_task_i_on_rank_is_node() -> None:
     placement = {0: ("n3", 1), 1: ("n1", 1), 2: ("n5", 2), 3: ("n1", 1)}
     assert step_hostfile(placement) == "n3\nn1\nn5\nn1\n"
-    with pytest.raises(ValueError, match="not 0..1"):
+    with pytest.raises(ValueError, match=r"not 0\.\.1"):
         step_hostfile({0: ("n1", 1), 2: ("n2", 1)})
 
 
