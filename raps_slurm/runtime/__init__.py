@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -144,7 +145,8 @@ def _init_local(local: int | None, env: dict[str, str]) -> Context:
         size = local if local is not None else _need(env, "RAPS_SIZE", 1)
         if size < 1:
             raise ValueError(f"local={size}: expected at least one rank")
-        if not root:
+        created = not root
+        if created:
             root = tempfile.mkdtemp(prefix="raps-local-")
         rank = 0
         for r in range(1, size):
@@ -154,6 +156,11 @@ def _init_local(local: int | None, env: dict[str, str]) -> Context:
                 _children.clear()
                 break
             _children.append(pid)
+        if rank == 0 and created:
+            # nothing can find a temporary run's data again: rank 0 removes it at exit,
+            # after its children (atexit runs the later registration first), unless a
+            # rank failed (_wait_children exits at once: the data stays to look at)
+            atexit.register(shutil.rmtree, root, True)
         if rank == 0 and _children:
             atexit.register(_wait_children)
     epoch = int(env.get("RAPS_EPOCH") or 1)

@@ -630,3 +630,23 @@ def test_a_changed_logged_body_is_refused_at_replay_naming_the_message(
     assert said.count("\n") == 1, said  # once, however often rank 1 asks again
     for c in (a, b2):
         c.close()
+
+
+PAIR = """from raps_slurm import runtime
+ctx = runtime.init(local=2)
+if ctx.rank == 0:
+    ctx.send(1, b"x")
+else:
+    assert ctx.recv(0) == b"x"
+ctx.finalize()
+"""
+
+
+def test_a_forked_local_run_removes_its_temporary_directory(tmp_path: Path) -> None:
+    """runtime.init(local=N) without RAPS_LOCAL_DIR: rank 0 removes the directory it made
+    once its ranks are done (no later run could find the data in it)."""
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", PAIR], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
