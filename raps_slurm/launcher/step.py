@@ -62,7 +62,6 @@ class StepLauncher:
         self.proc: subprocess.Popen[bytes] | None = None
         self.name = ""
         self.starts = 0
-        self.gave_up = ""
         self.terminated = False
         self._dir = Path(tempfile.mkdtemp(prefix=f"raps-run-{job}-"))
         self._cancels: list[subprocess.Popen[bytes]] = []  # scancels of ended steps
@@ -136,10 +135,10 @@ class StepLauncher:
         except SlurmCommandError as exc:
             say(f"cannot read the job's node list: {exc}")
             return False
-        if {r.node for r in todo} - nodes:
-            say(f"plans name nodes outside the allocation "
-                f"({','.join(sorted({r.node for r in todo} - nodes))}); waiting for the "
-                "coordinator")
+        outside = sorted({r.node for r in todo} - nodes)
+        if outside:
+            say(f"plans name nodes outside the allocation ({','.join(outside)}); waiting "
+                "for the coordinator")
             return False
         # The step cannot go on without the moved ranks: end it now. The plans of one
         # fault (a node's ranks, ranks hung together) start within a cycle or two of
