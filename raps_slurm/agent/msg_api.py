@@ -228,9 +228,10 @@ LOG_PIECE = 4 << 20  # bytes of a segment read at once
 def copy_log(logs: LogStore, job: str, rank: int, charge: Charge) -> tuple[int, int]:
     """A sealed memory file holding a rank's segments in order, and its size: the size
     is charged first, then each segment is copied a piece at a time (the agent never
-    holds the log as one buffer). A segment trimmed meanwhile is left out, as
-    :meth:`LogStore.read` leaves it out."""
-    sizes = [(n, logs.size(job, rank, n)) for n in logs.segments(job, rank)]
+    holds the log as one buffer). A segment trimmed meanwhile, or a torn spill
+    (:meth:`LogStore.torn`), is left out, as :meth:`LogStore.read` leaves it out."""
+    sizes = [(n, logs.size(job, rank, n)) for n in logs.segments(job, rank)
+             if not logs.torn(job, rank, n)]
     charge(sum(s for _, s in sizes))
     fd = os.memfd_create("raps-log", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:

@@ -2,10 +2,13 @@
 
 A rank flushes its message log in batches; each batch is one *segment* file,
 ``job-<id>/logs/<rank>/<n>.seg``, written atomically (temp file, fsync, rename): a
-crash keeps whole segments only. Segments are numbered in the order they were written;
-reading concatenates them. Trimming deletes the segments whose every record is at or
-below the floor its destination gave (those messages can never be asked for again), but
-never the newest one, so that numbers only grow even across an agent restart.
+crash keeps whole segments only. A *spill* segment (nothing but bodies of messages to
+other ranks) is renamed into place without fsync (:func:`spill_only`); a reader leaves
+out one that a crash of the node's kernel tore (:meth:`LogStore.torn`). Segments are
+numbered in the order they were written; reading concatenates them. Trimming deletes
+the segments whose every record is at or below the floor its destination gave (those
+messages can never be asked for again), but never the newest one, so that numbers only
+grow even across an agent restart.
 
 Numbers never collide across incarnations: an incarnation with epoch ``e`` numbers its
 segments above ``e << 32`` (and above every segment already here), so a fenced older
@@ -18,11 +21,12 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from raps_slurm.checkpoint.chunkstore import drop_cached, fsync_dir, write_atomic
 from raps_slurm.errors import RapsError
-from raps_slurm.runtime.msglog import MessagingError, parse_records
+from raps_slurm.runtime.msglog import F_BODY, RECORD, MessagingError, parse_records
 
 MAX_SEGMENT = 256 << 20
 EPOCH_SHIFT = 32  # segment numbers of epoch e start above e << 32
@@ -37,7 +41,8 @@ class LogStore:
 
     A segment is cold data, read back only for a resend, a restore or its one copy to
     the log backup. With ``cold`` its pages leave the page cache as soon as it is on
-    disk (a store with no copy to make: a backup's, or a local run's); otherwise the
+    disk (a spill segment's at the next append; a store with no copy to make: a
+    backup's, or a local run's); otherwise the
     copy lane calls :meth:`drop_pages` once the copy is made. The node's page cache
     stays the application's, and new segments reuse freed pages rather than take new
     ones (``write_atomic``)."""
@@ -46,6 +51,7 @@ class LogStore:
         self.root = Path(root)
         self.cold = cold
         self._lock = threading.Lock()
+        self._unsynced: list[Path] = []  # a cold store's spill written last (see append)
 
     def _dir(self, job: str, rank: int) -> Path:
         if not (job.isascii() and job.isdigit() and 0 < len(job) <= 20) and job != "local":
@@ -72,8 +78,9 @@ class LogStore:
         size = sum(len(p) for p in parts)
         if size > MAX_SEGMENT:
             raise LogStoreError(f"log segment of {size} bytes exceeds {MAX_SEGMENT}")
-        if check and (problem := _malformed(b"".join(parts))) is not None:
+        if check and (problem := _malformed(parts)) is not None:
             raise LogStoreError(problem)
+        durable = not spill_only(parts, rank)
         d = self._dir(job, rank)
         with self._lock:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -85,7 +92,15 @@ class LogStore:
                 if (d / f"{number}.seg").read_bytes() != b"".join(parts):
                     raise LogStoreError(_conflict(job, rank, number))
                 return number
-            write_atomic(d, tmp, f"{number}.seg", parts, cold=self.cold, sync_dir=sync_dir)
+            write_atomic(d, tmp, f"{number}.seg", parts, cold=self.cold, sync_dir=sync_dir,
+                         durable=durable)
+            if self.cold and not durable:
+                # Not on disk yet, so its pages cannot leave now: fadvise starts their
+                # write-back, and the next append drops them (written back by then).
+                for path in self._unsynced:
+                    drop_cached(path)
+                self._unsynced = [d / f"{number}.seg"]
+                drop_cached(self._unsynced[0])
         return number
 
     def sync(self, job: str, rank: int) -> None:
@@ -147,12 +162,13 @@ class LogStore:
                 d = self._dir(job, rank)
                 final = d / f"{int(number)}.seg"
                 here = final.exists()  # a copy already stored: the same bytes, or refused
-                problem = _malformed(whole)
+                problem = _malformed([whole])
                 if problem is None and here and final.read_bytes() != whole:
                     problem = _conflict(job, rank, number)
                 if problem is None and not here:
                     # Checked, the pieces take the segment's name: no second write.
-                    os.fsync(fd)
+                    if not spill_only([whole], rank):
+                        os.fsync(fd)
                     if self.cold:
                         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
@@ -168,14 +184,39 @@ class LogStore:
         return True
 
     def read(self, job: str, rank: int, after: int = 0) -> bytes:
-        """Every segment above ``after``, concatenated in order."""
+        """Every segment above ``after``, concatenated in order (torn ones left out)."""
         d = self._dir(job, rank)
         out = []
         for n in self.segments(job, rank):
-            if n > after:
+            if n > after and not self.torn(job, rank, n):
                 with contextlib.suppress(FileNotFoundError):
                     out.append((d / f"{n}.seg").read_bytes())
         return b"".join(out)
+
+    def torn(self, job: str, rank: int, n: int) -> bool:
+        """Whether segment ``n`` is a spill segment cut short: written without fsync, a
+        crash of the node's kernel may leave it empty or in part. What it held, bodies of
+        messages to other ranks, a re-executed sender sends again; a segment with any
+        other record was fsync'ed and is never left out. Reads the records' headers
+        only (a spill's bodies are large)."""
+        try:
+            fd = os.open(self._dir(job, rank) / f"{int(n)}.seg",
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            size, pos = os.fstat(fd).st_size, 0
+            while pos < size:
+                head = os.pread(fd, RECORD.size, pos)
+                if len(head) < RECORD.size:
+                    return True
+                dst, _, _, length, _, flags = RECORD.unpack(head)
+                if not flags & F_BODY or dst == rank:
+                    return False  # durable: whatever fails here is not a torn spill
+                pos += RECORD.size + length
+            return pos > size
+        finally:
+            os.close(fd)
 
     def trim(self, job: str, rank: int, floors: dict[int, int]) -> int:
         """Delete segments whose every record is at or below its destination's floor (all
@@ -196,10 +237,66 @@ class LogStore:
         return gone
 
 
-def _malformed(segment: bytes) -> str | None:
-    """Why ``segment`` is no log segment (None: its framing holds)."""
+def spill_only(parts: Sequence[bytes | memoryview], rank: int) -> bool:
+    """Whether the segment ``parts`` joined holds nothing but bodies of messages to
+    other ranks (a spill), which need no fsync. Recovery never needs them from this
+    disk: a lost sender's relaunch re-executes from its checkpoint and sends them again,
+    and the disk goes with the node only when the sender goes too (an agent that
+    restarts finds them in the page cache). Determinants (records to ``rank`` itself:
+    decisions a re-execution must repeat) and message metadata (the sent vector a
+    relaunch resumes from) are fsync'ed before they count (docs/architecture.md,
+    Checkpoints and message logs). False for a segment whose framing fails."""
+    seen = False
     try:
-        for _ in parse_records(segment, verify=False):
+        for dst, flags in _heads(parts):
+            if not flags & F_BODY or dst == rank:
+                return False
+            seen = True
+    except MessagingError:
+        return False
+    return seen
+
+
+def _heads(parts: Sequence[bytes | memoryview]) -> Iterator[tuple[int, int]]:
+    """(dst, flags) of each record of ``parts`` joined, without joining or copying the
+    bodies; MessagingError at a truncated record."""
+    views = [v for v in (memoryview(p).cast("B") for p in parts) if v.nbytes]
+    i = off = 0
+    while i < len(views):
+        v = views[i]
+        if v.nbytes - off >= RECORD.size:
+            dst, _, _, size, _, flags = RECORD.unpack_from(v, off)
+            off += RECORD.size
+        else:  # a header split across parts
+            head = bytearray()
+            while len(head) < RECORD.size and i < len(views):
+                piece = views[i][off:off + RECORD.size - len(head)]
+                head += piece
+                off += piece.nbytes
+                if off == views[i].nbytes:
+                    i, off = i + 1, 0
+            if len(head) < RECORD.size:
+                raise MessagingError("log record truncated")
+            dst, _, _, size, _, flags = RECORD.unpack(head)
+        left = size if flags & F_BODY else 0
+        while left:
+            if i == len(views):
+                raise MessagingError(f"log body to {dst} truncated")
+            step = min(left, views[i].nbytes - off)
+            left -= step
+            off += step
+            if off == views[i].nbytes:
+                i, off = i + 1, 0
+        if i < len(views) and off == views[i].nbytes:
+            i, off = i + 1, 0
+        yield dst, flags
+
+
+def _malformed(segment: Sequence[bytes | memoryview]) -> str | None:
+    """Why the segment ``segment`` joined is no log segment (None: its framing holds).
+    Headers only: a body's checksum is checked when the log is read back."""
+    try:
+        for _ in _heads(segment):
             pass
     except MessagingError as exc:
         return f"malformed log segment: {exc}"

@@ -1,6 +1,7 @@
 """The message-log segment store on a local directory: numbering by epoch, refused
 collisions, trims that keep the numbering's high mark, and a segment's pages leaving the
-page cache once it is on disk (a cold store) or copied (``drop_pages``)."""
+page cache once it is on disk (a cold store) or copied (``drop_pages``), and spill
+segments stored without fsync and left out of reads once torn."""
 
 from __future__ import annotations
 
@@ -77,9 +78,10 @@ def _resident(path: Path) -> int:
         m.close()
 
 
-def _big_segment() -> bytes:
+def _big_segment(dst: int = 0) -> bytes:
+    """One record of 1 MiB to ``dst`` (rank 0's own: a determinant, fsync'ed)."""
     body = os.urandom(1 << 20)
-    return b"".join(bytes(p) for p in Entry(1, 1, 1, len(body), checksum(body), True,
+    return b"".join(bytes(p) for p in Entry(dst, 1, 1, len(body), checksum(body), True,
                                             body).record(with_body=True))
 
 
@@ -97,3 +99,64 @@ def test_a_cold_store_leaves_its_segments_out_of_the_page_cache(tmp_path: Path) 
     assert _resident(hot_file) == 0
     assert hot.segment("7", 0, n_hot) == cold.segment("7", 0, n_cold) == data
     hot.drop_pages("7", 0, n_hot + 5)  # gone or never there: nothing to do
+
+
+def _meta(dst: int, seq: int) -> bytes:
+    return b"".join(bytes(p) for p in Entry(dst, seq, 1, 5, 0, False, None).record(
+        with_body=False))
+
+
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The descriptors os.fsync was called with (it still syncs)."""
+    calls: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    return calls
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_only_a_spill_segment_is_stored_without_fsync(tmp_path: Path, fsyncs: list[int],
+                                                      cold: bool) -> None:
+    logs = LogStore(tmp_path, cold=cold)
+    spill, own = _big_segment(dst=1), _big_segment(dst=0)
+    stored = {}
+    for name, data in [("spill", spill), ("determinant", own),
+                       ("metadata", _meta(1, 2)), ("mixed", spill + _meta(1, 3))]:
+        before = len(fsyncs)
+        n = logs.append("7", 0, data)
+        stored[name] = (n, len(fsyncs) - before)
+        assert logs.segment("7", 0, n) == data
+    assert {k: v[1] > 0 for k, v in stored.items()} == {
+        "spill": False, "determinant": True, "metadata": True, "mixed": True}
+    # a backup's copy in pieces: the same rule
+    before = len(fsyncs)
+    assert LogStore(tmp_path / "b").put_part("7", 0, 9, 0, len(spill), spill)
+    assert len(fsyncs) == before + 1  # the directory's rename only
+    assert LogStore(tmp_path / "b").segment("7", 0, 9) == spill
+
+
+def test_a_torn_spill_segment_is_left_out_of_reads(tmp_path: Path) -> None:
+    logs = LogStore(tmp_path)
+    first = logs.append("7", 0, _meta(1, 1))
+    spill = logs.append("7", 0, seg(1, 2, 3))
+    last = logs.append("7", 0, seg(0, 4))
+    d = tmp_path / "job-7" / "logs" / "0"
+    whole = (d / f"{spill}.seg").read_bytes()
+    for cut in (0, 10, len(whole) - 1):  # as a crash of the kernel may leave it
+        (d / f"{spill}.seg").write_bytes(whole[:cut])
+        assert logs.torn("7", 0, spill) == (cut > 0)
+        assert logs.read("7", 0) == _meta(1, 1) + seg(0, 4)
+    (d / f"{spill}.seg").write_bytes(whole)
+    assert not logs.torn("7", 0, spill)
+    assert logs.read("7", 0) == _meta(1, 1) + whole + seg(0, 4)
+    # a cut segment of another kind was fsync'ed: never left out, its reader fails loudly
+    (d / f"{last}.seg").write_bytes(seg(0, 4)[:-1])
+    assert not logs.torn("7", 0, last)
+    assert logs.read("7", 0, after=spill) == seg(0, 4)[:-1]
+    assert logs.segments("7", 0) == [first, spill, last]
