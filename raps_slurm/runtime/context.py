@@ -68,9 +68,6 @@ LARGE_PREFIX = "\0raps/large/"
 # log pulled only in part, leaves them in the checkpoint's copies.
 LOG_ITEM = "\0raps/log"
 CLOSE_WAIT = 10.0  # seconds close() waits for a flush in progress (one log-store write)
-# A send larger than this may wait for the peer to read (more than a socket buffer holds
-# surely): the background thread reads meanwhile (runtime/pump.py).
-RELEASE_AT = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -248,9 +245,6 @@ class Context(PeerLinks):
                              f"{self.s.max_message} (Settings.max_message)")
         self._start()
         self._raise_error()
-        if nbytes > RELEASE_AT:
-            # It may wait for dst to read, and dst may be sending to us just as well.
-            self.listener.pump.release()
         if self._records_pending:
             # Decisions this send may depend on are durable before it leaves.
             self._records_pending = False

@@ -7,9 +7,12 @@ round trip: docs/benchmarks.md). So the thread that waits reads itself: it polls
 connection and takes in whole frames until what it waits for has come. Reading must
 never wait for the application, though (two ranks sending each other large messages
 would block each other in TCP), so the background thread takes reading back once the
-application has been out of its waits for :data:`HANDOFF` seconds, and at once before a
-large send (:meth:`Pump.release`). Reading is non-blocking (:meth:`FrameReader.poll`):
-one connection whose frame stalls half way delays no other; its deadline closes it.
+application has been out of its waits for :data:`HANDOFF` seconds. A send that finds
+its socket full does not hand reading over (waking the background thread and taking
+the lock back cost some 130 us a round trip on two cores): the sending thread reads its
+incoming connections itself until the socket takes more (:meth:`Pump.stalled`).
+Reading is non-blocking (:meth:`FrameReader.poll`): one connection whose frame stalls
+half way delays no other; its deadline closes it.
 
 One lock says who reads; the background thread gives it up when woken through a socket
 pair that is part of what it polls.
@@ -69,7 +72,7 @@ class Pump:
         self._cv = threading.Condition()  # guards the fields below
         self._new: list[Conn] = []
         self._app = False  # the application thread reads
-        self._app_in = False  # ... and is in a wait now
+        self._app_in = 0  # ... and is in so many waits (or full sends) now
         self._app_left = 0.0
         self._closed = False
         self._conns: dict[int, Conn] = {}  # the reading thread's alone
@@ -114,7 +117,8 @@ class Pump:
             else:
                 closed = False
                 claim = not self._app
-                self._app = self._app_in = True
+                self._app = True
+                self._app_in += 1
         if closed:
             time.sleep(timeout)  # nothing will come: the caller's deadline decides
             return
@@ -131,7 +135,41 @@ class Pump:
                     self._lock.release()
         finally:
             with self._cv:
-                self._app_in = False
+                self._app_in -= 1
+                self._app_left = self._clock()
+
+    def stalled(self, sock: socket.socket) -> None:
+        """A send on this thread found ``sock`` full: return once it may take more. The
+        peer may be sending to this rank just as well and wait for it to read, so while
+        the application reads (it waited last, within :data:`HANDOFF`) this thread reads
+        the incoming connections meanwhile, polling for ``spin`` s, then sleeping until
+        a frame comes or ``sock`` drains; else the background thread reads and this one
+        only waits. OSError if ``sock`` was closed meanwhile (a handler dropped it)."""
+        out = select.poll()
+        out.register(sock.fileno(), select.POLLOUT)
+        with self._cv:
+            reads = self._app and not self._closed and self._lock.acquire(blocking=False)
+            if reads:
+                self._app_in += 1  # the background thread leaves reading to us meanwhile
+        if not reads:
+            out.poll(int(IDLE_POLL * 1000))
+            return
+        try:
+            out.register(self._ep.fileno(), select.POLLIN)  # a frame for us came
+            end = self._clock() + self.spin
+            while True:
+                self._pass(0.0, app=True)
+                if sock.fileno() < 0:
+                    raise OSError("connection closed while its send waited")
+                spinning = self._clock() < end
+                # sleep only with nothing buffered left to read: the poll sees sockets
+                wait = 0 if spinning or self._ready else int(IDLE_POLL * 1000)
+                if any(fd == sock.fileno() for fd, _ in out.poll(wait)):
+                    return
+        finally:
+            self._lock.release()
+            with self._cv:
+                self._app_in -= 1
                 self._app_left = self._clock()
 
     def _spun(self) -> bool:

@@ -367,7 +367,8 @@ class Listener:
                 timeout: float = 5.0) -> Outgoing:
         """An authenticated connection to rank ``dst`` at ``address`` (OSError if not):
         over a Unix socket when the peer is on this host and this listener uses them."""
-        return Outgoing(address, epoch, self.auth, dst, timeout, unix=self.unix)
+        return Outgoing(address, epoch, self.auth, dst, timeout, unix=self.unix,
+                        on_full=self.pump.stalled)
 
     def _accept(self, sock: socket.socket) -> None:
         local = sock.family == socket.AF_UNIX
@@ -535,8 +536,10 @@ class Outgoing:
     done; its answers come on the peer's own connection to us)."""
 
     def __init__(self, address: tuple[str, int], epoch: int, auth: Auth, dst: int,
-                 timeout: float = 5.0, *, unix: bool = False) -> None:
+                 timeout: float = 5.0, *, unix: bool = False,
+                 on_full: Callable[[socket.socket], None] | None = None) -> None:
         self.peer_epoch = epoch
+        self._on_full = on_full  # while the socket is full (Pump.stalled)
         self._max = auth.max_frame
         self._tagged = auth.tagged
         peer = f"{address[0]}:{address[1]}"
@@ -598,12 +601,15 @@ class Outgoing:
 
     def send(self, parts: list[bytes | memoryview]) -> None:
         """Write one frame whole, its header first (OSError if the peer is gone or the
-        frame is larger than the job's bound); MAC'd as ``frame_mac`` says."""
+        frame is larger than the job's bound); MAC'd as ``frame_mac`` says. While the
+        socket is full, ``on_full`` runs (the sending thread reads its own incoming
+        connections: the peer may be sending to us just as well)."""
         mac = self.mac if self._tagged(parts[0][0]) else None
         bound = self._max if mac is not None else self._max - framing.TAG_SIZE
         with self.lock:
             try:
-                framing.send_parts(self.sock, parts, mac=mac, max_size=bound)
+                framing.send_parts(self.sock, parts, mac=mac, max_size=bound,
+                                   on_full=self._on_full)
             except framing.FrameError as exc:
                 raise FrameError(str(exc), exc.kind) from None
 

@@ -223,9 +223,12 @@ def read_frame(sock: socket.socket, *, frame_timeout: float, idle_timeout: float
 
 
 def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], *,
-               mac: FrameMac | None = None, max_size: int = MAX_FRAME) -> None:
+               mac: FrameMac | None = None, max_size: int = MAX_FRAME,
+               on_full: Callable[[socket.socket], None] | None = None) -> None:
     """Write one frame whose body is ``parts`` joined, with one ``sendmsg`` per kernel
-    buffer and no copy; the socket keeps its mode (blocking or its timeout).
+    buffer and no copy; the socket keeps its mode (blocking or its timeout). ``on_full``
+    (a blocking socket): called whenever the socket is full, instead of blocking in
+    ``sendmsg``; it returns once the socket may take more (:func:`send_views`).
 
     FrameError ``empty``/``oversized`` before anything is written; ``timeout``/``closed``
     if the write fails (the stream is then unusable)."""
@@ -238,9 +241,9 @@ def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], *,
     head = memoryview(HEADER.pack(n))
     try:
         if mac is None:
-            send_views(sock, [head, *body])
+            send_views(sock, [head, *body], on_full)
         elif n <= STREAM_AT:
-            send_views(sock, [head, *body, memoryview(mac.tag_parts(body))])
+            send_views(sock, [head, *body, memoryview(mac.tag_parts(body))], on_full)
         else:
             # MAC'd piece by piece as it goes: the receiver checks each piece while the
             # next is hashed here, instead of both ends hashing the whole in turn.
@@ -252,7 +255,7 @@ def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], *,
                 views = [head, piece] if i == 0 else [piece]
                 if i == len(pieces) - 1:
                     views.append(memoryview(mac.finish(h)))
-                send_views(sock, views)
+                send_views(sock, views, on_full)
     except TimeoutError:
         raise FrameError("timeout", "frame not sent within the socket's timeout") from None
     except OSError as exc:
@@ -304,11 +307,24 @@ class BufferPool:
         return memoryview(buf)
 
 
-def send_views(sock: socket.socket, views: list[memoryview]) -> None:
+def send_views(sock: socket.socket, views: list[memoryview],
+               on_full: Callable[[socket.socket], None] | None = None) -> None:
     """Write ``views`` in order with ``sendmsg`` until all is sent (no copy); consumes
-    the list."""
+    the list. ``on_full`` (a blocking socket only): each ``sendmsg`` takes what fits
+    without waiting, and ``on_full(sock)`` runs while the socket is full (a rank reads
+    its own incoming connections meanwhile: runtime/pump.py) instead of a wait in the
+    kernel."""
+    if on_full is not None and sock.gettimeout() is not None:
+        on_full = None  # with a timeout, Python's sendmsg waits and retries itself
     while views:
-        sent = sock.sendmsg(views)
+        if on_full is None:
+            sent = sock.sendmsg(views)
+        else:
+            try:
+                sent = sock.sendmsg(views, (), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                on_full(sock)
+                continue
         while views and sent >= len(views[0]):
             sent -= len(views[0])
             views.pop(0)

@@ -1,5 +1,6 @@
-"""The pump: the waiting application thread reads, else the background thread; a stalled
-connection delays no other; a frame handler's error ends only its connection."""
+"""The pump: the waiting application thread reads, else the background thread; a send
+whose socket is full reads on the sending thread; a stalled connection delays no other; a
+frame handler's error ends only its connection."""
 
 from __future__ import annotations
 
@@ -190,3 +191,46 @@ def test_a_frame_handled_before_the_wait_ends_it_at_once(
     while pump.events == since:
         assert time.monotonic() < deadline, "the end was never counted"
         time.sleep(0.001)
+
+
+def test_a_full_send_reads_on_the_sending_thread(
+        rig: tuple[Pump, Sink, list[socket.socket]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The background thread would not read for this long: only the sender itself can.
+    monkeypatch.setattr(pump_mod, "HANDOFF", 30.0)
+    pump, sink, (w1, _) = rig
+    threading.Timer(0.1, lambda: send_parts(w1, [b"a"])).start()
+    deadline = time.monotonic() + 5
+    while not sink.got and time.monotonic() < deadline:
+        pump.wait(0.5)  # this thread reads now
+    assert sink.got, "the first frame never came"
+    out, peer = socket.socketpair()
+    peer.settimeout(10.0)
+    w1.settimeout(10.0)
+    for s in (out, peer, w1):
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
+    big = os.urandom(1000 << 10)  # more than both ends' socket buffers hold
+    seen: list[bytes] = []
+
+    def the_peer() -> None:
+        # Sends its own large frame first, as two ranks exchanging halos do: it reads
+        # ours only once this rank has taken in its frame.
+        send_parts(w1, [big])
+        reader = FrameReader(peer, frame_timeout=10.0)
+        seen.append(bytes(reader.read()))
+
+    t = threading.Thread(target=the_peer)
+    t.start()
+    # a send stuck for good fails instead of hanging the test
+    watchdog = threading.Timer(10.0, lambda: peer.shutdown(socket.SHUT_RDWR))
+    watchdog.start()
+    try:
+        send_parts(out, [big[::-1]], on_full=pump.stalled)
+        t.join(10.0)
+        assert not t.is_alive(), f"the peer is stuck; got {[len(g[1]) for g in sink.got]}"
+        assert seen == [big[::-1]]
+        sink.until("the peer's frame", lambda: len(sink.got) == 2)
+        assert sink.got[1] == (1, big, threading.current_thread().name)
+    finally:
+        watchdog.cancel()
+        out.close()
+        peer.close()
