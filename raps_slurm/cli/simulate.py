@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from raps_slurm.errors import ScenarioError
+from raps_slurm.sim.logfit import log_statistics, mtbf_uncertainty, with_log_fit
 from raps_slurm.sim.results import to_csv
 from raps_slurm.sim.runner import run_report
 from raps_slurm.sim.scenario import Scenario, describe, load_scenario, override, parse_scenario
@@ -56,7 +57,7 @@ def _scenario(path: str, sets: tuple[str, ...], seeds: int | None,
 
 
 def _apply(s: Scenario, sets: tuple[str, ...], seeds: int | None,
-           half_width: float | None = None) -> Scenario:
+           half_width: float | None = None, fit: bool = True) -> Scenario:
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -67,7 +68,7 @@ def _apply(s: Scenario, sets: tuple[str, ...], seeds: int | None,
         s = override(s, "run.seeds", seeds)
     if half_width is not None:
         s = override(s, "run.half_width", half_width)
-    return s
+    return with_log_fit(s) if fit else s  # failures.log_mode: fit
 
 
 @contextmanager
@@ -164,6 +165,10 @@ def run_cmd(scenario: str, sets: tuple[str, ...], seeds: int | None,
     s = _scenario(scenario, sets, seeds, half_width)
     with _progress("simulating", as_json) as update:
         report, runs = run_report(s, update)
+    stats = log_statistics(s)
+    if stats is not None:
+        report["failure_log_stats"] = stats
+        report["mtbf_uncertainty"] = mtbf_uncertainty(report, stats)
     if csv_path:
         rows = [{"strategy": n, **v} for n, v in report["strategies"].items()]
         Path(csv_path).write_text(to_csv(rows))
@@ -184,6 +189,42 @@ def run_cmd(scenario: str, sets: tuple[str, ...], seeds: int | None,
         click.echo(json.dumps(report))
     else:
         _print_table(report)
+        _print_log_stats(s, report)
+
+
+def _print_log_stats(s: Scenario, report: dict[str, Any]) -> None:
+    stats, unc = report.get("failure_log_stats"), report.get("mtbf_uncertainty")
+    if not stats or not unc:
+        return
+    low, high = stats["node_mtbf_h_ci95"]
+    used = "replayed" if s.failures.log_mode == "replay" else (
+        f"fitted: {s.failures.distribution} draws at node MTBF {s.failures.mtbf_h:g} h"
+        + (f", shape {s.failures.weibull_shape:g}" if s.failures.distribution == "weibull"
+           else ""))
+    click.echo(f"failure log ({used}): {stats['failures']} failures over "
+               f"{stats['node_hours']:.0f} node-hours: node MTBF {stats['node_mtbf_h']:.1f} h, "
+               f"95 % interval {low:.1f}-{'inf' if high is None else f'{high:.1f}'} h "
+               f"(chi-square; the seed half-widths above leave it out)")
+    fit = stats["fit"]
+    if fit is None:
+        click.echo(f"  no uptime fit: {stats['fit_why_not']}")
+    else:
+        w, e = fit["weibull"], fit["exponential"]
+        click.echo(f"  uptimes ({fit['failures']} ended by a failure, "
+                   f"{fit['uptimes'] - fit['failures']} still up): Weibull shape "
+                   f"{w['shape']:g}, scale {w['scale_h']:g} h (AIC {w['aic']:g}) against "
+                   f"exponential mean {e['mean_h']:g} h (AIC {e['aic']:g}): {fit['better']} "
+                   f"fits better (likelihood ratio p {fit['lr_p_value']:g})")
+    for name, r in unc["strategies"].items():
+        uw = "-".join(f"{v:.4f}" for v in r["useful_work_fraction_at_ends"])
+        iv = "-".join("inf" if v is None else f"{v:g}" for v in r.get("interval_s_at_ends", []))
+        click.echo(f"  {name} at the interval's ends: useful work {uw} (first order)"
+                   + (f", interval {iv} s instead of {r['interval_s']:g} s" if iv else ""))
+    for end, d in zip(("low", "high"), unc.get("global_daly_at_ends") or [], strict=False):
+        if d:
+            click.echo(f"  global by Daly's model at the {end} end: {d['fraction_at_interval']}"
+                       f" at its interval, {d['fraction_at_own_interval']} at that MTBF's own "
+                       f"({d['daly_interval_s']:g} s)")
 
 
 def _vary(items: tuple[str, ...]) -> list[tuple[str, list[Any]]]:
@@ -304,7 +345,7 @@ def recommend_cmd(mtbf_h: float, state_gb: float, nodes: int, scenario: str | No
     s = override(s, "run.horizon_days", days)
     if seeds is None and not scenario:
         seeds = 3
-    s = _apply(s, sets, seeds)
+    s = _apply(s, sets, seeds, fit=False)  # --mtbf-h is the failure rate
     with _progress("searching", as_json) as update:
         rec = recommend(s, update)
     if as_json:
@@ -382,7 +423,7 @@ def advise_cmd(nodes: int | None, state_gb: float | None, mtbf_h: float | None,
                        ("run.horizon_days", days)):
         if value is not None:
             s = override(s, key, value)
-    s = _apply(s, sets, seeds)
+    s = _apply(s, sets, seeds, fit=mtbf_h is None)
     cost = ""
     if mpi_file is not None and comm_share is not None:
         s, cost = messaging_cost(s, mpi_file, comm_share)
@@ -484,3 +525,44 @@ def keys_cmd() -> None:
     for key, default, doc in describe():
         click.echo(f"{key} = {json.dumps(default)}  # {doc}")
 
+
+
+@simulate.command("convert-lanl")
+@click.argument("lanl_csv", type=click.Path(dir_okay=False), metavar="IN")
+@click.argument("out", type=click.Path(dir_okay=False), metavar="OUT")
+@click.option("--system", default=None, help="The LANL system to convert (needed when IN "
+              "holds several; the error lists them).")
+@click.option("--nodes", type=click.IntRange(1, 10_000_000), default=None,
+              help="Nodes of the cluster the log is mapped onto (default: the system's own).")
+@click.option("--map", "rule", type=click.Choice(["block", "first"]), default="block",
+              show_default=True, help="block: runs of consecutive source nodes fold onto one "
+              "node (every outage kept); first: the first --nodes source nodes only.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was converted as JSON.")
+def convert_lanl_cmd(lanl_csv: str, out: str, system: str | None, nodes: int | None,
+                     rule: str, as_json: bool) -> None:
+    """Write one system of LANL's public failure data (IN) as a failure log (OUT) for
+    failures.log, with its node MTBF, its 95 % interval and the fit of its uptimes."""
+    from raps_slurm.sim.lanl import convert, parse_lanl
+
+    try:
+        text = Path(lanl_csv).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ScenarioError([f"IN: cannot read {lanl_csv}: {exc.strerror}"]) from None
+    conv = convert(parse_lanl(text, lanl_csv), system, nodes, rule, lanl_csv)
+    Path(out).write_text(conv.text)
+    for w in conv.warnings:
+        click.echo(f"warning: {w}", err=True)
+    if as_json:
+        click.echo(json.dumps({"out": out, **conv.as_json()}))
+        return
+    low, high = conv.node_mtbf_h_ci95
+    click.echo(f"{out}: {conv.failures} outages of LANL system {conv.system} "
+               f"({conv.source_nodes} nodes, {conv.failing_nodes} with outages) over "
+               f"{conv.span_days:.1f} days on {conv.nodes} nodes (--map {conv.rule})")
+    click.echo(f"system {conv.system}: node MTBF {conv.node_mtbf_h:.1f} h, 95 % interval "
+               f"{low:.1f}-{high:.1f} h")
+    if conv.fit is not None:
+        f = conv.fit
+        click.echo(f"uptimes per source node: Weibull shape {f.weibull_shape:.3f}, scale "
+                   f"{f.weibull_scale_h:.1f} h (AIC {f.weibull_aic:.1f}), exponential mean "
+                   f"{f.exp_mean_h:.1f} h (AIC {f.exp_aic:.1f}): {f.better} fits better")

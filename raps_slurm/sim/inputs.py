@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -71,6 +72,35 @@ def _read(path_text: str, scenario: Scenario, key: str) -> tuple[str, str]:
         raise ScenarioError([f"{key}: cannot read {path}: {why or exc}"]) from None
 
 
+def csv_header(rows: list[list[str]], source: str, needed: tuple[str, ...], empty: str,
+               expected: str, lower: bool = False) -> list[str]:
+    """The header row (stripped; ``lower``: lower case), or one line naming what it lacks:
+    ``{source}: empty {empty}``, ``... header lacks X (expected {expected})``."""
+    if not rows:
+        raise ScenarioError([f"{source}: empty {empty}"])
+    header = [h.strip().lower() if lower else h.strip() for h in rows[0]]
+    missing = [f for f in needed if f not in header]
+    if missing:
+        raise ScenarioError([f"{source}: line 1: header lacks {', '.join(missing)} "
+                             f"(expected {expected})"])
+    return header
+
+
+def data_rows(rows: list[list[str]], source: str, errors: list[str], comments: bool = False
+              ) -> Iterator[tuple[int, list[str]]]:
+    """The rows after the header with their line numbers, blank ones (and with ``comments``
+    those starting with ``#``) skipped; a row shorter than the header is an error."""
+    width = len(rows[0])
+    for n, row in enumerate(rows[1:], start=2):
+        if not row or all(not c.strip() for c in row) or \
+                (comments and row[0].lstrip().startswith("#")):
+            continue
+        if len(row) < width:
+            errors.append(f"{source}: line {n}: expected {width} fields, got {len(row)}")
+            continue
+        yield n, row
+
+
 # ---------------------------------------------------------------------- sacct traces
 
 def parse_trace(text: str, source: str = "trace") -> list[TraceJob]:
@@ -81,23 +111,13 @@ def parse_trace(text: str, source: str = "trace") -> list[TraceJob]:
     is the first word of State (``CANCELLED by 0`` is CANCELLED).
     """
     rows = list(csv.reader(io.StringIO(text), delimiter="|"))
-    if not rows:
-        raise ScenarioError([f"{source}: empty trace, expected a header "
-                             f"{'|'.join(SACCT_FIELDS)}"])
-    header = [h.strip() for h in rows[0]]
-    missing = [f for f in SACCT_FIELDS if f not in header]
-    if missing:
-        raise ScenarioError([f"{source}: line 1: header lacks {', '.join(missing)} "
-                             f"(expected sacct --parsable2 -o {','.join(SACCT_FIELDS)})"])
+    header = csv_header(rows, source, SACCT_FIELDS,
+                        f"trace, expected a header {'|'.join(SACCT_FIELDS)}",
+                        f"sacct --parsable2 -o {','.join(SACCT_FIELDS)}")
     idx = {f: header.index(f) for f in SACCT_FIELDS}
     jobs: list[TraceJob] = []
     errors: list[str] = []
-    for n, row in enumerate(rows[1:], start=2):
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) < len(header):
-            errors.append(f"{source}: line {n}: expected {len(header)} fields, got {len(row)}")
-            continue
+    for n, row in data_rows(rows, source, errors):
         job_id = row[idx["JobID"]].strip()
         if "." in job_id:
             continue
@@ -180,23 +200,13 @@ def _seconds(value: str) -> float | datetime | None:
 def parse_failure_log(text: str, source: str = "log") -> list[LoggedFailure]:
     """Failures of a CSV log (see the module docstring), times from the first failure."""
     rows = list(csv.reader(io.StringIO(text)))
-    if not rows:
-        raise ScenarioError([f"{source}: empty failure log, expected a header "
-                             f"{','.join(LOG_FIELDS)}[,end]"])
-    header = [h.strip().lower() for h in rows[0]]
-    missing = [f for f in LOG_FIELDS if f not in header]
-    if missing:
-        raise ScenarioError([f"{source}: line 1: header lacks {', '.join(missing)} "
-                             f"(expected {','.join(LOG_FIELDS)}[,end])"])
+    header = csv_header(rows, source, LOG_FIELDS,
+                        f"failure log, expected a header {','.join(LOG_FIELDS)}[,end]",
+                        f"{','.join(LOG_FIELDS)}[,end]", lower=True)
     idx = {f: header.index(f) for f in (*LOG_FIELDS, "end") if f in header}
     raw: list[tuple[float | datetime, str, str, float | datetime | None]] = []
     errors: list[str] = []
-    for n, row in enumerate(rows[1:], start=2):
-        if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
-            continue
-        if len(row) < len(header):
-            errors.append(f"{source}: line {n}: expected {len(header)} fields, got {len(row)}")
-            continue
+    for n, row in data_rows(rows, source, errors, comments=True):
         at = _seconds(row[idx["time"]].strip())
         node = row[idx["node"]].strip()
         end_text = row[idx["end"]].strip() if "end" in idx else ""
@@ -238,6 +248,14 @@ def log_period(log: list[LoggedFailure]) -> float:
 
 
 def load_failure_log(scenario: Scenario) -> list[LoggedFailure] | None:
+    """The failure log to replay (``failures.log`` filtered by ``failures.log_kinds``), None
+    when there is none or ``failures.log_mode`` is fit (its figures drive the draws)."""
+    if scenario.failures.log_mode == "fit":
+        return None
+    return read_failure_log(scenario)
+
+
+def read_failure_log(scenario: Scenario) -> list[LoggedFailure] | None:
     """The scenario's failure log filtered by ``failures.log_kinds``, None when it has none."""
     if not scenario.failures.log:
         return None

@@ -74,6 +74,11 @@ class FailureSpec:
                       "mtbf_h and the correlated events; relative to the scenario file")
     log_kinds: tuple[str, ...] = _f([], "kinds of the log that count as node failures "
                                         "([] = every kind)")
+    log_mode: str = _f("replay", "replay: the log's failures happen again as logged; fit: "
+                                 "the log gives mtbf_h and, where a Weibull fits its uptimes "
+                                 "better (lower AIC), distribution weibull with the fitted "
+                                 "weibull_shape, and failures are drawn as without a log",
+                       choices=("replay", "fit"))
 
 
 @dataclass(frozen=True)
@@ -327,6 +332,8 @@ def _check(s: Scenario, errors: list[str]) -> None:
     if s.cluster.power_domains > s.cluster.racks:
         errors.append(f"cluster.power_domains: {s.cluster.power_domains} exceeds cluster.racks "
                       f"= {s.cluster.racks} (a power domain holds whole racks)")
+    if s.failures.log_mode == "fit" and not s.failures.log:
+        errors.append("failures.log_mode: 'fit' needs a failures.log to fit")
     if s.failures.correlated_scope == "power" and s.failures.correlated_share > 0 \
             and s.cluster.power_domains == 0:
         errors.append("failures.correlated_scope: 'power' needs cluster.power_domains > 0")

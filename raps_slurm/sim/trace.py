@@ -156,6 +156,17 @@ class NodeStream:
             return self._rng.weibullvariate(self._scale, self._shape)
         return self._rng.expovariate(1.0 / self._mean)
 
+    def first_uptime(self) -> float:
+        """Time to the node's first failure, for a node already in service: a Weibull node
+        draws it from the equilibrium (forward-recurrence) distribution, the lambda x
+        Gamma(1/k)^(1/k) whose density is the survival over the mean, so that a cluster
+        does not start with every node new (with k < 1 that would put infant mortality on
+        every node at once). An exponential node is memoryless: an ordinary uptime."""
+        if self._shape and not math.isinf(self._mean):
+            g = self._rng.gammavariate(1.0 / self._shape, 1.0)
+            return float(self._scale * g ** (1.0 / self._shape))
+        return self.uptime()
+
     def repair(self) -> float:
         """How long the node stays down."""
         return self._rng.expovariate(1.0 / self._repair) if self._repair > 0 else \
@@ -254,7 +265,7 @@ def node_timeline(s: Scenario, layout: Layout, seed: int, horizon: float,
         heapq.heappush(heap, (at, seq, kind, node, gen[node]))
 
     for n in layout.nodes:
-        push(streams[n].uptime(), FAIL, n)
+        push(streams[n].first_uptime(), FAIL, n)
     for ev in domain_events(s, layout, seed, horizon):
         seq += 1
         heapq.heappush(heap, (ev.at, seq, "domain", ",".join(ev.victims), -1))
