@@ -111,8 +111,10 @@ def _print_table(report: dict[str, Any]) -> None:
         tr = info["trace"]
         states = ", ".join(f"{k} {v}" for k, v in tr["by_state"].items())
         mtbf = tr["node_mtbf_h_from_node_fail"]
+        ci = tr.get("node_mtbf_h_from_node_fail_ci95")
         click.echo(f"trace: {tr['jobs']} jobs ({states}), {tr['simulated_jobs']} simulated"
-                   + (f"; its NODE_FAIL jobs show a node MTBF of {mtbf:g} h" if mtbf else ""))
+                   + (f"; its NODE_FAIL jobs show a node MTBF of {mtbf:g} h" if mtbf else "")
+                   + (f" (95 % interval {ci[0]:g}-{ci[1]:g} h)" if ci else ""))
     if "failure_log" in info:
         fl = info["failure_log"]
         click.echo(f"failure log: {fl['failures']} failures on {fl['nodes']} nodes over "

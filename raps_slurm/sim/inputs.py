@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 from raps_slurm.errors import ScenarioError
+from raps_slurm.sim.failstats import mtbf_interval
 from raps_slurm.sim.scenario import Scenario
 
 SACCT_FIELDS = ("JobID", "NNodes", "Start", "End", "State")
@@ -171,7 +172,8 @@ def load_trace_all(scenario: Scenario) -> list[TraceJob] | None:
 
 def trace_summary(scenario: Scenario) -> dict[str, object] | None:
     """Jobs per state, which were simulated, and the node MTBF the trace itself shows:
-    node-hours of every job over its NODE_FAIL jobs (None without a NODE_FAIL)."""
+    node-hours of every job over its NODE_FAIL jobs, with its 95 % chi-square interval
+    (None without a NODE_FAIL)."""
     every = load_trace_all(scenario)
     if every is None:
         return None
@@ -185,7 +187,9 @@ def trace_summary(scenario: Scenario) -> dict[str, object] | None:
             "simulated_jobs": sum(1 for j in every if j.state in scenario.job.trace_states),
             "node_hours": round(node_hours, 1), "node_fail_jobs": node_fails,
             "node_mtbf_h_from_node_fail": round(node_hours / node_fails, 1)
-            if node_fails else None}
+            if node_fails else None,
+            "node_mtbf_h_from_node_fail_ci95": [round(v, 1) for v in mtbf_interval(
+                node_fails, node_hours)] if node_fails and node_hours > 0 else None}
 
 
 # ---------------------------------------------------------------------- failure logs

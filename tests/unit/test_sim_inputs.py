@@ -46,6 +46,10 @@ def test_trace_states_choose_the_simulated_jobs(tmp_path: Path) -> None:
     # 8x24 + 16x12 + 8x48 + 4x(1/6) + 8x6 + 16x24 node-hours, one NODE_FAIL job.
     hours = 8 * 24 + 16 * 12 + 8 * 48 + 4 / 6 + 8 * 6 + 16 * 24
     assert summary["node_mtbf_h_from_node_fail"] == pytest.approx(hours, abs=0.1)
+    # One failure: [2T / chi2(0.975, 4), 2T / chi2(0.025, 2)] from the tables, 0.18-40 x T.
+    low, high = summary["node_mtbf_h_from_node_fail_ci95"]
+    assert low == pytest.approx(2 * hours / 11.14329, abs=0.1)
+    assert high == pytest.approx(2 * hours / 0.05063562, rel=1e-5)
     only = override(s, "job.trace_states", ["COMPLETED"])
     assert [j.job_id for j in load_trace(only) or []] == ["2001", "2006"]
     with pytest.raises(ScenarioError, match=r"job.trace_states: no job of the trace is in "
