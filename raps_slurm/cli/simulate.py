@@ -257,6 +257,11 @@ def sweep_cmd(scenario: str, vary: tuple[str, ...], sets: tuple[str, ...], seeds
     """Simulate SCENARIO for every combination of the --vary values."""
     s = _scenario(scenario, sets, seeds)
     grid = _vary(vary)
+    fitted = [k for k, _ in grid if k == "failures.log_mode" or
+              (k == "failures.log" and s.failures.log_mode == "fit")]
+    if fitted:
+        raise ScenarioError([f"--vary {fitted[0]}: the log's fit (failures.log_mode: fit) is "
+                             f"made once, before the sweep; run each log or mode on its own"])
     with _progress("sweeping", False) as update:
         rows = sweep(s, grid, update)
     keys = [k for k, _ in grid]

@@ -203,3 +203,11 @@ def test_weibull_nodes_start_in_service() -> None:
             t += stream.uptime()
         counts.append(n)
     assert sum(counts) / len(counts) == pytest.approx(0.5, rel=0.08)
+
+
+def test_a_sweep_cannot_vary_the_fit() -> None:
+    r = subprocess.run([sys.executable, "-m", "raps_slurm.cli", "simulate", "sweep",
+                        str(LANL_YAML), "--vary", "failures.log_mode=replay,fit"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
+    assert r.returncode == 2
+    assert "--vary failures.log_mode: the log's fit" in r.stderr
