@@ -8,13 +8,25 @@ state of DECLARED_MB MiB of zeros (a few KiB on disk), restores it once (the rep
 size and the blocks its memory file holds), then opens FLOOD connections and sends on
 all of them at once a ``ckpt_restore`` each, and a quarter as many ``log_read``: what
 came back, by op and by result kind.
+
+``hold UID HOLD SOURCES [--only FILE]``: until a line comes on stdin, keeps HOLD idle
+connections open to every TCP port UID listens on (``/proc/net/tcp``; with ``--only``,
+those of them FILE lists, once it exists), spread over the SOURCES addresses
+(comma-separated), replacing each the listener closes; a new listener is taken at once.
+Prints ``ready`` when it watches, then how many ports it held and connections it opened.
+
+``fill DIR``: writes ``DIR/fill`` until the file system says it is full; the bytes written.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import select
+import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -97,6 +109,114 @@ def agent_flood(socket_path: str, job: str, declared: int, flood: int) -> dict[s
     return {"restored": restored, "flood": {op: dict(c) for op, c in by_op.items()}}
 
 
+def _listening() -> list[tuple[int, int, int]]:
+    """(port, uid, socket inode) of every IPv4 TCP socket listening on this host."""
+    out = []
+    with open("/proc/net/tcp") as f:
+        for line in f.read().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                out.append((int(fields[1].split(":")[1], 16), int(fields[7]), int(fields[9])))
+    return out
+
+
+def _listeners(uid: int, only: Path | None) -> set[int]:
+    """The TCP ports ``uid`` listens on (IPv4); with ``only``, those it lists."""
+    ports = {port for port, owner, _ in _listening() if owner == uid}
+    if only is None:
+        return ports
+    try:
+        return ports & {int(x) for x in only.read_text().split()}
+    except FileNotFoundError:
+        return set()
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (IPv4; the caller must see its fds)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return {port for port, _, inode in _listening() if inode in inodes}
+
+
+def _connect(source: str, port: int) -> socket.socket | None:
+    s = socket.socket()
+    s.setblocking(False)
+    s.bind((source, 0))
+    try:
+        s.connect(("127.0.0.1", port))
+    except BlockingIOError:
+        pass
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
+def hold(uid: int, count: int, sources: list[str], only: Path | None = None
+         ) -> dict[str, int]:
+    """The ``hold`` attack (see the module's docstring); ports held, connections opened
+    and closed on it."""
+    held: dict[int, list[socket.socket]] = {}
+    opened = closed = 0
+    refilled = 0.0
+    print("ready", flush=True)
+    while not select.select([sys.stdin], [], [], 0)[0]:
+        # a new listener is taken at once (before its peers find it); the others are
+        # topped up every 20 ms, replacing what the listener closed
+        now = time.monotonic()
+        refill = now - refilled >= 0.02
+        for port in _listeners(uid, only):
+            socks = held.setdefault(port, [])
+            if socks and not refill:
+                continue
+            ready, _, _ = select.select(socks, [], [], 0) if socks else ([], [], [])
+            for s in ready:  # readable: end of file or a reset
+                try:
+                    data = s.recv(64)
+                except OSError:
+                    data = b""
+                if not data:
+                    socks.remove(s)
+                    s.close()
+                    closed += 1
+            while len(socks) < count:
+                new = _connect(sources[(opened + len(socks)) % len(sources)], port)
+                if new is None:
+                    break
+                socks.append(new)
+                opened += 1
+        if refill:
+            refilled = now
+        time.sleep(0.002)
+    return {"ports": len(held), "opened": opened, "closed": closed}
+
+
+def fill(directory: Path) -> int:
+    """The ``fill`` attack: bytes written into ``directory/fill`` before ENOSPC."""
+    written = 0
+    with open(directory / "fill", "wb", buffering=0) as f:
+        for size in (MIB, 4096, 512):  # smaller writes take what a larger one left
+            block = b"x" * size
+            try:
+                while True:
+                    written += f.write(block)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+        try:
+            os.fsync(f.fileno())
+        except OSError as exc:  # delayed allocation: what did not fit is said here
+            if exc.errno != errno.ENOSPC:
+                raise
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one attack; print its findings as one JSON line."""
     p = argparse.ArgumentParser(prog="python -m raps_slurm.testing.attacks")
@@ -107,11 +227,24 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("declared_mb", type=int)
     a.add_argument("flood", type=int)
     a.add_argument("--go", type=Path, help="start once this file exists")
+    h = sub.add_parser("hold", help="hold connections to every port a uid listens on")
+    h.add_argument("uid", type=int)
+    h.add_argument("count", type=int)
+    h.add_argument("sources")
+    h.add_argument("--only", type=Path, help="hold only the ports this file lists")
+    f = sub.add_parser("fill", help="fill a directory's file system")
+    f.add_argument("directory", type=Path)
     args = p.parse_args(argv)
-    while args.go is not None and not args.go.exists():
-        time.sleep(0.05)
-    print(json.dumps(agent_flood(args.socket, args.job, args.declared_mb * MIB, args.flood)),
-          flush=True)
+    out: object
+    if args.attack == "agent":
+        while args.go is not None and not args.go.exists():
+            time.sleep(0.05)
+        out = agent_flood(args.socket, args.job, args.declared_mb * MIB, args.flood)
+    elif args.attack == "hold":
+        out = hold(args.uid, args.count, args.sources.split(","), args.only)
+    else:
+        out = {"written": fill(args.directory)}
+    print(json.dumps(out), flush=True)
     return 0
 
 
