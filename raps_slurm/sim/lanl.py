@@ -25,7 +25,13 @@ from datetime import datetime
 
 from raps_slurm.errors import ScenarioError
 from raps_slurm.sim.failstats import UptimeFit, fit_uptimes, mtbf_interval, node_uptimes
-from raps_slurm.sim.inputs import csv_header, data_rows, log_period, parse_failure_log
+from raps_slurm.sim.inputs import (
+    LoggedFailure,
+    csv_header,
+    data_rows,
+    log_period,
+    parse_failure_log,
+)
 
 NEEDED = ("System", "nodes", "nodenumz", "Prob Started", "Prob Fixed")
 CAUSES = {"Facilities": "facilities", "Hardware": "hardware", "Human Error": "human",
@@ -202,8 +208,9 @@ def convert(records: list[LanlRecord], system: str | None, nodes: int | None,
     text = "\n".join(lines) + "\n"
     log = parse_failure_log(text, source)  # what the simulator will read
     per_node = 1 if rule == "first" or source_nodes <= nodes else -(-source_nodes // nodes)
-    period_h = log_period(log) / 3600.0
-    first = rows[0].start
+    first = rows[0].start  # the system's period and MTBF count every outage, kept or not
+    period_h = log_period([LoggedFailure((r.start - first).total_seconds(), str(r.node),
+                                         r.kind, None) for r in rows]) / 3600.0
     outages = [(str(r.node), (r.start - first).total_seconds() / 3600.0,
                 (r.end - first).total_seconds() / 3600.0) for r in rows]
     fit: UptimeFit | None

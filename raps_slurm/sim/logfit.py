@@ -67,7 +67,7 @@ def with_log_fit(s: Scenario) -> Scenario:
     return dataclasses.replace(s, failures=failures)
 
 
-def _at(mtbf: float, value: float | None) -> float:
+def _end(value: float | None) -> float:
     return math.inf if value is None else value
 
 
@@ -83,7 +83,7 @@ def mtbf_uncertainty(report: dict[str, Any], stats: dict[str, Any]) -> dict[str,
     """
     m = float(stats["node_mtbf_h"])
     low, high = stats["node_mtbf_h_ci95"]
-    ends = (float(low), _at(m, high))
+    ends = (float(low), _end(high))
     out: dict[str, Any] = {"failures": stats["failures"], "node_mtbf_h": m,
                            "node_mtbf_h_ci95": [low, high],
                            "job_mtbf_h_ci95": [round(e / max(1, report["nodes"]), 3)

@@ -76,6 +76,7 @@ def test_folding_onto_fewer_nodes_warns_and_keeps_every_outage() -> None:
     first = convert(records, "31", 8, "first")
     assert first.per_node == 1 and first.failures + first.dropped == 109 and first.dropped > 0
     assert any(f"{first.dropped} outages" in w for w in first.warnings)
+    assert first.node_mtbf_h == conv.node_mtbf_h  # the system's own, whatever is kept
 
 
 def test_causes_two_digit_years_and_rows_without_a_node() -> None:
