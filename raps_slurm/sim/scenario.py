@@ -71,7 +71,8 @@ class FailureSpec:
     repair_h: float = _f(24.0, "mean time to repair a failed node (exponential), hours",
                          0.0, 1e6)
     log: str = _f("", "node failure log (CSV: time,node,kind[,end]) replayed instead of "
-                      "mtbf_h and the correlated events; relative to the scenario file")
+                      "mtbf_h and the correlated events (or fitted: log_mode); relative to "
+                      "the scenario file")
     log_kinds: tuple[str, ...] = _f([], "kinds of the log that count as node failures "
                                         "([] = every kind)")
     log_mode: str = _f("replay", "replay: the log's failures happen again as logged; fit: "
