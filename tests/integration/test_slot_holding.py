@@ -23,71 +23,6 @@ from tests.integration.test_two_users import ARGS, NODES, _peer, _rank, users  #
 
 HOLD = 34  # connections bob keeps to each listener: more than MAX_HANDSHAKES
 
-HOLDER = r"""
-import json, select, socket, sys, time
-
-victim, hold = int(sys.argv[1]), int(sys.argv[2])
-held: dict[int, list[socket.socket]] = {}
-opened = closed = 0
-
-
-def listeners() -> set[int]:
-    ports = set()
-    with open("/proc/net/tcp") as f:
-        for line in f.read().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and int(fields[7]) == victim:  # LISTEN, the victim's
-                ports.add(int(fields[1].split(":")[1], 16))
-    return ports
-
-
-def open_one(port: int) -> socket.socket | None:
-    s = socket.socket()
-    s.setblocking(False)
-    s.bind(("127.0.0.2", 0))
-    try:
-        s.connect(("127.0.0.1", port))
-    except BlockingIOError:
-        pass
-    except OSError:
-        s.close()
-        return None
-    return s
-
-
-print("ready", flush=True)
-refilled = 0.0
-while not select.select([sys.stdin], [], [], 0)[0]:  # until the test says stop
-    # a new listener is taken at once (before its peers find it); the others are
-    # topped up every 20 ms, replacing what the rank closed
-    now = time.monotonic()
-    refill = now - refilled >= 0.02
-    for port in listeners():
-        socks = held.setdefault(port, [])
-        if socks and not refill:
-            continue
-        if socks:  # a closed one reads as readable: end of file or a reset
-            ready, _, _ = select.select(socks, [], [], 0)
-            for s in ready:
-                try:
-                    data = s.recv(64)
-                except OSError:
-                    data = b""
-                if not data:
-                    socks.remove(s)
-                    s.close()
-                    closed += 1
-        while len(socks) < hold:
-            s = open_one(port)
-            if s is None:
-                break
-            socks.append(s)
-            opened += 1
-    if refill:
-        refilled = now
-    time.sleep(0.002)
-print(json.dumps({"ports": len(held), "opened": opened, "closed": closed}), flush=True)
-"""
 
 
 def test_slots_held_by_another_user_do_not_stop_a_job(
@@ -97,7 +32,8 @@ def test_slots_held_by_another_user_do_not_stop_a_job(
     s, k = store
     clean = heat_reference(tmp_path, len(NODES), ARGS)
     job = agent_job(s, k, NODES, owner=alice, user="raps-it-alice")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(alice), str(HOLD)],
+    holder = subprocess.Popen([sys.executable, "-m", "raps_slurm.testing.attacks", "hold",
+                               str(alice), str(HOLD), "127.0.0.2"],
                               user=bob, cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     procs = []
