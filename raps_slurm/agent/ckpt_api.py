@@ -57,7 +57,7 @@ from raps_slurm.agent.recovery_api import record_event
 from raps_slurm.agent.uid_limits import RESTORE, UidLimits, shared
 from raps_slurm.checkpoint.manifest import MAX_MANIFEST, Manifest
 from raps_slurm.checkpoint.pack import PackError, is_sealed, sealed_bytes
-from raps_slurm.checkpoint.restore import RestoreError
+from raps_slurm.checkpoint.restore_parts import RestoreError
 from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked
 from raps_slurm.core.checkpoints import restore_order
 from raps_slurm.core.planner import Plan, plan_id
@@ -70,6 +70,8 @@ _GENERATION = Omittable((lambda v: v is None or is_int(v, 1, 2**63 - 1),
                          "null or an integer >= 1"))
 MAX_LISTED = 64  # generations ckpt_generations lists (checkpoint.max_generations: 5)
 MANIFEST_BYTES_PER_CHUNK = 80  # ["<64 hex>",<size>], in a manifest's JSON
+# A generation record's JSON is ~450 bytes with two holders; charged as the most it takes.
+_RECORD_CHARGE = bytes(1024)
 _SESSION: Check = (lambda v: isinstance(v, str) and len(v) == 32 and v.isalnum(),
                    "a session id from ckpt_begin")
 
@@ -173,7 +175,9 @@ class CheckpointOps:
             job, _ = self._session(peer, sid)
             fd = self._one_sealed(fds, "ckpt_commit", MAX_MANIFEST)
             try:
-                self.quotas.write("ckpt_commit", job, peer.uid)
+                # two writes: the shared record and the node's own commit of it
+                for _ in range(2):
+                    self.quotas.write("ckpt_commit", job, peer.uid, _RECORD_CHARGE)
             except Refused:
                 self.service.abort(sid)  # its pinned chunks go at the next collection
                 raise

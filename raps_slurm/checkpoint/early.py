@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from raps_slurm.checkpoint.restore import RestoreResult
+from raps_slurm.checkpoint.restore_parts import RestoreResult
 from raps_slurm.errors import RapsError
 
 log = logging.getLogger("raps.checkpoint")

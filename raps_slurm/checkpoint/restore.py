@@ -18,10 +18,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from raps_slurm.checkpoint import cold
 from raps_slurm.checkpoint.chunkstore import ChunkStore
@@ -30,12 +30,23 @@ from raps_slurm.checkpoint.local import LocalCheckpoints, Restored
 from raps_slurm.checkpoint.manifest import Manifest, check_total, manifest_digest
 from raps_slurm.checkpoint.peer_keys import PeerKeys
 from raps_slurm.checkpoint.reader import BadChunk, read_into
+from raps_slurm.checkpoint.restore_parts import (
+    Charge,
+    Fallback,
+    Once,
+    Peak,
+    RestoreError,
+    RestoreResult,
+    prefetch,
+)
 from raps_slurm.checkpoint.sparse import Layout, layout, memory_file
 from raps_slurm.checkpoint.transfer import TokenBucket, TransferClient, TransferError, verify_chunk
 from raps_slurm.config import Config
 from raps_slurm.core import checkpoints as decide
 from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.core.jobs import RankEntry
 from raps_slurm.errors import RapsError, RecordError, StoreError
+from raps_slurm.model import BackupGroup
 
 if TYPE_CHECKING:
     from raps_slurm.checkpoint.early import EarlyRestores
@@ -46,79 +57,10 @@ RESTORES_AT_ONCE = 2  # per checkpoint service; each restore pulls from two hold
 # Storing pulled chunks waits this long at most for the node's other restores to end.
 KEEP_DEFER_S = 60.0
 
-Charge = Callable[[int], None]
-"""Charges the caller (its uid) for bytes a restore is about to allocate, or raises."""
 
 
 def _free(_: int) -> None:
     """The charge of a restore made for no caller (an early restore, root's work)."""
-
-
-class _Peak:
-    """Charges only what a restore holds at its peak: a generation given up frees its
-    memory before the next is tried, so ``need(n)`` (the bytes held now, in all) charges
-    just what passes the most charged so far."""
-
-    def __init__(self, charge: Charge) -> None:
-        self._charge, self._charged = charge, 0
-
-    def need(self, nbytes: int) -> None:
-        if nbytes > self._charged:
-            self._charge(nbytes - self._charged)
-            self._charged = nbytes
-
-
-class _Once:
-    """A call made at most once, by whichever caller comes first; a caller that comes
-    while it runs waits for it to end."""
-
-    def __init__(self, fn: Callable[[], object]) -> None:
-        self._fn: Callable[[], object] | None = fn
-        self._lock = threading.Lock()
-
-    def __call__(self) -> None:
-        with self._lock:
-            fn, self._fn = self._fn, None
-            if fn is not None:
-                fn()
-
-
-class RestoreError(RapsError):
-    """No generation of the rank could be restored (every fallback failed).
-    ``unreached``: holders that were down or did not answer (their copies were not
-    checked: the loss may be only for now); empty when every copy was checked."""
-
-    def __init__(self, message: str, unreached: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.unreached = unreached
-
-
-@dataclass
-class Fallback:
-    """One generation a restore gave up on, and why."""
-
-    generation: int | str
-    reason: str
-    bad: list[dict[str, str]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON shape."""
-        return {"generation": self.generation, "reason": self.reason, "bad": self.bad}
-
-
-@dataclass
-class RestoreResult:
-    """A verified restore: the data, the generation it came from, what was skipped."""
-
-    restored: Restored
-    generation: int | str
-    fallbacks: list[Fallback]
-    pulled_chunks: int
-    pulled_bytes: int = 0  # as stored (compressed), what crossed the network
-    sources: tuple[str, ...] = ()  # holders chunks were pulled from
-    pull_s: float = 0.0  # pulling missing chunks (network, verification, storing)
-    local_s: float = 0.0  # decoding and verifying the state into memory
-    early: bool = False  # made before the rank asked (:mod:`raps_slurm.checkpoint.early`)
 
 
 def _close(fd: int, buf: mmap.mmap | None) -> None:
@@ -132,44 +74,6 @@ def _held_or_stored(held: dict[str, tuple[int, bytes | memoryview]], chunks: Chu
     """A chunk's stored bytes: pulled and held in memory, else from the store."""
     got = held.get(digest)
     return got[1] if got is not None else chunks.read(job, digest)
-
-
-def prefetch(batches: Iterator[list[Any]], depth: int = 2) -> Iterator[list[Any]]:
-    """The batches of ``batches``, read ahead by a thread (up to ``depth`` waiting)."""
-    q: queue.Queue[tuple[str, Any]] = queue.Queue(depth)
-    stop = threading.Event()
-
-    def put(item: tuple[str, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for b in batches:
-                if not put(("batch", b)):
-                    return  # the consumer gave up
-            put(("end", None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            put(("error", exc))
-
-    t = threading.Thread(target=produce, name="raps-prefetch", daemon=True)
-    t.start()
-    try:
-        while True:
-            kind, item = q.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise item
-            yield item
-    finally:
-        stop.set()
-        t.join(timeout=60)
 
 
 class Restorer:
@@ -188,11 +92,24 @@ class Restorer:
     _restores: threading.BoundedSemaphore
     _restoring: threading.Condition  # notified when ``_waiting_restores`` drops
     _waiting_restores: int
-    _keeps: dict[tuple[str, int], _Once]  # pulled chunks of a rank not stored yet
+    _keeps: dict[tuple[str, int], Once]  # pulled chunks of a rank not stored yet
     early: EarlyRestores
 
     def records(self, job: str, rank: int) -> list[CkptRecord]:
-        """The rank's generation records in etcd."""
+        """The rank's shared generation records in etcd."""
+        raise NotImplementedError
+
+    def commits(self, job: str, rank: int, nodes: Iterable[str]
+                ) -> dict[tuple[str, int], CkptRecord]:
+        """The generations of the rank that each of ``nodes`` committed (its own keys)."""
+        raise NotImplementedError
+
+    def rank_entry(self, job: str, rank: int) -> RankEntry | None:
+        """The rank's entry in the rank map, None if it has none."""
+        raise NotImplementedError
+
+    def group(self, job: str, rank: int) -> BackupGroup | None:
+        """The rank's backup group, None if none is recorded."""
         raise NotImplementedError
 
     def job_nodes(self, job: str) -> frozenset[str] | None:
@@ -200,18 +117,29 @@ class Restorer:
         raise NotImplementedError
 
     def trusted_records(self, job: str, rank: int) -> list[CkptRecord]:
-        """The rank's records that name only nodes of the job (``of_job_nodes``); the
-        others are logged and left alone. RestoreError if the job is not registered: its
-        records cannot be checked."""
+        """The rank's generations a restore may take: each committed by the node that ran
+        the rank at its epoch (``decide.attested``), holders outside the job dropped
+        (``of_job_nodes``); the others are logged and left alone. RestoreError if the
+        job or the rank is not registered: its generations cannot be checked."""
+        entry = self.rank_entry(job, rank)
         records = self.records(job, rank)
-        if not records:
+        commits = {} if entry is None else \
+            self.commits(job, rank, {entry.node, *(n for _, n in entry.placed)})
+        if not records and not commits:
             return []
         nodes = self.job_nodes(job)
-        if nodes is None:
-            raise RestoreError(f"job {job} has no registration in etcd: the records of rank "
-                               f"{rank} cannot be checked against its nodes")
-        kept, refused = decide.of_job_nodes(records, nodes)
-        for r in refused:
+        if nodes is None or entry is None:
+            what = f"job {job} has no registration" if nodes is None else \
+                f"rank {rank} of job {job} has no rank entry"
+            raise RestoreError(f"{what} in etcd: the generations of rank {rank} cannot be "
+                               "checked against the nodes that ran it")
+        group = self.group(job, rank)
+        backups = [b for b in (group.log_backup, *group.ckpt_mirrors) if b] if group else []
+        found, refused = decide.attested(rank, records, commits, entry.node_at, backups)
+        for why in refused:
+            log.warning("job %s rank %d: %s; never restored from", job, rank, why)
+        kept, foreign = decide.of_job_nodes(found, nodes)
+        for r in foreign:
             log.warning("job %s rank %d: generation %d ignored: its primary %s is not a node "
                         "of the job", job, rank, r.generation, r.primary)
         return kept
@@ -271,7 +199,7 @@ class Restorer:
                 self._waiting_restores -= 1
                 self._restoring.notify_all()
 
-    def _keep_later(self, job: str, rank: int, keep: _Once) -> None:
+    def _keep_later(self, job: str, rank: int, keep: Once) -> None:
         """Queue ``keep`` on the replication lane, to run once the node's other restores
         are done (or sooner, by :meth:`keep_now`)."""
         with self._restoring:
@@ -314,7 +242,7 @@ class Restorer:
                 return None
         fallbacks: list[Fallback] = []
         unreached: set[str] = set()  # holders down, or a transfer from them failed
-        peak = _Peak(charge)
+        peak = Peak(charge)
         for rec in records:
             result, failure = self._restore_one(job, rank, rec, unreached, peak.need)
             if result is not None:
@@ -416,7 +344,7 @@ class Restorer:
                 if restored is not None:
                     if held:
                         self._note(job, rank, rec, bad_holders)
-                        self._keep_later(job, rank, _Once(functools.partial(
+                        self._keep_later(job, rank, Once(functools.partial(
                             self._keep, job, rank, rec, m, held)))
                     else:
                         if self.chunks.manifest_bytes(job, rank, rec.generation) is None:

@@ -24,7 +24,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -285,7 +285,12 @@ class CheckpointService(Restorer):
         if entry.epoch != s.epoch:
             raise Fenced(f"rank {s.rank} of job {s.job} is at epoch {entry.epoch}; "
                          f"this copy is epoch {s.epoch} and may not commit")
-        records = self.records(s.job, s.rank)
+        if entry.node != self.node:
+            raise Fenced(f"rank {s.rank} of job {s.job} runs on {entry.node}, not on "
+                         f"{self.node}: only its node commits its generations")
+        # Numbered after the generations a restore would take: a shared record any agent
+        # can write must not decide the number (one at 2**63 would end the rank's saves).
+        records = self.trusted_records(s.job, s.rank)
         gen = decide.next_generation([r.generation for r in records])
         raw = self.local.finish(s, m, gen)
         wanted = self.wanted_replicas(s.job)
@@ -294,8 +299,11 @@ class CheckpointService(Restorer):
                             m.whole_digest, self.node, (self.node,), wanted,
                             decide.commit_state(0, wanted), self._clock())
         ckpt_key = self.keys.ckpt(s.job, s.rank, gen)
-        ok = self.store.transaction([Guard(rank_key, kv.mod_revision), Guard(ckpt_key, 0)],
-                                    [Put(ckpt_key, record.to_json())])
+        mine = self.keys.ckpt_commit(self.node, s.job, s.rank, gen)
+        # The shared record is overwritten: one there that no commit backs is a forgery.
+        ok = self.store.transaction([Guard(rank_key, kv.mod_revision), Guard(mine, 0)],
+                                    [Put(ckpt_key, record.to_json()),
+                                     Put(mine, record.to_json())])
         if not ok:
             self.chunks.delete_manifest(s.job, s.rank, gen)
             raise Fenced(f"commit of rank {s.rank} generation {gen} refused: the rank's "
@@ -319,6 +327,7 @@ class CheckpointService(Restorer):
         # Records of generations no holder keeps any more: only the primary deletes them.
         for gen in decide.expired_records(records, keep, self.node):
             self.store.delete(self.keys.ckpt(job, rank, gen))
+            self.store.delete(self.keys.ckpt_commit(self.node, job, rank, gen))
 
     # --- records and groups --------------------------------------------------------------
 
@@ -331,6 +340,33 @@ class CheckpointService(Restorer):
             except RecordError as exc:
                 log.warning("%s", exc)
         return out
+
+    def commits(self, job: str, rank: int, nodes: Iterable[str]
+                ) -> dict[tuple[str, int], CkptRecord]:
+        """The generations of the rank that each of ``nodes`` committed, from each node's
+        own keys (malformed ones logged and skipped)."""
+        out: dict[tuple[str, int], CkptRecord] = {}
+        for node in sorted(nodes):
+            for kv in self.store.get_prefix(self.keys.ckpt_commits_prefix(node, job, rank)):
+                gen = self.keys.split(kv.key)[-1]
+                try:
+                    if not (gen.isascii() and gen.isdigit()):
+                        raise RecordError(f"{kv.key}: not a generation number")
+                    out[(node, int(gen))] = CkptRecord.from_json(kv.key, kv.value)
+                except RecordError as exc:
+                    log.warning("%s", exc)
+        return out
+
+    def rank_entry(self, job: str, rank: int) -> RankEntry | None:
+        """The rank's entry in the rank map, None if it has none or it is malformed."""
+        kv = self.store.get(self.keys.job_rank(job, rank))
+        if kv is None:
+            return None
+        try:
+            return RankEntry.from_json(kv.key, kv.value)
+        except RecordError as exc:
+            log.warning("%s", exc)
+            return None
 
     def job_nodes(self, job: str) -> frozenset[str] | None:
         """Every node of every run of the job (its registration), None if unregistered."""

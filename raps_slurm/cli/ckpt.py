@@ -30,7 +30,7 @@ import click
 
 from raps_slurm import config as cfgmod
 from raps_slurm.checkpoint.chunkstore import ChunkStore
-from raps_slurm.checkpoint.restore import RestoreError
+from raps_slurm.checkpoint.restore_parts import RestoreError
 from raps_slurm.checkpoint.service import CheckpointService, peers_from_store
 from raps_slurm.checkpoint.transfer import TransferClient, TransferError
 from raps_slurm.cli.output import echo, table

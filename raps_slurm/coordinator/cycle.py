@@ -460,6 +460,8 @@ class Coordinator:
             else ({}, {})
         plan = build_map(record, topo, default_replicas=self.cfg.checkpoint.replica_count,
                          now=self._clock(), previous_epochs=view.epochs,
+                         previous_placed={r: ((e.epoch, e.node), *e.placed)
+                                          for r, (e, _) in view.entries.items()},
                          prefer_original_rack=self.cfg.recovery.prefer_original_rack,
                          dead=dead, unfit=unfit, doubtful=doubtful)
         plan = dataclasses.replace(

@@ -419,8 +419,8 @@ class Recovery(Escalations):
             entry, entry_kv = view.entries[plan.rank]
             if entry.epoch >= plan.epoch:
                 continue  # started already (a plan write lost after the entry moved)
-            moved = RankEntry(plan.rank, plan.target, plan.epoch, "relaunched",
-                              tuple(s for s in entry.spares if s != plan.target))
+            moved = entry.moved(plan.target, plan.epoch, "relaunched",
+                                tuple(s for s in entry.spares if s != plan.target))
             ops: list[TxnOp] = [Put(entry_kv.key, moved.to_json()),
                                 Put(plan_kv.key, planner.advance(plan, "running", now).to_json())]
             guards = [Guard(plan_kv.key, plan_kv.mod_revision),

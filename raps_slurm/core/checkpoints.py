@@ -11,8 +11,8 @@ primary acknowledged, ``under_replicated`` while fewer did. Both are restorable:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Collection as _Coll
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from raps_slurm.core.records import Reader, dump
@@ -146,9 +146,61 @@ def of_job_nodes(records: Iterable[CkptRecord], nodes: _Coll[str]
     return kept, refused
 
 
+def same_commit(a: CkptRecord, b: CkptRecord) -> bool:
+    """True when two records describe the same commit: everything but the holders, the
+    state and the marks that holders and restores add later."""
+    return (a.rank, a.generation, a.epoch, a.manifest_digest, a.total_size, a.stored_size,
+            a.chunks, a.whole_digest, a.primary, a.replicas, a.committed_at) == \
+        (b.rank, b.generation, b.epoch, b.manifest_digest, b.total_size, b.stored_size,
+         b.chunks, b.whole_digest, b.primary, b.replicas, b.committed_at)
+
+
+def attested(rank: int, records: Iterable[CkptRecord],
+             commits: Mapping[tuple[str, int], CkptRecord], node_at: Callable[[int], str | None],
+             fallback_holders: Iterable[str] = ()) -> tuple[list[CkptRecord], list[str]]:
+    """The generations of ``rank`` a restore may take, and why the others are refused.
+
+    ``records`` are the shared records (``reports/jobs/``), which any agent may write;
+    ``commits`` the copy each primary wrote under its own prefix at commit (``(node,
+    generation)`` -> record), which only that node's agent may write; ``node_at(epoch)``
+    is where the rank ran at an epoch, from its rank entry (the leader's). A generation
+    counts only when its commit was written by the node that ran the rank at the
+    commit's epoch: root on another node can neither invent one nor point one at its own
+    manifest. The shared record gives the holders when it describes the same commit;
+    otherwise (deleted, rewritten) the commit stands with its primary and
+    ``fallback_holders`` (the rank's backup group) as the places to look. Of two commits
+    of one generation (a node numbering after a lost record), the later epoch's counts."""
+    shared = {r.generation: r for r in records}
+    chosen: dict[int, CkptRecord] = {}
+    refused: list[str] = []
+    for (node, gen), c in commits.items():
+        if (c.primary, c.generation, c.rank) != (node, gen, rank):
+            refused.append(f"commit {gen} under {node}: it names rank {c.rank} generation "
+                           f"{c.generation} primary {c.primary}")
+            continue
+        if node_at(c.epoch) != node:
+            refused.append(f"generation {gen}: {node} did not run rank {rank} at epoch "
+                           f"{c.epoch}")
+            continue
+        if gen in chosen and chosen[gen].epoch >= c.epoch:
+            continue
+        s = shared.get(gen)
+        if s is not None and same_commit(s, c):
+            chosen[gen] = s
+        else:
+            chosen[gen] = replace(c, holders=ordered_holders(c.primary,
+                                                             {c.primary, *fallback_holders}))
+    for gen, r in shared.items():
+        if gen not in chosen or not same_commit(chosen[gen], r):
+            refused.append(f"generation {gen}: no commit of its primary {r.primary} matches "
+                           "the record")
+    return list(chosen.values()), refused
+
+
 def restore_order(records: Iterable[CkptRecord]) -> list[CkptRecord]:
-    """Generations to try, newest first."""
-    return sorted(records, key=lambda r: r.generation, reverse=True)
+    """Generations to try, newest first: by epoch, then number (a later epoch's state is
+    newer whatever its number)."""
+    return sorted(records, key=lambda r: (r.epoch, r.generation), reverse=True)
 
 
 def expired_records(records: Iterable[CkptRecord], keep: int, primary: str) -> list[int]:

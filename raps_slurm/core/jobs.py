@@ -223,27 +223,58 @@ class RankMap:
                    d.text("error", empty=True), d.text("built_by", empty=True))
 
 
+PLACEMENTS_KEPT = 16
+"""Earlier (epoch, node) placements a rank entry keeps: a checkpoint generation is
+restored only when its primary held the rank at the generation's epoch, and only the
+leader writes the entry, so this is the record agents cannot forge."""
+
+
 @dataclass(frozen=True)
 class RankEntry:
-    """``jobs/<id>/ranks/<rank>``: where a rank runs, its epoch and its spare order."""
+    """``jobs/<id>/ranks/<rank>``: where a rank runs, its epoch and its spare order, and
+    where it ran at its earlier epochs (``placed``: (epoch, node), newest first, at most
+    PLACEMENTS_KEPT)."""
 
     rank: int
     node: str
     epoch: int
     status: str
     spares: tuple[str, ...]
+    placed: tuple[tuple[int, str], ...] = ()
 
     def to_json(self) -> bytes:
         """The etcd value."""
         return _dump({"rank": self.rank, "node": self.node, "epoch": self.epoch,
-                      "status": self.status, "spares": list(self.spares)})
+                      "status": self.status, "spares": list(self.spares),
+                      "placed": [[e, n] for e, n in self.placed]})
 
     @classmethod
     def from_json(cls, key: str, raw: bytes) -> RankEntry:
         """Decode the value at ``key``; RecordError if it is not a rank entry."""
         d = _Reader(key, raw)
-        return cls(d.integer("rank"), d.text("node"), d.integer("epoch", 1), d.text("status"),
-                   d.names("spares", empty=True))
+        epoch = d.integer("epoch", 1)
+        placed = d.data.get("placed", [])
+        if (not isinstance(placed, list) or len(placed) > PLACEMENTS_KEPT
+                or not all(isinstance(p, list) and len(p) == 2 and type(p[0]) is int
+                           and 1 <= p[0] < epoch and isinstance(p[1], str) and p[1]
+                           for p in placed)):
+            raise d._bad("placed", f"at most {PLACEMENTS_KEPT} [epoch, node] pairs of "
+                                   "earlier epochs")
+        return cls(d.integer("rank"), d.text("node"), epoch, d.text("status"),
+                   d.names("spares", empty=True), tuple((int(e), str(n)) for e, n in placed))
+
+    def node_at(self, epoch: int) -> str | None:
+        """The node that ran the rank at ``epoch``; None when not known (before the oldest
+        placement kept, or never an epoch of this rank)."""
+        if epoch == self.epoch:
+            return self.node
+        return next((n for e, n in self.placed if e == epoch), None)
+
+    def moved(self, node: str, epoch: int, status: str, spares: tuple[str, ...]
+              ) -> RankEntry:
+        """The entry at a later ``epoch`` on ``node``, this placement kept in ``placed``."""
+        placed = ((self.epoch, self.node), *self.placed)[:PLACEMENTS_KEPT]
+        return RankEntry(self.rank, node, epoch, status, spares, placed)
 
 
 def group_to_json(group: BackupGroup) -> bytes:
@@ -338,6 +369,7 @@ def node_fitness(nodes: Collection[str], *, dead: Collection[str],
 
 def build_map(record: JobRecord, topology: Topology, *, default_replicas: int, now: float,
               previous_epochs: Mapping[int, int] | None = None,
+              previous_placed: Mapping[int, tuple[tuple[int, str], ...]] | None = None,
               prefer_original_rack: bool = False,
               unhealthy: Collection[str] = frozenset(),
               dead: Collection[str] = frozenset(),
@@ -357,12 +389,14 @@ def build_map(record: JobRecord, topology: Topology, *, default_replicas: int, n
     The rank count is the prior run's when ``previous_epochs`` holds one entry for each of
     its ranks 0..N-1, so a run on fewer nodes restores the same ranks; otherwise it is
     (nodes - spares) x ranks_per_node. Each rank's epoch is
-    one more than in ``previous_epochs``, so a copy of an earlier run is fenced. A job
-    that cannot be mapped gets a map with ``error``.
+    one more than in ``previous_epochs``, so a copy of an earlier run is fenced; its
+    ``placed`` is ``previous_placed`` (the earlier run's placements, its last one first). A
+    job that cannot be mapped gets a map with ``error``.
     """
     spec = record.spec
     replicas = default_replicas if spec.replicas is None else spec.replicas
     prev = previous_epochs or {}
+    earlier = previous_placed or {}
     per_node = spec.ranks_per_node
     gone = set(dead)
     lost = sorted(set(record.nodes) & gone, key=_natural)
@@ -402,7 +436,8 @@ def build_map(record: JobRecord, topology: Topology, *, default_replicas: int, n
     index = {n: i for i, n in enumerate(working)}
     placed = {r: by_node[index[n]] for r, n in rank_nodes.items()}
     entries = tuple(RankEntry(r, rank_nodes[r], prev.get(r, 0) + 1, "assigned",
-                              placed[r].spares) for r in sorted(rank_nodes))
+                              placed[r].spares, earlier.get(r, ())[:PLACEMENTS_KEPT])
+                    for r in sorted(rank_nodes))
     rank_map = RankMap(record.job_id, record.restart_count,
                        tuple(rank_nodes[r] for r in sorted(rank_nodes)), spares, replicas, now)
     groups = tuple(replace(placed[r].group, rank=r) for r in sorted(rank_nodes))

@@ -14,6 +14,7 @@ Layout under the prefix (default ``/raps/v1/``)::
     reports/ranks/<node>/<jobid>/verdicts/<rank>   (an agent's ESCALATE)
     reports/ranks/<node>/<jobid>/peers/<rank>      reports/ranks/<node>/<jobid>/msgstats/<rank>
     reports/ranks/<node>/<jobid>/steps/<run>       (raps-run --restart-mode step's restarts)
+    reports/ranks/<node>/<jobid>/commits/<rank>/<gen>  (generations <node> committed)
     reports/phases/<node>/<id>/<phase>             (launched, restored, running, ...)
     purged/<jobid>                a finished job's keys are gone; agents delete its local data
     weights/<node>                a Slurm Weight the leader set (and the one it found before)
@@ -202,6 +203,17 @@ class Keys:
         """One rank's message-log figures (sent, delivered, logged, collected per peer), as
         the agent of its node ``node`` reported them."""
         return self.node_job_reports_prefix(node, job_id) + "msgstats/" + _number(rank, "rank")
+
+    def ckpt_commits_prefix(self, node: str, job_id: int | str, rank: int) -> str:
+        """Prefix of the generations of one rank that ``node`` committed as its primary."""
+        return self.node_job_reports_prefix(node, job_id) + "commits/" + \
+            _number(rank, "rank") + "/"
+
+    def ckpt_commit(self, node: str, job_id: int | str, rank: int, gen: int) -> str:
+        """``node``'s own copy of a generation record it committed: only its agent writes
+        it, so a restore can tell who committed a generation (the shared record at
+        :meth:`ckpt` any agent may rewrite)."""
+        return self.ckpt_commits_prefix(node, job_id, rank) + _number(gen, "generation")
 
     def job_ckpts_prefix(self, job_id: int | str) -> str:
         """Prefix of the checkpoint records of every rank of one job."""

@@ -14,13 +14,15 @@ Which component writes what (``keys.py`` has the layout):
 - ``raps-agent-<node>`` (root on that compute node; role and user of that name, the user
   also holds ``raps-agent``): that node's ``nodes/<node>`` registration and
   ``nodes/<node>/health`` (those two keys alone), and what it reports about ranks
-  (``reports/ranks/<node>/``: peers, msgstats, ESCALATE verdicts) and plans
+  (``reports/ranks/<node>/``: peers, msgstats, ESCALATE verdicts, the generations it
+  committed) and plans
   (``reports/phases/<node>/``). Readers take such a report only from a node of the job.
 - ``raps-admin`` (``rapsctl`` of an admin: ``audit/``, ``weight-pins/``, cancelling plans,
   and every read): the whole prefix. Creating these roles takes etcd's ``root``.
 
-What stays shared (one role serves every job): an agent may write any job's checkpoint
-records; see docs/store.md, Roles, for what that allows.
+What stays shared (one role serves every job): an agent may write any job's shared
+checkpoint records; a restore trusts only the commits under each primary's own prefix
+(docs/store.md, Roles).
 """
 
 from __future__ import annotations

@@ -202,6 +202,12 @@ def test_agent_reports_but_cannot_rewrite_what_others_decide(cluster: Cluster) -
             {"kind": "ESCALATE", "at": time.time(), "epoch": 1}).encode())
         assert agent.create(k.ckpt(job, 0, 1), b"{}")
         assert agent.delete(k.ckpt(job, 0, 1))
+        # its own commit of a generation, never another node's (a restore trusts these)
+        assert agent.create(k.ckpt_commit("n1", job, 0, 1), b"{}")
+        assert agent.delete(k.ckpt_commit("n1", job, 0, 1))
+        _refused(agent, k.ckpt_commit("n2", job, 0, 1))
+        with pytest.raises(StorePermissionDenied):
+            agent.delete(k.ckpt_commit("n2", job, 0, 1))
         assert record_event(agent, k, "n1", plan.plan_id, "restored", {"bytes": 0})
         # and nothing under another node's name, nor an admin's cancel, nor a HUNG verdict
         for key in (k.job_peer("n2", job, 0), k.job_msgstats("n2", job, 0),

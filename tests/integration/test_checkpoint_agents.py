@@ -84,7 +84,7 @@ def test_save_replicate_and_restore_elsewhere(cluster: LocalCluster,
     assert rec.holders == ("n1", "n2", "n3")
     # The rank moves to n4 with a new epoch (what recovery does) and restores there.
     s, k = store
-    s.put(k.job_rank(job, 0), RankEntry(0, "n4", 2, "running", ()).to_json())
+    s.put(k.job_rank(job, 0), RankEntry(0, "n4", 2, "running", (), ((1, "n1"),)).to_json())
     rc, [out] = run_rank(cluster, "n4", job, "restore", epoch=2)
     assert rc == 0 and out["generation"] == 3 and out["identical"] and out["saves"] == 3
     rec = wait_until("n4 among the holders", lambda: record(store, job, 3),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +20,9 @@ import pytest
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.logstore import LogStoreError
+from raps_slurm.checkpoint.manifest import manifest_digest
 from raps_slurm.checkpoint.reader import materialize
-from raps_slurm.checkpoint.restore import RestoreError
+from raps_slurm.checkpoint.restore_parts import RestoreError
 from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked
 from raps_slurm.checkpoint.transfer import TransferServer
 from raps_slurm.checkpoint.writer import encode_state
@@ -381,3 +383,64 @@ def test_segment_numbers_never_collide_across_incarnations(nodes: Nodes) -> None
     with pytest.raises(LogStoreError, match="already stored with other bytes"):
         n3.logs.append(job, 0, log_segment(1, 9, 1), number=old[0])
     assert n3.logs.append(job, 0, n1.logs.segment(job, 0, old[0]), number=old[0]) == old[0]
+
+
+def forge(nodes: Nodes, job: str, node: str, state: object, gen: int, epoch: int = 1
+          ) -> CkptRecord:
+    """Root on ``node`` (a node of the job) stores a state of its own as a generation of
+    rank 0 and writes its record: the shared one any agent may write, and a commit under
+    its own node's keys. The agent's checks are skipped, as root would."""
+    svc = nodes.services[node]
+    sid, _ = svc.begin(job, 0, epoch, None)
+    m, _ = encode_state(state, job=job, rank=0, epoch=epoch, params=svc.params, previous=None,
+                        sink=lambda p: svc.put(sid, p.fd), pack_bytes=256 << 10)
+    raw = svc.local.finish(svc.session(sid), m, gen)
+    svc.abort(sid)
+    rec = CkptRecord(0, gen, epoch, manifest_digest(raw), m.total_size, m.total_size,
+                     len(m.chunks), m.whole_digest, node, (node,), 0, "committed", time.time())
+    nodes.store.put(nodes.keys.ckpt(job, 0, gen), rec.to_json())
+    nodes.store.put(nodes.keys.ckpt_commit(node, job, 0, gen), rec.to_json())
+    return rec
+
+
+def move(nodes: Nodes, job: str, node: str) -> None:
+    """The leader moves rank 0 to ``node`` at the next epoch."""
+    kv = nodes.store.get(nodes.keys.job_rank(job, 0))
+    assert kv is not None
+    entry = RankEntry.from_json(kv.key, kv.value)
+    nodes.store.put(kv.key, entry.moved(node, entry.epoch + 1, "relaunched", ()).to_json())
+
+
+def test_root_on_a_backup_holder_cannot_have_the_rank_restore_its_state(
+        nodes: Nodes) -> None:
+    """n2 holds rank 0's log backup: root there commits a newer generation of its own
+    (as n2) and deletes the genuine record. When n1 dies, the spare restores n1's last
+    generation, from the copies of n3 (and n2), never n2's forgery."""
+    job = new_job(nodes)
+    a = field()
+    save(nodes.services["n1"], job, a)
+    nodes.services["n1"].wait_idle()
+    forged = forge(nodes, job, "n2", field(seed=9), gen=2)
+    nodes.store.delete(nodes.keys.ckpt(job, 0, 1))  # the genuine shared record
+    nodes.up.discard("n1")
+    move(nodes, job, "n4")
+    n4 = nodes.services["n4"]
+    assert [r.generation for r in n4.trusted_records(job, 0)] == [1]
+    result = n4.restore(job, 0)
+    assert result is not None and result.generation == 1
+    assert materialize(result.restored.manifest, result.restored.buffer).tobytes() == a.tobytes()
+    assert result.restored.manifest.whole_digest != forged.whole_digest
+    result.restored.close()
+    # The spare's next generation is numbered after the genuine one, over the forged
+    # record (which it overwrites), and commits.
+    n4.wait_idle()
+    rec, _ = save(n4, job, a * 2, epoch=2)
+    assert rec.generation == 2 and rec.primary == "n4"
+    assert record(nodes, job, 2).primary == "n4"
+
+
+def test_a_node_commits_only_the_ranks_it_runs(nodes: Nodes) -> None:
+    job = new_job(nodes)
+    with pytest.raises(Fenced, match="runs on n1, not on n2"):
+        save(nodes.services["n2"], job, field(20_000))
+    assert nodes.store.get_prefix(nodes.keys.ckpt_prefix(job, 0)) == []

@@ -230,7 +230,9 @@ def test_a_relaunched_rank_reports_its_recovery_and_a_finished_rank_is_done(
     pid = plan_id(job, 1, 2)
     s.put(k.plan(pid), Plan(pid, job, 1, "n2", "n1", 2, "node n2 DEAD", 0, "running",
                             created_at=time.time(), progress=5).to_json())
-    s.put(k.job_rank(job, 1), RankEntry(1, "n1", 2, "running", ("n4",)).to_json())
+    # (rank 1 ran on n1 at epoch 1: setup_job puts every rank there)
+    s.put(k.job_rank(job, 1),
+          RankEntry(1, "n1", 2, "running", ("n4",), ((1, "n1"),)).to_json())
     again = per_rank(mpirun(cluster, programs / "common", job, args=("restore", "8"), ranks=2,
                             env={"RAPS_EPOCH": "1", "RAPS_EPOCHS": "1=2"}))
     assert all(again[r]["same"] is True and again[r]["common"] == 10 for r in (0, 1)), again

@@ -67,7 +67,7 @@ def test_crashed_rank_relaunched_elsewhere_replays_to_the_same_result(
     victim.wait(120)
     assert victim.returncode == 17, victim.stderr.read() if victim.stderr else ""
     # What recovery does: a new epoch for the rank on a spare, then the relaunch there.
-    s.put(k.job_rank(job, 2), RankEntry(2, "n5", 2, "running", ()).to_json())
+    s.put(k.job_rank(job, 2), RankEntry(2, "n5", 2, "running", (), ((1, NODES[2]),)).to_json())
     s.put(k.job_group(job, 2), group_to_json(BackupGroup(2, "n5", "n4", ())))
     again = start(cluster, job, 2, "n5", 2, "--die-at", "100")
     assert final_line(procs[0]) == clean

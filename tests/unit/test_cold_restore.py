@@ -19,7 +19,7 @@ from raps_slurm.checkpoint import cold
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.pack import HEADER, MAGIC
 from raps_slurm.checkpoint.reader import materialize
-from raps_slurm.checkpoint.restore import RestoreError
+from raps_slurm.checkpoint.restore_parts import RestoreError
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.config import Config
@@ -86,12 +86,12 @@ def test_a_good_cold_copy_restores(pair: Pair) -> None:
     result.restored.close()
 
 
-def test_a_record_naming_a_node_outside_the_job_is_not_restored_from(
+def test_a_record_no_commit_backs_is_not_restored_from(
         pair: Pair, caplog: pytest.LogCaptureFixture) -> None:
-    """Every agent may write any job's records: root on n9 (not of the job) writes a newer
-    generation whose primary and holder are n9, and adds n9 to a copy of n1's record.
-    The spare restores neither from n9: the first record is ignored, n9 is dropped from
-    the second, and the genuine cold copy of generation 1 is restored."""
+    """Every agent may write any job's shared records: root on n9 (not of the job) writes
+    a newer generation whose primary and holder are n9, and a copy of n1's record naming
+    n9 as a holder. Neither has a commit under its primary's own keys, so the spare
+    restores neither: the genuine cold copy of generation 1 is restored."""
     a = field()
     assert pair.save(a) == 1
     kv = pair.store.get(pair.keys.ckpt(JOB, 0, 1))
@@ -103,11 +103,11 @@ def test_a_record_naming_a_node_outside_the_job_is_not_restored_from(
         pair.store.put(pair.keys.ckpt(JOB, 0, rec.generation), rec.to_json())
     with caplog.at_level("WARNING"):
         trusted = pair.spare.trusted_records(JOB, 0)
-    assert sorted((r.generation, r.holders) for r in trusted) == [(1, ("n1",)), (4, ("n1",))]
-    assert "generation 5 ignored: its primary n9 is not a node of the job" in caplog.text
+    assert sorted((r.generation, r.holders) for r in trusted) == [(1, ("n1",))]
+    assert "generation 5: no commit of its primary n9 matches the record" in caplog.text
     result = pair.restore()
     assert result is not None and result.generation == "cold 1"
-    assert [f.generation for f in result.fallbacks] == [4, 1]
+    assert [f.generation for f in result.fallbacks] == [1]
     assert np.array_equal(materialize(result.restored.manifest, result.restored.buffer), a)
     result.restored.close()
     pair.store.delete(pair.keys.job(JOB))  # unregistered: nothing to check them against
@@ -153,8 +153,17 @@ def test_a_cold_manifest_changed_in_place_is_refused(pair: Pair) -> None:
 
 
 def test_a_cold_copy_without_a_record_is_refused(pair: Pair) -> None:
-    pair.save(field())
-    pair.store.delete(pair.keys.ckpt(JOB, 0, 1))  # the rank has no record at all now
+    a = field()
+    pair.save(a)
+    # Another agent deletes the shared record: the primary's commit still vouches for it.
+    pair.store.delete(pair.keys.ckpt(JOB, 0, 1))
+    result = pair.restore()
+    assert result is not None and result.generation == "cold 1"
+    assert np.array_equal(materialize(result.restored.manifest, result.restored.buffer), a)
+    result.restored.close()
+    pair.spare.chunks.delete_manifest(JOB, 0, 1)
+    # The primary's commit gone too (only its own agent can delete it): no record at all.
+    pair.store.delete(pair.keys.ckpt_commit("n1", JOB, 0, 1))
     with pytest.raises(RestoreError, match="generation 1 has no record in etcd"):
         pair.restore()
     assert not pair.spare.chunks.manifest_bytes(JOB, 0, 1)

@@ -10,7 +10,7 @@ from typing import Any
 
 from raps_slurm.agent.plan_watch import PlanWatcher
 from raps_slurm.checkpoint.early import EarlyRestores
-from raps_slurm.checkpoint.restore import RestoreError, RestoreResult
+from raps_slurm.checkpoint.restore_parts import RestoreError, RestoreResult
 from raps_slurm.core.planner import Plan, restore_early
 from raps_slurm.store import Keys
 from raps_slurm.store.memory import MemoryStore

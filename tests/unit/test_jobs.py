@@ -470,6 +470,15 @@ def test_map_epochs_follow_previous_run() -> None:
     assert [e.epoch for e in plan.entries] == [2, 4, 1, 1, 1, 1]
 
 
+def test_a_new_run_keeps_the_placements_of_the_one_before() -> None:
+    """A restore takes a generation only from the node that ran the rank at its epoch:
+    the placements of earlier runs go with the entry."""
+    plan = build_map(record(restart_count=1), SIX, default_replicas=2, now=1.0,
+                     previous_epochs={0: 4}, previous_placed={0: ((4, "n3"), (3, "n1"))})
+    e = plan.entries[0]
+    assert e.epoch == 5 and e.placed == ((4, "n3"), (3, "n1")) and e.node_at(4) == "n3"
+
+
 @pytest.mark.parametrize(("spec_replicas", "default", "want"), [
     (None, 2, 2), (None, 3, 3), (1, 3, 1), (3, 2, 3), (0, 2, 0)])
 def test_map_replicas_from_spec_or_default(spec_replicas: int | None, default: int,

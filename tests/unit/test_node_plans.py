@@ -206,6 +206,8 @@ def test_a_dead_nodes_three_ranks_move_together_to_one_spare(world: World) -> No
     targets = set(world.targets().values())
     assert len(targets) == 1 and targets <= {"n2", "n4"}
     assert {world.entry(r).node for r in victims} == targets
+    # the entry keeps where each rank ran before: a restore checks its commits against it
+    assert {world.entry(r).placed for r in victims} == {((1, "n6"),)}
     assert world.requeued == []
 
 

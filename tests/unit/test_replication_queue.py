@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from raps_slurm.checkpoint.chunkstore import ChunkStore
-from raps_slurm.checkpoint.restore import _Once
+from raps_slurm.checkpoint.restore_parts import Once
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.config import Config
 from raps_slurm.core.checkpoints import CkptRecord, expired_records
@@ -150,7 +150,7 @@ def test_a_restored_ranks_pulled_chunks_are_stored_before_its_next_save(
     saves first: then its save stores them (its base), and the queued store is a no-op."""
     svc = service(tmp_path, [])
     stored: list[str] = []
-    svc._keep_later("7", 3, _Once(lambda: stored.append("kept")))
+    svc._keep_later("7", 3, Once(lambda: stored.append("kept")))
     svc._waiting_restores = 1  # another rank of the node still restoring
     sid, _ = svc.begin("7", 3, 2, None)
     assert stored == ["kept"]
@@ -159,7 +159,7 @@ def test_a_restored_ranks_pulled_chunks_are_stored_before_its_next_save(
     drain(svc)
     assert stored == ["kept"] and svc._keeps == {}
     # not saved first: stored by the lane, once
-    svc._keep_later("7", 4, _Once(lambda: stored.append("lane")))
+    svc._keep_later("7", 4, Once(lambda: stored.append("lane")))
     drain(svc)
     svc.begin("7", 4, 2, None)
     assert stored == ["kept", "lane"]

@@ -46,6 +46,7 @@ WRITERS: dict[str, set[str]] = {
     "rank_reports_root": HOOKS_W, "node_rank_reports_prefix": {N1, HOOKS},
     "node_job_reports_prefix": {N1, HOOKS}, "rank_escalation": {N1, HOOKS},
     "job_peer": {N1, HOOKS}, "job_msgstats": {N1, HOOKS}, "job_step": {N1, HOOKS},
+    "ckpt_commits_prefix": {N1, HOOKS}, "ckpt_commit": {N1, HOOKS},
     "plan_events_prefix": HOOKS_W, "node_plan_events_prefix": {N1, HOOKS},
     "plan_event": {N1, HOOKS}, "job_plan_events_prefix": {N1, HOOKS},
     "plans_prefix": NOBODY, "plan": NOBODY, "job_plans_prefix": NOBODY,
