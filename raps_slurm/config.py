@@ -219,6 +219,11 @@ class CoordinatorConfig:
                                 "heartbeats on")
     heartbeat_receivers: int = _f(1, "processes receiving heartbeats on heartbeat_address "
                                   "(SO_REUSEPORT): about one per 50,000 nodes", 1, 64)
+    heartbeat_source_rate: float = _f(20.0, "refused heartbeat datagrams a second one source "
+                                      "address may cost (each receiver) before ...", 0.1, 1e6)
+    heartbeat_source_burst: int = _f(400, "... beyond this many at once, its datagrams are "
+                                     "dropped unread (but those of nodes heard from it)",
+                                     1, 10_000_000)
     user_address: str = _f("0.0.0.0:7470", "TCP host:port of the user door: rapsctl of "
                            "users (login nodes) with a MUNGE credential ('' = off)")
 

@@ -25,10 +25,11 @@ Bounds per source (docs/architecture.md, Trust boundaries): a datagram naming a 
 outside the cluster (Slurm's node list, read by ``members_from`` every
 :data:`MEMBERS_REFRESH_SEC` and at most every :data:`MEMBERS_RETRY_SEC` after an unknown
 name) is refused as ``member`` before any key is derived or used. Each datagram refused
-charges its source address (:class:`SourceBudget`: :data:`SOURCE_RATE` a second,
-:data:`SOURCE_BURST` at once); an address with nothing left has its datagrams dropped
-unread as ``rate``, except those naming a node whose heartbeats last verified from that
-address, so that a user flooding from a node's address does not silence its agent.
+charges its source address (:class:`SourceBudget`: ``coordinator.heartbeat_source_rate``
+a second, ``coordinator.heartbeat_source_burst`` at once); an address with nothing left
+has its datagrams dropped unread as ``rate``, except those naming a node whose
+heartbeats last verified from that address, so that a user flooding from a node's
+address does not silence its agent.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from raps_slurm.config import CoordinatorConfig
 from raps_slurm.errors import BadDatagram
 from raps_slurm.wire._udp import MAX_BATCH, recv_batch, sign_send
 from raps_slurm.wire.heartbeat import (
@@ -95,8 +97,8 @@ RECEIVE_BUFFER = 8 << 20
 COALESCE_SEC = 0.002
 MEMBERS_REFRESH_SEC = 60.0  # the cluster's node names are read again this often
 MEMBERS_RETRY_SEC = 5.0  # ... and this soon after a datagram named an unknown node
-SOURCE_RATE = 20.0  # refused datagrams a second one address may cost before ...
-SOURCE_BURST = 400.0  # ... (beyond this many at once) its datagrams are dropped unread
+SOURCE_RATE = CoordinatorConfig().heartbeat_source_rate  # the defaults: see the config
+SOURCE_BURST = float(CoordinatorConfig().heartbeat_source_burst)
 MAX_SOURCES = 4096  # addresses with a budget of their own; more share one
 
 
@@ -146,7 +148,9 @@ class HeartbeatServer:
                  clock: Callable[[], float] = time.time,
                  on_result: Callable[[str, int], None] | None = None,
                  accepted_key: bytes | None = None, reuse_port: bool = False,
-                 members_from: Callable[[], Iterable[str]] | None = None) -> None:
+                 members_from: Callable[[], Iterable[str]] | None = None,
+                 source_rate: float = SOURCE_RATE, source_burst: float = SOURCE_BURST
+                 ) -> None:
         self.address, self._clock = address, clock
         # Node keys from the cluster key; a rollover's other key: accepted, never used to sign
         self.keys = NodeKeys(key, accepted_key)
@@ -173,7 +177,7 @@ class HeartbeatServer:
         self.on_members: Callable[[frozenset[str]], None] = lambda names: None
         self._members_from = members_from
         self._members_wanted = threading.Event()
-        self.budget = SourceBudget()
+        self.budget = SourceBudget(source_rate, source_burst)
         self._home: dict[str, str] = {}  # node -> address its heartbeats last verified from
 
     def start(self) -> None:

@@ -137,7 +137,9 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
                              if leadership_box and leadership_box[0].is_leader() else 0,
                              on_result=metrics.count_heartbeat, accepted_key=also,
                              reuse_port=receivers > 1,
-                             members_from=lambda: [n.name for n in slurm.nodes()])
+                             members_from=lambda: [n.name for n in slurm.nodes()],
+                             source_rate=cfg.coordinator.heartbeat_source_rate,
+                             source_burst=cfg.coordinator.heartbeat_source_burst)
     try:
         server.start()
     except OSError as exc:

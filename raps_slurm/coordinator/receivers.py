@@ -20,7 +20,7 @@ second pipe and forgets too. The cluster's node names (``HeartbeatServer.members
 reach the receivers the same way: the coordinator writes them to a file of its own and
 sends a NUL byte, on which a receiver reads the file again (a name never contains one);
 a receiver started later reads it at once. Each receiver keeps its own per-source
-budget. A receiver that dies is started
+budget, of the coordinator's rate and burst. A receiver that dies is started
 again; its agents are meanwhile hashed to the other sockets by the kernel. A receiver
 exits when its coordinator is gone.
 """
@@ -103,7 +103,8 @@ class ReceiverPool:
         proc = self._ctx.Process(
             target=_receiver_main, name=f"raps-receiver-{i + 1}",
             args=(self.server.address, *self._args, self._leader, theirs, os.getpid(),
-                  forgets_in, self._members_path),
+                  forgets_in, self._members_path, self.server.budget.rate,
+                  self.server.budget.burst),
             daemon=True)
         proc.start()
         theirs.close()
@@ -217,7 +218,7 @@ class ReceiverPool:
 def _receiver_main(address: tuple[str, int], key: bytes, accepted_key: bytes | None,
                    max_skew: float, leader: Any,
                    conn: Connection, parent: int, forgets: Connection,
-                   members_path: str) -> None:
+                   members_path: str, source_rate: float, source_burst: float) -> None:
     """Entry of a receiver process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator stops us with SIGTERM
     logging.basicConfig(level=logging.WARNING,
@@ -229,7 +230,8 @@ def _receiver_main(address: tuple[str, int], key: bytes, accepted_key: bytes | N
         return int(revision) if time.monotonic() < valid_until else 0
 
     server = _Forwarding(conn, address, key, max_skew, leader_revision,
-                         accepted_key=accepted_key)
+                         accepted_key=accepted_key, source_rate=source_rate,
+                         source_burst=source_burst)
     sock = bind(address, reuse_port=True)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _TIMEOUT)
     _read_members(server, members_path)

@@ -232,3 +232,34 @@ def test_the_cluster_s_node_names_reach_every_receiver(pool: ReceiverPool,
         s.sendto(encode(Heartbeat("n2", 1, i + 1, time.time()), nk("n2")), pool.server.address)
         assert [r.node for r in _drain_until(pool, 1)] == ["n2"]
     assert pool.server.rejected["signature"] == 0
+
+
+def test_each_receiver_keeps_the_coordinators_budget_per_source(
+        senders: list[socket.socket]) -> None:
+    """coordinator.heartbeat_source_rate and _burst reach every receiver process: one
+    address's refused datagrams cost each socket at most the burst, then are dropped
+    unread (``rate``), whichever receiver the kernel hashed each source port to."""
+    burst = 5
+    server = HeartbeatServer(("127.0.0.1", 0), KEY, max_skew=5.0, leader_revision=lambda: 7,
+                             reuse_port=True, source_rate=0.01, source_burst=burst)
+    server.start()
+    p = ReceiverPool(server, 3, KEY, None, 5.0)
+    p.start()
+    try:
+        sent = 0
+        for s in senders:  # wrongly signed, from one address, over every receiver
+            for i in range(10):
+                s.sendto(encode(Heartbeat("n1", 1, i + 1, time.time()), b"o" * 32),
+                         server.address)
+                sent += 1
+        deadline = time.monotonic() + 10
+        while server.rejected["signature"] + server.rejected["rate"] < sent:
+            assert time.monotonic() < deadline, (sent, server.rejected)
+            server.drain()
+            time.sleep(0.02)
+        # three sockets (the coordinator's and two receivers'), each its own budget
+        assert server.rejected["signature"] <= 3 * burst + 1, server.rejected
+        assert server.rejected["rate"] >= sent - 3 * burst - 1, server.rejected
+    finally:
+        p.stop()
+        server.stop()
