@@ -11,7 +11,7 @@ import pytest
 
 from raps_slurm.agent.local_api import LocalApiServer, Peer, RankTable
 from raps_slurm.agent.quota import JobQuotas, PauseBook, job_size
-from raps_slurm.config import Config, parse_config
+from raps_slurm.config import Config, load_config, parse_config
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.hygiene import Hygiene
 from raps_slurm.core.budget import WRITE_OVERHEAD, etcd_budget
@@ -43,6 +43,12 @@ def test_the_shipped_defaults_fit_and_the_sum_is_the_stated_one() -> None:
                 "store.compaction_retention_sec", "store.cluster_nodes",
                 "store.etcd_budget_share", "store.space_quota_bytes"):
         assert any(key in line for line in lines), key
+
+
+def test_the_production_example_is_sized_for_its_cluster_and_fits() -> None:
+    cfg = load_config(str(Path(__file__).parents[2] / "configs" / "production.yaml"))
+    b = etcd_budget(cfg)
+    assert cfg.store.cluster_nodes == 1000 and b.fits, b.lines()
 
 
 def test_a_config_that_could_fill_etcd_is_refused_naming_the_keys() -> None:
