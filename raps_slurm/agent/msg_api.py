@@ -52,7 +52,7 @@ from raps_slurm.agent.local_api import (
 from raps_slurm.agent.quota import JobQuotas
 from raps_slurm.agent.uid_limits import LOG, Charge, UidLimits, shared
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT, LogStore, LogStoreError
-from raps_slurm.checkpoint.pack import is_sealed, seal_memfd, sealed_bytes, write_all
+from raps_slurm.checkpoint.pack import is_sealed, seal_memfd, write_all
 from raps_slurm.checkpoint.service import CheckpointService
 from raps_slurm.core.jobs import RankEntry
 from raps_slurm.errors import RecordError
@@ -179,15 +179,11 @@ class MessagingOps:
         job, rank = typing.cast(str, f["job"]), typing.cast(int, f["rank"])
         self._own(peer, job, rank)
         with self.limits.op(LOG, peer.uid, "log_read") as charge:
-            logs = self.service.logs
-            if logs.segments(job, rank):
-                fd, size = copy_log(logs, job, rank, charge)
-                return {"ok": True, "size": size}, [fd]
             # none here (a spare after a relaunch): pulled from the log backup onto this
-            # node's disk a page at a time, then read
-            data = self.service.read_log(job, rank)
-            charge(len(data))
-            return {"ok": True, "size": len(data)}, [sealed_bytes(data, "raps-log")]
+            # node's disk a page at a time first; never held whole, charged before copied
+            self.service.logcopy.fetch(job, rank)
+            fd, size = copy_log(self.service.logs, job, rank, charge)
+            return {"ok": True, "size": size}, [fd]
 
     def log_trim(self, f: dict[str, object], peer: Peer, fds: list[int]
                  ) -> tuple[dict[str, object], list[int]]:

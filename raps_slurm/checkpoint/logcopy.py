@@ -290,10 +290,16 @@ class LogCopier:
     # --- reads and trims -------------------------------------------------------------------
 
     def read(self, job: str, rank: int) -> bytes:
-        """A rank's log segments: this node's, else pulled from its group (a rank restored
-        on a spare reloads its log from the log backup)."""
+        """A rank's log segments as one buffer (see :meth:`fetch`): for tests and tools;
+        the agent's ``log_read`` copies them from disk a piece at a time."""
+        return self.logs.read(job, rank) if self.fetch(job, rank) else b""
+
+    def fetch(self, job: str, rank: int) -> bool:
+        """Whether this node holds the rank's log segments, pulled from its group onto
+        this node's disk (a page at a time) when none were here: a rank restored on a
+        spare reloads its log from the log backup."""
         if self.logs.segments(job, rank):
-            return self.logs.read(job, rank)
+            return True
         group = self._group_of(job, rank)
         peers = self._peers_of()
         for holder in [m for m in (group.log_backup, group.primary, *group.ckpt_mirrors)
@@ -308,8 +314,8 @@ class LogCopier:
             with self._cond:
                 st = self._state(job, rank)
                 st.appended = max(st.appended, max(self.logs.segments(job, rank), default=0))
-            return self.logs.read(job, rank)
-        return b""
+            return bool(self.logs.segments(job, rank))
+        return False
 
     def _pull(self, address: tuple[str, int], holder: str, job: str, rank: int) -> None:
         """Copy a rank's log here from ``address``, page by page (a page is at most one

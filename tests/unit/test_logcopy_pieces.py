@@ -3,6 +3,7 @@ pulled back page by page, against a real transfer server."""
 
 from __future__ import annotations
 
+import os
 import queue
 import secrets
 from collections.abc import Iterator
@@ -139,3 +140,37 @@ def test_malformed_log_get_cursor_is_refused(backup, cursor) -> None:
     with TransferClient(KEY, "c", backup.address) as c, \
             pytest.raises(TransferError, match="field 'from'"):
         c.call({"op": "log_get", "job": "9", "rank": 0, "from": cursor})
+
+
+def test_a_spare_fetches_the_log_onto_its_disk_and_log_read_never_holds_it_whole(
+        tmp_path, backup) -> None:
+    """A rank on a spare reads a log its node does not hold: it is pulled onto the
+    spare's disk page by page (nothing returned), and ``log_read`` copies it from there
+    a piece at a time, charged first: a log larger than the uid's share is refused
+    before any of it is copied."""
+    from raps_slurm.agent.msg_api import copy_log
+    from raps_slurm.agent.uid_limits import LOG, UidLimits
+    from raps_slurm.errors import Refused
+
+    segs = [_segment(1, i + 1, n) for i, n in enumerate((3 << 20, 70 << 20, 5000))]
+    for i, d in enumerate(segs):
+        backup.logs.append("9", 0, d, number=i + 1)
+    spare = _copier(tmp_path / "s", "s", backup)
+    assert spare.fetch("9", 0) is True
+    assert spare.logs.segments("9", 0) == [1, 2, 3]
+    whole = sum(len(d) for d in segs)
+    limits = UidLimits(1, 1, memory_bytes=whole - 1)
+    with limits.op(LOG, 1000, "log_read") as charge, pytest.raises(Refused) as e:
+        copy_log(spare.logs, "9", 0, charge)
+    assert e.value.kind == "quota" and limits.held(1000) == 0
+    limits = UidLimits(1, 1, memory_bytes=whole)
+    with limits.op(LOG, 1000, "log_read") as charge:
+        fd, size = copy_log(spare.logs, "9", 0, charge)
+    try:
+        assert size == whole and os.pread(fd, 64, len(segs[0]) + len(segs[1])) == segs[2][:64]
+    finally:
+        os.close(fd)
+    nowhere = _copier(tmp_path / "n", "n", backup)
+    assert nowhere.fetch("9", 1) is False and nowhere.read("9", 1) == b""
+    spare.close()
+    nowhere.close()
