@@ -309,10 +309,13 @@ def _phases(rank: int, events: dict[str, PlanEvent], started: float) -> dict[str
 
 
 def measure_run(cluster: LocalCluster, name: str, sbatch: list[str], steps: int,
-                step_sec: float, crash: bool = True) -> dict[str, Any]:
+                step_sec: float, crash: bool = True, stop_resumed: bool = False
+                ) -> dict[str, Any]:
     """Run heat_ring with one node crash after two committed checkpoints of the last rank
     (none with ``crash=False``); wall time from the job's start to its end, and the
-    useful-work fraction."""
+    useful-work fraction. A run the leader escalates also gets ``requeue``: its phases
+    (``requeue_phases``); ``stop_resumed`` cancels it once every rank resumed, which is
+    all a calibration run needs."""
     cfg = load_file(cluster.config_path)
     store, keys = open_store(cfg.store)
     heat = ["--steps", str(steps), "--every", str(RECOVERY_EVERY), "--step-sec", str(step_sec)]
@@ -323,27 +326,79 @@ def measure_run(cluster: LocalCluster, name: str, sbatch: list[str], steps: int,
         wait_until(f"job {bench.job} running", bench.state, lambda s: s == "RUNNING", 120,
                    interval=0.05)
         started = time.time()
+        size = 0
         if crash:
             rank, node = bench.victim()
+            size = len(bench.ranks())
             wait_until(f"rank {rank} committed twice", lambda: bench.committed(rank),
                        lambda n: n >= 2, 300, interval=0.05)
             crashed = time.time()
             cluster.crash(node)
-        final = bench.wait_final(600)
+        escalation, resumed = _follow(bench, size, stop_resumed) if crash \
+            else (None, None)
+        final = bench.wait_final(600) if not (stop_resumed and resumed) else "RESUMED"
         ended = time.time()
         text = bench.out.read_text() if bench.out.exists() else ""
         useful = steps * step_sec
-        return {"state": final, "wall_s": round(ended - started, 2),
-                "crash_after_s": None if crashed is None else round(crashed - started, 2),
-                "useful_s": round(useful, 2),
-                "useful_fraction": round(useful / (ended - started), 3),
-                "ranks_restarted": text.count(" started on ") - 4,
-                "result": next((x for x in text.splitlines() if x.startswith("final ")), None)}
+        out: dict[str, Any] = {
+            "state": final, "wall_s": round(ended - started, 2),
+            "crash_after_s": None if crashed is None else round(crashed - started, 2),
+            "useful_s": round(useful, 2),
+            "useful_fraction": round(useful / (ended - started), 3),
+            "ranks_restarted": text.count(" started on ") - 4,
+            "result": next((x for x in text.splitlines() if x.startswith("final ")), None)}
+        if crashed is not None and escalation is not None:
+            out["requeue"] = requeue_phases(crashed, escalation, resumed, text)
+        return out
     finally:
         bench.cancel()
         if node:
             restart_node(cluster, node)
         store.close()
+
+
+def _follow(bench: JobBench, size: int, stop_resumed: bool
+            ) -> tuple[dict[str, Any] | None, float | None]:
+    """Until the job ends (or, with ``stop_resumed``, every rank resumed): the leader's
+    escalation record, once it says requeued, and when the ``size``-th rank of the
+    requeued run printed that it resumed (restored, before its first step)."""
+    escalation: dict[str, Any] | None = None
+    resumed: float | None = None
+    while bench.state() not in FINAL:
+        if escalation is None:
+            kv = bench.store.get(bench.keys.job_escalation(bench.job))
+            rec = json.loads(kv.value) if kv is not None else None
+            if rec and rec.get("requeued_at") is not None:
+                escalation = rec
+        if escalation is not None and resumed is None and bench.out.exists() \
+                and bench.out.read_text().count(" resumed at step ") >= size:
+            resumed = time.time()
+            if stop_resumed:
+                break
+        time.sleep(0.05)
+    return escalation, resumed
+
+
+def requeue_phases(crashed: float, escalation: dict[str, Any], resumed: float | None,
+                   text: str) -> dict[str, Any]:
+    """A requeued run's phases in seconds: ``detect_s`` crash -> the leader's escalation
+    (detection and the plan that found no spare); ``requeued_s`` / ``released_s``
+    escalation -> the job requeued in Slurm / released after Slurm's requeue delay;
+    ``relaunch_s`` escalation -> every rank of the requeued run restored (what the
+    simulator's requeue costs: ``cluster.queue_wait_s`` + ``job.reinit_s`` + restore);
+    ``resumed_steps``: the steps each rank resumed at (its newest checkpoint)."""
+    at = float(escalation["at"])
+
+    def since(key: str) -> float | None:
+        v = escalation.get(key)
+        return None if v is None else round(float(v) - at, 3)
+
+    steps = sorted({int(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+                    if " resumed at step " in x and x.rsplit(" ", 1)[1].isdigit()})
+    return {"reason": escalation.get("reason"), "detect_s": round(at - crashed, 3),
+            "requeued_s": since("requeued_at"), "released_s": since("released_at"),
+            "relaunch_s": None if resumed is None else round(resumed - at, 3),
+            "resumed_steps": steps}
 
 
 def run_recovery(state: int, interval: float, port: int, ranks_per_node: int = 1,
@@ -385,13 +440,25 @@ def run_efficiency(steps: int, step_sec: float, interval: float, port: int) -> d
     same result."""
     with private_cluster("raps-bench-eff-", port, interval) as cluster:
         coordinator = cluster.coordinator("bench").start()
+        store, keys = open_store(load_file(cluster.config_path).store)
+
+        def measure(name: str, sbatch: list[str], **kw: Any) -> dict[str, Any]:
+            row = measure_run(cluster, name, sbatch, steps, step_sec, **kw)
+            back_in_service(cluster, store, keys, *cluster.node_names)  # the next run's nodes
+            return row
+
         try:
-            raps = measure_run(cluster, "raps", ["--raps-spares=2", "-N6"], steps, step_sec)
-            whole = measure_run(cluster, "restart", ["--raps-spares=0", "-N4"], steps, step_sec)
-            free = measure_run(cluster, "free", ["--raps-spares=2", "-N6"], steps, step_sec,
-                               crash=False)
+            raps = measure("raps", ["--raps-spares=2", "-N6"])
+            # the requeue's relaunch measured on a run of its own (stopped once resumed),
+            # so that validating the whole-job restart does not use its own figures
+            calib = measure("requeue-calibration", ["--raps-spares=0", "-N4"],
+                            stop_resumed=True)
+            whole = measure("restart", ["--raps-spares=0", "-N4"])
+            free = measure("free", ["--raps-spares=2", "-N6"], crash=False)
         finally:
+            store.close()
             coordinator.stop()
     return {"steps": steps, "step_sec": step_sec, "checkpoint_every_steps": RECOVERY_EVERY,
             "raps": raps, "whole_job_restart": whole, "failure_free": free,
+            "requeue_calibration": calib.get("requeue"),
             "same_result": raps["result"] == whole["result"] == free["result"] is not None}

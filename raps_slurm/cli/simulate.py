@@ -517,12 +517,18 @@ def calibrate_cmd(bench_files: tuple[str, ...], comm_share: float, scenario: str
               help="The simulated cluster and raps figures (default: the repository's "
                    "examples/scenarios/validate-6.yaml).")
 def validate_cmd(efficiency: str, scenario: str | None) -> None:
-    """Simulate the crashed raps run of a `rapsctl bench efficiency` output and print both
-    useful-work fractions, their difference and whether it is within the tolerance (JSON)."""
+    """Simulate the crashed runs of a `rapsctl bench efficiency` output, the raps one and
+    the whole-job restart's requeue (``requeue``, with its separately measured relaunch;
+    null in an output without it), and print each crash's real and simulated cost, their
+    difference and whether it is within the tolerance (JSON)."""
     from raps_slurm.sim import validate
 
     path = Path(scenario) if scenario else validate.DEFAULT_SCENARIO
-    result = validate.validate(validate.load_efficiency(efficiency), load_scenario(path))
+    bench = validate.load_efficiency(efficiency)
+    s = load_scenario(path)
+    result = validate.validate(bench, s)
+    result["requeue"] = validate.validate_requeue(bench, s, efficiency) \
+        if "requeue_calibration" in bench else None
     click.echo(json.dumps(result))
 
 
