@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from raps_slurm.sim.runner import run_one
@@ -42,9 +43,11 @@ def run_size(nodes: int, years: float, mtbf_h: float, seed: int) -> dict[str, An
             "strategies": per}
 
 
-def run_simulate(nodes: int, years: float, mtbf_h: float, seed: int) -> dict[str, Any]:
-    """``nodes`` (the top level, as :func:`run_size`) and every size of ``STEPS`` below it
-    (``sizes``, smallest first, each with its wall_s per strategy)."""
-    sizes = [run_size(n, years, mtbf_h, seed) for n in STEPS if n < nodes]
-    top = run_size(nodes, years, mtbf_h, seed)
-    return {**top, "sizes": [*sizes, top]}
+def run_simulate(nodes: int, years: float, mtbf_h: float, seed: int,
+                 sizes: Sequence[int] = ()) -> dict[str, Any]:
+    """``nodes`` (the top level, as :func:`run_size`) and under ``sizes``, smallest first,
+    every size timed with its wall_s per strategy: ``sizes`` and ``nodes``, or without
+    ``sizes`` the ones of ``STEPS`` below ``nodes``."""
+    every = sorted({*sizes, nodes}) if sizes else [*(n for n in STEPS if n < nodes), nodes]
+    runs = {n: run_size(n, years, mtbf_h, seed) for n in every}
+    return {**runs[nodes], "sizes": [runs[n] for n in every]}

@@ -298,10 +298,20 @@ def bench_faults(runs: int, seed: int, net: str, port: int, as_json: bool) -> No
 @click.option("--mtbf-h", type=click.FloatRange(1, 1e9), default=43_800.0, show_default=True,
               help="Node MTBF, hours (5 years: a failure every 4.4 h at 10,000 nodes).")
 @click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--sizes", default="", metavar="N,N,...",
+              help="Node counts to time besides --nodes, listed under sizes (default: "
+                   "1000 and 10000 below --nodes), e.g. 1000,10000,100000.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the default output too).")
-def bench_simulate(nodes: int, years: float, mtbf_h: float, seed: int, as_json: bool) -> None:
+def bench_simulate(nodes: int, years: float, mtbf_h: float, seed: int, sizes: str,
+                   as_json: bool) -> None:
     """Simulate every strategy once on one core and print nodes, sim_years, wall_s, events."""
-    _echo(run_simulate(nodes, years, mtbf_h, seed))
+    counts = []
+    for part in filter(None, (x.strip() for x in sizes.split(","))):
+        if not part.isdigit() or not 10 <= int(part) <= 10_000_000:
+            raise click.BadParameter(f"{part!r} is not a node count (integers 10 to "
+                                     f"10000000, comma-separated)", param_hint="--sizes")
+        counts.append(int(part))
+    _echo(run_simulate(nodes, years, mtbf_h, seed, counts))
 
 
 @bench.command("churn")

@@ -71,14 +71,17 @@ chunk transfer), then name.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 
+from raps_slurm.core.domains import Class as _Class
+from raps_slurm.core.domains import Domains as _Domains
+from raps_slurm.core.domains import SpareSplit, order_uniform
+from raps_slurm.core.domains import domains as _domains
 from raps_slurm.errors import PlacementError
 from raps_slurm.model import BackupGroup, RankPlacement, Topology
 
 FULL, RACK, RACK_ONLY, OFF_RACK, ONE_OFF, SAME_RACK = 5, 4, 3, 2, 1, 0
 MAX_REPLICAS = 8
-_Class = tuple[str, str | None]  # (rack, power domain); disjointness depends on nothing else
 
 
 def fault_domain(topology: Topology, node: str) -> str:
@@ -90,56 +93,6 @@ def domain_disjoint(topology: Topology, a: str, b: str) -> bool:
     """True when ``a`` and ``b`` differ in rack and, where both are known, power domain."""
     d = _domains(topology)
     return d.disjoint(d.cls(a), d.cls(b))
-
-
-class _Domains:
-    """Rack and power lookups with a distance cache (Topology recomputes on each call)."""
-
-    def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-        self.rack: dict[str, str] = {}
-        for name, nodes in sorted(topology.racks().items()):
-            for n in nodes:
-                self.rack.setdefault(n, name)  # a node in two racks: first by name wins
-        self._dist: dict[tuple[str, str], int] = {}
-
-    def rack_of(self, node: str, what: str) -> str:
-        if node not in self.rack:
-            raise PlacementError(f"{what} {node!r} is not in any rack of the topology")
-        return self.rack[node]
-
-    def cls(self, node: str) -> _Class:
-        return self.rack_of(node, "node"), self.topology.power_domains.get(node)
-
-    @staticmethod
-    def disjoint(a: _Class, b: _Class) -> bool:
-        return a[0] != b[0] and (a[1] is None or b[1] is None or a[1] != b[1])
-
-    def dist(self, a: str, b: str) -> int:
-        # Upper switches hold whole racks (topology.conf: Nodes= or Switches=), so the
-        # hops between two distinct nodes depend on their racks only.
-        if a == b:
-            return 0
-        ra, rb = self.rack[a], self.rack[b]
-        key = (ra, rb) if ra <= rb else (rb, ra)
-        if key not in self._dist:
-            self._dist[key] = self.topology.distance(a, b)
-        return self._dist[key]
-
-
-_CACHE: dict[int, tuple[Topology, _Domains]] = {}
-
-
-def _domains(topology: Topology) -> _Domains:
-    """The lookups of a topology, kept for the next call (a Topology is immutable)."""
-    hit = _CACHE.get(id(topology))
-    if hit is not None and hit[0] is topology:
-        return hit[1]
-    if len(_CACHE) >= 8:
-        _CACHE.clear()
-    d = _Domains(topology)
-    _CACHE[id(topology)] = (topology, d)
-    return d
 
 
 def _class_tier(cp: _Class, cx: _Class, cy: _Class) -> int:
@@ -176,6 +129,14 @@ def _order_spares(d: _Domains, primary: str, spares: Iterable[str], prefer: bool
     home = d.rack[primary]
     pc = d.cls(primary)
     prefer_home = prefer and home not in unhealthy
+    if d.uniform:
+        key_ = (tuple(spares), unhealthy)
+        ix = d.spares.get(key_)
+        if ix is None:
+            if len(d.spares) >= 4:
+                d.spares.clear()
+            ix = d.spares[key_] = SpareSplit(d, key_[0], unhealthy)
+        return order_uniform(d, primary, ix, prefer_home)
 
     def key(s: str) -> tuple[bool, bool, bool, int, str]:
         sick = s in unhealthy or d.rack[s] in unhealthy
@@ -262,8 +223,12 @@ class BackupLoads:
 
     Tiers and disjointness depend on (rack, power) classes only, and all nodes of a class
     are equally far from any primary (see dist), so a class's least-loaded node outside
-    the group is its only contender: a pick costs O(classes), not O(nodes). Build one with
-    :meth:`of` to hand to :func:`replace_dead_backups` for many groups of one job.
+    the group is its only contender. The classes' heads are also kept in (load, name)
+    order: a pick walks them from the lightest and stops once no later head can beat its
+    best (no lighter load left, and the best already as few hops away as any node outside
+    the primary's rack can be), a few classes where a scan of all would cost O(classes).
+    Build one with :meth:`of` to hand to :func:`replace_dead_backups` for many groups of
+    one job.
     """
 
     def __init__(self, d: _Domains, pool: Iterable[str],
@@ -279,6 +244,19 @@ class BackupLoads:
             self.count[self.load[n]] = self.count.get(self.load[n], 0) + 1
         for entries in self.by_class.values():
             entries.sort()
+        # Every class's head (its (load, name)-first node) by load, then name: a pick scans
+        # these in order and stops once no later class can win, not after every class.
+        self.heads: dict[int, list[tuple[str, _Class]]] = {}
+        for c, entries in self.by_class.items():
+            self.heads.setdefault(entries[0][0], []).append((entries[0][1], c))
+        for row in self.heads.values():
+            row.sort()
+
+    def ordered(self) -> Iterator[tuple[int, str, _Class]]:
+        """(load, name, class) of every class's head, lightest then by name."""
+        for load in sorted(self.heads):
+            for name, c in self.heads[load]:
+                yield load, name, c
 
     @classmethod
     def of(cls, topology: Topology, pool: Iterable[str],
@@ -300,12 +278,20 @@ class BackupLoads:
 
     def bump(self, n: str, delta: int) -> None:
         """Add ``delta`` roles to pool node ``n``."""
-        nodes = self.by_class[self.cls[n]]
+        c = self.cls[n]
+        nodes = self.by_class[c]
+        before = nodes[0]
         nodes.remove((self.load[n], n))
         self.count[self.load[n]] -= 1
         self.load[n] += delta
         self.count[self.load[n]] = self.count.get(self.load[n], 0) + 1
         bisect.insort(nodes, (self.load[n], n))
+        if nodes[0] != before:
+            row = self.heads[before[0]]
+            del row[bisect.bisect_left(row, (before[1], c))]
+            if not row:
+                del self.heads[before[0]]
+            bisect.insort(self.heads.setdefault(nodes[0][0], []), (nodes[0][1], c))
 
 
 def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
@@ -352,46 +338,44 @@ def _assign_backups(d: _Domains, ranks: list[int], pool: list[str],
                 best_cache[pc] = best_of(best_with(pc, c) for c in classes if free(c, pc))
         return best_cache[pc]
 
-    allowed: dict[tuple[_Class, _Class | None, int], list[_Class]] = {}
+    # Eligibility is decided only for the classes a pick reaches: a rack-disjoint tier
+    # allows most of them, and a pick stops after a few.
+    verdicts: dict[tuple[_Class, _Class | None, int], dict[_Class, bool]] = {}
 
-    def eligible(pc: _Class, oc: _Class | None, t: int) -> list[_Class]:
-        if (pc, oc, t) not in allowed:
+    def ok(memo: dict[_Class, bool], pc: _Class, oc: _Class | None, t: int, c: _Class) -> bool:
+        v = memo.get(c)
+        if v is None:
             if roles == 1:
-                allowed[(pc, oc, t)] = [c for c in classes if _pair_tier(pc, c) >= t]
-            else:
-                allowed[(pc, oc, t)] = [  # a first pick must leave room for the second
-                    c for c in classes
-                    if (best_with(pc, c) if oc is None else _class_tier(pc, c, oc)) >= t]
-        return allowed[(pc, oc, t)]
-
-    # (eligible classes, primary's rack) -> [(that class's (load, name) list, hops)]: the
-    # hops from a primary depend on the two racks only (x is never p), so they are
-    # looked up once per rack pair, not per pick.
-    rows: dict[tuple[_Class, _Class | None, int, str], list[tuple[list[tuple[int, str]], int]]] \
-        = {}
+                v = _pair_tier(pc, c) >= t
+            else:  # a first pick must leave room for the second
+                v = (best_with(pc, c) if oc is None else _class_tier(pc, c, oc)) >= t
+            memo[c] = v
+        return v
 
     def pick(p: str, other: str | None, t: int) -> str:
+        # The heads in (load, name) order; a class whose head is p or other offers its
+        # next node. Stops when no later head can beat the best (load, hops, name): a
+        # rack-disjoint tier puts every candidate at least d.near(p) hops away, a lower
+        # one (a job on one or two racks: few classes) may allow p's rack.
         pc, oc = cls[p], (cls[other] if other else None)
-        key = (pc, oc, t, d.rack[p])
-        row = rows.get(key)
-        if row is None:
-            row = rows[key] = [(by_class[c], d.dist(p, by_class[c][0][1]) if
-                                by_class[c][0][1] != p else 1) for c in eligible(pc, oc, t)]
-        best_l, best_h, best_x = -1, 0, ""
-        for entries, h in row:
-            head = entries[0]  # loads.head inlined: this is the hot loop
-            if head[1] == p or head[1] == other:
-                for head in entries:
-                    if head[1] != p and head[1] != other:
-                        break
-                else:
+        memo = verdicts.setdefault((pc, oc, t), {})
+        near = d.near(p) if t >= RACK_ONLY else 1
+        best: tuple[int, int, str] | None = None
+        for load_x, x, c in loads.ordered():
+            if best is not None and best < (load_x, near, x):
+                break
+            if not ok(memo, pc, oc, t, c):
+                continue
+            if x in (p, other):
+                nxt = next((e for e in by_class[c] if e[1] not in (p, other)), None)
+                if nxt is None:
                     continue
-            load_x = head[0]
-            if best_l < 0 or load_x < best_l or (load_x == best_l and (
-                    h < best_h or (h == best_h and head[1] < best_x))):
-                best_l, best_h, best_x = load_x, h, head[1]
-        assert best_l >= 0  # the tier t was computed as reachable
-        return best_x
+                load_x, x = nxt
+            h = d.dist(p, x)
+            if best is None or (load_x, h, x) < best:
+                best = (load_x, h, x)
+        assert best is not None  # the tier t was computed as reachable
+        return best[2]
 
     chosen: dict[int, list[str]] = {}
     for r in ranks:
@@ -513,7 +497,7 @@ def replace_dead_backups(topology: Topology, group: BackupGroup, dead: Collectio
 
     ``loads`` may be a :class:`BackupLoads` of the same pool (``pool`` is then ignored):
     it is updated in place (new roles added, dead ones removed), so one index serves a
-    job's groups one after the other at O(classes) a replacement instead of O(pool).
+    job's groups one after the other, a replacement walking a few classes, not the pool.
     """
     if not any(b in dead for b in (group.log_backup, *group.ckpt_mirrors) if b):
         return None
@@ -523,19 +507,26 @@ def replace_dead_backups(topology: Topology, group: BackupGroup, dead: Collectio
                if m and m not in dead]
     dead_set = set(dead)
 
+    placed = group.primary in d.rack
+    # Tier-0 candidates are outside the primary's rack when it is a member.
+    near = 0 if not placed else d.near(group.primary) if group.primary in members else 1
+
     def pick() -> str | None:
         mcls = [d.cls(m) for m in members if m in d.rack]
         skip = dead_set.union(members)
         best: tuple[int, int, int, str] | None = None
-        for c in idx.by_class:
+        # Heads in (load, name) order: once a tier-0 best beats every later head, stop.
+        for load, name, c in idx.ordered():
+            if best is not None and best[0] == 0 and best[1:] < (load, near, name):
+                break
             tier = 0 if all(d.disjoint(c, m) for m in mcls) else \
                 1 if all(c[0] != m[0] for m in mcls) else 2
             if best is not None and tier > best[0]:
                 continue
-            head = idx.head(c, skip)
+            head = (load, name) if name not in skip else idx.head(c, skip)
             if head is None:
                 continue
-            hops = d.dist(group.primary, head[1]) if group.primary in d.rack else 0
+            hops = d.dist(group.primary, head[1]) if placed else 0
             key = (tier, head[0], hops, head[1])
             if best is None or key < best:
                 best = key

@@ -69,7 +69,13 @@ class RapsSim:
         self.known_dead: set[str] = set()
         self.delays = [r.detect_s] if r.detect_s >= 0 else detection_delays(r)
         self.rng = random.Random(f"{seed}/detection")
-        self.racks = layout.topology.racks()
+        # The planner asks only for the rack of the node it relaunches from: it gets the
+        # racks holding that node, not all of them (a scan per plan at 1,000 racks).
+        self.racks_of: dict[str, list[str]] = {}
+        self.rack_nodes = {k: frozenset(v) for k, v in layout.topology.racks().items()}
+        for k, v in self.rack_nodes.items():
+            for n in v:
+                self.racks_of.setdefault(n, []).append(k)
         per_node = s.job.state_gb_per_node
         # The unit of placement and recovery is the node: its ranks share one backup group
         # and move together to one spare, so the planner sees one site per node.
@@ -98,7 +104,12 @@ class RapsSim:
         self.pool_list: list[str] = []
         self.loads: placement.BackupLoads | None = None
         self.epochs: dict[int, int] = {}                # rank -> newest epoch (across runs)
-        self.run_plans: dict[str, Plan] = {}            # this run's plans, as in the store
+        # This run's plans as in the store, indexed: the active ones, the spares they take
+        # (planner.taken_spares of each plan, counted) and the ranks moved off each node.
+        self.active: dict[str, Plan] = {}
+        self.taken: dict[str, int] = {}
+        self.takes: dict[str, set[str]] = {}
+        self.moved_from: dict[str, set[int]] = {}
         self.working: list[str] = []
         self.orders: dict[tuple[str, str | None], tuple[str, ...]] = {}  # this run's, by class
         self.spare_list: list[str] = []
@@ -194,7 +205,7 @@ class RapsSim:
             self.epochs[r] = self.epochs.get(r, 0) + 1  # a new run registers a new epoch
         self.sites = {r: RankSite(r, working[r], self.epochs[r], spare_of[r])
                       for r in self.groups}
-        self.run_plans = {}
+        self.active, self.taken, self.takes, self.moved_from = {}, {}, {}, {}
         self.working, self.spare_list = list(working), list(spares)
         self.ready = {}
         self.on_node = {}
@@ -278,9 +289,8 @@ class RapsSim:
                 "timeout" if "not running again within" in reason else
                 "no copy" if "no live copy" in reason else "other")
         self.escalation_kinds[kind] = self.escalation_kinds.get(kind, 0) + 1
-        for p in self._plans():
-            if p.active:
-                self._put(planner.advance(p, "escalated", self.now, reason))
+        for p in list(self.active.values()):
+            self._put(planner.advance(p, "escalated", self.now, reason))
         self._runs_ckpts += math.floor(self.u / self.cycle)
         usable = self._usable(self.u)
         self.lost += self._compute(self.u) - usable
@@ -337,10 +347,10 @@ class RapsSim:
             return
         self.known_dead.add(node)
         self._replace_backups(node)
-        for p in self._plans():
-            if p.active and p.target == node and p.state == "queued":
+        for p in list(self.active.values()):
+            if p.target == node and p.state == "queued":
                 self._retarget(p)
-            elif p.active and p.target == node:
+            elif p.target == node:
                 self._put(planner.advance(p, "failed", self.now, f"target {node} is dead"))
         ranks = self.on_node.get(node, set())
         if not ranks or self.requeuing:
@@ -351,7 +361,7 @@ class RapsSim:
         sizes = {r: int(self.node_gb * GB) for r in ranks}
         out = planner.plan_dead_node(
             JOB, node, sites, batch_host=self.batch_host, dead=self.known_dead, unhealthy=(),
-            taken=planner.taken_spares(self._plans(), JOB, self.run), racks=self.racks,
+            taken=set(self.taken), racks=self._racks(node),
             prefer_original_rack=self.s.raps.prefer_original_rack, holders=holders,
             sizes=sizes, now=self.now + self.s.raps.plan_s, run=self.run, detected_at=self.now)
         if isinstance(out, Escalation):
@@ -360,7 +370,7 @@ class RapsSim:
         for plan in out:
             if not self.store.create(self.keys.plan(plan.plan_id), plan.to_json()):
                 raise RuntimeError(f"plan {plan.plan_id} exists already")  # epochs only grow
-            self.run_plans[plan.plan_id] = plan
+            self._index(plan)
             self._at(plan.created_at + self.s.raps.recovery_timeout_s + 1e-6, "overdue",
                      plan.plan_id)
         self._start_plans()
@@ -384,8 +394,8 @@ class RapsSim:
         site = self._site(p.rank)
         target = planner.choose_target(
             site, dead=self.known_dead, unhealthy=(),
-            taken=planner.taken_spares(self._plans(), JOB, self.run) - {p.target},
-            racks=self.racks, prefer_original_rack=self.s.raps.prefer_original_rack,
+            taken=set(self.taken) - {p.target},
+            racks=self._racks(site.node), prefer_original_rack=self.s.raps.prefer_original_rack,
             holders=self._holders(p.rank))
         if target is None:
             self._escalate(f"no usable spare for rank {p.rank} of job {JOB}")
@@ -416,19 +426,36 @@ class RapsSim:
                 if b and b not in self.down and self.ready.get((rank, b), 0.0) <= self.now]
 
     # ------------------------------------------------------------------ plans
-    def _plans(self) -> list[Plan]:
+    def _racks(self, node: str) -> dict[str, frozenset[str]]:
+        return {k: self.rack_nodes[k] for k in self.racks_of.get(node, ())}
+
+    def _index(self, plan: Plan) -> None:
         # The coordinator lists plans/<job>- each pass; over a simulated year a job has
-        # thousands, so the current run's are mirrored here and written through.
-        return list(self.run_plans.values())
+        # thousands, so the current run's are mirrored here, indexed, and written through.
+        if plan.active:
+            self.active[plan.plan_id] = plan
+        else:
+            self.active.pop(plan.plan_id, None)
+        for t in self.takes.get(plan.plan_id, ()):
+            self.taken[t] -= 1
+            if not self.taken[t]:
+                del self.taken[t]
+        self.takes[plan.plan_id] = planner.taken_spares([plan], JOB, self.run)
+        for t in self.takes[plan.plan_id]:
+            self.taken[t] = self.taken.get(t, 0) + 1
+        if plan.run == self.run:
+            self.moved_from.setdefault(plan.source, set()).add(plan.rank)
 
     def _put(self, plan: Plan) -> None:
         self.store.put(self.keys.plan(plan.plan_id), plan.to_json())
-        self.run_plans[plan.plan_id] = plan
+        self._index(plan)
 
     def _start_plans(self) -> None:
         if self.requeuing:
             return
-        for p in planner.to_start(self._plans(), self.s.raps.max_concurrent_recoveries):
+        # to_start looks at queued and running plans only: the active ones suffice.
+        for p in planner.to_start(list(self.active.values()),
+                                  self.s.raps.max_concurrent_recoveries):
             holders = self._holders(p.rank)
             r = self.s.raps
             if p.target in holders:
@@ -476,7 +503,7 @@ class RapsSim:
             return
         self._put(planner.advance(p, "done", self.now))
         self.lost += self.lost_at_fault.pop(p.rank, 0.0) * self._share()
-        open_ranks = {q.rank for q in self._plans() if q.active and q.run == self.run}
+        open_ranks = {q.rank for q in self.active.values() if q.run == self.run}
         for node, t in list(self.faults.items()):
             if not any(r in open_ranks for r in self._fault_ranks(node)):
                 self.recoveries.append(self.now - t)
@@ -485,7 +512,7 @@ class RapsSim:
         self._go()
 
     def _fault_ranks(self, node: str) -> set[int]:
-        return {q.rank for q in self._plans() if q.source == node and q.run == self.run}
+        return self.moved_from.get(node, set())
 
     def _share(self) -> float:
         """One node's share of the job (lost work is counted in job seconds)."""
