@@ -46,6 +46,7 @@ def _outcome(client: CheckpointClient, message: dict[str, Any], start: threading
              ) -> str:
     """``ok`` or the refusal's kind (``broken`` for a connection that failed)."""
     try:
+        client.request({"op": "hello"})  # connected first: the requests come all at once
         start.wait(60)
         _, fds = client.request(message)
         for fd in fds:
