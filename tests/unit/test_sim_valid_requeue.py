@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from raps_slurm.bench.recovery import requeue_phases
 from raps_slurm.cli import main
 from raps_slurm.errors import ScenarioError
 from raps_slurm.sim.scenario import load_scenario
@@ -102,3 +103,17 @@ def test_a_wrong_requeue_cost_does_not_validate(relaunch: float) -> None:
     out = validate_requeue(data, load_scenario(SCENARIO))
     assert abs(out["difference_s"]) > out["tolerance_s"]
     assert not out["agree"], out
+
+
+def test_the_requeue_phases_come_from_the_escalation_record_and_the_resumed_lines() -> None:
+    """bench efficiency's ``requeue``: crash -> the leader's escalation, escalation ->
+    requeued in Slurm (released: never here) and -> every rank restored; the steps the
+    ranks resumed at, from their lines in the job's output."""
+    text = ("rank 0 started on n1\nrank 3 epoch 2 resumed at step 40\n"
+            "rank 1 epoch 2 resumed at step 40\nrank 2 epoch 2 resumed at step 20\n")
+    rec = {"reason": "no usable spare", "at": 1003.5, "requeued_at": 1003.52,
+           "released_at": None}
+    out = requeue_phases(1000.0, rec, 1018.25, text)
+    assert out == {"reason": "no usable spare", "detect_s": 3.5, "requeued_s": 0.02,
+                   "released_s": None, "relaunch_s": 14.75, "resumed_steps": [20, 40]}
+    assert requeue_phases(1000.0, rec, None, "")["relaunch_s"] is None
