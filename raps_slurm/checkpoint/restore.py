@@ -165,14 +165,26 @@ class Restorer:
         dead node's ranks all restore on one spare, and eight threads decoding at once
         starve the agent's other threads (the ranks' heartbeats) of the GIL for seconds
         while finishing no sooner. A restore started when the plan came
-        (:meth:`restore_early`) is taken if it is of the rank's newest generation."""
+        (:meth:`restore_early`) is taken if it is of the rank's newest generation.
+
+        The generation restored is then this node's at the rank's epoch (:meth:`adopt`)."""
         early = self.early.take(job, rank)
         if early is not None and generation not in (None, early.generation):
             early.restored.close()  # of the newest generation; another one is wanted
             early = None
-        if early is not None:
-            return early
-        return self.restore_queued(job, rank, charge, generation)
+        result = early if early is not None else \
+            self.restore_queued(job, rank, charge, generation)
+        if result is not None and isinstance(result.generation, int):
+            try:
+                self.adopt(job, rank, result.generation)
+            except (StoreError, RecordError) as exc:  # the restore stands; a later one adopts
+                log.warning("job %s rank %d: generation %d not adopted: %s", job, rank,
+                            result.generation, exc)
+        return result
+
+    def adopt(self, job: str, rank: int, generation: int) -> None:
+        """Commit a restored generation again as this node's, at the rank's epoch."""
+        raise NotImplementedError
 
     def manifest(self, job: str, rank: int, rec: CkptRecord) -> Manifest | None:
         """A generation's manifest, from this node or a holder, checked against its record;

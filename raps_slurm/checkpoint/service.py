@@ -357,6 +357,35 @@ class CheckpointService(Restorer):
                     log.warning("%s", exc)
         return out
 
+    def adopt(self, job: str, rank: int, generation: int) -> None:
+        """Once a rank relaunched here restored ``generation`` (committed at an earlier
+        epoch by another node), commit it again as this node's at the rank's epoch.
+        Generations are tried by epoch first, so a node that ran the rank before can no
+        longer publish a newer one at its old epoch that a later restore would take: the
+        relaunched rank continues from this one. Nothing is done for a rank that runs
+        elsewhere or a generation already of its epoch."""
+        rank_key = self.keys.job_rank(job, rank)
+        kv = self.store.get(rank_key)
+        if kv is None:
+            return
+        entry = RankEntry.from_json(kv.key, kv.value)
+        if entry.node != self.node:
+            return
+        found = [r for r in self.trusted_records(job, rank) if r.generation == generation]
+        if not found or max(r.epoch for r in found) >= entry.epoch:
+            return
+        rec = max(found, key=lambda r: r.epoch)
+        mine = replace(rec, epoch=entry.epoch, primary=self.node, committed_at=self._clock(),
+                       holders=decide.ordered_holders(self.node, {self.node, *rec.holders}))
+        key = self.keys.ckpt_commit(self.node, job, rank, generation)
+        if self.store.transaction([Guard(rank_key, kv.mod_revision), Guard(key, 0)],
+                                  [Put(self.keys.ckpt(job, rank, generation), mine.to_json()),
+                                   Put(key, mine.to_json())]):
+            with self._lock:
+                self._primaries.add((job, rank))
+            log.info("job %s rank %d: generation %d restored here is this node's at epoch %d",
+                     job, rank, generation, entry.epoch)
+
     def rank_entry(self, job: str, rank: int) -> RankEntry | None:
         """The rank's entry in the rank map, None if it has none or it is malformed."""
         kv = self.store.get(self.keys.job_rank(job, rank))

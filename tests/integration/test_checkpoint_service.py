@@ -27,7 +27,7 @@ from raps_slurm.checkpoint.service import CheckpointService, Fenced, LogUnbacked
 from raps_slurm.checkpoint.transfer import TransferServer
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.config import Config
-from raps_slurm.core.checkpoints import CkptRecord
+from raps_slurm.core.checkpoints import CkptRecord, restore_order
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
 from raps_slurm.model import BackupGroup
 from raps_slurm.runtime.msglog import Entry, checksum
@@ -444,3 +444,30 @@ def test_a_node_commits_only_the_ranks_it_runs(nodes: Nodes) -> None:
     with pytest.raises(Fenced, match="runs on n1, not on n2"):
         save(nodes.services["n2"], job, field(20_000))
     assert nodes.store.get_prefix(nodes.keys.ckpt_prefix(job, 0)) == []
+
+
+def test_a_node_the_rank_left_cannot_publish_a_newer_generation(nodes: Nodes) -> None:
+    """Rank 0 ran on n1 at epoch 1 and moved to n4, which restored generation 1 and made
+    it its own at epoch 2. Root on n1 then publishes a generation 7 at epoch 1 (n1 did
+    run the rank then). When n4 dies too, n3 restores n4's epoch, never n1's late one."""
+    job = new_job(nodes)
+    a = field()
+    save(nodes.services["n1"], job, a)
+    nodes.services["n1"].wait_idle()
+    nodes.up.discard("n1")
+    move(nodes, job, "n4")
+    first = nodes.services["n4"].restore(job, 0)
+    assert first is not None and first.generation == 1
+    first.restored.close()
+    kv = nodes.store.get(nodes.keys.ckpt_commit("n4", job, 0, 1))
+    assert kv is not None and CkptRecord.from_json(kv.key, kv.value).epoch == 2
+    forge(nodes, job, "n1", field(seed=9), gen=7, epoch=1)
+    nodes.up.discard("n4")
+    move(nodes, job, "n3")
+    n3 = nodes.services["n3"]
+    assert [(r.generation, r.epoch) for r in restore_order(n3.trusted_records(job, 0))] == \
+        [(1, 2), (7, 1)]
+    result = n3.restore(job, 0)
+    assert result is not None and result.generation == 1
+    assert materialize(result.restored.manifest, result.restored.buffer).tobytes() == a.tobytes()
+    result.restored.close()
