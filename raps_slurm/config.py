@@ -309,7 +309,7 @@ def _type_name(tp: Any) -> str:
         return names[tp]
     origin = typing.get_origin(tp)
     if origin is tuple:
-        return "a list of strings"
+        return "a list of numbers" if typing.get_args(tp)[0] is float else "a list of strings"
     if origin is dict:
         return "a mapping of strings to strings"
     return str(tp)
@@ -341,6 +341,15 @@ def _convert(path: str, tp: Any, value: Any, meta: Mapping[str, Any],
             errors.append(f"{path}: {value!r} is not allowed, expected one of {', '.join(choices)}")
         return value
     origin = typing.get_origin(tp)
+    if origin is tuple and typing.get_args(tp)[0] is float:
+        if not isinstance(value, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            errors.append(bad)
+            return value
+        lo, hi = meta.get("min"), meta.get("max")
+        if any((lo is not None and v < lo) or (hi is not None and v > hi) for v in value):
+            errors.append(f"{path}: {value!r} has a value out of range, allowed {lo} to {hi}")
+        return tuple(float(v) for v in value)
     if origin is tuple:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             errors.append(bad)

@@ -13,6 +13,7 @@ from typing import Any
 
 from raps_slurm.errors import ScenarioError
 from raps_slurm.sim import calibrate
+from raps_slurm.sim.raps import log_share
 from raps_slurm.sim.runner import run_report
 from raps_slurm.sim.scenario import Scenario, override, parse_scenario, to_dict
 
@@ -26,8 +27,14 @@ def messaging_cost(s: Scenario, mpi_file: str, comm_share: float) -> tuple[Scena
     if kind != "mpi":
         raise ScenarioError([f"--mpi {mpi_file}: expected the output of rapsctl bench mpi, "
                              f"got bench {kind}"])
-    (value,) = calibrate.from_mpi(data, mpi_file, comm_share)
-    return override(s, "raps.log_overhead", value.value), value.how
+    values = calibrate.from_mpi(data, mpi_file, comm_share)
+    for v in values:
+        s = override(s, v.key, list(v.value) if isinstance(v.value, tuple) else v.value)
+    how = next(v.how for v in values if v.key == "raps.log_overhead")
+    if s.job.step_s > 0 and s.job.msg_bytes:
+        how = (f"{log_share(s):.4g} from job.msg_bytes and job.step_s at bench mpi's "
+               f"per-size speeds (raps.msg_speed)")
+    return s, how
 
 
 def advise(s: Scenario, progress: Callable[[int, int], None] | None = None
@@ -47,7 +54,7 @@ def advise(s: Scenario, progress: Callable[[int, int], None] | None = None
         if name in ("raps", "step"):
             row["replicas"] = s.checkpoint.replicas
         if name == "raps":
-            row["log_overhead"] = s.raps.log_overhead
+            row["log_overhead"] = round(log_share(s), 4)
         if "flush_every" in iv:
             row["flush_every"] = iv["flush_every"]
         rows[name] = row

@@ -60,16 +60,23 @@ class Value:
     """One calibrated parameter and where it came from."""
 
     key: str
-    value: float
+    value: float | tuple[float, ...]
     file: str
     fields: tuple[str, ...]
     how: str
     rank: int  # lower is the better source when two files give the key
 
+    @property
+    def number(self) -> float:
+        """The value of a one-number key."""
+        if isinstance(self.value, tuple):
+            raise TypeError(f"{self.key} holds a list")
+        return self.value
+
     def source(self) -> dict[str, Any]:
         """The provenance as JSON: file, fields, formula."""
         return {"file": self.file, "fields": list(self.fields), "how": self.how,
-                "value": self.value}
+                "value": list(self.value) if isinstance(self.value, tuple) else self.value}
 
 
 def kind_of(data: Any) -> str | None:
@@ -174,7 +181,33 @@ def from_mpi(d: dict[str, Any], path: str, comm_share: float) -> list[Value]:
                   f"RAPS's speed against Open MPI's (TCP): geometric mean {ratio:.3g} of "
                   f"1/lat_8B_ratio and {', '.join(MPI_SPEEDS)}; an application "
                   f"communicating {comm_share:g} of its time (assumed, --comm-share): "
-                  f"1 - 1 / (1 - c + c / ratio)", 0)]
+                  f"1 - 1 / (1 - c + c / ratio)", 0), *per_size(d, path)]
+
+
+SIZED = (("lat_8B_ratio", 8), ("bw_1MiB_ratio", 1 << 20), ("bw_8MiB_ratio", 8 << 20))
+
+
+def per_size(d: dict[str, Any], path: str) -> list[Value]:
+    """RAPS's speed against Open MPI's per message size (the point-to-point figures of
+    ``bench mpi``) and Open MPI's own latency and bandwidth: with an application's
+    messages per step (job.msg_bytes, job.step_s) they give its messaging cost."""
+    speeds = tuple(round(1.0 / _num(d, k, path) if k.startswith("lat") else _num(d, k, path),
+                         4) for k, _ in SIZED)
+    fields = tuple(k for k, _ in SIZED)
+    out = [Value("raps.msg_sizes_b", tuple(float(b) for _, b in SIZED), path, fields,
+                 "the sizes bench mpi measures point to point", 0),
+           Value("raps.msg_speed", speeds, path, fields,
+                 "1/lat_8B_ratio, bw_1MiB_ratio, bw_8MiB_ratio: RAPS's speed against "
+                 "Open MPI's (TCP) at 8 B, 1 MiB, 8 MiB", 0)]
+    if "lat_8B_openmpi_us" not in d or "bw_8MiB_openmpi_MBps" not in d:
+        return out  # an output without Open MPI's own figures: the defaults stay
+    return [*out,
+            Value("cluster.mpi_latency_us", round(_num(d, "lat_8B_openmpi_us", path), 3),
+                  path, ("lat_8B_openmpi_us",), "Open MPI's 8-byte latency (TCP, the "
+                                                "benchmark's machine)", 0),
+            Value("cluster.mpi_gbps", round(_num(d, "bw_8MiB_openmpi_MBps", path) / 1000, 4),
+                  path, ("bw_8MiB_openmpi_MBps",), "Open MPI's 8 MiB bandwidth (TCP, the "
+                                                   "benchmark's machine), GB/s", 0)]
 
 
 def from_detect(d: dict[str, Any], path: str) -> list[Value]:
@@ -206,12 +239,12 @@ def from_recovery(d: dict[str, Any], path: str, decode: Value | None = None
     launch = d.get("launch_s")
     restore = _num(d, "restore_s", path)
     moved = _num(d, "moved_bytes", path) / GB
-    if decode is not None and restore - moved / decode.value > 0:
-        out.append(Value("raps.launch_s", round(restore - moved / decode.value, 3), path,
+    if decode is not None and restore - moved / decode.number > 0:
+        out.append(Value("raps.launch_s", round(restore - moved / decode.number, 3), path,
                          ("restore_s", "moved_bytes", f"{Path(decode.file).name}: "
                                                       f"restore_gbps"),
                          f"plan started -> state restored ({restore:g} s) less the moved "
-                         f"{moved:.3g} GB at bench checkpoint's {decode.value:g} GB/s: the "
+                         f"{moved:.3g} GB at bench checkpoint's {decode.number:g} GB/s: the "
                          f"step launch, the rank's process start and runtime set-up", 0))
     if isinstance(launch, (int, float)):
         out.append(Value("raps.launch_s", round(float(launch), 3), path, ("launch_s",),
@@ -316,7 +349,7 @@ def calibrate(paths: list[str], comm_share: float = 0.25) -> dict[str, Any]:
             also.setdefault(v.key, []).append(v.source())
         else:
             chosen[v.key] = v
-    params = {k: chosen[k].value for k in sorted(chosen)}
+    params: dict[str, Any] = {k: chosen[k].source()["value"] for k in sorted(chosen)}
     for k in ("raps.miss_threshold",):
         if k in params:
             params[k] = int(params[k])
@@ -360,8 +393,10 @@ def to_yaml(result: dict[str, Any]) -> str:
     for key, value in result["parameters"].items():
         section, name = key.split(".", 1)
         src = result["sources"][key]
+        shown = f"[{', '.join(f'{v:.12g}' for v in value)}]" if isinstance(value, (list, tuple)) \
+            else f"{value:g}"
         by_section.setdefault(section, []).append(
-            f"  {name}: {value:g}    # {Path(src['file']).name}: {src['how']}")
+            f"  {name}: {shown}    # {Path(src['file']).name}: {src['how']}")
     for section, rows in by_section.items():
         lines.append(f"{section}:")
         lines.extend(rows)

@@ -13,11 +13,15 @@ failure costs the time lost plus a restart that may itself fail), and its optimu
 
     tau_opt = sqrt(2 delta M) [1 + sqrt(delta/(2M))/3 + delta/(18 M)] - delta, delta < 2M
             = M,                                                          otherwise.
+
+Also the messaging cost of RAPS against native MPI from an application's messages per
+step and the speed ratios ``rapsctl bench mpi`` measures per message size.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 
 def young_interval(checkpoint_s: float, mtbf_s: float) -> float:
@@ -46,3 +50,30 @@ def daly_fraction(interval_s: float, checkpoint_s: float, restart_s: float,
     log_expm1 = math.log(math.expm1(x)) if x < 50 else x + math.log1p(-math.exp(-x))
     log_wall = math.log(m) + restart_s / m + log_expm1 - math.log(interval_s)
     return 0.0 if log_wall > 700 else math.exp(-log_wall)
+
+
+def speed_at(size: float, sizes: Sequence[float], speeds: Sequence[float]) -> float:
+    """A measured speed ratio at message ``size``: linear in log size between the
+    measured sizes, the nearest one's beyond them."""
+    if size <= sizes[0]:
+        return speeds[0]
+    for i in range(1, len(sizes)):
+        if size <= sizes[i]:
+            w = math.log(size / sizes[i - 1]) / math.log(sizes[i] / sizes[i - 1])
+            return speeds[i - 1] + w * (speeds[i] - speeds[i - 1])
+    return speeds[-1]
+
+
+def messaging_overhead(step_s: float, msg_bytes: Sequence[float],
+                       per_step: Sequence[float], latency_s: float, gbps: float,
+                       sizes: Sequence[float], speeds: Sequence[float]) -> float:
+    """Share of a step's time lost to RAPS's messaging against native MPI: a step computes
+    ``step_s`` and sends ``per_step[i]`` messages of ``msg_bytes[i]``, each taking
+    ``latency_s + bytes / gbps`` under native MPI and that over the speed ratio at its
+    size (:func:`speed_at`) under RAPS: 1 - T_mpi / T_raps."""
+    native = raps = step_s
+    for b, k in zip(msg_bytes, per_step, strict=True):
+        t = k * (latency_s + b / (gbps * 1e9))
+        native += t
+        raps += t / speed_at(b, sizes, speeds)
+    return 0.0 if raps <= 0 else max(0.0, 1.0 - native / raps)

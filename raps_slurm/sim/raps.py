@@ -12,7 +12,8 @@ queue (:func:`~raps_slurm.core.planner.to_start`), plan states
 
 The cost model (each figure a scenario key, see docs/simulator.md):
 - the job computes in cycles of ``interval_s`` then a blocking incremental save of
-  ``incr_s_per_gb`` x node state; message logging slows computation by ``log_overhead``;
+  ``incr_s_per_gb`` x node state; messaging slows computation by ``log_overhead`` (or
+  by what the application's messages per step cost at RAPS's per-size speed, log_share);
   a checkpoint is usable by another node once its delta reached the holders;
 - the node is the unit of placement and recovery: a node's ranks share one backup group
   and move together to one spare under one plan (the planner is given one site per node),
@@ -41,6 +42,7 @@ from raps_slurm.core.planner import Escalation, Plan, RankSite
 from raps_slurm.model import BackupGroup
 from raps_slurm.sim.detect import detection_delays
 from raps_slurm.sim.intervals import pinned
+from raps_slurm.sim.models import messaging_overhead
 from raps_slurm.sim.results import StrategyResult
 from raps_slurm.sim.scenario import Scenario
 from raps_slurm.sim.trace import FAIL, Layout, Outage, node_timeline
@@ -49,6 +51,17 @@ from raps_slurm.store.memory import MemoryStore
 
 GB = 1e9
 JOB = "1"
+
+
+def log_share(s: Scenario) -> float:
+    """Share of compute time lost to RAPS's messaging: from the application's messages
+    per step (job.step_s, job.msg_bytes) and the per-size speeds when given, else
+    raps.log_overhead."""
+    if s.job.step_s <= 0 or not s.job.msg_bytes:
+        return s.raps.log_overhead
+    return min(0.99, messaging_overhead(
+        s.job.step_s, s.job.msg_bytes, s.job.msg_per_step, s.cluster.mpi_latency_us * 1e-6,
+        s.cluster.mpi_gbps, s.raps.msg_sizes_b, s.raps.msg_speed))
 
 
 class RapsSim:
@@ -87,7 +100,7 @@ class RapsSim:
         delta_gb = per_node * s.job.change_rate * r.storage_ratio
         self.lag = delta_gb * s.checkpoint.replicas / r.node_net_gbps
         self.cycle = self.tau + self.c
-        self.log = r.log_overhead
+        self.log = log_share(s)
         # job state
         self.run = 0
         self.base = 0.0            # compute kept from earlier runs

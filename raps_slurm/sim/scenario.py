@@ -8,6 +8,7 @@ bandwidths GB/s, times in the unit their name ends with.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,13 @@ class ClusterSpec:
                              "dead ones (with a list of rack sizes: what the list holds beyond "
                              "the job and its spares)", 0, 10_000_000)
     queue_wait_s: float = _f(1200.0, "queue wait of a requeued job, every strategy", 0.0, 1e8)
+    mpi_latency_us: float = _f(7.1, "native MPI's one-way time of a small message, us, for "
+                                    "job.msg_bytes (default measured: bench mpi "
+                                    "lat_8B_openmpi_us, Open MPI over TCP on one machine)",
+                               0.0, 1e6)
+    mpi_gbps: float = _f(3.9121, "native MPI's bandwidth of large messages, GB/s, for "
+                                 "job.msg_bytes (default measured: bench mpi "
+                                 "bw_8MiB_openmpi_MBps)", 0.001, 1e6)
     # cluster.racks given as a list of sizes; ``racks`` is then its length.
     rack_sizes: tuple[int, ...] = field(default=(), metadata={"internal": True})
 
@@ -93,6 +101,13 @@ class JobSpec:
                             0.0, 1.0)
     reinit_s: float = _f(300.0, "application start-up after a requeue, before it restores "
                                 "(every strategy)", 0.0, 1e8)
+    step_s: float = _f(0.0, "compute time of one step under native MPI, its communication "
+                            "excluded; with job.msg_bytes it gives raps's messaging cost "
+                            "(0 = raps.log_overhead as given)", 0.0, 1e8)
+    msg_bytes: tuple[float, ...] = _f([], "sizes of the messages a rank sends each step, "
+                                          "bytes", 0.0, 1e12)
+    msg_per_step: tuple[float, ...] = _f([], "how many of each job.msg_bytes a rank sends "
+                                             "each step", 0.0, 1e9)
     trace: str = _f("", "sacct --parsable2 file (JobID|NNodes|Start|End|State); "
                         "relative to the scenario file; '' = one job for the horizon")
     trace_states: tuple[str, ...] = _f(
@@ -133,7 +148,17 @@ class RapsSpec:
     log_overhead: float = _f(0.0943, "share of compute time lost to message logging (default "
                                      "measured: bench messaging, logged against unlogged "
                                      "RAPS, a quarter of the time communicating; against "
-                                     "Open MPI, bench mpi, it is about 0.5)", 0.0, 0.99)
+                                     "Open MPI, bench mpi, it is about 0.5); with job.step_s "
+                                     "and job.msg_bytes, computed from them instead",
+                              0.0, 0.99)
+    msg_sizes_b: tuple[float, ...] = _f([8, 1048576, 8388608], "message sizes, bytes, at which "
+                                        "raps.msg_speed is measured (increasing)", 1.0, 1e12)
+    msg_speed: tuple[float, ...] = _f([0.0921, 0.22, 0.354], "RAPS's messaging speed against "
+                                      "native MPI at each raps.msg_sizes_b (default measured: "
+                                      "bench mpi 1/lat_8B_ratio, bw_1MiB_ratio, bw_8MiB_ratio, "
+                                      "docs/runs/bench-mpi-2026-12-05-3.json); between sizes "
+                                      "interpolated in log size, beyond them the nearest",
+                                  0.0001, 100)
     replay_speedup: float = _f(0.5952, "re-execution speed during replay vs normal (default "
                                        "measured: bench recovery on heat_ring, whose steps "
                                        "sleep: a lower bound for a compute-bound program)",
@@ -330,6 +355,7 @@ def _check(s: Scenario, errors: list[str]) -> None:
     if s.step.incr_s_per_gb != -1 and s.step.incr_s_per_gb < 0:
         errors.append(f"step.incr_s_per_gb: {s.step.incr_s_per_gb:g} is not allowed, expected "
                       f"-1 (= raps.incr_s_per_gb) or 0 to 1000000.0")
+    errors.extend(_messaging_errors(s))
     if s.cluster.power_domains > s.cluster.racks:
         errors.append(f"cluster.power_domains: {s.cluster.power_domains} exceeds cluster.racks "
                       f"= {s.cluster.racks} (a power domain holds whole racks)")
@@ -338,6 +364,22 @@ def _check(s: Scenario, errors: list[str]) -> None:
     if s.failures.correlated_scope == "power" and s.failures.correlated_share > 0 \
             and s.cluster.power_domains == 0:
         errors.append("failures.correlated_scope: 'power' needs cluster.power_domains > 0")
+
+
+def _messaging_errors(s: Scenario) -> list[str]:
+    out = []
+    if len(s.job.msg_bytes) != len(s.job.msg_per_step):
+        out.append(f"job.msg_per_step: {len(s.job.msg_per_step)} counts for "
+                   f"{len(s.job.msg_bytes)} job.msg_bytes; give one count per size")
+    if s.job.msg_bytes and s.job.step_s == 0:
+        out.append("job.step_s: 0 with job.msg_bytes given; give the compute time of a step")
+    sizes = s.raps.msg_sizes_b
+    if not sizes or len(sizes) != len(s.raps.msg_speed):
+        out.append(f"raps.msg_speed: {len(s.raps.msg_speed)} speeds for {len(sizes)} "
+                   f"raps.msg_sizes_b; give one speed per size (at least one)")
+    if any(b <= a for a, b in itertools.pairwise(sizes)):
+        out.append(f"raps.msg_sizes_b: {list(sizes)} is not increasing")
+    return out
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -47,7 +47,7 @@ def scn(**sections: dict[str, object]) -> object:
 
 @pytest.mark.parametrize(("data", "message"), [
     ({"job": {"nodez": 3}}, "test: job.nodez: unknown key; did you mean 'nodes'? (allowed: nodes, ranks_per_node, "
-     "state_gb_per_node, change_rate, reinit_s, trace, trace_states)"),
+     "state_gb_per_node, change_rate, reinit_s, step_s, msg_bytes, msg_per_step, trace, trace_states)"),
     ({"job": {"nodes": 0}}, "test: job.nodes: 0 is out of range, allowed 1 to 10000000"),
     ({"job": {"nodes": "many"}}, "test: job.nodes: expected an integer, got 'many'"),
     ({"failures": {"distribution": "gamma"}},
