@@ -223,7 +223,7 @@ class StepSpec:
 
     interval_s: float = _f(0.0, "step's checkpoint interval, seconds (0 = "
                                 "checkpoint.interval_s)", 0, 1e8)
-    relaunch_s: float = _f(7.292, "DEAD verdict -> the new step launched: the old step "
+    relaunch_s: float = _f(1.236, "DEAD verdict -> the new step launched: the old step "
                                   "ended, raps-run's srun of the whole step (default "
                                   "measured: bench restart relaunch_s, 4 ranks on 6 nodes, "
                                   "examples/calibration/restart.json)", 0.0, 1e8)
@@ -231,10 +231,10 @@ class StepSpec:
                                     "state; -1 = raps.incr_s_per_gb (measured on the Python "
                                     "runtime's save, the same agent and store: libraps's own "
                                     "is not measured)", -1.0, 1e6)
-    restore_gbps: float = _f(0.2668, "a node's whole restore after the launch (the ranks' "
+    restore_gbps: float = _f(0.3477, "a node's whole restore after the launch (the ranks' "
                                      "start, the moved node's pull and decode, the others' "
                                      "decode), GB/s of state (default measured: bench restart, "
-                                     "256 MiB per rank in 1.006 s, "
+                                     "256 MiB per rank in 0.772 s, "
                                      "examples/calibration/restart.json); -1 = the compressed "
                                      "copy pulled at raps.node_net_gbps, then decoded at "
                                      "raps.restore_gbps", -1.0, 1e6)
