@@ -26,7 +26,11 @@ here with raps-slurm's fast detection and an immediate restart, so the compariso
 flatters the restart). Useful work is ``steps x step_sec`` (the program's compute);
 the fraction is that over the wall time from the job's start to its end. A third run,
 the raps job without a failure (``failure_free``), gives the machine's own pace, which
-``rapsctl simulate validate`` needs to compare the failed run with the simulator.
+``rapsctl simulate validate`` needs to compare the failed run with the simulator. The
+restart run's ``requeue`` holds its phases from the leader's escalation record and the
+ranks' "resumed" lines; ``requeue_calibration`` the same phases of another such crash,
+stopped once its ranks restored, whose relaunch the simulated requeue is given (the
+validated run's own would make the comparison circular).
 """
 
 from __future__ import annotations
