@@ -37,7 +37,9 @@ checkpoint dir holds against those plus the room left for root (DEGRADED: no roo
 more checkpoints), and against the whole file system (DRAIN: RAPS's own data fills it).
 A user filling a file system the checkpoint dir shares takes only the room users may
 have, not root's reserved blocks, and never makes RAPS's data grow; a sample without
-``disk_raps_percent`` never drains.
+``disk_raps_percent`` never drains, and the checkpoint disk does not drain by persistence
+(on a file system without reserved blocks another user can take root's room too: the
+node is then DEGRADED, no recovery target, for as long as it lasts, never drained).
 
 Levels
 ------
@@ -164,6 +166,7 @@ class _Reading:
     state: State
     text: str = ""
     hard: bool = False
+    persists: bool = True  # drains once active persist_samples samples in a row
 
 
 @dataclass(slots=True)
@@ -171,6 +174,7 @@ class _Cond:
     count: int       # consecutive samples active
     hard: bool
     text: str        # from the last reading at or over the threshold
+    persists: bool = True
 
 
 @dataclass(slots=True)
@@ -312,8 +316,10 @@ class HealthPolicy:
         if raps is not None and hard:
             shown, limit = raps, s.disk_hard_percent
         state = _band(used, s.disk_full_percent, s.disk_full_percent - s.disk_margin_percent)
+        # No room left drains nothing however long it lasts: others' files may fill what
+        # root has (a file system without reserved blocks), and the node still runs ranks.
         return [_Reading("disk:ckpt", state, f"ckpt disk {_g(shown)}% full >= {_g(limit)}%",
-                         hard=hard)]
+                         hard=hard, persists=False)]
 
     def _counts(self, value: Any, kind: str, what: str, threshold: float,
                 scale: float) -> Iterator[_Reading]:
@@ -390,17 +396,17 @@ class HealthPolicy:
                 st.conds.pop(r.key, None)
             elif cond is None:
                 if r.state == "over":
-                    st.conds[r.key] = _Cond(1, r.hard, r.text)
+                    st.conds[r.key] = _Cond(1, r.hard, r.text, r.persists)
             else:
                 cond.count += 1
-                cond.hard = r.hard
+                cond.hard, cond.persists = r.hard, r.persists
                 if r.state == "over":
                     cond.text = r.text
 
     def _next_level(self, st: _NodeState) -> HealthLevel:
         s = self.settings
         conds = st.conds.values()
-        if any(c.hard or c.count >= s.persist_samples for c in conds):
+        if any(c.hard or (c.persists and c.count >= s.persist_samples) for c in conds):
             target = HealthLevel.DRAIN
         elif conds:
             target = HealthLevel.DEGRADED
@@ -421,7 +427,7 @@ class HealthPolicy:
         return sorted(st.conds.items(), key=lambda kv: (not kv[1].hard, -kv[1].count, kv[0]))
 
     def _text(self, cond: _Cond) -> str:
-        if cond.hard or cond.count < self.settings.persist_samples:
+        if cond.hard or not cond.persists or cond.count < self.settings.persist_samples:
             return cond.text
         return f"{cond.text} for {cond.count} samples"
 
