@@ -118,10 +118,12 @@ def order_spares(topology: Topology, primary: str, spares: Iterable[str], *,
     """All ``spares`` ordered for a relaunch of a rank that ran on ``primary``."""
     d = _domains(topology)
     d.rack_of(primary, "node")
-    spares = list(spares)
-    for s in spares:
-        d.rack_of(s, "spare")
-    return _order_spares(d, primary, spares, prefer_original_rack, frozenset(unhealthy))
+    spares = tuple(spares)
+    sick = frozenset(unhealthy)
+    if (spares, sick) not in d.spares:  # a cached split was made of checked spares
+        for s in spares:
+            d.rack_of(s, "spare")
+    return _order_spares(d, primary, spares, prefer_original_rack, sick)
 
 
 def _order_spares(d: _Domains, primary: str, spares: Iterable[str], prefer: bool,
