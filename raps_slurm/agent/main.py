@@ -27,6 +27,7 @@ from types import FrameType
 import click
 import sdnotify
 
+from raps_slurm.agent import uid_limits
 from raps_slurm.agent.ckpt_api import CheckpointOps
 from raps_slurm.agent.health import HealthReporter
 from raps_slurm.agent.key_api import RankKeyOps
@@ -132,6 +133,10 @@ def cli(node: str, config_path: str | None, probe_root: str | None, heartbeat_lo
 
     def owner_of(job: str) -> int | None:
         return _owner_of(store, keys, job)
+
+    # a restore started when a plan moves a rank here is the job owner's, as the rank's own
+    checkpoints.early.charge_for = uid_limits.early_charges(
+        uid_limits.shared(checkpoints, cfg.agent), owner_of)
 
     api = LocalApiServer(node_dir(cfg.agent.socket_path, node), node,
                          owner_of=owner_of,

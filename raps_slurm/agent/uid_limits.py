@@ -14,7 +14,10 @@ another user's restore waiting (docs/architecture.md, Per-job quotas). Per uid:
   memory: each charges the bytes it is about to allocate before allocating them, and a
   charge that would pass the share is refused with kind ``quota``.
 
-Root is not limited: the agent and the admins act for every job.
+Root is not limited: the agent and the admins act for every job. What the agent starts
+on its own for a user's job is charged to the job's owner all the same
+(:meth:`UidLimits.held_for`): an early restore, made when a plan moves a rank here,
+holds the rank's state until the rank takes it (:mod:`raps_slurm.checkpoint.early`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from raps_slurm.config import AgentConfig
@@ -126,6 +129,17 @@ class UidLimits:
             self._held[charge.uid] = held + nbytes
             charge.bytes += nbytes
 
+    def held_for(self, uid: int, op: str) -> tuple[Charge, Callable[[], None]]:
+        """A charge of ``uid``'s memory share outside any op (no slot: the agent's own
+        work for the uid's job), and what releases it (once; later calls do nothing)."""
+        charge = Charge(self, uid, op)
+
+        def release() -> None:
+            with self._lock:
+                self._release(charge)
+                self._freed.notify_all()
+        return charge, release
+
     def held(self, uid: int) -> int:
         """Bytes the uid's running ops hold."""
         with self._lock:
@@ -162,3 +176,16 @@ def shared(owner: object, cfg: AgentConfig) -> UidLimits:
         if limits is None:
             limits = _SHARED[owner] = UidLimits.from_config(cfg)
         return limits
+
+
+def early_charges(limits: UidLimits, owner_of: Callable[[str], int | None]
+                  ) -> Callable[[str, int], tuple[Charge, Callable[[], None]]]:
+    """What an early restore of a rank of job J charges: J's owner's share (refused, kind
+    ``not_registered``, for a job whose owner is not known here)."""
+    def charge_for(job: str, rank: int) -> tuple[Charge, Callable[[], None]]:
+        owner = owner_of(job)
+        if owner is None:
+            raise Refused("not_registered", f"early restore of rank {rank} of job {job}: "
+                                            "its owner is not known")
+        return limits.held_for(owner, "early restore")
+    return charge_for

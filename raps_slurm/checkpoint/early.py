@@ -10,6 +10,11 @@ A result is handed over only if the rank's newest generation record is still the
 the early restore started from (a newer one came: the rank restores anew), at most once,
 and only within ``hold_s`` of being made: unclaimed results are closed (their memory
 files hold the rank's whole state).
+
+What an early restore allocates is charged as the rank's own restore would be, to the
+job owner's share (``charge_for``, set by the agent: :mod:`raps_slurm.agent.uid_limits`),
+from its start until the rank takes it or it is closed: the agent starts it for the
+user, not for itself. A charge refused ends it; the rank restores when it asks.
 """
 
 from __future__ import annotations
@@ -20,10 +25,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from raps_slurm.checkpoint.restore_parts import RestoreResult
+from raps_slurm.checkpoint.restore_parts import Charge, RestoreResult
 from raps_slurm.errors import RapsError
 
 log = logging.getLogger("raps.checkpoint")
+
+Release = Callable[[], None]
+# (job, rank) -> what charges the job owner's share, and what gives the charge back
+ChargeFor = Callable[[str, int], tuple[Charge, Release]]
+
+
+def _nothing() -> None:
+    return None
+
+
+def _uncharged(job: str, rank: int) -> tuple[Charge, Release]:
+    return (lambda nbytes: None), _nothing
+
 
 HOLD_S = 120.0  # an unclaimed early restore is dropped this long after it was made
 MAX_HELD = 256  # early restores made or running at once on one node (more: not started)
@@ -37,12 +55,14 @@ class _Slot:
     done: threading.Event = field(default_factory=threading.Event)
     result: RestoreResult | None = None
     made_at: float = 0.0
+    release: Release = _nothing  # the charge of what the result holds
 
 
 class EarlyRestores:
     """Early restores of one node's checkpoint service, keyed by (job, rank)."""
 
-    def __init__(self, restore: Callable[[str, int], RestoreResult | None], newest: Newest,
+    def __init__(self, restore: Callable[[str, int, Charge], RestoreResult | None],
+                 newest: Newest,
                  hold_s: float = HOLD_S, monotonic: Callable[[], float] = time.monotonic
                  ) -> None:
         self._restore, self._newest = restore, newest
@@ -53,6 +73,7 @@ class EarlyRestores:
         # down) starts no second restore of it.
         self._asked: dict[tuple[str, int], float] = {}
         self.started = self.taken = self.dropped = 0
+        self.charge_for: ChargeFor = _uncharged
 
     def start(self, job: str, rank: int) -> bool:
         """Start restoring the rank in the background; False if one is already held or
@@ -82,11 +103,14 @@ class EarlyRestores:
 
     def _run(self, job: str, rank: int, slot: _Slot) -> None:
         try:
-            slot.result = self._restore(job, rank)
+            charge, slot.release = self.charge_for(job, rank)
+            slot.result = self._restore(job, rank, charge)
         except (RapsError, OSError) as exc:
             # The rank's own request restores again and reports what is wrong.
             log.warning("job %s rank %d: early restore failed: %s", job, rank, exc)
         finally:
+            if slot.result is None:
+                slot.release()
             slot.made_at = self._mono()
             slot.done.set()
 
@@ -100,6 +124,7 @@ class EarlyRestores:
             return None
         slot.done.wait()
         result = slot.result
+        slot.release()  # handed to the rank's own restore, or dropped below
         if result is None:
             return None
         try:
@@ -128,6 +153,7 @@ class EarlyRestores:
             if s.result is not None:
                 log.info("job %s rank %d: early restore never claimed, dropped", job, rank)
                 self._close(s.result)
+            s.release()
         return len(old)
 
     def close(self) -> None:
@@ -138,6 +164,7 @@ class EarlyRestores:
         for s in slots:
             if s.result is not None:
                 self._close(s.result)
+            s.release()
 
     def _close(self, result: RestoreResult) -> None:
         self.dropped += 1

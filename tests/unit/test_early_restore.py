@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from raps_slurm.agent.plan_watch import PlanWatcher
+from raps_slurm.agent.uid_limits import UidLimits, early_charges
 from raps_slurm.checkpoint.early import EarlyRestores
 from raps_slurm.checkpoint.restore_parts import RestoreError, RestoreResult
 from raps_slurm.core.planner import Plan, restore_early
@@ -29,15 +31,17 @@ class _State:
 class _Restores:
     """The restore the early ones run: one result per call, optionally held back."""
 
-    def __init__(self, gate: threading.Event | None = None, fail: bool = False) -> None:
+    def __init__(self, gate: threading.Event | None = None, fail: bool = False,
+                 holds: int = 0) -> None:
         self.calls: list[tuple[str, int]] = []
-        self.gate, self.fail = gate, fail
+        self.gate, self.fail, self.holds = gate, fail, holds
         self.states: list[_State] = []
 
-    def __call__(self, job: str, rank: int) -> RestoreResult:
+    def __call__(self, job: str, rank: int, charge: Callable[[int], None]) -> RestoreResult:
         self.calls.append((job, rank))
         if self.gate is not None:
             assert self.gate.wait(10)
+        charge(self.holds)  # what the restore allocates, charged first
         if self.fail:
             raise RestoreError("no generation whole")
         state = _State()
@@ -129,6 +133,38 @@ def test_an_unclaimed_early_restore_is_closed_after_its_hold() -> None:
     assert early.expire() == 1
     assert restores.states[0].closed == 1
     assert early.take("5", 2) is None
+
+
+def test_an_early_restore_is_charged_to_the_job_owner_until_taken_or_dropped() -> None:
+    """The agent (root) starts it, the job's owner pays for it: what it holds counts
+    against the owner's memory share from the restore until the rank takes it or it is
+    closed; one over the share is refused and ends (the rank restores when it asks); a
+    job whose owner is not known starts none."""
+    limits = UidLimits(1, 1, memory_bytes=100)
+    owners = {"5": 1000, "6": 1000}
+    clock = [100.0]
+    restores = _Restores(holds=60)
+    early = _early(restores, {("5", 2): 7, ("6", 1): 7, ("7", 0): 7}, hold_s=30.0,
+                   monotonic=lambda: clock[0])
+    early.charge_for = early_charges(limits, owners.get)
+    assert early.start("5", 2)
+    assert early._slots[("5", 2)].done.wait(10)
+    assert limits.held(1000) == 60
+    assert early.start("6", 1)  # 60 more would pass the owner's 100
+    assert early._slots[("6", 1)].done.wait(10)
+    assert early._slots[("6", 1)].result is None and limits.held(1000) == 60
+    got = early.take("5", 2)
+    assert got is not None and limits.held(1000) == 0  # the rank has it now
+    assert early.start("7", 0)  # no owner known: nothing restored, nothing charged
+    assert early._slots[("7", 0)].done.wait(10)
+    assert early._slots[("7", 0)].result is None and len(restores.calls) == 2
+    restores.holds = 40
+    early._asked.clear()
+    assert early.start("5", 2)
+    assert early._slots[("5", 2)].done.wait(10)
+    assert limits.held(1000) == 40
+    clock[0] += 31.0
+    assert early.expire() >= 1 and limits.held(1000) == 0  # never claimed: dropped
 
 
 def _plan(state: str = "running", target: str = "n3", planned: bool = False,
