@@ -79,8 +79,8 @@ class MessageLogConfig:
     listen_address: str = _f("", "address ranks listen on for peers ('' = the node's name)")
     stats_interval_sec: float = _f(10.0, "ranks report their message-log figures this often",
                                    0.1, 3600)
-    spin_us: int = _f(200, "a receive (or a full send) polls this long before it sleeps "
-                      "(0: never polls; set 0 where ranks share cores)", 0, 100_000)
+    spin_us: int = _f(200, "a receive polls this long before it sleeps (0: never polls; "
+                      "set 0 where ranks share cores)", 0, 100_000)
     frame_mac: str = _f("control", "which rank-to-rank frames carry a MAC: control (replay "
                         "and collection frames; data is authenticated by its connection) or "
                         "all (also every message: for a fabric an attacker can write to)",
