@@ -116,12 +116,15 @@ class Restorer:
         """Every node of every run of the job (its registration), None if unregistered."""
         raise NotImplementedError
 
-    def trusted_records(self, job: str, rank: int) -> list[CkptRecord]:
+    def trusted_records(self, job: str, rank: int, entry: RankEntry | None = None
+                        ) -> list[CkptRecord]:
         """The rank's generations a restore may take: each committed by the node that ran
         the rank at its epoch (``decide.attested``), holders outside the job dropped
         (``of_job_nodes``); the others are logged and left alone. RestoreError if the
-        job or the rank is not registered: its generations cannot be checked."""
-        entry = self.rank_entry(job, rank)
+        job or the rank is not registered: its generations cannot be checked. ``entry``:
+        the rank's entry when the caller has just read it."""
+        if entry is None:
+            entry = self.rank_entry(job, rank)
         records = self.records(job, rank)
         commits = {} if entry is None else \
             self.commits(job, rank, {entry.node, *(n for _, n in entry.placed)})

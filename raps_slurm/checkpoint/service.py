@@ -290,7 +290,7 @@ class CheckpointService(Restorer):
                          f"{self.node}: only its node commits its generations")
         # Numbered after the generations a restore would take: a shared record any agent
         # can write must not decide the number (one at 2**63 would end the rank's saves).
-        records = self.trusted_records(s.job, s.rank)
+        records = self.trusted_records(s.job, s.rank, entry)
         gen = decide.next_generation([r.generation for r in records])
         raw = self.local.finish(s, m, gen)
         wanted = self.wanted_replicas(s.job)
@@ -371,7 +371,8 @@ class CheckpointService(Restorer):
         entry = RankEntry.from_json(kv.key, kv.value)
         if entry.node != self.node:
             return
-        found = [r for r in self.trusted_records(job, rank) if r.generation == generation]
+        found = [r for r in self.trusted_records(job, rank, entry)
+                 if r.generation == generation]
         if not found or max(r.epoch for r in found) >= entry.epoch:
             return
         rec = max(found, key=lambda r: r.epoch)
