@@ -1,7 +1,9 @@
 """``rapsctl bench recovery`` and ``rapsctl bench efficiency``: a node crash in a real
 ``--raps`` job on a private local cluster (brought up for the command, taken down after).
 
-``recovery``: ``examples/heat_ring.py`` under ``raps-run`` on 4 nodes with 2 spares,
+``recovery``: ``examples/heat_ring.py`` (``--program heat_ring``, its steps sleep) or
+``raps_slurm/bench/jacobi_prog.py`` (``compute``: Jacobi sweeps; ``sleep``: the same
+program sleeping instead) under ``raps-run`` on 4 nodes with 2 spares,
 ``--ranks-per-node`` ranks each, checkpointing every ``--checkpoint-sec`` seconds (1 by
 default; ``configs/raps.yaml`` has 600); every rank of the last node carries ``--state``
 bytes of extra state (random, so nothing compresses). At a random point of a checkpoint
@@ -13,7 +15,9 @@ sent before the crash): the lost part of the interval redone is inside it;
 ``running_s`` ends at its first step after the restore. The phases come from the plans'
 timelines (the slowest rank for each). ``--runs`` jobs, one crash each, on the same
 cluster: p50 and p90 of the phases, the goal (``GOAL_TOTAL_S``) judged on the p50 of
-``total_s``, and the run at the median at the top level. The cluster runs the
+``total_s``, and the run at the median at the top level. jacobi_prog also gives
+``replay_speed`` (``reexecution``): the lost steps' work at the same run's failure-free
+step time over the time the moved rank took to redo them. The cluster runs the
 test profile but for what nodes and ranks report in the background, which keeps its
 defaults (``bench/cluster.py`` ``QUIET``; listed in ``background_at_defaults``): the
 test profile's statistics every second, telemetry twice a second and DEBUG logs from
@@ -36,8 +40,11 @@ validated run's own would make the comparison circular).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import random
+import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -59,9 +66,16 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 # replays: the "replayed" count of its recovery); reported so that `rapsctl simulate
 # calibrate` can turn replayed messages into replayed work.
 RECOVERY_STEP_SEC, RECOVERY_EVERY, HALO_MESSAGES_PER_STEP = 0.05, 20, 2
+# --program: heat_ring (sleeping steps), or bench/jacobi_prog.py computing (a band of
+# JACOBI_ROWS x JACOBI_COLS float64, JACOBI_SWEEPS sweeps a step) or sleeping
+# RECOVERY_STEP_SEC a step instead; the latter two print every step's time.
+PROGRAMS = ("heat_ring", "compute", "sleep")
+JACOBI_ROWS, JACOBI_COLS, JACOBI_SWEEPS = 512, 1024, 6
+FREE_WINDOW = 100  # failure-free steps before the crash whose times give the pace
 GOAL_TOTAL_S = 12.0  # crash to every moved rank caught up, judged on the runs' p50
 # the phases summarized over the runs (p50 and p90 of each)
 SUMMARIZED = ("total", "running", "detect", "restore", "reexecute")
+_LINE = re.compile(r"^(progress|resumed) (\d+) (\d+) (\d+) ([0-9.]+) ([0-9.]+)$", re.M)
 
 
 def crash_points(seed: int, runs: int, checkpoint_sec: float) -> list[float]:
@@ -98,6 +112,11 @@ def summarize(rows: list[dict[str, Any]], checkpoint_sec: float, seed: int
         values = [float(r[f"{phase}_s"]) for r in rows]
         out[f"{phase}_p50_s"] = percentile(values, 0.5)
         out[f"{phase}_p90_s"] = percentile(values, 0.9)
+    for key in ("replay_speed", "replay_speed_cpu"):
+        speeds = [float(r[key]) for r in rows if r.get(key) is not None]
+        if speeds:
+            out[f"{key}_p50"] = percentile(speeds, 0.5)
+            out[f"{key}_min"] = min(speeds)
     out["healthy_ranks_restarted"] = sum(int(r["healthy_ranks_restarted"]) for r in rows)
     out["goals"] = {"total_p50_s_max": GOAL_TOTAL_S, "healthy_ranks_restarted_max": 0}
     out["goals_met"] = out["total_p50_s"] <= GOAL_TOTAL_S \
@@ -110,7 +129,8 @@ class JobBench:
     """One ``--raps`` heat_ring job on the bench cluster and the etcd keys about it."""
 
     def __init__(self, cluster: LocalCluster, store: StateStore, keys: Keys, name: str,
-                 sbatch: list[str], heat: list[str]) -> None:
+                 sbatch: list[str], heat: list[str],
+                 program: Path = REPO / "examples" / "heat_ring.py") -> None:
         self.cluster, self.store, self.keys = cluster, store, keys
         self.run = CommandRunner(timeout=60, env=cluster.env)
         out = cluster.run_dir / "bench-jobs"
@@ -120,7 +140,7 @@ class JobBench:
         bindir = Path(sys.executable).parent
         script.write_text("#!/bin/bash\n"
                           f"exec {bindir / 'raps-run'} -- {sys.executable} "
-                          f"{REPO / 'examples' / 'heat_ring.py'} {' '.join(heat)}\n")
+                          f"{program} {' '.join(heat)}\n")
         self.job = self.run.run(["sbatch", "--parsable", "-o", str(out / f"{name}-%j.out"),
                                  "--open-mode=append", "--raps", "--no-kill", *sbatch,
                                  str(script)]).strip().split(";")[0]
@@ -199,23 +219,83 @@ def restart_node(cluster: LocalCluster, node: str) -> None:
     CommandRunner(timeout=60, env=cluster.env).run(commands.resume([node]))
 
 
+def program_args(program: str, steps: int, state: int, ranks_per_node: int,
+                 checkpoint_sec: int) -> tuple[Path, list[str]]:
+    """The script and arguments of ``--program``; BenchError naming the choices."""
+    ballast = ["--ballast-mb", str(max(1, state >> 20)), "--ballast-ranks", str(ranks_per_node)]
+    if program == "heat_ring":
+        every = max(1, round(checkpoint_sec / RECOVERY_STEP_SEC))
+        return REPO / "examples" / "heat_ring.py", [
+            "--steps", str(steps), "--every", str(every), "--step-sec", str(RECOVERY_STEP_SEC),
+            *ballast]
+    if program not in PROGRAMS:
+        raise BenchError(f"bench recovery: --program {program!r}: one of {', '.join(PROGRAMS)}")
+    work = ["--sleep-sec", str(RECOVERY_STEP_SEC)] if program == "sleep" else []
+    return REPO / "raps_slurm" / "bench" / "jacobi_prog.py", [
+        "--steps", str(steps), "--rows", str(JACOBI_ROWS), "--cols", str(JACOBI_COLS),
+        "--sweeps", str(JACOBI_SWEEPS), *work, *ballast]
+
+
+def reexecution(text: str, rank: int, crashed: float) -> dict[str, Any] | None:
+    """From jacobi_prog's output: ``rank``'s failure-free step time before ``crashed``
+    (median wall and CPU seconds of its last FREE_WINDOW steps: a step that saved a
+    checkpoint is an outlier the median leaves out, as the simulator counts saves apart)
+    and its re-execution after the relaunch: the steps from the restored one to its
+    pre-fault step, timed from its ``resumed`` line to the first line at that step.
+    ``replay_speed`` is work redone (steps x failure-free step time) over that time;
+    ``replay_speed_cpu`` takes the step's CPU time instead (the pace on a core of its own,
+    where the failure-free wall time is inflated by ranks sharing cores). None while the
+    output lacks any of it."""
+    rows = [(m[1], int(m[3]), int(m[4]), float(m[5]), float(m[6]))
+            for m in _LINE.finditer(text) if int(m[2]) == rank]
+    before = [(st, wall, cpu) for kind, epoch, st, wall, cpu in rows
+              if kind == "progress" and wall <= crashed and epoch == rows[0][1]] if rows else []
+    resumed = [(epoch, st, wall, cpu) for kind, epoch, st, wall, cpu in rows
+               if kind == "resumed" and wall > crashed]
+    if len(before) < 3 or not resumed:
+        return None
+    before = before[-FREE_WINDOW:]
+    pairs = [(b[1] - a[1], b[2] - a[2]) for a, b in itertools.pairwise(before)
+             if b[0] == a[0] + 1]
+    if not pairs:
+        return None
+    epoch, restored, t0, c0 = resumed[-1]
+    target = before[-1][0]
+    reached, cpu = next(((wall, c) for kind, e, st, wall, c in rows
+                         if kind == "progress" and e == epoch and st >= target), (None, 0.0))
+    if reached is None:
+        return None
+    free = statistics.median(w for w, _ in pairs)
+    free_cpu = statistics.median(c for _, c in pairs)
+    steps, took = target - restored, reached - t0
+    out: dict[str, Any] = {
+        "rank": rank, "pre_fault_step": target, "restored_step": restored,
+        "failure_free_step_s": round(free, 4),
+        "failure_free_step_mean_s": round(statistics.fmean(w for w, _ in pairs), 4),
+        "failure_free_step_cpu_s": round(free_cpu, 4), "failure_free_steps": len(pairs),
+        "reexec_steps": steps, "reexec_s": round(took, 3), "reexec_cpu_s": round(cpu - c0, 3),
+        "replay_speed": None, "replay_speed_cpu": None}
+    if steps > 0 and took > 0:
+        out["replay_speed"] = round(steps * free / took, 4)
+        out["replay_speed_cpu"] = round(steps * free_cpu / took, 4)
+    return out
+
+
 def measure_recovery(cluster: LocalCluster, state: int, steps: int,
                      ranks_per_node: int = 1, checkpoint_sec: int = 1,
-                     crash_point: float = 0.0, name: str = "recovery") -> dict[str, Any]:
+                     crash_point: float = 0.0, name: str = "recovery",
+                     program: str = "heat_ring") -> dict[str, Any]:
     """One crash, ``crash_point`` seconds into a checkpoint interval of
     ``checkpoint_sec``, of the node whose ranks each carry ``state`` bytes; the phases of
     the move of all its ranks to a spare (the slowest rank's, which is what the job waits
-    for)."""
+    for); with jacobi_prog (``program`` compute or sleep) also the re-execution speed."""
     cfg = load_file(cluster.config_path)
     store, keys = open_store(cfg.store)
-    every = max(1, round(checkpoint_sec / RECOVERY_STEP_SEC))
-    heat = ["--steps", str(steps), "--every", str(every),
-            "--step-sec", str(RECOVERY_STEP_SEC),
-            "--ballast-mb", str(max(1, state >> 20)), "--ballast-ranks", str(ranks_per_node)]
+    script, args = program_args(program, steps, state, ranks_per_node, checkpoint_sec)
     # the job's own interval, so that the profile's (5 s) does not checkpoint sooner
     bench = JobBench(cluster, store, keys, name,
                      ["--raps-spares=2", "-N6", f"--raps-ranks-per-node={ranks_per_node}",
-                      f"--raps-ckpt-interval={checkpoint_sec}"], heat)
+                      f"--raps-ckpt-interval={checkpoint_sec}"], args, script)
     try:
         rank, node = bench.victim()
         victims = sorted(r for r, (n, _) in bench.ranks().items() if n == node)
@@ -253,7 +333,8 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
             launched = [ev["launched"] for _, ev in plans.values() if "launched" in ev]
             last_restore = max((e.at for e in restored), default=max(e.at for e in running))
             last_running = max(e.at for e in running)
-            return {
+            speed = _speed(bench, program, victims, crashed)
+            return {"program": program, **speed,
                 "state_bytes": state, "ranks_per_node": ranks_per_node,
                 "checkpoint_interval_s": checkpoint_sec,
                 "crash_after_commit_s": round(crashed - committed_at, 3),
@@ -282,7 +363,8 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
                                       key=str),
                 "replayed_messages": sum(int(e.detail.get("replayed", 0)) for e in caught),
                 "received_messages": sum(int(e.detail.get("received", 0)) for e in caught),
-                "step_sec": RECOVERY_STEP_SEC, "checkpoint_every_steps": every,
+                "step_sec": RECOVERY_STEP_SEC if program != "compute" else None,
+                "checkpoint_every_steps": int(args[3]) if program == "heat_ring" else None,
                 "messages_per_step_per_rank": HALO_MESSAGES_PER_STEP,
                 "healthy_ranks_restarted": sum(1 for r, (_, epoch) in entries.items()
                                                if r not in victims and epoch > 1),
@@ -293,6 +375,22 @@ def measure_recovery(cluster: LocalCluster, state: int, steps: int,
     finally:
         bench.cancel()
         store.close()
+
+
+def _speed(bench: JobBench, program: str, victims: list[int], crashed: float
+           ) -> dict[str, Any]:
+    """jacobi_prog's re-execution figures of the moved ranks (the slowest rank's at the
+    top, ``reexec`` per rank); nothing for heat_ring, which prints no step times."""
+    if program == "heat_ring":
+        return {}
+    found = wait_until("the moved ranks' steps in the job's output", lambda: [
+        reexecution(bench.out.read_text() if bench.out.exists() else "", r, crashed)
+        for r in victims], lambda xs: all(x is not None for x in xs), 30, interval=0.2)
+    got = [x for x in found if x is not None]
+    slowest = min(got, key=lambda x: (x["replay_speed"] is None, x["replay_speed"] or 0))
+    keys = ("failure_free_step_s", "failure_free_step_cpu_s", "reexec_steps", "reexec_s",
+            "reexec_cpu_s", "replay_speed", "replay_speed_cpu")
+    return {**{k: slowest[k] for k in keys}, "reexec": got}
 
 
 def _phases(rank: int, events: dict[str, PlanEvent], started: float) -> dict[str, Any]:
@@ -407,7 +505,7 @@ def requeue_phases(crashed: float, escalation: dict[str, Any], resumed: float | 
 
 def run_recovery(state: int, interval: float, port: int, ranks_per_node: int = 1,
                  runs: int = 5, checkpoint_sec: int = 1, seed: int = 1,
-                 quiet: bool = True) -> dict[str, Any]:
+                 quiet: bool = True, program: str = "heat_ring") -> dict[str, Any]:
     """Bring up the cluster and a coordinator; ``runs`` times, crash the node whose ranks
     hold ``state`` bytes each at a drawn point of the checkpoint interval and bring it
     back; take it all down; the JSON object of ``bench recovery`` (progress lines on
@@ -420,7 +518,7 @@ def run_recovery(state: int, interval: float, port: int, ranks_per_node: int = 1
         try:
             for i, point in enumerate(points):
                 row = measure_recovery(cluster, state, 100000, ranks_per_node,
-                                       checkpoint_sec, point, f"recovery-{i}")
+                                       checkpoint_sec, point, f"recovery-{i}", program)
                 rows.append(row)
                 if not quiet:
                     print(f"run {i + 1}: crash {row['crash_after_commit_s']}s after a commit, "

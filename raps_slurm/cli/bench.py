@@ -211,15 +211,20 @@ def bench_osu(iterations: int, warmup: int, repeats: int, as_json: bool) -> None
               help="Seconds between checkpoints (production: 600, configs/raps.yaml).")
 @click.option("--seed", default=1, show_default=True, type=int,
               help="Draws each crash's point in the checkpoint interval.")
+@click.option("--program", default="heat_ring", show_default=True,
+              type=click.Choice(recovery.PROGRAMS),
+              help="heat_ring (sleeping steps); compute: Jacobi sweeps, or sleep: the same "
+                   "program sleeping, both timing each step (replay_speed).")
 @_interval("Kernel heartbeat interval (seconds); 3 misses + 0.5 s make a DEAD verdict.")
 @_port(19200)
 @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 def bench_recovery(state_text: str, ranks_per_node: int, runs: int, checkpoint_sec: int,
-                   seed: int, interval: float, port: int, as_json: bool) -> None:
+                   seed: int, program: str, interval: float, port: int,
+                   as_json: bool) -> None:
     """Crash a node whose ranks each hold --state bytes at a random point of the
     checkpoint interval; time each phase of their move."""
     _echo(recovery.run_recovery(_size(state_text, "--state"), interval, port, ranks_per_node,
-                                runs, checkpoint_sec, seed, quiet=as_json))
+                                runs, checkpoint_sec, seed, quiet=as_json, program=program))
 
 
 @bench.command("efficiency")

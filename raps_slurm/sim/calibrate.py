@@ -15,7 +15,8 @@ from its fields. What each kind gives (docs/simulator.md, "Calibration"):
 - ``bench detect``: ``raps.detect_s`` (median crash -> DEAD verdict) and the detection
   settings it ran with;
 - ``bench recovery``: ``raps.plan_s``, ``raps.launch_s``, ``raps.replay_speedup``
-  (replayed work over replay time) and, without a checkpoint file, ``raps.restore_gbps``
+  (re-executed work over its time: timed steps with ``--program compute`` or ``sleep``,
+  heat_ring's nominal step otherwise) and, without a checkpoint file, ``raps.restore_gbps``
   and ``raps.detect_s``;
 - ``bench restart``: ``step.relaunch_s`` (DEAD verdict -> the new step launched) and
   ``step.restore_gbps`` (a node's state over the launch -> restored phase), and
@@ -258,8 +259,10 @@ def from_recovery(d: dict[str, Any], path: str, decode: Value | None = None
                              "cluster (bench checkpoint's restore_gbps is better)", 1))
     else:
         notes.append(f"{path}: launch_s is null: raps.launch_s not calibrated")
+    if d.get("program") in ("compute", "sleep"):
+        return out + measured_speed(d, path, notes), notes
     needed = ("replayed_messages", "step_sec", "messages_per_step_per_rank", "ranks")
-    if not all(k in d for k in needed):
+    if not all(d.get(k) is not None for k in needed):
         notes.append(f"{path}: no step_sec/messages_per_step_per_rank (an older bench "
                      f"recovery): raps.replay_speedup not calibrated")
         return out, notes
@@ -279,9 +282,34 @@ def from_recovery(d: dict[str, Any], path: str, decode: Value | None = None
                      ("replayed_messages", "messages_per_step_per_rank", "ranks", "step_sec",
                       "replay_s", "reexecute_s"),
                      f"replayed work / (replay_s + reexecute_s): {steps:g} steps of "
-                     f"{d['step_sec']} s "
-                     f"re-executed in {replay:g} s", 0))
+                     f"{d['step_sec']} s (nominal: heat_ring's sleep) "
+                     f"re-executed in {replay:g} s", 2))
     return out, notes
+
+
+def measured_speed(d: dict[str, Any], path: str, notes: list[str]) -> list[Value]:
+    """``raps.replay_speedup`` of a bench recovery on jacobi_prog, whose steps are timed in
+    the same run: ``compute`` (Jacobi sweeps) gives ``replay_speed_cpu_p50``, the lost
+    steps at the failure-free step's CPU time over the wall time to redo them (the pace of
+    a rank with a core of its own: on the bench machine four ranks share two cores, which
+    slows the failure-free steps and not the re-execution, when the peers wait);
+    ``sleep`` gives ``replay_speed_p50``, wall time against wall time. A compute run is
+    the better source (rank 0), a sleeping one the lesser (1)."""
+    compute = d.get("program") == "compute"
+    key = "replay_speed_cpu_p50" if compute else "replay_speed_p50"
+    speed = d.get(key)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or speed <= 0:
+        notes.append(f"{path}: no {key} (nothing re-executed in any run): "
+                     f"raps.replay_speedup not calibrated")
+        return []
+    what = ("the lost steps' work at the failure-free step's CPU time (a core of its own) "
+            if compute else "the lost steps' work at the failure-free step's wall time ")
+    return [Value("raps.replay_speedup", round(float(speed), 4), path,
+                  (key, "failure_free_step_cpu_s" if compute else "failure_free_step_s",
+                   "reexec_steps", "reexec_s"),
+                  f"bench recovery --program {d['program']} ({d.get('runs')} runs, median): "
+                  f"{what}over the wall time the moved rank took to redo them",
+                  0 if compute else 1)]
 
 
 def from_restart(d: dict[str, Any], path: str) -> tuple[list[Value], list[str]]:
