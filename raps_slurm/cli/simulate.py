@@ -462,7 +462,7 @@ def advise_cmd(nodes: int | None, state_gb: float | None, mtbf_h: float | None,
 def _advice_map(s: Scenario, out_dir: str, nodes: str, mtbf_h: str, cost: str,
                 quiet: bool) -> None:
     from raps_slurm.sim import plots
-    from raps_slurm.sim.advise import advice_map
+    from raps_slurm.sim.advise import advice_map, map_title, messaging_used
 
     n_list = [int(v) for v in parse_values("--map-nodes", nodes)]
     m_list = [float(v) for v in parse_values("--map-mtbf-h", mtbf_h)]
@@ -476,11 +476,11 @@ def _advice_map(s: Scenario, out_dir: str, nodes: str, mtbf_h: str, cost: str,
         w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
+    share, how = messaging_used(s, cost)
     (d / "advise-map.json").write_text(json.dumps(
-        {"scenario": s.name, "log_overhead": s.raps.log_overhead,
-         "log_overhead_from": cost, "rows": rows}))
-    png = plots.plot_advice_map(rows, d / "advise-map.png", title=(
-        f"Best strategy, {s.name}, raps.log_overhead {s.raps.log_overhead:g}"))
+        {"scenario": s.name, "log_overhead": round(share, 4), "log_overhead_from": how,
+         "rows": rows}))
+    png = plots.plot_advice_map(rows, d / "advise-map.png", title=map_title(s, cost))
     for p in (png, d / "advise-map.csv", d / "advise-map.json"):
         click.echo(str(p))
 

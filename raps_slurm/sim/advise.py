@@ -37,6 +37,24 @@ def messaging_cost(s: Scenario, mpi_file: str, comm_share: float) -> tuple[Scena
     return s, how
 
 
+def messaging_used(s: Scenario, cost: str = "") -> tuple[float, str]:
+    """The share of computation the raps strategy is charged for messaging (``log_share``:
+    per message size from job.msg_bytes and job.step_s when given, else
+    raps.log_overhead) and where it comes from (``cost``: messaging_cost's account, when
+    --mpi set it)."""
+    if s.job.step_s > 0 and s.job.msg_bytes:
+        return log_share(s), cost or ("job.msg_bytes and job.step_s at raps.msg_speed "
+                                      "(per message size)")
+    return s.raps.log_overhead, cost or "raps.log_overhead"
+
+
+def map_title(s: Scenario, cost: str = "") -> str:
+    """The advice map's title: the scenario and the messaging cost raps is charged."""
+    share, _ = messaging_used(s, cost)
+    how = "per message size" if s.job.step_s > 0 and s.job.msg_bytes else "raps.log_overhead"
+    return f"Best strategy, {s.name}, raps messaging cost {share:.3g} of computation ({how})"
+
+
 def advise(s: Scenario, progress: Callable[[int, int], None] | None = None
            ) -> dict[str, Any]:
     """The best strategy for scenario ``s`` and every strategy's settings and results."""
