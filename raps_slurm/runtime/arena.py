@@ -104,6 +104,17 @@ class Arena:
         self.copied += n
         return out, slot
 
+    def room(self, n: int) -> tuple[memoryview, Slot] | None:
+        """Room for a message of ``n`` bytes that the caller fills itself (as it sends
+        it: wire/datapath.py): the view and its slot, None when there is none."""
+        with self._lock:
+            slot, start = self._take(n)
+        if slot is None:
+            self.misses += 1
+            return None
+        self.copied += n
+        return self._view[start:start + n], slot
+
     def release(self, slot: Slot | None) -> None:
         """One message's room is not needed any more."""
         if slot is None:

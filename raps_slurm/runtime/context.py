@@ -107,6 +107,8 @@ class Context(PeerLinks):
         self.log = SenderLog(large_threshold=self.s.large_threshold,
                              high_watermark=self.s.high_watermark, arena=self.arena,
                              own=rank)
+        # frame_mac all tags DATA too: a message is logged whole, then sent MAC'd
+        self._stream = self.arena is not None and self.s.frame_mac == "control"
         self.inbox = Inbox()
         self._mu = threading.Lock()
         self._out: dict[int, Outgoing] = {}
@@ -257,18 +259,32 @@ class Context(PeerLinks):
             self._send_unlogged(Entry(dst, seq, self.epoch, len(body), checksum(body),
                                       False, body))
             return
+        # A large message under frame_mac control is copied into the log as it is sent
+        # (wire/datapath.py); else logged whole first.
+        stream = self._stream and not isinstance(payload, bytes)
         with self._mu:
             spill = self.log.over_watermark()
             if not spill:  # the usual case: one hold of the lock
                 early = self.log.spill_due()
-                e = self.log.append(dst, payload, self.epoch)
+                e, pending = self._log(dst, payload, stream)
         if spill:
             self._spill()  # the background spill fell behind: this send waits for it
             with self._mu:
-                e = self.log.append(dst, payload, self.epoch)
+                e, pending = self._log(dst, payload, stream)
         elif early:
             self._wake.set()
-        self._send_entry(e)
+        if pending:
+            assert isinstance(payload, list)
+            self._send_streamed(e, payload)
+        else:
+            self._send_entry(e)
+
+    def _log(self, dst: int, payload: bytes | list[bytes | bytearray | memoryview],
+             stream: bool) -> tuple[Entry, bool]:
+        if stream:
+            assert isinstance(payload, list)
+            return self.log.reserve(dst, payload, self.epoch)
+        return self.log.append(dst, payload, self.epoch), False
 
     def record(self, data: bytes) -> None:
         """Append a *determinant* (a decision this rank took that a re-execution must

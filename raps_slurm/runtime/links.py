@@ -30,6 +30,7 @@ from raps_slurm.runtime.transport import (
     COVERED,
     DATA,
     DELIVERED,
+    HEADER,
     HELLO,
     PROGRESS,
     RESEND,
@@ -39,6 +40,7 @@ from raps_slurm.runtime.transport import (
     Outgoing,
     encode,
 )
+from raps_slurm.wire import datapath
 
 if TYPE_CHECKING:
     from raps_slurm.runtime.context import Settings
@@ -171,6 +173,31 @@ class PeerLinks:
             o.send(encode(DATA, self.rank, e.dst, e.seq, self.epoch, body, crc=e.crc))
         except OSError:
             self._drop_out(e.dst, o)
+
+    def _send_streamed(self, e: Entry, parts: list[bytes | bytearray | memoryview]) -> None:
+        """The first send of an entry :meth:`SenderLog.reserve` d: the frame goes out from
+        ``parts`` while they are copied into the entry's room (wire/datapath.py), and the
+        entry is published once its body is whole, whatever the send did (a frame lost
+        with its connection is sent again as any other: HELLO, RESEND)."""
+        assert isinstance(e.body, memoryview)
+        filled = False  # send_logged fills the room whether it sends or fails
+        try:
+            self._sent_frames += 1
+            dropped = bool(self.drop_every and self._sent_frames % self.drop_every == 0)
+            o = None if dropped else self._outgoing(e.dst)
+            if o is not None:
+                head = HEADER.pack(DATA, self.rank, e.dst, e.seq, self.epoch, e.size, e.crc)
+                try:
+                    o.send_logged(head, parts, e.body)
+                    filled = True
+                except OSError:
+                    filled = True
+                    self._drop_out(e.dst, o)
+        finally:
+            if not filled:
+                datapath.copy(e.body, parts)
+            with self._mu:
+                self.log.publish(e)
 
     def _send_unlogged(self, e: Entry) -> None:
         """The unlogged baseline keeps nothing to send again on a (re)connection: a frame

@@ -133,6 +133,7 @@ class SenderLog:
         self.held = 0                           # bytes of bodies in memory
         self.peak = 0
         self.spilled = 0                        # bodies written out under pressure
+        self.reserved = 0                       # messages copied in as they were sent
         self._unpersisted: list[Entry] = []
         # After a restore: what a lost incarnation logged past the checkpoint (dst -> seq
         # -> entry), sent to a peer that asks for it before re-execution sends it again
@@ -156,20 +157,46 @@ class SenderLog:
             else:
                 body = b"".join(parts)
         size = len(body)
-        large = size > self.large_threshold
-        seq = self.sent.get(dst, 0) + 1
-        self.sent[dst] = seq
-        ahead = self.ahead.get(dst)
-        if ahead is not None:
-            ahead.pop(seq, None)  # sent again by re-execution: from the log from now on
-            if not ahead:
-                del self.ahead[dst]
-        e = Entry(dst, seq, epoch, size, checksum(body), large, body, slot=slot)
-        self.entries.setdefault(dst, deque()).append(e)
-        self._unpersisted.append(e)
-        self.held += size
-        self.peak = max(self.peak, self.held)
+        e = Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, checksum(body),
+                  size > self.large_threshold, body, slot=slot)
+        self.publish(e)
         return e
+
+    def reserve(self, dst: int, parts: list[bytes | bytearray | memoryview], epoch: int
+                ) -> tuple[Entry, bool]:
+        """Log a message whose body the caller copies into the log as it sends it
+        (wire/datapath.py): its entry, with the checksum of ``parts`` and room in the
+        arena as ``body``, and True; it is logged once :meth:`publish` ed (before, no
+        resend, spill or collection can see a body not yet copied). A message below
+        :data:`ARENA_AT`, or that finds no room, is :meth:`append` ed instead: False."""
+        views = [memoryview(p).cast("B") for p in parts]
+        size = sum(v.nbytes for v in views)
+        got = self.arena.room(size) if self.arena is not None and size >= ARENA_AT else None
+        if got is None:
+            return self.append(dst, b"".join(views) if size >= ARENA_AT else parts, epoch), False
+        crc = 0
+        for v in views:
+            crc = crc32c.crc32c(v, crc)
+        self.reserved += 1
+        room, slot = got
+        return Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, int(crc),
+                     size > self.large_threshold, room, slot=slot), True
+
+    def publish(self, e: Entry) -> None:
+        """``e`` (the next to its destination) is logged: resent, spilled, collected."""
+        if e.seq != self.sent.get(e.dst, 0) + 1:
+            raise MessagingError(f"seq {e.seq} to rank {e.dst} logged after seq "
+                                 f"{self.sent.get(e.dst, 0)}")
+        self.sent[e.dst] = e.seq
+        ahead = self.ahead.get(e.dst)
+        if ahead is not None:
+            ahead.pop(e.seq, None)  # sent again by re-execution: from the log from now on
+            if not ahead:
+                del self.ahead[e.dst]
+        self.entries.setdefault(e.dst, deque()).append(e)
+        self._unpersisted.append(e)
+        self.held += e.size
+        self.peak = max(self.peak, self.held)
 
     def flushes_body(self, e: Entry) -> bool:
         """Whether a flush writes ``e`` with its body: only a determinant (an entry to

@@ -81,7 +81,7 @@ from raps_slurm.errors import RapsError
 from raps_slurm.logquota import LogQuota
 from raps_slurm.runtime.msglog import RECORD, checksum
 from raps_slurm.runtime.pump import Conn, Pump
-from raps_slurm.wire import framing
+from raps_slurm.wire import datapath, framing
 from raps_slurm.wire.gate import Gate
 
 log = logging.getLogger("raps.runtime")
@@ -610,6 +610,19 @@ class Outgoing:
             try:
                 framing.send_parts(self.sock, parts, mac=mac, max_size=bound,
                                    on_full=self._on_full)
+            except framing.FrameError as exc:
+                raise FrameError(str(exc), exc.kind) from None
+
+    def send_logged(self, head: bytes, parts: list[bytes | bytearray | memoryview],
+                    log: memoryview) -> None:
+        """Write one untagged DATA frame (``head`` then ``parts``) and copy ``parts`` into
+        ``log`` as it goes (wire/datapath.py); ``log`` is whole once this returns or
+        raises (OSError, as :meth:`send`)."""
+        with self.lock:
+            try:
+                datapath.send_frame(self.sock, head, parts, log,
+                                    max_size=self._max - framing.TAG_SIZE,
+                                    on_full=self._on_full)
             except framing.FrameError as exc:
                 raise FrameError(str(exc), exc.kind) from None
 

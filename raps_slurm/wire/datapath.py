@@ -1,0 +1,157 @@
+"""A logged message's send and its copy into the log, in one pass.
+
+A sender-based log copies every message it sends. Copied first and sent after, the copy
+is time the receiver waits. :func:`send_copy` writes the frame straight from the
+application's buffer with non-blocking ``sendmsg`` calls and copies the message into the
+log between them, a piece at a time: while the peer reads what was just sent, and while
+the socket is full. The compiled module (``_datapath.c``) does it with the GIL released;
+the pure-Python fallback here takes the same steps (``RAPS_DATAPATH=python`` selects it,
+and the tests run both). The frame's length prefix is :mod:`raps_slurm.wire.framing`'s, and
+:func:`send_frame` does the waiting, in Python.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+from raps_slurm.wire import framing
+
+Buffer = bytes | bytearray | memoryview
+
+_compiled: ModuleType | None
+try:
+    from raps_slurm.wire import _datapath as _compiled
+except ImportError:  # not built: the fallback
+    _compiled = None
+
+PIECE = 256 << 10  # bytes copied into the log between two sends
+ENV = "RAPS_DATAPATH"  # "python": the fallback even where the compiled module is built
+
+
+def compiled() -> bool:
+    """Whether the compiled path is in use."""
+    return _compiled is not None and os.environ.get(ENV, "") != "python"
+
+
+def _views(parts: Sequence[Buffer]) -> list[memoryview]:
+    return [memoryview(p).cast("B") for p in parts]
+
+
+def _copy_range(views: list[memoryview], dst: memoryview, start: int, end: int) -> None:
+    """Copy bytes [start, end) of ``views`` joined into ``dst`` at the same offsets."""
+    base = 0
+    for v in views:
+        top = base + v.nbytes
+        if start < top and base < end:
+            a, b = max(start, base), min(end, top)
+            dst[a:b] = v[a - base:b - base]
+        base = top
+
+
+def copy(dst: memoryview, parts: Sequence[Buffer]) -> int:
+    """Copy ``parts`` joined into ``dst`` (exactly their size); the bytes copied."""
+    if compiled():
+        assert _compiled is not None
+        return int(_compiled.copy(dst, parts))
+    views = _views(parts)
+    n = sum(v.nbytes for v in views)
+    if dst.nbytes != n:
+        raise ValueError(f"dst of {dst.nbytes} bytes for parts of {n}")
+    _copy_range(views, dst.cast("B"), 0, n)
+    return n
+
+
+def send_copy(sock: socket.socket, head: Buffer, parts: Sequence[Buffer], dst: memoryview,
+              sent: int = 0, copied: int = 0, piece: int = PIECE) -> tuple[int, int, int]:
+    """Write ``head`` and ``parts`` joined to ``sock`` from byte ``sent`` on, never
+    waiting, and copy ``parts`` joined into ``dst`` from byte ``copied`` on, ``piece``
+    bytes between two sends. Returns the new ``sent`` and ``copied`` and 0 (all sent and
+    copied), ``EAGAIN`` (the socket is full; all copied) or the errno of a failed send
+    (all copied: the log keeps the message whole whatever the socket did)."""
+    if compiled():
+        assert _compiled is not None
+        got: tuple[int, int, int] = _compiled.send_copy(sock.fileno(), head, parts, dst, sent,
+                                                        copied, piece)
+        return got
+    views = _views([head, *parts])
+    out = dst.cast("B")
+    src = views[1:]
+    srclen = out.nbytes
+    total = views[0].nbytes + srclen
+    if sum(v.nbytes for v in src) != srclen or not 0 <= sent <= total or not (
+            0 <= copied <= srclen) or piece <= 0:
+        raise ValueError(f"dst of {srclen} bytes, sent {sent} of {total}, copied {copied}, "
+                         f"piece {piece}")
+    while sent < total or copied < srclen:
+        if sent == total:
+            _copy_range(src, out, copied, srclen)
+            return sent, srclen, 0
+        n = -1
+        try:
+            n = sock.sendmsg(_left(views, sent), (), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            _copy_range(src, out, copied, srclen)
+            return sent, srclen, exc.errno or errno.EPIPE
+        if n > 0:
+            sent += n
+        if copied < srclen:  # the peer reads what was sent meanwhile
+            top = min(srclen, copied + piece)
+            _copy_range(src, out, copied, top)
+            copied = top
+        elif n < 0:
+            return sent, copied, errno.EAGAIN
+    return sent, copied, 0
+
+
+def _left(views: list[memoryview], sent: int) -> list[memoryview]:
+    """What is left of ``views`` after ``sent`` bytes."""
+    out, base = [], 0
+    for v in views:
+        top = base + v.nbytes
+        if sent < top and v.nbytes:
+            out.append(v[max(0, sent - base):])
+        base = top
+    return out
+
+
+def send_frame(sock: socket.socket, head: bytes, parts: Sequence[Buffer], log: memoryview,
+               *, max_size: int = framing.MAX_FRAME,
+               on_full: Callable[[socket.socket], None] | None = None) -> None:
+    """Write one untagged frame whose body is ``head`` and ``parts`` joined, and copy
+    ``parts`` joined into ``log`` (a sender's log room of their size) as it goes
+    (:func:`send_copy`): the copy fills the time the peer reads. While the
+    socket is full, ``on_full(sock)`` runs (else a wait for room). Once this returns or
+    raises, ``log`` holds the parts whole.
+
+    FrameError ``oversized`` before anything is written; ``closed`` if the write fails
+    (the stream is then unusable)."""
+    n = len(head) + log.nbytes
+    if n > max_size:
+        copy(log, parts)
+        raise framing.FrameError("oversized", f"frame of {n} bytes: at most {max_size}")
+    prefix = framing.HEADER.pack(n) + head
+    sent = copied = 0
+    try:
+        while True:
+            sent, copied, err = send_copy(sock, prefix, parts, log, sent, copied)
+            if err == 0:
+                return
+            if err != errno.EAGAIN:
+                raise framing.FrameError("closed", f"send failed: {os.strerror(err)}")
+            if on_full is not None:
+                on_full(sock)
+            else:
+                wait = select.poll()
+                wait.register(sock.fileno(), select.POLLOUT)
+                wait.poll()
+    except BaseException:
+        if copied < log.nbytes:  # an on_full that raised: the log is whole all the same
+            copy(log, parts)
+        raise

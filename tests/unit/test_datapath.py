@@ -1,0 +1,107 @@
+"""raps_slurm.wire.datapath on real sockets, compiled and fallback: a frame written from
+the application's buffer while it is copied into the log."""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+import threading
+
+import pytest
+
+from raps_slurm.wire import datapath, framing
+
+
+@pytest.fixture(params=["compiled", "python"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(datapath.ENV, request.param)
+    if request.param == "compiled" and not datapath.compiled():
+        pytest.fail("raps_slurm.wire._datapath is not built (pip install -e .)")
+    assert datapath.compiled() == (request.param == "compiled")
+    return str(request.param)
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair()
+    for s in (a, b):  # small buffers: the sender meets a full socket many times
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 << 10)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
+    return a, b
+
+
+def _read_all(sock: socket.socket, out: bytearray) -> None:
+    while chunk := sock.recv(1 << 20):
+        out += chunk
+
+
+def test_a_frame_sent_while_copied_arrives_whole_and_the_log_holds_it(path: str) -> None:
+    parts = [b"envelope", os.urandom(3 << 20), memoryview(bytearray(os.urandom(70001)))]
+    body = b"".join(bytes(p) for p in parts)
+    log = memoryview(bytearray(len(body)))
+    tx, rx = _pair()
+    got = bytearray()
+    reader = threading.Thread(target=_read_all, args=(rx, got))
+    reader.start()
+    fulls: list[int] = []
+
+    def on_full(sock: socket.socket) -> None:
+        fulls.append(1)
+        select.select([], [sock], [], 5.0)
+
+    datapath.send_frame(tx, b"HEAD", parts, log, max_size=8 << 20, on_full=on_full)
+    tx.close()
+    reader.join(30)
+    assert bytes(got) == framing.HEADER.pack(4 + len(body)) + b"HEAD" + body
+    assert bytes(log) == body
+    assert fulls, "the socket was never full: the test's buffers are too large"
+
+
+def test_the_log_is_whole_when_the_peer_is_gone(path: str) -> None:
+    parts = [os.urandom(2 << 20)]
+    log = memoryview(bytearray(2 << 20))
+    tx, rx = _pair()
+    rx.close()
+    with pytest.raises(framing.FrameError) as err:
+        datapath.send_frame(tx, b"H", parts, log, max_size=8 << 20,
+                               on_full=lambda s: None)
+    assert err.value.kind == "closed"
+    assert bytes(log) == parts[0]
+    tx.close()
+
+
+def test_a_full_socket_returns_eagain_with_everything_copied(path: str) -> None:
+    parts = [os.urandom(1 << 20)]
+    log = memoryview(bytearray(1 << 20))
+    tx, rx = _pair()
+    sent, copied, err = datapath.send_copy(tx, b"x" * 10, parts, log, piece=4096)
+    assert err == errno.EAGAIN and copied == 1 << 20 and 0 < sent < 10 + (1 << 20)
+    assert bytes(log) == parts[0]
+    tx.close()
+    rx.close()
+
+
+def test_offsets_out_of_range_are_refused(path: str) -> None:
+    tx, rx = _pair()
+    with pytest.raises(ValueError, match="sent"):
+        datapath.send_copy(tx, b"h", [b"abc"], memoryview(bytearray(2)))
+    with pytest.raises(ValueError, match="sent"):
+        datapath.send_copy(tx, b"h", [b"abc"], memoryview(bytearray(3)), sent=5)
+    with pytest.raises(ValueError):
+        datapath.copy(memoryview(bytearray(4)), [b"abc"])
+    tx.close()
+    rx.close()
+
+
+def test_an_oversized_frame_is_refused_before_a_byte_is_sent(path: str) -> None:
+    tx, rx = _pair()
+    log = memoryview(bytearray(100))
+    with pytest.raises(framing.FrameError) as err:
+        datapath.send_frame(tx, b"H", [b"y" * 100], log, max_size=50)
+    assert err.value.kind == "oversized" and bytes(log) == b"y" * 100
+    rx.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        rx.recv(10)
+    tx.close()
+    rx.close()
