@@ -112,7 +112,7 @@ def summarize(rows: list[dict[str, Any]], checkpoint_sec: float, seed: int
         values = [float(r[f"{phase}_s"]) for r in rows]
         out[f"{phase}_p50_s"] = percentile(values, 0.5)
         out[f"{phase}_p90_s"] = percentile(values, 0.9)
-    for key in ("replay_speed", "replay_speed_cpu"):
+    for key in ("replay_speed", "replay_speed_cpu", "replay_speed_core"):
         speeds = [float(r[key]) for r in rows if r.get(key) is not None]
         if speeds:
             out[f"{key}_p50"] = percentile(speeds, 0.5)
@@ -243,9 +243,10 @@ def reexecution(text: str, rank: int, crashed: float) -> dict[str, Any] | None:
     and its re-execution after the relaunch: the steps from the restored one to its
     pre-fault step, timed from its ``resumed`` line to the first line at that step.
     ``replay_speed`` is work redone (steps x failure-free step time) over that time;
-    ``replay_speed_cpu`` takes the step's CPU time instead (the pace on a core of its own,
-    where the failure-free wall time is inflated by ranks sharing cores). None while the
-    output lacks any of it."""
+    ``replay_speed_cpu`` takes the failure-free step's CPU time instead (its pace on a core
+    of its own, where the wall time is inflated by ranks sharing cores) and
+    ``replay_speed_core`` that over the CPU time the re-execution used (both on a core of
+    their own: the machine's other load left out). None while the output lacks any of it."""
     rows = [(m[1], int(m[3]), int(m[4]), float(m[5]), float(m[6]))
             for m in _LINE.finditer(text) if int(m[2]) == rank]
     before = [(st, wall, cpu) for kind, epoch, st, wall, cpu in rows
@@ -274,10 +275,12 @@ def reexecution(text: str, rank: int, crashed: float) -> dict[str, Any] | None:
         "failure_free_step_mean_s": round(statistics.fmean(w for w, _ in pairs), 4),
         "failure_free_step_cpu_s": round(free_cpu, 4), "failure_free_steps": len(pairs),
         "reexec_steps": steps, "reexec_s": round(took, 3), "reexec_cpu_s": round(cpu - c0, 3),
-        "replay_speed": None, "replay_speed_cpu": None}
+        "replay_speed": None, "replay_speed_cpu": None, "replay_speed_core": None}
     if steps > 0 and took > 0:
         out["replay_speed"] = round(steps * free / took, 4)
         out["replay_speed_cpu"] = round(steps * free_cpu / took, 4)
+        if cpu > c0:
+            out["replay_speed_core"] = round(steps * free_cpu / (cpu - c0), 4)
     return out
 
 
@@ -389,7 +392,7 @@ def _speed(bench: JobBench, program: str, victims: list[int], crashed: float
     got = [x for x in found if x is not None]
     slowest = min(got, key=lambda x: (x["replay_speed"] is None, x["replay_speed"] or 0))
     keys = ("failure_free_step_s", "failure_free_step_cpu_s", "reexec_steps", "reexec_s",
-            "reexec_cpu_s", "replay_speed", "replay_speed_cpu")
+            "reexec_cpu_s", "replay_speed", "replay_speed_cpu", "replay_speed_core")
     return {**{k: slowest[k] for k in keys}, "reexec": got}
 
 

@@ -289,27 +289,29 @@ def from_recovery(d: dict[str, Any], path: str, decode: Value | None = None
 
 def measured_speed(d: dict[str, Any], path: str, notes: list[str]) -> list[Value]:
     """``raps.replay_speedup`` of a bench recovery on jacobi_prog, whose steps are timed in
-    the same run: ``compute`` (Jacobi sweeps) gives ``replay_speed_cpu_p50``, the lost
-    steps at the failure-free step's CPU time over the wall time to redo them (the pace of
-    a rank with a core of its own: on the bench machine four ranks share two cores, which
-    slows the failure-free steps and not the re-execution, when the peers wait);
-    ``sleep`` gives ``replay_speed_p50``, wall time against wall time. A compute run is
-    the better source (rank 0), a sleeping one the lesser (1)."""
+    the same run: ``compute`` (Jacobi sweeps) gives ``replay_speed_core_p50``, the lost
+    steps at the failure-free step's CPU time over the CPU time the moved rank took to
+    redo them: the speed of a rank with a core of its own (on the bench machine four
+    ranks share two cores with other work, which slows the failure-free steps, not the
+    re-execution while its peers wait: wall against wall would flatter it); ``sleep``
+    gives ``replay_speed_p50``, wall time against wall time. A compute run is the better
+    source (rank 0), a sleeping one the lesser (1)."""
     compute = d.get("program") == "compute"
-    key = "replay_speed_cpu_p50" if compute else "replay_speed_p50"
+    key = "replay_speed_core_p50" if compute else "replay_speed_p50"
     speed = d.get(key)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or speed <= 0:
         notes.append(f"{path}: no {key} (nothing re-executed in any run): "
                      f"raps.replay_speedup not calibrated")
         return []
-    what = ("the lost steps' work at the failure-free step's CPU time (a core of its own) "
-            if compute else "the lost steps' work at the failure-free step's wall time ")
+    what = ("the lost steps at the failure-free step's CPU time over the CPU time the "
+            "moved rank took to redo them (a core of its own)" if compute else
+            "the lost steps at the failure-free step's wall time over the wall time the "
+            "moved rank took to redo them")
     return [Value("raps.replay_speedup", round(float(speed), 4), path,
                   (key, "failure_free_step_cpu_s" if compute else "failure_free_step_s",
-                   "reexec_steps", "reexec_s"),
+                   "reexec_steps", "reexec_cpu_s" if compute else "reexec_s"),
                   f"bench recovery --program {d['program']} ({d.get('runs')} runs, median): "
-                  f"{what}over the wall time the moved rank took to redo them",
-                  0 if compute else 1)]
+                  f"{what}", 0 if compute else 1)]
 
 
 def from_restart(d: dict[str, Any], path: str) -> tuple[list[Value], list[str]]:

@@ -159,10 +159,11 @@ class RapsSpec:
                                       "docs/runs/bench-mpi-2026-12-05-3.json); between sizes "
                                       "interpolated in log size, beyond them the nearest",
                                   0.0001, 100)
-    replay_speedup: float = _f(0.5952, "re-execution speed during replay vs normal (default "
-                                       "measured: bench recovery on heat_ring, whose steps "
-                                       "sleep: a lower bound for a compute-bound program)",
-                               0.1, 1000)
+    replay_speedup: float = _f(0.932, "re-execution speed during replay vs normal (default "
+                                      "measured: bench recovery --program compute, Jacobi "
+                                      "sweeps, the failure-free step's CPU time over the "
+                                      "re-executed one's, examples/calibration/"
+                                      "replay-compute.json)", 0.1, 1000)
     max_concurrent_recoveries: int = _f(4, "recovery.max_concurrent_recoveries", 1, 10_000)
     recovery_timeout_s: float = _f(300.0, "recovery.recovery_timeout_sec", 1, 1e7)
     prefer_original_rack: bool = _f(False, "recovery.prefer_original_rack")

@@ -76,7 +76,8 @@ def test_an_even_count_takes_the_lower_median_run() -> None:
 
 def jacobi_output(crashed: float) -> str:
     """jacobi_prog's lines for rank 3: 40 failure-free steps of 0.1 s (0.05 s of CPU)
-    until the crash, then a relaunch restored at step 30 that redoes 10 steps at 0.05 s;
+    until the crash, then a relaunch restored at step 30 that redoes 10 steps at 0.05 s
+    (0.04 s of CPU);
     rank 0's lines in between must not count."""
     lines, t, cpu = [], crashed - 4.0, 1.0
     for step in range(1, 41):
@@ -84,7 +85,8 @@ def jacobi_output(crashed: float) -> str:
         lines += [f"progress 3 1 {step} {t:.4f} {cpu:.4f}", f"progress 0 1 {step} {t:.4f} 9"]
     lines.append(f"resumed 3 2 30 {crashed + 5:.4f} 0.4")
     for step in range(31, 45):
-        lines.append(f"progress 3 2 {step} {crashed + 5 + (step - 30) * 0.05:.4f} 0.5")
+        lines.append(f"progress 3 2 {step} {crashed + 5 + (step - 30) * 0.05:.4f} "
+                     f"{0.4 + (step - 30) * 0.04:.4f}")
     return "\n".join(lines) + "\nfinal a b c d\n"
 
 
@@ -99,6 +101,8 @@ def test_reexecution_speed_is_lost_work_at_the_failure_free_pace_over_its_time()
     # 10 steps of 0.1 s redone in 0.5 s: twice the failure-free speed; on CPU time, once
     assert got["replay_speed"] == pytest.approx(2.0, rel=0.01)
     assert got["replay_speed_cpu"] == pytest.approx(1.0, rel=0.01)
+    # core for core: 10 steps of 0.05 s of CPU redone with 0.04 s of CPU each
+    assert got["replay_speed_core"] == pytest.approx(1.25, rel=0.01)
     # not yet at the pre-fault step again, or no relaunch yet: nothing to report
     cut = jacobi_output(crashed).split("progress 3 2 40 ")[0]
     assert reexecution(cut, 3, crashed) is None

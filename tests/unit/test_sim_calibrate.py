@@ -109,24 +109,24 @@ def test_recovery_without_replay_fields_says_why(tmp_path: Path) -> None:
 
 def test_timed_steps_give_the_replay_speed_and_beat_heat_ring(tmp_path: Path) -> None:
     """bench recovery --program compute: the median over runs of the lost steps at the
-    failure-free step's CPU time over the re-execution's wall time; it wins over a sleeping
+    failure-free step's CPU time over the re-execution's CPU time; it wins over a sleeping
     run (wall against wall) and over heat_ring's nominal steps, kept under also_measured."""
     timed = {**RECOVERY, "step_sec": None, "runs": 3, "replay_speed_p50": 2.2,
-             "replay_speed_cpu_p50": 0.9}
+             "replay_speed_cpu_p50": 0.6, "replay_speed_core_p50": 0.9}
     paths = write(tmp_path, heat=RECOVERY, compute={**timed, "program": "compute"},
                   sleep={**timed, "program": "sleep", "step_sec": 0.05})
     r = calibrate(paths)
     assert r["parameters"]["raps.replay_speedup"] == 0.9
     assert r["sources"]["raps.replay_speedup"]["file"] == paths[1]
-    assert r["sources"]["raps.replay_speedup"]["fields"][0] == "replay_speed_cpu_p50"
+    assert r["sources"]["raps.replay_speedup"]["fields"][0] == "replay_speed_core_p50"
     assert sorted(d["value"] for d in r["also_measured"]["raps.replay_speedup"]) == [
         pytest.approx(8 * 0.05 / 2.0), 2.2]
     assert not r["notes"]
     (none,) = write(tmp_path, none={**timed, "program": "compute",
-                                    "replay_speed_cpu_p50": None})
+                                    "replay_speed_core_p50": None})
     r = calibrate([none])
     assert "raps.replay_speedup" not in r["parameters"]
-    assert any("no replay_speed_cpu_p50" in n for n in r["notes"])
+    assert any("no replay_speed_core_p50" in n for n in r["notes"])
 
 
 @pytest.mark.parametrize(("content", "message"), [
