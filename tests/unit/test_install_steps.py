@@ -141,57 +141,78 @@ def _dpkg(*args: str) -> str:
     return subprocess.run(["dpkg-query", *args], capture_output=True, text=True, check=False).stdout
 
 
-def closure(packages: set[str]) -> set[str]:
+def packages() -> dict[str, tuple[list[str], bool]]:
+    """Every package dpkg knows: its dependencies and provided names, and whether it is
+    Essential or of Priority required (on every Debian system, fresh ones included). One
+    dpkg-query for them all: one per package took seconds."""
+    table: dict[str, tuple[list[str], bool]] = {}
+    for line in _dpkg("-W", "-f=${Package}\t${Depends},${Pre-Depends},${Provides}\t"
+                      "${Essential} ${Priority}\n").splitlines():
+        name, depends, flags = [*line.split("\t"), "", ""][:3]
+        deps = [alt.strip().split(" ")[0].split(":")[0] for alt in re.split(r"[,|]", depends)]
+        old_deps, old_base = table.get(name, ([], False))
+        table[name] = (old_deps + [d for d in deps if d],
+                       old_base or "yes" in flags.split() or "required" in flags.split())
+    return table
+
+
+def closure(listed: set[str], table: dict[str, tuple[list[str], bool]]) -> set[str]:
     """The listed packages with everything they depend on (installed ones only)."""
     seen: set[str] = set()
-    todo = list(packages)
+    todo = list(listed)
     while todo:
         pkg = todo.pop()
         if pkg in seen:
             continue
         seen.add(pkg)
-        depends = _dpkg("-W", "-f=${Depends},${Pre-Depends},${Provides}", pkg)
-        for alt in re.split(r"[,|]", depends):
-            dep = alt.strip().split(" ")[0].split(":")[0]
-            if dep:
-                todo.append(dep)
+        todo.extend(table.get(pkg, ([], False))[0])
     return seen
 
 
-def owner(path: str) -> str | None:
-    """The Debian package that owns PATH (following the /usr merge), or None."""
-    for candidate in dict.fromkeys([path, os.path.realpath(path)]):
-        for variant in (candidate, re.sub(r"^/usr/", "/", candidate), "/usr" + candidate):
-            out = _dpkg("-S", variant)
-            for line in out.splitlines():
-                if not line.startswith("diversion by"):
-                    return line.split(":")[0].split(",")[0].strip()
-    return None
+def _variants(path: str) -> list[str]:
+    """The names dpkg may know PATH by (following the /usr merge)."""
+    return list(dict.fromkeys(
+        variant for candidate in dict.fromkeys([path, os.path.realpath(path)])
+        for variant in (candidate, re.sub(r"^/usr/", "/", candidate), "/usr" + candidate)))
 
 
-def essential(pkg: str) -> bool:
-    """Essential or Priority required: on every Debian system, fresh ones included."""
-    fields = _dpkg("-W", "-f=${Essential} ${Priority}", pkg).split()
-    return "yes" in fields or "required" in fields
+def owners(paths: list[str]) -> dict[str, str]:
+    """The Debian package that owns each of PATHS (following the /usr merge); a path no
+    package owns is left out. One dpkg-query for them all."""
+    variants = {path: _variants(path) for path in paths}
+    found: dict[str, str] = {}
+    every = sorted({v for vs in variants.values() for v in vs})
+    for line in _dpkg("-S", *every).splitlines() if every else []:
+        if line.startswith("diversion by"):
+            continue
+        pkgs, _, owned = line.partition(": ")
+        found.setdefault(owned.strip(), pkgs.split(",")[0].strip())
+    return {path: next(found[v] for v in vs if v in found)
+            for path, vs in variants.items() if any(v in found for v in vs)}
 
 
 def test_every_external_program_is_installed_by_the_setup() -> None:
     assert shutil.which("dpkg-query"), "dpkg-query missing: the project's machines are Debian"
-    installed = closure(listed_packages())
+    table = packages()
+    installed = closure(listed_packages(), table)
     problems: list[str] = []
-    for prog, files in sorted(all_programs().items()):
+    system: dict[str, str] = {}  # program -> its path, outside the venv
+    programs = all_programs()
+    for prog, files in sorted(programs.items()):
         path = prog if prog.startswith("/") else shutil.which(prog, path=SEARCH_PATH)
         if path is None or not os.access(path, os.X_OK):
             problems.append(f"{prog}: not installed (run by {', '.join(sorted(files))})")
-            continue
-        if os.path.realpath(path).startswith(os.path.realpath(sys.prefix)):
-            continue  # a console script of the venv: pip installs it
-        pkg = owner(path)
+        elif not os.path.realpath(path).startswith(os.path.realpath(sys.prefix)):
+            system[prog] = path  # (a console script of the venv: pip installs it)
+    owned = owners(sorted(set(system.values())))
+    for prog, path in sorted(system.items()):
+        files = ", ".join(sorted(programs[prog]))
+        pkg = owned.get(path)
         if pkg is None:
-            problems.append(f"{prog}: {path} belongs to no Debian package (run by {', '.join(sorted(files))})")
-        elif pkg not in installed and not essential(pkg):
+            problems.append(f"{prog}: {path} belongs to no Debian package (run by {files})")
+        elif pkg not in installed and not table.get(pkg, ([], False))[1]:
             problems.append(f"{prog}: package {pkg} is not installed by scripts/test.sh "
-                            f"(run by {', '.join(sorted(files))})")
+                            f"(run by {files})")
     assert not problems, "\n".join(problems)
 
 
