@@ -21,7 +21,8 @@ Each round also runs the same ping-pong over plain TCP between two processes of 
 interpreter (:mod:`raps_slurm.bench.tcp_floor`): Python's own floor, reported as
 ``*_python_tcp_*`` with its ratio to Open MPI; ``lat_8B_thread_python_tcp_us`` is the
 same latency when a reader thread hands each message over (what RAPS's runtime avoids
-by reading on the waiting thread: runtime/pump.py).
+by reading on the waiting thread: runtime/pump.py). ``datapath`` says whether RAPS's
+large logged messages took the compiled path (wire/_datapath.c) or its fallback.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any
 
 from raps_slurm.bench import tcp_floor
 from raps_slurm.errors import BenchError
+from raps_slurm.wire import datapath
 
 PROG = Path(__file__).with_name("mpi_prog.py")
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's python3-mpi4py is built for it
@@ -269,6 +271,8 @@ def run_mpi(iterations: int, repeats: int, warmup: int,
             "allreduce_ranks": ALLREDUCE_RANKS, **main, **side,
             **floor_figures(runs["tcp"], runs["openmpi"]),
             **spins(),
+            # the logged path's large messages: compiled (wire/_datapath.c) or not
+            "datapath": "compiled" if datapath.compiled() else "python",
             "openmpi": version, "python": sys.version.split()[0], "cpus": os.cpu_count(),
             "loadavg": [round(x, 2) for x in load],
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
