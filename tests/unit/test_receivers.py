@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import selectors
 import signal
 import socket
 import time
@@ -56,16 +57,24 @@ def senders() -> Iterator[list[socket.socket]]:
             s.close()
 
 
-def _acks(sock: socket.socket) -> list[Ack]:
-    out = []
-    while True:
-        try:
-            data = sock.recv(512)
-            msg = decode(data, nk(claimed_node(data)))
-        except TimeoutError:
-            return out
-        assert isinstance(msg, Ack)
-        out.append(msg)
+QUIET = 0.2  # seconds without a datagram on any sender: every ack has come
+
+
+def _acks(socks: list[socket.socket]) -> list[list[Ack]]:
+    """The acks each of ``socks`` received, read from all of them at once until none
+    received anything for QUIET seconds (one socket after the other, that wait was paid
+    once per socket)."""
+    out: list[list[Ack]] = [[] for _ in socks]
+    with selectors.DefaultSelector() as sel:
+        for i, sock in enumerate(socks):
+            sel.register(sock, selectors.EVENT_READ, i)
+        while ready := sel.select(QUIET):
+            for key, _ in ready:
+                data = socks[key.data].recv(512)
+                msg = decode(data, nk(claimed_node(data)))
+                assert isinstance(msg, Ack)
+                out[key.data].append(msg)
+    return out
 
 
 def _drain_until(pool: ReceiverPool, count: int, timeout: float = 10.0) -> list[Received]:
@@ -96,8 +105,8 @@ def test_every_receiver_acks_and_forwards(pool: ReceiverPool,
     got = _drain_until(pool, SENDERS)
     assert sorted(r.node for r in got) == sorted(f"n{i}" for i in range(SENDERS))
     assert all(r.acked for r in got)
-    for i, s in enumerate(senders):
-        assert [(a.node, a.counter, a.leader_revision) for a in _acks(s)] == [(f"n{i}", 1, 7)]
+    for i, acks in enumerate(_acks(senders)):
+        assert [(a.node, a.counter, a.leader_revision) for a in acks] == [(f"n{i}", 1, 7)]
     # Some went through the receiver processes, and drain() had them all: the acks and
     # the detector's view agree.
     assert 0 < pool.forwarded < SENDERS, pool.forwarded
@@ -129,7 +138,7 @@ def test_no_ack_unless_the_published_leadership_holds(pool: ReceiverPool,
         s.sendto(encode(Heartbeat(f"n{i}", 1, 1, now), nk(f"n{i}")), pool.server.address)
     got = _drain_until(pool, SENDERS)
     assert not any(r.acked for r in got)
-    assert all(_acks(s) == [] for s in senders)
+    assert _acks(senders) == [[] for _ in senders]
     assert pool.forwarded > 0
 
 
@@ -152,7 +161,7 @@ def test_a_receiver_that_dies_is_replaced(pool: ReceiverPool, senders: list[sock
         s.sendto(encode(Heartbeat(f"n{i}", 1, 2, now), nk(f"n{i}")), pool.server.address)
     got = _drain_until(pool, SENDERS)
     assert sorted(r.node for r in got) == sorted(f"n{i}" for i in range(SENDERS))
-    assert all(len(_acks(s)) == 1 for s in senders)
+    assert [len(acks) for acks in _acks(senders)] == [1] * len(senders)
 
 
 
