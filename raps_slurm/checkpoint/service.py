@@ -55,6 +55,23 @@ from raps_slurm.store.base import Guard, Put
 
 log = logging.getLogger("raps.checkpoint")
 
+
+def read_commits(store: StateStore, keys: Keys, job: str, rank: int, nodes: Iterable[str],
+                 malformed: Callable[[RecordError], None]) -> dict[tuple[str, int], CkptRecord]:
+    """The generations of ``rank`` that each of ``nodes`` committed under its own keys
+    (``(node, generation)`` -> record); each malformed one goes to ``malformed``."""
+    out: dict[tuple[str, int], CkptRecord] = {}
+    for node in sorted(nodes):
+        for kv in store.get_prefix(keys.ckpt_commits_prefix(node, job, rank)):
+            gen = keys.split(kv.key)[-1]
+            try:
+                if not (gen.isascii() and gen.isdigit()):
+                    raise RecordError(f"{kv.key}: not a generation number")
+                out[(node, int(gen))] = CkptRecord.from_json(kv.key, kv.value)
+            except RecordError as exc:
+                malformed(exc)
+    return out
+
 PUSHERS = 4  # copies of one generation sent beside the first (more targets queue for one)
 
 
@@ -345,17 +362,8 @@ class CheckpointService(Restorer):
                 ) -> dict[tuple[str, int], CkptRecord]:
         """The generations of the rank that each of ``nodes`` committed, from each node's
         own keys (malformed ones logged and skipped)."""
-        out: dict[tuple[str, int], CkptRecord] = {}
-        for node in sorted(nodes):
-            for kv in self.store.get_prefix(self.keys.ckpt_commits_prefix(node, job, rank)):
-                gen = self.keys.split(kv.key)[-1]
-                try:
-                    if not (gen.isascii() and gen.isdigit()):
-                        raise RecordError(f"{kv.key}: not a generation number")
-                    out[(node, int(gen))] = CkptRecord.from_json(kv.key, kv.value)
-                except RecordError as exc:
-                    log.warning("%s", exc)
-        return out
+        return read_commits(self.store, self.keys, job, rank, nodes,
+                            lambda exc: log.warning("%s", exc))
 
     def adopt(self, job: str, rank: int, generation: int) -> None:
         """Once a rank relaunched here restored ``generation`` (committed at an earlier

@@ -31,12 +31,13 @@ import click
 from raps_slurm import config as cfgmod
 from raps_slurm.checkpoint.chunkstore import ChunkStore
 from raps_slurm.checkpoint.restore_parts import RestoreError
-from raps_slurm.checkpoint.service import CheckpointService, peers_from_store
+from raps_slurm.checkpoint.service import CheckpointService, peers_from_store, read_commits
 from raps_slurm.checkpoint.transfer import TransferClient, TransferError
 from raps_slurm.cli.output import echo, table
 from raps_slurm.cli.show import show
 from raps_slurm.config import Config
-from raps_slurm.core.checkpoints import CkptRecord, restore_order
+from raps_slurm.core.checkpoints import CkptRecord, attested, restore_order, same_commit
+from raps_slurm.core.jobs import RankEntry
 from raps_slurm.errors import RapsError, RecordError
 from raps_slurm.store import Keys, StateStore, open_store
 from raps_slurm.wire.heartbeat import load_key
@@ -81,6 +82,7 @@ def show_checkpoints(ctx: click.Context, job_id: str, rank: int | None, as_json:
     job = _job(job_id)
     with _store(ctx) as (_, store, keys):
         recs = _records(store, keys, job, rank)
+        backed = _backed(store, keys, job, recs)
     if not recs and not as_json:
         raise click.ClickException(f"job {job} has no committed checkpoint"
                                    + (f" for rank {rank}" if rank is not None else ""))
@@ -88,7 +90,8 @@ def show_checkpoints(ctx: click.Context, job_id: str, rank: int | None, as_json:
              "size": r.total_size, "stored": r.stored_size, "chunks": r.chunks,
              "state": r.state, "holders": ",".join(r.holders), "replicas": r.replicas,
              "cold": "yes" if r.cold else "no", "bad": ",".join(r.bad) or "-",
-             "committed": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(r.committed_at))}
+             "committed": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(r.committed_at)),
+             "attested": backed.get((r.rank, r.generation, r.epoch), "no")}
             for r in recs]
     if as_json:
         for row, r in zip(rows, recs, strict=True):
@@ -96,7 +99,35 @@ def show_checkpoints(ctx: click.Context, job_id: str, rank: int | None, as_json:
                        committed=r.committed_at, primary=r.primary,
                        manifest_digest=r.manifest_digest)
     table(rows, as_json, ["rank", "generation", "epoch", "size", "stored", "chunks", "state",
-                          "holders", "cold", "bad", "committed"])
+                          "holders", "cold", "bad", "attested", "committed"])
+
+
+def _backed(store: StateStore, keys: Keys, job: str, recs: list[CkptRecord]
+            ) -> dict[tuple[int, int, int], str]:
+    """(rank, generation, epoch) -> ``yes`` for each shared record that the commit of the
+    node that ran the rank at its epoch backs (what a restore may take: attested), else
+    ``no (why)``."""
+    out: dict[tuple[int, int, int], str] = {}
+    for r in sorted({x.rank for x in recs}):
+        shared = [x for x in recs if x.rank == r]
+        kv = store.get(keys.job_rank(job, r))
+        try:
+            entry = RankEntry.from_json(kv.key, kv.value) if kv is not None else None
+        except RecordError as exc:
+            entry = None
+            echo(f"rapsctl: {exc}", err=True)
+        if entry is None:
+            for x in shared:
+                out[(r, x.generation, x.epoch)] = "no (no rank entry)"
+            continue
+        commits = read_commits(store, keys, job, r, {entry.node, *(n for _, n in entry.placed)},
+                               lambda exc: echo(f"rapsctl: skipping malformed commit: {exc}",
+                                                err=True))
+        found, _ = attested(r, shared, commits, entry.node_at)
+        for x in shared:
+            ok = any(same_commit(f, x) for f in found)
+            out[(r, x.generation, x.epoch)] = "yes" if ok else "no (no matching commit)"
+    return out
 
 
 def _client(cfg: Config, key: bytes, address: tuple[str, int], node: str) -> TransferClient:

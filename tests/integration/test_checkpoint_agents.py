@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -182,8 +183,18 @@ def test_cli_show_verify_and_restore(cluster: LocalCluster, store: tuple[StateSt
     assert [(r["rank"], r["generation"], r["state"]) for r in rows] == \
         [(0, 1, "committed"), (0, 2, "committed")]
     assert rows[1]["holders"] == ["n1", "n2", "n3"]
+    assert [r["attested"] for r in rows] == ["yes", "yes"], rows
     text = rapsctl("show", "checkpoints", job).stdout
     assert text.splitlines()[0].split()[:3] == ["rank", "generation", "epoch"]
+    # A shared record rewritten by someone else (another manifest) is shown as such.
+    s, keys = store
+    kv = s.get(keys.ckpt(job, 0, 1))
+    assert kv is not None
+    real = CkptRecord.from_json(kv.key, kv.value)
+    s.put(kv.key, replace(real, manifest_digest="0" * 64).to_json())
+    rows = json.loads(rapsctl("show", "checkpoints", job, "--json").stdout)
+    assert [r["attested"] for r in rows] == ["no (no matching commit)", "yes"], rows
+    s.put(kv.key, real.to_json())
     ok = rapsctl("verify", job, "--json")
     assert ok.returncode == 0 and {r["result"] for r in json.loads(ok.stdout)} == {"ok"}
     # Damage, on n2 only, one chunk that generation 2 has and generation 1 has not.
