@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +175,18 @@ def test_messages_logged_as_they_are_sent_survive_a_killed_rank_and_lost_frames(
     assert run(prog, tmp_path / "faulty", {1: 5}, ctx_hook=lossy) == clean
     assert sum(c.log.reserved for c in seen) >= len(seen), "none copied as it was sent"
     assert sum(c.resent for c in seen) > 0
+
+
+def test_under_frame_mac_all_a_large_message_is_logged_whole_then_sent_tagged(
+        tmp_path: Path) -> None:
+    seen: list[Context] = []
+    prog = ring(3, 4, every=2, size=96 << 10)
+    prog.parts = True
+    clean = run(prog, tmp_path / "clean")
+    tagged = run(prog, tmp_path / "all", settings=replace(SMALL, frame_mac="all"),
+                 ctx_hook=seen.append)
+    assert tagged == clean and all(isinstance(s, bytes) for s in clean), tagged
+    assert seen and all(c.log.reserved == 0 and c.listener.auth.frame_mac == "all" for c in seen)
 
 
 def test_two_neighbours_killed_together(tmp_path: Path) -> None:
