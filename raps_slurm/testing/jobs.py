@@ -31,17 +31,27 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 _RESULT = re.compile(r"(?:\s*\d+: )?final ")
 
 
+# (ranks, unpaced args) -> the failure-free line: the arithmetic depends on nothing else,
+# and most tests of a file share their job's shape
+_REFERENCES: dict[tuple[int, tuple[str, ...]], str] = {}
+
+
 def heat_reference(tmp: Path, ranks: int, args: Sequence[str]) -> str:
     """The ``final ...`` line of a failure-free run (the local launcher, same arithmetic).
     Without ``--step-sec``: the pace only, the result does not depend on it, and a slow
-    job's reference need not take as long as the job."""
+    job's reference need not take as long as the job. Run once per process for each
+    ranks and arguments (a run takes seconds; the line is the same every time)."""
+    key = (ranks, tuple(unpaced(args)))
+    if key in _REFERENCES:
+        return _REFERENCES[key]
     proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(ranks),
                            "--dir", str(tmp / "ref"), "--", sys.executable, str(HEAT_RING),
-                           *unpaced(args)], capture_output=True, text=True, timeout=300,
+                           *key[1]], capture_output=True, text=True, timeout=300,
                           check=False)
     if proc.returncode != 0:
         raise AssertionError(f"reference run failed: {proc.stderr[-2000:]}")
     [line] = [x for x in proc.stdout.splitlines() if x.startswith("final ")]
+    _REFERENCES[key] = line
     return line
 
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from raps_slurm.testing.jobs import last_final, result_problem, unpaced
+from pathlib import Path
+
+from raps_slurm.testing.jobs import heat_reference, last_final, result_problem, unpaced
 
 CLEAN = "final aa bb cc dd"
 OTHER = "final aa bb cc 00"
@@ -49,3 +51,17 @@ def test_a_reference_run_drops_only_the_pace() -> None:
         ["--steps", "5", "--every", "3"]
     assert unpaced(("--steps", "9", "--step-sec=0.05")) == ["--steps", "9"]
     assert unpaced(["--steps", "240", "--every", "20"]) == ["--steps", "240", "--every", "20"]
+
+
+def test_a_reference_is_computed_once_for_its_ranks_and_arguments(tmp_path: Path) -> None:
+    """The pace is no part of it; the ranks and every other argument are."""
+    args = ["--steps", "6", "--every", "3"]
+    first = heat_reference(tmp_path / "a", 2, args)
+    assert first.startswith("final ") and len(first.split()) == 3, first
+    assert (tmp_path / "a" / "ref").is_dir()  # the local launcher's run directory
+    assert heat_reference(tmp_path / "b", 2, [*args, "--step-sec", "0.5"]) == first
+    assert not (tmp_path / "b").exists()  # not run again
+    other = heat_reference(tmp_path / "c", 2, ["--steps", "7", "--every", "3"])
+    three = heat_reference(tmp_path / "d", 3, args)
+    assert (tmp_path / "c" / "ref").is_dir() and (tmp_path / "d" / "ref").is_dir()
+    assert len({first, other}) == 2 and len(three.split()) == 4, (first, other, three)
