@@ -110,6 +110,10 @@ _GATE_REASONS = {"busy": f"{MAX_HANDSHAKES} connections in their handshake",
                  "timeout": f"not authenticated within {HANDSHAKE_DEADLINE:g} s"}
 FRAME_TIMEOUT = 30.0  # once a frame started: this, plus its length at MIN_RATE
 MIN_RATE = 10e6  # bytes/s
+# Send buffer of a Unix connection (the kernel's default, some 208 KiB, woke a 1 MiB
+# sender five times; 1 MiB: +25 % at 1 MiB between two ranks of one host, docs/benchmarks.md;
+# 4 MiB lost at 8 MiB). At most this much in flight per connection.
+UNIX_SNDBUF = 1 << 20
 _HELLO = struct.Struct(f">{len(PROTOCOL)}s16sIIQQB")
 _BOUND = struct.Struct(">IIQQB")  # what a proof binds besides the nonces
 _NONCE = 16
@@ -563,6 +567,9 @@ class Outgoing:
                 self.close()
                 raise
         self.sock.settimeout(None)
+        if self.local:  # a 1 MiB message goes in one write, not five wake-ups of the sender
+            with contextlib.suppress(OSError):
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SNDBUF)
         self.lock = threading.Lock()
 
     def _handshake(self, auth: Auth, dst: int, peer: str, timeout: float) -> framing.FrameMac:
