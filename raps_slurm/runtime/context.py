@@ -36,6 +36,7 @@ from typing import Any
 from raps_slurm.core.launch import LOST_EXIT, PREEMPTED_EXIT
 from raps_slurm.errors import RapsError
 from raps_slurm.runtime.arena import Arena
+from raps_slurm.runtime.frames import COVERED, MAX_MESSAGE, SENT_FLOOR
 from raps_slurm.runtime.links import PeerLinks
 from raps_slurm.runtime.msglog import (
     Entry,
@@ -46,14 +47,7 @@ from raps_slurm.runtime.msglog import (
     parse_records,
 )
 from raps_slurm.runtime.ports import Port
-from raps_slurm.runtime.transport import (
-    COVERED,
-    MAX_MESSAGE,
-    SENT_FLOOR,
-    Auth,
-    Listener,
-    Outgoing,
-)
+from raps_slurm.runtime.transport import Auth, Listener, Outgoing
 
 # A relaunched rank redoes about one interval of lost steps at most, but may first wait
 # for neighbours restored after it (up to 4.3 s in the recovery benchmark's traces).

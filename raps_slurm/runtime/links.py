@@ -15,6 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.runtime.arena import Arena
+from raps_slurm.runtime.frames import (
+    COVERED,
+    DATA,
+    DELIVERED,
+    HEADER,
+    HELLO,
+    PROGRESS,
+    RESEND,
+    SENT_FLOOR,
+    Frame,
+    encode,
+)
 from raps_slurm.runtime.msglog import (
     Entry,
     Inbox,
@@ -26,20 +38,7 @@ from raps_slurm.runtime.msglog import (
     segments,
 )
 from raps_slurm.runtime.ports import Port
-from raps_slurm.runtime.transport import (
-    COVERED,
-    DATA,
-    DELIVERED,
-    HEADER,
-    HELLO,
-    PROGRESS,
-    RESEND,
-    SENT_FLOOR,
-    Frame,
-    Listener,
-    Outgoing,
-    encode,
-)
+from raps_slurm.runtime.transport import Listener, Outgoing
 from raps_slurm.wire import datapath
 
 if TYPE_CHECKING:

@@ -45,19 +45,7 @@ before anything is allocated. Each refusal closes the connection, is counted in
 :attr:`Auth.refused` by kind and logged in one line (at most one per kind per 10 s,
 :mod:`raps_slurm.logquota`).
 
-A frame body is a 34-byte header ``type u8, src u32, dst u32, seq u64, epoch u64,
-length u32, crc u32`` (big-endian) and, for ``DATA``, ``length`` payload bytes whose
-CRC-32C is ``crc`` (the message's checksum, which receivers compare on duplicates).
-
-Types: ``DATA`` (a message), ``HELLO`` (first frame on every connection: the sender's
-epoch and, in ``seq``, what it delivered from the receiver so far; the receiver resends
-what comes after), ``RESEND`` (``seq`` .. ``length`` field carries the last seq: ask
-for a range), ``COVERED`` (``seq``: the floor below which the receiver's kept
-checkpoints never ask again; the sender may collect), ``SENT_FLOOR`` (``seq``: the
-sender's oldest kept checkpoint sent this much; the receiver may forget those
-checksums), ``DELIVERED`` (``seq``: delivered so far; a finalizing sender waits for it),
-``PROGRESS`` (``seq``: how many ms ago a peer the sender waits for last made progress: a
-rank blocked on a rank that re-executes its lost work is not stalled either).
+Frame bodies, their types and their codec: :mod:`raps_slurm.runtime.frames`.
 """
 
 from __future__ import annotations
@@ -76,26 +64,18 @@ from dataclasses import dataclass
 
 import blake3
 
-from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.errors import RapsError
 from raps_slurm.logquota import LogQuota
-from raps_slurm.runtime.msglog import RECORD, checksum
+from raps_slurm.runtime.frames import DATA, HEADER, MAX_MESSAGE, Frame, FrameError, decode
 from raps_slurm.runtime.pump import Conn, Pump
 from raps_slurm.wire import datapath, framing
 from raps_slurm.wire.gate import Gate
 
 log = logging.getLogger("raps.runtime")
 
-HEADER = struct.Struct(">BIIQQII")
-DATA, HELLO, RESEND, COVERED, SENT_FLOOR, DELIVERED, PROGRESS = 1, 2, 3, 4, 5, 6, 7
-NAMES = {DATA: "DATA", HELLO: "HELLO", RESEND: "RESEND", COVERED: "COVERED",
-         SENT_FLOOR: "SENT_FLOOR", DELIVERED: "DELIVERED", PROGRESS: "PROGRESS"}
 PROTOCOL = b"raps-rank/3"
 FRAME_MAC = ("control", "all")  # messagelog.frame_mac: which frames carry a MAC
 KEY_BYTES = 32
-# The default bound on one message's payload (Settings.max_message): a logged message is
-# one record of one log segment, or it could never be spilled to the log store.
-MAX_MESSAGE = MAX_SEGMENT - RECORD.size
 HANDSHAKE_MAX = 96  # bytes of a handshake frame: a 2 GiB header is refused from 4 bytes
 ASK_EVERY = 1.0  # s: a peer's keys are asked of the agent again at most this often
 ASK_BURST = 2.0  # ... after this many at once
@@ -117,60 +97,6 @@ UNIX_SNDBUF = 1 << 20
 _HELLO = struct.Struct(f">{len(PROTOCOL)}s16sIIQQB")
 _BOUND = struct.Struct(">IIQQB")  # what a proof binds besides the nonces
 _NONCE = 16
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One decoded frame."""
-
-    kind: int
-    src: int
-    dst: int
-    seq: int
-    epoch: int
-    length: int
-    crc: int
-    payload: bytes | memoryview = b""
-
-
-def encode(kind: int, src: int, dst: int, seq: int, epoch: int, payload: bytes | memoryview = b"",
-           *, length: int | None = None, crc: int | None = None) -> list[bytes | memoryview]:
-    """The body parts of one frame, header then payload (``length`` overrides for control
-    frames)."""
-    n = len(payload) if length is None else length
-    c = checksum(payload) if crc is None else crc
-    head = HEADER.pack(kind, src, dst, seq, epoch, n, c)
-    return [head, payload] if len(payload) else [head]
-
-
-class FrameError(ConnectionError):
-    """A frame or handshake that cannot be trusted: the connection is dropped. ``kind``
-    is what :attr:`Auth.refused` counts it as."""
-
-    def __init__(self, message: str, kind: str = "frame") -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-def decode(body: bytes | bytearray | memoryview, *, owned: bool = False) -> Frame:
-    """One frame from its (authenticated) body; FrameError if it is malformed. The payload
-    is a copy unless ``owned`` says the body's buffer is the caller's to keep (a large
-    frame read into its own buffer): then it is a view, and 8 MiB skip a copy."""
-    if len(body) < HEADER.size:
-        raise FrameError(f"frame of {len(body)} bytes is shorter than its header")
-    kind, src, dst, seq, epoch, length, crc = HEADER.unpack_from(body)
-    if kind not in NAMES:
-        raise FrameError(f"unknown frame type {kind}")
-    extra = len(body) - HEADER.size
-    if kind == DATA:
-        if extra != length:
-            raise FrameError(f"DATA frame announces {length} bytes and carries {extra}")
-        payload = memoryview(body)[HEADER.size:]
-        return Frame(kind, src, dst, seq, epoch, length, crc,
-                     payload if owned else bytes(payload))
-    if extra:
-        raise FrameError(f"{NAMES[kind]} frame with {extra} payload bytes")
-    return Frame(kind, src, dst, seq, epoch, length, crc)
 
 
 @dataclass(frozen=True)

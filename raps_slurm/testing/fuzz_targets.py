@@ -38,10 +38,10 @@ from raps_slurm.core.health import HealthPolicy, HealthSettings, door_rejections
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap
 from raps_slurm.core.planner import Plan, PlanEvent
 from raps_slurm.errors import BadDatagram, ConfigError, RecordError, ScenarioError
+from raps_slurm.runtime.frames import DATA, FrameError
+from raps_slurm.runtime.frames import decode as decode_frame
+from raps_slurm.runtime.frames import encode as encode_frame
 from raps_slurm.runtime.msglog import Entry, MessagingError, parse_records
-from raps_slurm.runtime.transport import DATA, FrameError
-from raps_slurm.runtime.transport import decode as decode_frame
-from raps_slurm.runtime.transport import encode as encode_frame
 from raps_slurm.sim.scenario import load_scenario
 from raps_slurm.wire.heartbeat import (
     Heartbeat,

@@ -14,9 +14,9 @@ import pytest
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.checkpoint.pack import IOV_MAX, sealed_parts
 from raps_slurm.runtime.context import Settings
+from raps_slurm.runtime.frames import DATA, MAX_MESSAGE, decode, encode
 from raps_slurm.runtime.msglog import RECORD, checksum, parse_records, segments
 from raps_slurm.runtime.ports import LocalPort
-from raps_slurm.runtime.transport import DATA, MAX_MESSAGE, decode, encode
 from raps_slurm.testing.ranks import PARAMS, local_pair
 
 

@@ -19,20 +19,9 @@ import pytest
 
 from raps_slurm.checkpoint.codec import CodecParams
 from raps_slurm.runtime.context import Context, Settings
+from raps_slurm.runtime.frames import COVERED, DATA, DELIVERED, HELLO, Frame, encode
 from raps_slurm.runtime.ports import LocalPort
-from raps_slurm.runtime.transport import (
-    COVERED,
-    DATA,
-    DELIVERED,
-    HANDSHAKE_MAX,
-    HELLO,
-    PROTOCOL,
-    Auth,
-    Frame,
-    Listener,
-    Outgoing,
-    encode,
-)
+from raps_slurm.runtime.transport import HANDSHAKE_MAX, PROTOCOL, Auth, Listener, Outgoing
 from raps_slurm.wire import framing
 
 PARAMS = CodecParams(avg_chunk_kb=4)

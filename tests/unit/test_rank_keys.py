@@ -16,21 +16,17 @@ from raps_slurm.agent.local_api import RankInfo, RankTable
 from raps_slurm.agent.proc import Peer
 from raps_slurm.checkpoint.peer_keys import PeerKeys, make_tickets
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry
+from raps_slurm.runtime.frames import DATA, HELLO, Frame, FrameError, encode
 from raps_slurm.runtime.transport import (
     _HELLO,
     ASK_BURST,
     ASK_EVERY,
-    DATA,
     HANDSHAKE_MAX,
-    HELLO,
     PROTOCOL,
     Auth,
-    Frame,
-    FrameError,
     Listener,
     Outgoing,
     RankKeys,
-    encode,
     unix_name,
 )
 from raps_slurm.store import Keys, MemoryStore
