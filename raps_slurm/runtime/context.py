@@ -16,7 +16,8 @@ Semantics an application relies on (docs/messaging.md):
   sequence it waits for, and reports it to the agent. An explicit ``timeout`` is wall
   time.
 
-Connections, incoming frames and the background flushes: :mod:`raps_slurm.runtime.links`.
+Connections, incoming frames and the background flushes: :mod:`raps_slurm.runtime.links`;
+receives: :mod:`raps_slurm.runtime.receiving`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from raps_slurm.core.launch import LOST_EXIT, PREEMPTED_EXIT
 from raps_slurm.errors import RapsError
 from raps_slurm.runtime.arena import Arena
 from raps_slurm.runtime.frames import COVERED, MAX_MESSAGE, SENT_FLOOR
-from raps_slurm.runtime.links import PeerLinks
 from raps_slurm.runtime.msglog import (
     Entry,
     Inbox,
@@ -47,6 +47,7 @@ from raps_slurm.runtime.msglog import (
     parse_records,
 )
 from raps_slurm.runtime.ports import Port
+from raps_slurm.runtime.receiving import Receiving
 from raps_slurm.runtime.transport import Auth, Listener, Outgoing
 
 # A relaunched rank redoes about one interval of lost steps at most, but may first wait
@@ -84,7 +85,7 @@ class Settings:
     same_node: str = "unix"  # a peer on this host: over a Unix socket, or tcp
 
 
-class Context(PeerLinks):
+class Context(Receiving):
     """One rank's runtime (thread-safe for one application thread plus its own threads)."""
 
     def __init__(self, port: Port, rank: int, size: int, epoch: int,
@@ -294,109 +295,6 @@ class Context(PeerLinks):
         """After ``restore()``: the determinants recorded after the restored checkpoint
         (or since the start, for a rank relaunched before its first one), in order."""
         return list(self._records_replay)
-
-    def try_recv(self, src: int) -> bytes | None:
-        """The next message from ``src`` if it has arrived, else None (never waits)."""
-        msg = self.try_recv_buffer(src)
-        return msg if msg is None or isinstance(msg, bytes) else bytes(msg)
-
-    def try_recv_buffer(self, src: int) -> bytes | memoryview | None:
-        """:meth:`try_recv`, but a large message comes as a view of the buffer it was read
-        into (no copy; the MPI layer copies it once, into the application's array)."""
-        if not 0 <= src < self.size or src == self.rank:
-            raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
-        self._start()
-        with self._mu:
-            self._raise_error()
-            return self.inbox.pop(src)
-
-    def recv_any(self, sources: list[int], timeout: float | None = None
-                 ) -> tuple[int, bytes]:
-        """The next message from whichever of ``sources`` has one first (the lowest rank
-        when several have): ``(src, payload)``. Which one is timing: a caller that lets it
-        decide what it sends records the choice (:meth:`record`)."""
-        src, msg = self.recv_any_buffer(sources, timeout)
-        return src, msg if isinstance(msg, bytes) else bytes(msg)
-
-    def recv_any_buffer(self, sources: list[int], timeout: float | None = None
-                        ) -> tuple[int, bytes | memoryview]:
-        """:meth:`recv_any`, a large message as a view (:meth:`try_recv_buffer`)."""
-        if not sources or any(not 0 <= s < self.size or s == self.rank for s in sources):
-            raise ValueError(f"sources {sources}: expected other ranks in 0..{self.size - 1}")
-        if len(sources) == 1:
-            return sources[0], self._recv(sources[0], timeout)
-        self._start()
-        wait = self.s.recv_timeout if timeout is None else timeout
-        start = self._clock()
-        waiting = False
-        with self._mu:
-            while True:
-                if self._error is not None:
-                    raise self._error
-                for src in sources:
-                    msg = self.inbox.pop(src)
-                    if msg is not None:
-                        for s in sources:
-                            self._blocked.pop(s, None)
-                        if waiting:
-                            self.port.blocked(None)
-                        return src, msg
-                if not waiting:  # not hung: waiting for a peer (the lowest one is named)
-                    self.port.blocked(sources[0])
-                    waiting = True
-                now = self._clock()
-                for s in sources:
-                    self._blocked.setdefault(s, now)
-                left = self._since(start, sources, timeout) + wait - now
-                if left <= 0:
-                    err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for a message "
-                                         f"from any of ranks {sources}")
-                    break
-                self._await(left)
-        self.port.escalate(str(err))
-        raise err
-
-    def recv(self, src: int, timeout: float | None = None) -> bytes:
-        """The next message from rank ``src``, in order; MessagingError after ``timeout``."""
-        msg = self._recv(src, timeout)
-        return msg if isinstance(msg, bytes) else bytes(msg)
-
-    def _recv(self, src: int, timeout: float | None) -> bytes | memoryview:
-        if not 0 <= src < self.size or src == self.rank:
-            raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
-        self._start()
-        wait = self.s.recv_timeout if timeout is None else timeout
-        start = self._clock()
-        waiting = False
-        with self._mu:
-            while True:
-                if self._error is not None:
-                    raise self._error
-                msg = self.inbox.pop(src)
-                if msg is not None:
-                    self._blocked.pop(src, None)
-                    if waiting:
-                        self.port.blocked(None)
-                    return msg
-                if not waiting:
-                    # A rank waiting for a peer is not hung: the detector blames the peer.
-                    self.port.blocked(src)
-                    waiting = True
-                self._blocked.setdefault(src, self._clock())
-                left = self._since(start, (src,), timeout) + wait - self._clock()
-                if left <= 0:
-                    want = self.inbox.delivered(src) + 1
-                    err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for seq {want} "
-                                         f"from rank {src}")
-                    break
-                self._await(left)
-        self.port.escalate(str(err))
-        raise err
-
-    def _since(self, start: float, sources: Iterable[int], timeout: float | None) -> float:
-        """Where a receive's wait counts from (``_mu`` held): its start, or the sources'
-        last progress after it unless the caller gave a timeout of its own."""
-        return start if timeout is not None else max(start, self.heard_at(sources))
 
     def heartbeat(self, step: int, items: int = 0) -> None:
         """Report progress (through the agent). After a relaunch, the first one tells the

@@ -1,0 +1,117 @@
+"""A rank's receives: the next message from one source, or from the first of several,
+waiting as long as the source makes progress (:class:`~raps_slurm.runtime.context.Context`
+inherits them; the semantics are in its docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from raps_slurm.runtime.links import PeerLinks
+from raps_slurm.runtime.msglog import MessagingError
+
+
+class Receiving(PeerLinks):
+    """The receiving half of :class:`~raps_slurm.runtime.context.Context`."""
+
+    def try_recv(self, src: int) -> bytes | None:
+        """The next message from ``src`` if it has arrived, else None (never waits)."""
+        msg = self.try_recv_buffer(src)
+        return msg if msg is None or isinstance(msg, bytes) else bytes(msg)
+
+    def try_recv_buffer(self, src: int) -> bytes | memoryview | None:
+        """:meth:`try_recv`, but a large message comes as a view of the buffer it was read
+        into (no copy; the MPI layer copies it once, into the application's array)."""
+        if not 0 <= src < self.size or src == self.rank:
+            raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
+        self._start()
+        with self._mu:
+            self._raise_error()
+            return self.inbox.pop(src)
+
+    def recv_any(self, sources: list[int], timeout: float | None = None
+                 ) -> tuple[int, bytes]:
+        """The next message from whichever of ``sources`` has one first (the lowest rank
+        when several have): ``(src, payload)``. Which one is timing: a caller that lets it
+        decide what it sends records the choice (:meth:`record`)."""
+        src, msg = self.recv_any_buffer(sources, timeout)
+        return src, msg if isinstance(msg, bytes) else bytes(msg)
+
+    def recv_any_buffer(self, sources: list[int], timeout: float | None = None
+                        ) -> tuple[int, bytes | memoryview]:
+        """:meth:`recv_any`, a large message as a view (:meth:`try_recv_buffer`)."""
+        if not sources or any(not 0 <= s < self.size or s == self.rank for s in sources):
+            raise ValueError(f"sources {sources}: expected other ranks in 0..{self.size - 1}")
+        if len(sources) == 1:
+            return sources[0], self._recv(sources[0], timeout)
+        self._start()
+        wait = self.s.recv_timeout if timeout is None else timeout
+        start = self._clock()
+        waiting = False
+        with self._mu:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                for src in sources:
+                    msg = self.inbox.pop(src)
+                    if msg is not None:
+                        for s in sources:
+                            self._blocked.pop(s, None)
+                        if waiting:
+                            self.port.blocked(None)
+                        return src, msg
+                if not waiting:  # not hung: waiting for a peer (the lowest one is named)
+                    self.port.blocked(sources[0])
+                    waiting = True
+                now = self._clock()
+                for s in sources:
+                    self._blocked.setdefault(s, now)
+                left = self._since(start, sources, timeout) + wait - now
+                if left <= 0:
+                    err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for a message "
+                                         f"from any of ranks {sources}")
+                    break
+                self._await(left)
+        self.port.escalate(str(err))
+        raise err
+
+    def recv(self, src: int, timeout: float | None = None) -> bytes:
+        """The next message from rank ``src``, in order; MessagingError after ``timeout``."""
+        msg = self._recv(src, timeout)
+        return msg if isinstance(msg, bytes) else bytes(msg)
+
+    def _recv(self, src: int, timeout: float | None) -> bytes | memoryview:
+        if not 0 <= src < self.size or src == self.rank:
+            raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
+        self._start()
+        wait = self.s.recv_timeout if timeout is None else timeout
+        start = self._clock()
+        waiting = False
+        with self._mu:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                msg = self.inbox.pop(src)
+                if msg is not None:
+                    self._blocked.pop(src, None)
+                    if waiting:
+                        self.port.blocked(None)
+                    return msg
+                if not waiting:
+                    # A rank waiting for a peer is not hung: the detector blames the peer.
+                    self.port.blocked(src)
+                    waiting = True
+                self._blocked.setdefault(src, self._clock())
+                left = self._since(start, (src,), timeout) + wait - self._clock()
+                if left <= 0:
+                    want = self.inbox.delivered(src) + 1
+                    err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for seq {want} "
+                                         f"from rank {src}")
+                    break
+                self._await(left)
+        self.port.escalate(str(err))
+        raise err
+
+    def _since(self, start: float, sources: Iterable[int], timeout: float | None) -> float:
+        """Where a receive's wait counts from (``_mu`` held): its start, or the sources'
+        last progress after it unless the caller gave a timeout of its own."""
+        return start if timeout is not None else max(start, self.heard_at(sources))
