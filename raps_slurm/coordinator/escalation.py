@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from raps_slurm.config import Config
-from raps_slurm.coordinator.cycle import JobView
 from raps_slurm.coordinator.election import Leadership
 from raps_slurm.coordinator.plan_book import PlanBook
+from raps_slurm.coordinator.snapshot import JobView
 from raps_slurm.core import planner, requeue
 from raps_slurm.core.requeue import EscalationRecord
 from raps_slurm.errors import RecordError, SlurmCommandError

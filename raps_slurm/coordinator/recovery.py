@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 
 from raps_slurm.config import Config
-from raps_slurm.coordinator.cycle import JobView
 from raps_slurm.coordinator.election import Leadership
 
 # re-exported (the "as" ones): rapsctl, the user door and the tests take them from here
@@ -31,6 +30,7 @@ from raps_slurm.coordinator.escalation import Escalations, decode_escalation
 from raps_slurm.coordinator.plan_book import PlanBook
 from raps_slurm.coordinator.plan_book import plans_in_order as plans_in_order
 from raps_slurm.coordinator.plan_book import read_plans as read_plans
+from raps_slurm.coordinator.snapshot import JobView
 from raps_slurm.core import planner
 from raps_slurm.core.jobs import RankEntry, group_to_json
 from raps_slurm.core.planner import Escalation, Plan, RankSite

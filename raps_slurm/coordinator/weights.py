@@ -15,8 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from raps_slurm.config import Config
-from raps_slurm.coordinator.cycle import read_snapshot
 from raps_slurm.coordinator.election import Leadership
+from raps_slurm.coordinator.snapshot import read_snapshot
 from raps_slurm.core.boost import boost
 from raps_slurm.core.history import (
     FailureEvent,

@@ -17,8 +17,8 @@ import yaml
 from raps_slurm.agent.recovery_api import record_event
 from raps_slurm.cli import main as rapsctl
 from raps_slurm.config import StoreConfig
-from raps_slurm.coordinator.cycle import read_snapshot
 from raps_slurm.coordinator.recovery import read_plans
+from raps_slurm.coordinator.snapshot import read_snapshot
 from raps_slurm.core.planner import Plan
 from raps_slurm.errors import StorePermissionDenied
 from raps_slurm.hooks.run import run_hook

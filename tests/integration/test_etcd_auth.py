@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from raps_slurm.config import load_file
-from raps_slurm.coordinator.cycle import read_snapshot
+from raps_slurm.coordinator.snapshot import read_snapshot
 from raps_slurm.core.jobs import JobRecord, RankEntry
 from raps_slurm.errors import SlurmCommandError, StorePermissionDenied
 from raps_slurm.slurm.runner import CommandRunner

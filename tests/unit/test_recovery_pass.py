@@ -11,8 +11,9 @@ import logging
 import pytest
 from leader_world import World, step
 
-from raps_slurm.coordinator.cycle import Coordinator, read_snapshot
+from raps_slurm.coordinator.cycle import Coordinator
 from raps_slurm.coordinator.recovery import read_plans
+from raps_slurm.coordinator.snapshot import read_snapshot
 from raps_slurm.core.checkpoints import CkptRecord
 from raps_slurm.core.jobs import JobRecord
 from raps_slurm.core.planner import CANCELLED, Plan, PlanEvent, cancelled
