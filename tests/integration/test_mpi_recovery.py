@@ -16,7 +16,14 @@ from raps_slurm.errors import SlurmCommandError
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
-from raps_slurm.testing.jobs import REPO, back_in_service, committed, ended_seeing, finish
+from raps_slurm.testing.jobs import (
+    REPO,
+    back_in_service,
+    committed,
+    ended_seeing,
+    finish,
+    wait_mapped,
+)
 
 PROGRAM = REPO / "examples" / "mpi_master_worker.py"
 ARGS = ["--tasks", "240", "--every", "5", "--work-sec", "0.1"]
@@ -49,15 +56,14 @@ def submit(cluster: LocalCluster, sbatch: list[str]) -> tuple[str, Path]:
 
 
 def test_master_worker_loses_a_worker_node_and_prints_the_failure_free_result(
-        cluster: LocalCluster, store: tuple[StateStore, Keys], rapsctl: Any,
+        cluster: LocalCluster, store: tuple[StateStore, Keys],
         leading: Callable[[str], Any], tmp_path: Path) -> None:
     clean = reference(tmp_path)
     s, keys = store
     with leading("mpi"):
         job, out = submit(cluster, ["--raps-spares=1", "-N5"])
         try:
-            data = wait_until(f"job {job} mapped", lambda: rapsctl.job(int(job)),
-                              lambda d: d is not None and d["state"] == "mapped", 60)
+            data = wait_mapped(s, keys, job)
             ranks = {r["rank"]: r["node"] for r in data["ranks"]}
             host = wait_until("the batch host", lambda: cluster.slurm().job(int(job)).batch_host,
                               bool, 20)
