@@ -51,8 +51,8 @@ def messaging_used(s: Scenario, cost: str = "") -> tuple[float, str]:
 def map_title(s: Scenario, cost: str = "") -> str:
     """The advice map's title: the scenario and the messaging cost raps is charged."""
     share, _ = messaging_used(s, cost)
-    how = "per message size" if s.job.step_s > 0 and s.job.msg_bytes else "raps.log_overhead"
-    return f"Best strategy, {s.name}, raps messaging cost {share:.3g} of computation ({how})"
+    how = "per message size" if s.job.step_s > 0 and s.job.msg_bytes else "log_overhead"
+    return f"Best strategy, {s.name}, raps messaging cost {share:.3g} ({how})"
 
 
 def advise(s: Scenario, progress: Callable[[int, int], None] | None = None
