@@ -1,4 +1,4 @@
-"""Slow senders against the transfer port and the user door (issue 21, item 5).
+"""Slow senders against the transfer port and the user door.
 
 Hundreds of connections that send nothing or one byte now and then: a legitimate peer
 is still served at once, the slow ones are cut at their deadline however they trickle,
@@ -30,7 +30,9 @@ from raps_slurm.store import Keys, MemoryStore
 KEY = b"k" * 32
 SLOW = 300
 CAP = 32
-DEADLINE = 2.0
+# Long enough that a request served at once (under 1.1 s seen at load 10 on 2 cores) and
+# one that waited for a slot freed at the deadline stay apart.
+DEADLINE = 3.0
 RAW = b"chunk"
 DIGEST = blake3.blake3(RAW).hexdigest()
 # A length prefix that asks for 4096 bytes, then spaces: never complete at one byte a tick.
@@ -136,7 +138,7 @@ def under_slow_senders(name: str, address: tuple[str, int], legit: Callable[[], 
     print(f"\n{name}: {SLOW} slow connections opened in {opened:.2f}s; legitimate request "
           f"{served * 1000:.0f} ms; cut after {life[0]:.2f}..{life[-1]:.2f}s; "
           f"refused {got}; serving threads at most {slow.max_threads} (cap {CAP})")
-    assert served < 1.0
+    assert served < DEADLINE / 2, f"served in {served:.2f}s: it waited for a slot"
     # (b) the last ones admitted were cut at the deadline, trickling or not
     assert DEADLINE - 0.2 <= life[-1] <= DEADLINE + 1.5
     # (c) every slow connection is counted: evicted for a newer one, or cut at its deadline
