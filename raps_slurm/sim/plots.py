@@ -176,7 +176,8 @@ def plot_storage_vs_replicas(
 def plot_advice_map(rows: Sequence[Mapping[str, Any]], path: str | Path, *,
                     title: str = "") -> Path:
     """Where each strategy wins: job nodes across, node MTBF up, each cell coloured by
-    the best strategy and labelled with it and its useful work per allocated node."""
+    the best strategy and labelled with it and its useful work per allocated node, and
+    raps's below when another wins (how far local recovery is from the winner)."""
     from matplotlib.colors import ListedColormap
 
     nodes = sorted({int(r["nodes"]) for r in rows})
@@ -191,7 +192,10 @@ def plot_advice_map(rows: Sequence[Mapping[str, Any]], path: str | Path, *,
         best = str(r["best"])
         eff = float(r[f"{best}_node_efficiency"])
         tie = "*" if r.get("within_noise") else ""
-        ax.text(j, i, f"{best}{tie}\n{eff * 100:.0f} %", ha="center", va="center",
+        raps = r.get("raps_node_efficiency")
+        under = f"\nraps {float(raps) * 100:.0f} %" if best != "raps" and raps is not None \
+            else ""
+        ax.text(j, i, f"{best}{tie}\n{eff * 100:.0f} %{under}", ha="center", va="center",
                 fontsize=8, color="white")
     ax.imshow(grid, cmap=ListedColormap([colours[n] for n in names]), origin="lower",
               aspect="auto", vmin=-0.5, vmax=len(names) - 0.5)
