@@ -29,8 +29,10 @@ the step restarts is judged at the production rhythm, not the tests' 3 s.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -68,7 +70,9 @@ def progress(text: str, crashed_at: float) -> dict[str, Any]:
     """From a job's output (every run's lines, in order): the highest step printed before
     the restart (the first ``restored step`` line after the last step printed before the
     crash), and the times of the first step after the restart and of the first at that
-    highest step again; BenchError naming what is missing."""
+    highest step again; the failure-free step time (median before the crash) and
+    ``redo_speed``, the steps from the restarted run's first to that highest one at the
+    failure-free pace over the time they took; BenchError naming what is missing."""
     lines = text.splitlines()
     steps = [(i, int(m[1]), float(m[2])) for i, y in enumerate(lines) if (m := _PROGRESS.match(y))]
     last = max((i for i, _, t in steps if t <= crashed_at), default=-1)
@@ -84,9 +88,19 @@ def progress(text: str, crashed_at: float) -> dict[str, Any]:
     caught = next((t for s, t in after if s >= reached), None)
     if caught is None:
         raise BenchError(f"the restarted run never printed step {reached} again")
+    # the failure-free step time (median over the steps printed before the crash) and
+    # the lost steps redone after the first one of the restarted run, at that pace
+    free = [b[1] - a[1] for a, b in itertools.pairwise(x for x in before if x[1] <= crashed_at)
+            if b[0] == a[0] + 1]
+    step_s = statistics.median(free) if free else None
+    redo, took = reached - after[0][0], caught - after[0][1]
     return {"pre_fault_step": reached, "restored_step": int(lines[restart].split()[-1]),
             "running_s": round(after[0][1] - crashed_at, 3),
-            "caught_up_s": round(caught - crashed_at, 3)}
+            "caught_up_s": round(caught - crashed_at, 3),
+            "failure_free_step_s": None if step_s is None else round(step_s, 4),
+            "redo_steps": redo, "redo_s": round(took, 3),
+            "redo_speed": round(redo * step_s / took, 4)
+            if step_s is not None and redo > 0 and took > 0 else None}
 
 
 def final_line(text: str) -> str | None:
@@ -247,6 +261,8 @@ def run_restart(state: int, steps: int, every: int, crash_after: int, interval: 
             "detect_s": raps["detect_s"], "relaunch_s": raps["relaunch_s"],
             "restore_s": raps["restore_s"], "caught_up_s": raps["caught_up_s"],
             "requeue_caught_up_s": requeue["caught_up_s"], "speedup": speedup,
+            "failure_free_step_s": raps["failure_free_step_s"],
+            "redo_speed": raps["redo_speed"],
             "same_result": raps["result"] == requeue["result"] is not None,
             "goals": {"caught_up_s_max": GOAL_CAUGHT_UP_S, "speedup_min": GOAL_SPEEDUP,
                       "at_state_per_rank_bytes": 256 << 20},

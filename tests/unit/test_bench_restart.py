@@ -24,11 +24,16 @@ final step 4 residual 1.5 hash 00
 def test_caught_up_is_the_first_step_after_the_restart_at_the_pre_fault_step() -> None:
     got = progress(OUT, 102.5)
     assert got == {"pre_fault_step": 3, "restored_step": 2, "running_s": 7.5,
-                   "caught_up_s": 7.5}
+                   "caught_up_s": 7.5, "failure_free_step_s": 1.0, "redo_steps": 0,
+                   "redo_s": 0.0, "redo_speed": None}
     # steps printed after the crash, before the program stopped, are lost work too
     later = OUT.replace("some MPI error text", "progress 4 103.0")
     assert progress(later, 102.5)["pre_fault_step"] == 4
     assert progress(later, 102.5)["caught_up_s"] == 9.0
+    # steps 3 and 4 again in 1.5 s after the first (110.0): one step of the 1 s pace
+    redone = progress(later, 102.5)
+    assert (redone["redo_steps"], redone["redo_s"]) == (1, 1.5)
+    assert redone["redo_speed"] == pytest.approx(1.0 / 1.5, abs=1e-4)
 
 
 def test_an_output_without_a_restart_or_without_the_step_again_is_an_error() -> None:
