@@ -39,6 +39,7 @@ from raps_slurm.errors import RapsError
 from raps_slurm.runtime.arena import Arena
 from raps_slurm.runtime.frames import COVERED, MAX_MESSAGE, SENT_FLOOR
 from raps_slurm.runtime.msglog import (
+    ARENA_AT,
     Entry,
     Inbox,
     MessagingError,
@@ -256,7 +257,7 @@ class Context(Receiving):
             return
         # A large message under frame_mac control is copied into the log as it is sent
         # (wire/datapath.py); else logged whole first.
-        stream = self._stream and not isinstance(payload, bytes)
+        stream = self._stream and nbytes >= ARENA_AT and not isinstance(payload, bytes)
         with self._mu:
             spill = self.log.over_watermark()
             if not spill:  # the usual case: one hold of the lock
