@@ -91,7 +91,7 @@ _GATE_REASONS = {"busy": f"{MAX_HANDSHAKES} connections in their handshake",
 FRAME_TIMEOUT = 30.0  # once a frame started: this, plus its length at MIN_RATE
 MIN_RATE = 10e6  # bytes/s
 # Send buffer of a Unix connection (the kernel's default, some 208 KiB, woke a 1 MiB
-# sender five times; 1 MiB: +25 % at 1 MiB between two ranks of one host, docs/benchmarks.md;
+# sender five times; 1 MiB: +15-20 % at 1 MiB between two ranks of one host, docs/benchmarks.md;
 # 4 MiB lost at 8 MiB). At most this much in flight per connection.
 UNIX_SNDBUF = 1 << 20
 _HELLO = struct.Struct(f">{len(PROTOCOL)}s16sIIQQB")
