@@ -11,12 +11,18 @@ chunks); each chunk counts its live messages and is free again once the last of 
 released (collected when a checkpoint covers it, or spilled to the log store), and its
 pages stay mapped, warm for the next ones.
 
-No page is touched for the first time on the data path when the prefaulter keeps up:
-a background thread populates the free chunks ahead of the current one
-(``madvise(MADV_POPULATE_WRITE)``, else a ``memset``, both with the GIL released), at
-least :data:`AHEAD` bytes and twice what the last round used. A copy that finds no
-free room (every chunk live: the log holds more than the mapping) is made on the heap
-instead and counted in :attr:`Arena.misses`.
+No page is touched for the first time on the data path: when the rank starts, a
+background thread populates the whole mapping, chunk by chunk
+(``madvise(MADV_POPULATE_WRITE)``, else a ``memset``, both with the GIL released), asking
+for huge pages first (``MADV_HUGEPAGE``: fewer faults and TLB misses on the copy). The
+mapping is the log's configured size, so the memory is the rank's from its start. Readying
+chunks only ahead of use, as this module did first, left that work to the data path's
+time: on a machine whose cores the ranks keep busy the thread competed with them, and a
+1 MiB ping-pong ran about a quarter slower than with the map populated up front
+(docs/benchmarks.md). Only a copy made before the thread reached its chunk touches
+memory first (counted in :attr:`Arena.cold`). A copy that finds no free room (every chunk
+live: the log holds more than the mapping) is made on the heap instead and counted in
+:attr:`Arena.misses`.
 
 Freed room is reused only when no one may still be reading it: a writer that reads
 bodies outside the rank's lock (a spill, a checkpoint) :meth:`pin` s the arena, and a
@@ -28,12 +34,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 CHUNK = 4 << 20
-AHEAD = 32 << 20  # bytes kept faulted past the current chunk, at least
+MADV_HUGEPAGE = 14
 MADV_POPULATE_WRITE = 23  # Linux 5.14
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -56,7 +63,7 @@ def _populate(addr: int, length: int) -> None:
 class Arena:
     """Pre-faulted memory for logged bodies (see the module docstring). Thread-safe."""
 
-    def __init__(self, size: int, chunk: int = CHUNK, ahead: int = AHEAD) -> None:
+    def __init__(self, size: int, chunk: int = CHUNK) -> None:
         self.chunk = max(1, min(chunk, size))  # a small log: one chunk of its size
         self.nchunks = max(1, size // self.chunk)
         self._map = mmap.mmap(-1, self.nchunks * self.chunk,
@@ -64,6 +71,8 @@ class Arena:
         self._view = memoryview(self._map)
         self._cbuf = ctypes.c_char.from_buffer(self._map)  # held: the address stays valid
         self._base = ctypes.addressof(self._cbuf)
+        # best effort: a kernel without transparent huge pages keeps small ones
+        _libc.madvise(self._base, self.nchunks * self.chunk, MADV_HUGEPAGE)
         self._live = [0] * self.nchunks  # messages in each chunk
         # free | current (being filled) | used | limbo (freed while pinned) | warming
         self._state = ["free"] * self.nchunks
@@ -71,17 +80,14 @@ class Arena:
         self._cur = -1  # the chunk being filled
         self._off = 0  # its next free byte
         self._pins = 0
-        self._ahead = ahead
-        self._used_round = 0  # bytes handed out since the prefaulter last ran
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._closed = False
         self.misses = 0  # copies that found no free room (made on the heap)
         self.cold = 0  # chunks first touched by a copy, not by the prefaulter
         self.copied = 0  # bytes copied in
         self._thread = threading.Thread(target=self._prefaulter, name="raps-log-arena",
                                         daemon=True)
-        self._thread.start()  # it readies chunks once the first copy wants one
+        self._thread.start()
 
     # --- the data path ---------------------------------------------------------------
 
@@ -146,7 +152,6 @@ class Arena:
                     for j, st in enumerate(self._state):
                         if st == "limbo":
                             self._state[j] = "free"
-            self._wake.set()
 
     def _take(self, n: int) -> tuple[Slot | None, int]:
         """Room for ``n`` bytes (the lock held): a slot and its offset in the map."""
@@ -155,7 +160,6 @@ class Arena:
             start = self._cur * self.chunk + self._off
             self._off += n
             self._live[self._cur] += 1
-            self._used_round += n
             return slot, start
         count = max(1, -(-n // self.chunk))
         first = self._find(count)
@@ -170,13 +174,11 @@ class Arena:
                 self.cold += 1
                 self._faulted[j] = True  # the copy touches it now
         self._live[first] += 1
-        self._used_round += n
         if count == 1:
             self._state[first] = "current"
             self._cur, self._off = first, n
         else:
             self._cur, self._off = -1, 0
-        self._wake.set()
         return Slot(first, count), first * self.chunk
 
     def _find(self, count: int) -> int:
@@ -196,42 +198,25 @@ class Arena:
                 run = 0
         return -1
 
-    # --- readying chunks ahead ---------------------------------------------------------
+    # --- readying the map ----------------------------------------------------------------
 
     def _prefaulter(self) -> None:
-        while not self._closed:
-            self._wake.wait()
-            self._wake.clear()
+        """Populate every chunk once, in the order copies take them; a chunk a copy took
+        first is left to it (the copy faults it: cold). The thread runs only on idle CPU
+        (``SCHED_IDLE``): the ranks' own work comes first, a copy ahead of it is cold."""
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        for j in range(self.nchunks):
             with self._lock:
-                want = max(self._ahead, 2 * self._used_round)
-                self._used_round = 0
-            while not self._closed:
-                with self._lock:
-                    todo = self._next_cold(want)
-                    if todo >= 0:
-                        self._state[todo] = "warming"  # no copy may take it meanwhile
-                if todo < 0:
-                    break
-                _populate(self._base + todo * self.chunk, self.chunk)
-                with self._lock:
-                    self._faulted[todo] = True
-                    self._state[todo] = "free"
-
-    def _next_cold(self, want: int) -> int:
-        """The next free chunk ahead of the current one not yet faulted, while fewer than
-        ``want`` bytes ahead are ready (the lock held); -1: enough."""
-        ready = 0
-        start = self._cur + 1 if self._cur >= 0 else 0
-        for k in range(self.nchunks):
-            j = (start + k) % self.nchunks
-            if self._state[j] != "free":
-                continue
-            if not self._faulted[j]:
-                return j
-            ready += self.chunk
-            if ready >= want:
-                return -1
-        return -1
+                if self._closed:
+                    return
+                if self._state[j] != "free" or self._faulted[j]:
+                    continue
+                self._state[j] = "warming"  # no copy may take it meanwhile
+            _populate(self._base + j * self.chunk, self.chunk)
+            with self._lock:
+                self._faulted[j] = True
+                self._state[j] = "free"
 
     def stats(self) -> dict[str, int]:
         """Figures for the rank's statistics."""
@@ -244,5 +229,5 @@ class Arena:
 
     def close(self) -> None:
         """Stop the prefaulter (the mapping goes with the last view of it)."""
-        self._closed = True
-        self._wake.set()
+        with self._lock:
+            self._closed = True
