@@ -11,18 +11,17 @@ chunks); each chunk counts its live messages and is free again once the last of 
 released (collected when a checkpoint covers it, or spilled to the log store), and its
 pages stay mapped, warm for the next ones.
 
-No page is touched for the first time on the data path: when the rank starts, a
-background thread populates the whole mapping, chunk by chunk
-(``madvise(MADV_POPULATE_WRITE)``, else a ``memset``, both with the GIL released), asking
-for huge pages first (``MADV_HUGEPAGE``: fewer faults and TLB misses on the copy). The
-mapping is the log's configured size, so the memory is the rank's from its start. Readying
-chunks only ahead of use, as this module did first, left that work to the data path's
-time: on a machine whose cores the ranks keep busy the thread competed with them, and a
-1 MiB ping-pong ran about a quarter slower than with the map populated up front
-(docs/benchmarks.md). Only a copy made before the thread reached its chunk touches
-memory first (counted in :attr:`Arena.cold`). A copy that finds no free room (every chunk
-live: the log holds more than the mapping) is made on the heap instead and counted in
-:attr:`Arena.misses`.
+No page is touched for the first time on the data path: the mapping is faulted in whole
+when the arena is made, at the rank's start (``madvise(MADV_POPULATE_WRITE)``, else a
+``memset``, with the GIL released), with huge pages where the kernel has them
+(``MADV_HUGEPAGE``: fewer faults and TLB misses on the copy). The memory is the rank's
+from its start, the log's configured size of it; populating 256 MiB takes 50-200 ms on
+the project's test machine. Faulting chunks in only ahead of use, from a background
+thread, as this module did first, left that work inside the program's time: it competed
+with the ranks for the cores, and an 8 MiB allreduce on four ranks took 33-38 ms against
+20-22 ms with the map populated before the program ran (docs/benchmarks.md, MPI). A copy
+that finds no free room (every chunk live: the log holds more than the mapping) is made
+on the heap instead and counted in :attr:`Arena.misses`.
 
 Freed room is reused only when no one may still be reading it: a writer that reads
 bodies outside the rank's lock (a spill, a checkpoint) :meth:`pin` s the arena, and a
@@ -34,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
-import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -66,28 +64,23 @@ class Arena:
     def __init__(self, size: int, chunk: int = CHUNK) -> None:
         self.chunk = max(1, min(chunk, size))  # a small log: one chunk of its size
         self.nchunks = max(1, size // self.chunk)
-        self._map = mmap.mmap(-1, self.nchunks * self.chunk,
-                              flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        length = self.nchunks * self.chunk
+        self._map = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._view = memoryview(self._map)
         self._cbuf = ctypes.c_char.from_buffer(self._map)  # held: the address stays valid
-        self._base = ctypes.addressof(self._cbuf)
+        base = ctypes.addressof(self._cbuf)
         # best effort: a kernel without transparent huge pages keeps small ones
-        _libc.madvise(self._base, self.nchunks * self.chunk, MADV_HUGEPAGE)
+        _libc.madvise(base, length, MADV_HUGEPAGE)
+        _populate(base, length)
         self._live = [0] * self.nchunks  # messages in each chunk
-        # free | current (being filled) | used | limbo (freed while pinned) | warming
+        # free | current (being filled) | used | limbo (freed while pinned)
         self._state = ["free"] * self.nchunks
-        self._faulted = [False] * self.nchunks
         self._cur = -1  # the chunk being filled
         self._off = 0  # its next free byte
         self._pins = 0
         self._lock = threading.Lock()
-        self._closed = False
         self.misses = 0  # copies that found no free room (made on the heap)
-        self.cold = 0  # chunks first touched by a copy, not by the prefaulter
         self.copied = 0  # bytes copied in
-        self._thread = threading.Thread(target=self._prefaulter, name="raps-log-arena",
-                                        daemon=True)
-        self._thread.start()
 
     # --- the data path ---------------------------------------------------------------
 
@@ -170,9 +163,6 @@ class Arena:
                 "limbo" if self._pins else "free")
         for j in range(first, first + count):
             self._state[j] = "used"
-            if not self._faulted[j]:
-                self.cold += 1
-                self._faulted[j] = True  # the copy touches it now
         self._live[first] += 1
         if count == 1:
             self._state[first] = "current"
@@ -198,36 +188,9 @@ class Arena:
                 run = 0
         return -1
 
-    # --- readying the map ----------------------------------------------------------------
-
-    def _prefaulter(self) -> None:
-        """Populate every chunk once, in the order copies take them; a chunk a copy took
-        first is left to it (the copy faults it: cold). The thread runs only on idle CPU
-        (``SCHED_IDLE``): the ranks' own work comes first, a copy ahead of it is cold."""
-        with contextlib.suppress(OSError, AttributeError):
-            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
-        for j in range(self.nchunks):
-            with self._lock:
-                if self._closed:
-                    return
-                if self._state[j] != "free" or self._faulted[j]:
-                    continue
-                self._state[j] = "warming"  # no copy may take it meanwhile
-            _populate(self._base + j * self.chunk, self.chunk)
-            with self._lock:
-                self._faulted[j] = True
-                self._state[j] = "free"
-
     def stats(self) -> dict[str, int]:
         """Figures for the rank's statistics."""
         with self._lock:
-            faulted = sum(self._faulted)
             live = sum(1 for s in self._state if s in ("used", "current"))
-        return {"arena_bytes": self.nchunks * self.chunk, "arena_faulted": faulted * self.chunk,
-                "arena_chunks_live": live, "arena_misses": self.misses,
-                "arena_cold_chunks": self.cold}
-
-    def close(self) -> None:
-        """Stop the prefaulter (the mapping goes with the last view of it)."""
-        with self._lock:
-            self._closed = True
+        return {"arena_bytes": self.nchunks * self.chunk, "arena_chunks_live": live,
+                "arena_misses": self.misses}

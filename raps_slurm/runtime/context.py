@@ -510,8 +510,6 @@ class Context(Receiving):
         if self._flusher is not threading.current_thread():
             self._flusher.join(CLOSE_WAIT)
         self.port.close()
-        if self.arena is not None:
-            self.arena.close()
 
     def stats(self) -> dict[str, Any]:
         """Sent, delivered, logged and collected ranges per peer; buffer use; gaps."""
