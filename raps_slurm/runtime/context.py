@@ -251,9 +251,14 @@ class Context(Receiving):
             with self._mu:
                 seq = self.log.sent.get(dst, 0) + 1
                 self.log.sent[dst] = seq
-            body = payload if isinstance(payload, bytes) else b"".join(payload)
-            self._send_unlogged(Entry(dst, seq, self.epoch, len(body), checksum(body),
-                                      False, body))
+            # Sent from the caller's parts, as the logged path sends a large message:
+            # joining them first cost the baseline a copy into fresh memory.
+            parts: list[bytes | bytearray | memoryview] = (
+                [payload] if isinstance(payload, bytes) else payload)
+            crc = 0
+            for p in parts:
+                crc = checksum(p, crc)
+            self._send_unlogged(Entry(dst, seq, self.epoch, nbytes, crc, False, None), parts)
             return
         # A large message under frame_mac control is copied into the log as it is sent
         # (wire/datapath.py); else logged whole first.

@@ -198,14 +198,16 @@ class PeerLinks:
             with self._mu:
                 self.log.publish(e)
 
-    def _send_unlogged(self, e: Entry) -> None:
+    def _send_unlogged(self, e: Entry, parts: list[bytes | bytearray | memoryview]) -> None:
         """The unlogged baseline keeps nothing to send again on a (re)connection: a frame
-        goes out only over a connection, waiting for the peer to listen (it may start
-        later than this rank) and sending again over a new one if the old one broke (the
-        receiver drops a duplicate by its seq). MessagingError after ``recv_timeout``."""
-        assert e.body is not None  # the baseline's entries always carry their body
+        (``e``'s header, then ``parts``) goes out only over a connection, waiting for the
+        peer to listen (it may start later than this rank) and sending again over a new
+        one if the old one broke (the receiver drops a duplicate by its seq).
+        MessagingError after ``recv_timeout``."""
         deadline = self._clock() + self.s.recv_timeout
-        frame = encode(DATA, self.rank, e.dst, e.seq, self.epoch, e.body, crc=e.crc)
+        frame: list[bytes | memoryview] = [
+            HEADER.pack(DATA, self.rank, e.dst, e.seq, self.epoch, e.size, e.crc),
+            *(memoryview(p).cast("B") for p in parts)]
         while True:
             o = self._outgoing(e.dst)
             if o is not None:

@@ -308,7 +308,7 @@ def test_shim_env_puts_the_mpi4py_shim_first(tmp_path: Path) -> None:
 
 # --- the runtime hooks, real contexts on loopback --------------------------------------
 
-S = Settings(flush_ms=20, checkpoint_interval=1e9, recv_timeout=20.0)
+S = Settings(flush_ms=20, checkpoint_interval=1e9, recv_timeout=20.0, buffer_bytes=16 << 20)
 
 
 def ctx(root: Path, rank: int, size: int, epoch: int = 1) -> Context:
