@@ -70,8 +70,8 @@ class MessageLogConfig:
                              1, 60_000)
     backup_max_lag_ms: int = _f(300, "a log flush waits at most this for its log backup "
                                 "copy", 1, 600_000)
-    buffer_size_mb: int = _f(256, "in-memory log buffer per rank, faulted in when the rank "
-                             "starts", 1, 1024 * 1024)
+    buffer_size_mb: int = _f(256, "in-memory log buffer per rank, faulted in whole at the "
+                             "rank's first message of 64 KiB or more", 1, 1024 * 1024)
     buffer_high_watermark_mb: int = _f(192, "above this the log spills to local disk",
                                        1, 1024 * 1024)
     recv_timeout_sec: float = _f(600.0, "a receive whose source makes no progress this long "

@@ -11,17 +11,18 @@ chunks); each chunk counts its live messages and is free again once the last of 
 released (collected when a checkpoint covers it, or spilled to the log store), and its
 pages stay mapped, warm for the next ones.
 
-No page is touched for the first time on the data path: the mapping is faulted in whole
-when the arena is made, at the rank's start (``madvise(MADV_POPULATE_WRITE)``, else a
+No page is touched for the first time on the data path but once: the first message
+that needs room faults the whole mapping in (``madvise(MADV_POPULATE_WRITE)``, else a
 ``memset``, with the GIL released), with huge pages where the kernel has them
-(``MADV_HUGEPAGE``: fewer faults and TLB misses on the copy). The memory is the rank's
-from its start, the log's configured size of it; populating 256 MiB takes 50-200 ms on
-the project's test machine. Faulting chunks in only ahead of use, from a background
-thread, as this module did first, left that work inside the program's time: it competed
-with the ranks for the cores, and an 8 MiB allreduce on four ranks took 33-38 ms against
-20-22 ms with the map populated before the program ran (docs/benchmarks.md, MPI). A copy
-that finds no free room (every chunk live: the log holds more than the mapping) is made
-on the heap instead and counted in :attr:`Arena.misses`.
+(``MADV_HUGEPAGE``: fewer faults and TLB misses on the copy); populating 256 MiB takes
+20-200 ms on the project's test machine. From then on the memory is the rank's, the
+log's configured size of it; a rank that never logs a large message never holds it.
+Faulting chunks in only ahead of use, from a background thread, as this module did
+first, left that work inside the program's time: it competed with the ranks for the
+cores, and an 8 MiB allreduce on four ranks took 33-38 ms against 20-22 ms with the map
+populated before (docs/benchmarks.md, MPI). A copy that finds no free room (every chunk
+live: the log holds more than the mapping) is made on the heap instead and counted in
+:attr:`Arena.misses`.
 
 Freed room is reused only when no one may still be reading it: a writer that reads
 bodies outside the rank's lock (a spill, a checkpoint) :meth:`pin` s the arena, and a
@@ -68,10 +69,11 @@ class Arena:
         self._map = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._view = memoryview(self._map)
         self._cbuf = ctypes.c_char.from_buffer(self._map)  # held: the address stays valid
-        base = ctypes.addressof(self._cbuf)
+        self._base = ctypes.addressof(self._cbuf)
         # best effort: a kernel without transparent huge pages keeps small ones
-        _libc.madvise(base, length, MADV_HUGEPAGE)
-        _populate(base, length)
+        _libc.madvise(self._base, length, MADV_HUGEPAGE)
+        self.populated = False
+        self._populating = threading.Lock()
         self._live = [0] * self.nchunks  # messages in each chunk
         # free | current (being filled) | used | limbo (freed while pinned)
         self._state = ["free"] * self.nchunks
@@ -90,6 +92,7 @@ class Arena:
         went to the heap: no room)."""
         views = [memoryview(p).cast("B") for p in parts]
         n = sum(v.nbytes for v in views)
+        self._ready()
         with self._lock:
             slot, start = self._take(n)
         if slot is None:
@@ -106,6 +109,7 @@ class Arena:
     def room(self, n: int) -> tuple[memoryview, Slot] | None:
         """Room for a message of ``n`` bytes that the caller fills itself (as it sends
         it: wire/datapath.py): the view and its slot, None when there is none."""
+        self._ready()
         with self._lock:
             slot, start = self._take(n)
         if slot is None:
@@ -113,6 +117,15 @@ class Arena:
             return None
         self.copied += n
         return self._view[start:start + n], slot
+
+    def _ready(self) -> None:
+        """The whole mapping faulted in, once (the first caller does it, others wait)."""
+        if self.populated:
+            return
+        with self._populating:
+            if not self.populated:
+                _populate(self._base, self.nchunks * self.chunk)
+                self.populated = True
 
     def release(self, slot: Slot | None) -> None:
         """One message's room is not needed any more."""

@@ -23,9 +23,14 @@ def _resident(a: Arena) -> int:
     return sum(b & 1 for b in vec) * page
 
 
-def test_the_whole_map_is_resident_before_any_copy() -> None:
+def test_the_first_copy_faults_the_whole_map_in() -> None:
     a = Arena(8 * 64 * KIB, chunk=64 * KIB)
-    assert _resident(a) == 8 * 64 * KIB  # no copy will touch a page first
+    assert _resident(a) == 0 and not a.populated  # a rank that logs nothing large
+    _, slot = a.copy([b"f" * (10 * KIB)])
+    assert slot is not None and a.populated
+    assert _resident(a) == 8 * 64 * KIB  # no later copy touches a page first
+    _, s2 = a.copy([b"g" * (64 * KIB)])
+    assert s2 is not None and _resident(a) == 8 * 64 * KIB
 
 
 def test_copies_are_whole_and_room_is_reused_in_place() -> None:
