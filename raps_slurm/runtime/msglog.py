@@ -177,10 +177,10 @@ class SenderLog:
             return self.append(dst, b"".join(views) if size >= ARENA_AT else parts, epoch), False
         crc = 0
         for v in views:
-            crc = crc32c.crc32c(v, crc)
+            crc = checksum(v, crc)
         self.reserved += 1
         room, slot = got
-        return Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, int(crc),
+        return Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, crc,
                      size > self.large_threshold, room, slot=slot), True
 
     def publish(self, e: Entry) -> None:
