@@ -47,6 +47,21 @@ log = logging.getLogger("raps.coordinator")
 _RANKS_PER_TXN = (MAX_TXN_OPS - 2) // 2  # a rank entry and a group each, room for deletes
 
 
+def placed_nodes(records: dict[str, JobView]) -> set[str]:
+    """The nodes that hold ranks of running jobs: each rank's entry, else its mapping."""
+    nodes: set[str] = set()
+    for view in records.values():
+        if view.record is None or view.record.state != "running":
+            continue
+        m = view.rank_map
+        mapped = m.nodes if m is not None and not m.error else ()
+        for rank, node in enumerate(mapped):
+            entry = view.entries.get(rank)
+            nodes.add(entry[0].node if entry is not None else node)
+        nodes.update(entry.node for entry, _ in view.entries.values())
+    return nodes
+
+
 class Coordinator:
     """The coordinator's state between cycles and the cycle itself."""
 
@@ -58,12 +73,16 @@ class Coordinator:
                  background: bool = False,
                  dead_nodes: Callable[[], set[str]] | None = None,
                  recovery: Any = None,
-                 finished_ranks: Callable[[frozenset[tuple[str, int]]], None] | None = None
+                 finished_ranks: Callable[[frozenset[tuple[str, int]]], None] | None = None,
+                 placed_nodes: Callable[[frozenset[str]], None] | None = None
                  ) -> None:
         self.cfg, self.store, self.keys, self.leadership = cfg, store, keys, leadership
         # told each cycle which ranks finished their program in their current epoch: the
         # detector stops watching them (their silence is the end of the job, not a hang)
         self._finished_ranks = finished_ranks
+        # told each cycle which nodes hold ranks of running jobs: the detector watches them
+        # even when they never registered with this leader (an agent gone before it led)
+        self._placed_nodes = placed_nodes
         self._read_topology, self._read_job_states = topology, job_states
         self.metrics = metrics or Metrics(None)
         self.name = name
@@ -138,6 +157,8 @@ class Coordinator:
             self._finished_ranks(frozenset(
                 (job_id, rank) for job_id, view in records.items()
                 for rank, epoch in view.done.items() if view.epochs.get(rank) == epoch))
+        if self._placed_nodes is not None:
+            self._placed_nodes(frozenset(placed_nodes(records)))
         done: list[str] = []
         for job_id in sorted(records, key=int):
             view = records[job_id]

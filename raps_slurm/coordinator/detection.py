@@ -76,12 +76,20 @@ class Detection:
         self._unrecorded = False  # a verdict failed to reach etcd
         self.metrics = metrics
         self._finished: frozenset[tuple[str, int]] = frozenset()
+        self._placed: frozenset[str] = frozenset()
 
     def finished_ranks(self, ranks: frozenset[tuple[str, int]]) -> None:
         """The ranks (job, rank) that finished their program in their current epoch (from
         the coordinator's cycle thread): not watched for hangs. A rank relaunched with a
         new epoch leaves the set and is watched again from its next heartbeat."""
         self._finished = ranks
+
+    def placed_nodes(self, nodes: frozenset[str]) -> None:
+        """The nodes that hold ranks of running jobs (from the coordinator's cycle thread):
+        watched even if they never registered with this leader. An agent that stopped or
+        crashed before this leader was elected, its registration gone with its lease,
+        still gets its DEAD verdict, so its ranks move."""
+        self._placed = nodes
 
     def step_of(self, job: str, rank: int) -> int | None:
         """The last step a rank reported to this leader's detector (None: none, or not
@@ -126,6 +134,8 @@ class Detection:
                      + self.settings.fence_margin)
         det = self.detector
         self._watch_registered(det, now)
+        for node in self._placed:
+            det.watch(node, now)  # idempotent: silence counts from the first watch
         for r in received:
             if isinstance(r, ReceivedApp):
                 for p in r.ranks:
@@ -148,7 +158,11 @@ class Detection:
                 del self._outstanding[node]
         for node in det.probes_due(now):
             address = self._addresses.get(node)
-            if address is not None:
+            if address is None:
+                # Neither registered nor heard from since this leader started: its agent
+                # holds no membership lease, which is the second channel's answer.
+                det.probe_result(node, False, now)
+            else:
                 self._nonce += 1
                 self.server.send_probe(node, address, self._nonce)
                 self._outstanding.setdefault(node, []).append(now)

@@ -182,7 +182,8 @@ def cli(config_path: str | None, name: str | None, metrics_address: str | None,
         cfg, store, keys, leadership, topology=slurm.topology,
         job_states=lambda: {str(j.job_id): j.state for j in slurm.jobs()},
         metrics=metrics, name=name, background=True,
-        dead_nodes=dead_nodes, finished_ranks=detection.finished_ranks)
+        dead_nodes=dead_nodes, finished_ranks=detection.finished_ranks,
+        placed_nodes=detection.placed_nodes)
     coordinator.recovery = Recovery(cfg, store, keys, leadership,
                                     job_info=lambda job: slurm.job(int(job)),
                                     requeue=lambda job: slurm.requeue(int(job)),

@@ -42,6 +42,7 @@ class World:
     updated: list[tuple[str, list[str], int | None]] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     finished: list[frozenset[tuple[str, int]]] = field(default_factory=list)
+    placed: list[frozenset[str]] = field(default_factory=list)  # what each cycle placed
     state: str = "RUNNING"
     batch_host: str = "n1"
     steps: dict[int, int] = field(default_factory=dict)  # rank -> its last reported step
@@ -61,7 +62,8 @@ class World:
                         job_states=lambda: {"7": self.state}, name=name, clock=self.clock,
                         monotonic=self.clock,
                         dead_nodes=dead_nodes or (lambda: set(self.dead)),
-                        finished_ranks=self.finished.append)
+                        finished_ranks=self.finished.append,
+                        placed_nodes=self.placed.append)
         c.recovery = Recovery(
             cfg, self.store, self.keys, lead, job_info=self.info,
             requeue=self.requeued.append, start_now=self.released.append,
