@@ -9,6 +9,9 @@ epoch, up to ``--restarts`` times in all: it restores its last checkpoint and it
 replay what it missed, as on a cluster. A rank that fails for good (no restart left,
 or it called ``MPI.Abort``, which leaves :data:`ABORT_FILE` in the directory) ends the
 job, as ``mpirun`` does: the other ranks are stopped rather than left waiting for it.
+So does a rank that escalates (it asks for a whole-job requeue, e.g. a logged body that
+fails its checksum cannot be replayed): this launcher requeues nothing, and the ranks
+waiting for what cannot come would wait for ever.
 ``--mpi4py`` makes ``from mpi4py import MPI`` in PROGRAM resolve to
 :mod:`raps_slurm.mpi` (docs/mpi.md). ``--unlogged`` runs the ranks without message
 logging (``RAPS_LOCAL_UNLOGGED=1``): the baseline ``rapsctl bench mpi`` compares the logged
@@ -36,6 +39,7 @@ from raps_slurm.launcher.output import label as tag
 from raps_slurm.launcher.output import say as output_say
 
 ABORT_FILE = "abort"  # written by MPI.Abort (raps_slurm.mpi): "RANK CODE"
+ESCALATIONS = "escalations"  # LocalPort.escalate writes RANK.log there: one reason a line
 STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
 DRAIN_SEC = 5.0       # at the end, how long the ranks' last output may take to come
 CANNOT_START = 127    # a rank's exit code when its program cannot be started, as a shell's
@@ -139,6 +143,16 @@ def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: in
     left = restarts
     aborted = os.path.join(root, ABORT_FILE)
     while procs:
+        escalated = _escalation(os.path.join(root, ESCALATIONS))
+        if escalated is not None:
+            rank, reason = escalated
+            _say(f"rank {rank} escalated ({reason}): a whole-job requeue, which this launcher "
+                 f"does not do; stopping ranks {sorted(procs)}", output)
+            _stop(procs)
+            codes.update({r: p.returncode for r, p in procs.items()})
+            codes[rank] = 1
+            procs.clear()
+            break
         for rank, proc in list(procs.items()):
             code = proc.poll()
             if code is None:
@@ -163,6 +177,22 @@ def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: in
                 break
         time.sleep(0.02)
     return codes
+
+
+def _escalation(directory: str) -> tuple[int, str] | None:
+    """The first escalation a rank wrote under ``directory``: (rank, its first reason)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return None
+    for name in names:
+        rank, _, ext = name.partition(".")
+        if ext == "log" and rank.isdigit():
+            with open(os.path.join(directory, name), errors="replace") as f:
+                line = f.readline()
+            if line.endswith("\n"):  # else being written: the next look reads it whole
+                return int(rank), line.strip()
+    return None
 
 
 def _stop(procs: dict[int, subprocess.Popen[bytes]]) -> None:

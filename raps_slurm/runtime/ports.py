@@ -190,9 +190,11 @@ class LocalPort:
                                 "detail": detail}) + "\n")
 
     def escalate(self, reason: str, requeue: bool = True) -> None:
+        # The local launcher ends the job when it sees the file (runtime/local.py).
         (self.root / "escalations").mkdir(exist_ok=True)
+        line = " ".join((reason + ("" if requeue else " (no requeue asked)")).split())
         with open(self.root / "escalations" / f"{self.rank}.log", "a") as f:
-            f.write(reason + ("" if requeue else " (no requeue asked)") + "\n")
+            f.write(line + "\n")
 
     def close(self) -> None:
         return None

@@ -689,3 +689,30 @@ def test_a_forked_local_run_removes_its_temporary_directory(tmp_path: Path) -> N
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_local_launcher_ends_the_job_when_a_rank_escalates(tmp_path: Path) -> None:
+    """A rank that escalates asks for a whole-job requeue, which the local launcher does
+    not do: it stops every rank at once, names the reason and fails, rather than leaving
+    the job waiting for what cannot come (before, it waited for the ranks' recv_timeout)."""
+    import subprocess
+    import sys
+    import time
+    program = tmp_path / "escalate.py"
+    program.write_text(
+        "import os, time\n"
+        "from raps_slurm.runtime.ports import LocalPort\n"
+        "rank = int(os.environ['RAPS_RANK'])\n"
+        "if rank == 1:\n"
+        "    LocalPort(os.environ['RAPS_LOCAL_DIR'], 'local', 1, 1).escalate(\n"
+        "        'logged body of seq 1 to rank 0 does not match its checksum')\n"
+        "time.sleep(120)\n")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", "3", "--",
+                           sys.executable, str(program)],
+                          capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert time.monotonic() - start < 60, proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    assert ("raps-local: rank 1 escalated (logged body of seq 1 to rank 0 does not match its "
+            "checksum): a whole-job requeue, which this launcher does not do; stopping ranks "
+            "[0, 1, 2]") in proc.stderr, proc.stderr
