@@ -45,13 +45,20 @@ class LogStore:
     backup's, or a local run's); otherwise the
     copy lane calls :meth:`drop_pages` once the copy is made. The node's page cache
     stays the application's, and new segments reuse freed pages rather than take new
-    ones (``write_atomic``)."""
+    ones (``write_atomic``).
+
+    A store numbers a new segment above the highest it wrote or listed in that directory
+    (listing it only the first time, or when that number is taken): the store must be
+    its directories' only writer, as the agent's and a local rank's are."""
 
     def __init__(self, root: str | Path, *, cold: bool = False) -> None:
         self.root = Path(root)
         self.cold = cold
         self._lock = threading.Lock()
         self._unsynced: list[Path] = []  # a cold store's spill written last (see append)
+        # directory -> the highest segment number written there: a flush every 100 ms
+        # listed the whole directory to number its segment, more CPU the longer the run
+        self._high: dict[Path, int] = {}
 
     def _dir(self, job: str, rank: int) -> Path:
         if not (job.isascii() and job.isdigit() and 0 < len(job) <= 20) and job != "local":
@@ -87,13 +94,19 @@ class LogStore:
             tmp = d.parent.parent / "tmp"
             tmp.mkdir(mode=0o700, exist_ok=True)
             if number is None:
-                number = max(max(self.segments(job, rank), default=0), epoch << EPOCH_SHIFT) + 1
+                high = self._high.get(d)
+                number = max(high or 0, epoch << EPOCH_SHIFT) + 1
+                if high is None or (d / f"{number}.seg").exists():  # first, or another writer
+                    number = max(max(self.segments(job, rank), default=0),
+                                 epoch << EPOCH_SHIFT) + 1
             elif (d / f"{number}.seg").exists():
                 if (d / f"{number}.seg").read_bytes() != b"".join(parts):
                     raise LogStoreError(_conflict(job, rank, number))
+                self._high[d] = max(self._high.get(d, 0), number)
                 return number
             write_atomic(d, tmp, f"{number}.seg", parts, cold=self.cold, sync_dir=sync_dir,
                          durable=durable)
+            self._high[d] = max(self._high.get(d, 0), number)
             if self.cold and not durable:
                 # Not on disk yet, so its pages cannot leave now: fadvise starts their
                 # write-back, and the next append drops them (written back by then).
@@ -181,6 +194,7 @@ class LogStore:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.rename(path, final)
             fsync_dir(d)
+            self._high[d] = max(self._high.get(d, 0), int(number))
         return True
 
     def read(self, job: str, rank: int, after: int = 0) -> bytes:

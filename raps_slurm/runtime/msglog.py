@@ -36,6 +36,9 @@ from raps_slurm.runtime.arena import Arena, Slot
 RECORD = struct.Struct(">IQQIIB")  # dst, seq, epoch, size, CRC-32C, flags
 F_BODY, F_LARGE = 1, 2
 ARENA_AT = 64 << 10  # copies of at least this many bytes go to the arena (smaller: heap)
+# A flush writes each run of metadata records as one part of at most this many: a part
+# each cost a writev entry and a pass of the segmenting and framing checks.
+HEADS_PER_PART = 4096
 
 
 
@@ -209,9 +212,26 @@ class SenderLog:
 
     def take_unpersisted(self) -> tuple[list[Entry], list[list[bytes | memoryview]]]:
         """The entries to persist now and their records (determinants with their bodies,
-        messages as metadata); call :meth:`persisted` with them once they are durable."""
+        messages as metadata, a run of those joined in one item); call :meth:`persisted`
+        with them once they are durable."""
         batch, self._unpersisted = self._unpersisted, []
-        return batch, [e.record(with_body=self.flushes_body(e)) for e in batch]
+        records: list[list[bytes | memoryview]] = []
+        heads: list[bytes] = []  # a run of metadata records, written as one part
+        for e in batch:
+            if self.flushes_body(e):
+                if heads:
+                    records.append([b"".join(heads)])
+                    heads = []
+                records.append(e.record(with_body=True))
+            else:
+                heads.append(RECORD.pack(e.dst, e.seq, e.epoch, e.size, e.crc,
+                                         F_LARGE if e.large else 0))
+                if len(heads) == HEADS_PER_PART:
+                    records.append([b"".join(heads)])
+                    heads = []
+        if heads:
+            records.append([b"".join(heads)])
+        return batch, records
 
     def unpersisted_again(self, batch: list[Entry]) -> None:
         """A batch from :meth:`take_unpersisted` that could not be written: it goes first

@@ -126,3 +126,23 @@ def test_a_failed_log_write_is_written_again_by_the_next_flush(tmp_path: Path) -
         assert got[(0, 1)].body == b"a determinant"
         assert all(e.persisted for e in a.log.entries[1])
         assert [b.recv(0) for _ in range(5)] == sent
+
+
+def test_a_flush_writes_a_run_of_metadata_records_as_one_part() -> None:
+    """A part per record cost a writev entry and a pass of the segmenting and framing
+    checks each: 1,250 records a flush at 4 KiB ping-pong pace took 3-4 ms of CPU. A run
+    of metadata records is one part (at most HEADS_PER_PART records); a determinant, with
+    its body, ends a run; the bytes are the same records in the same order."""
+    from raps_slurm.runtime.msglog import HEADS_PER_PART, SenderLog
+    log = SenderLog(large_threshold=1 << 20, high_watermark=1 << 30, own=0)
+    for i in range(HEADS_PER_PART + 10):
+        log.append(1, b"m%d" % i, 1)
+    log.append(0, b"determinant", 1)
+    log.append(2, b"after", 1)
+    batch, records = log.take_unpersisted()
+    assert [len(r) for r in records] == [1, 1, 2, 1]
+    assert [sum(len(p) for p in r) // RECORD.size for r in (records[0], records[1], records[3])] \
+        == [HEADS_PER_PART, 10, 1]
+    parsed = list(parse_records(b"".join(b"".join(bytes(p) for p in r) for r in records)))
+    assert [(e.dst, e.seq, e.crc, e.body) for e in parsed] == [
+        (e.dst, e.seq, e.crc, e.body if e.dst == 0 else None) for e in batch]

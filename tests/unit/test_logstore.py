@@ -160,3 +160,25 @@ def test_a_torn_spill_segment_is_left_out_of_reads(tmp_path: Path) -> None:
     assert not logs.torn("7", 0, last)
     assert logs.read("7", 0, after=spill) == seg(0, 4)[:-1]
     assert logs.segments("7", 0) == [first, spill, last]
+
+
+def test_numbering_lists_the_directory_once_and_again_only_when_the_number_is_taken(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush every 100 ms listed the whole directory to number its segment: 12.7 ms of
+    CPU at 6,000 segments (600 s between checkpoints). The store lists it once, then
+    numbers above the highest it wrote; a number another writer took sends it back to
+    the listing."""
+    logs = LogStore(tmp_path)
+    listed: list[int] = []
+    real = LogStore.segments
+    monkeypatch.setattr(LogStore, "segments",
+                        lambda self, job, rank: listed.append(1) or real(self, job, rank))
+    assert [logs.append("7", 0, seg(1, s)) for s in range(1, 6)] == [1, 2, 3, 4, 5]
+    assert len(listed) == 1
+    assert logs.append("7", 0, seg(1, 6), number=9) == 9  # a copy: numbers go above it
+    assert logs.append("7", 0, seg(1, 7)) == 10
+    other = LogStore(tmp_path)  # not the only writer: its segment takes number 11
+    assert other.append("7", 0, seg(1, 8)) == 11
+    assert logs.append("7", 0, seg(1, 9), epoch=0) == 12
+    assert real(logs, "7", 0) == [1, 2, 3, 4, 5, 9, 10, 11, 12]
+    assert logs.segment("7", 0, 11) == seg(1, 8)  # not overwritten
