@@ -174,3 +174,27 @@ def test_a_spare_fetches_the_log_onto_its_disk_and_log_read_never_holds_it_whole
     assert nowhere.fetch("9", 1) is False and nowhere.read("9", 1) == b""
     spare.close()
     nowhere.close()
+
+
+def test_passes_to_a_known_backup_copy_fresh_segments_without_listing_the_directory(
+        tmp_path: Path, backup: TransferServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With checkpoints minutes apart a rank keeps thousands of segments, and every flush
+    listed them all to find what to copy (12.7 ms of CPU at 6,000). The first pass to a
+    backup lists the directory; later ones copy the segments appended since, in order,
+    and the backup ends with every one."""
+    primary = _copier(tmp_path / "p", "p", backup)
+    listed: list[str] = []
+    real = LogStore.segments
+    monkeypatch.setattr(LogStore, "segments", lambda self, job, rank: (
+        listed.append(str(self.root)), real(self, job, rank))[1])
+    numbers = []
+    for seq in range(1, 41):
+        numbers.append(primary.append("9", 0, _segment(1, seq, 100)))
+        if seq % 3 == 0:  # passes find one to three new segments each
+            _drain(primary.queue)
+    _drain(primary.queue)
+    assert primary.wait_backed("9", 0, numbers[-1], timeout=0)
+    assert real(backup.logs, "9", 0) == numbers == list(range(1, 41))
+    # once each: the store's first numbering, the copier's first sight, the first pass
+    assert listed.count(str(tmp_path / "p")) == 3
+    primary.close()
