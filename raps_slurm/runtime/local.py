@@ -9,9 +9,11 @@ epoch, up to ``--restarts`` times in all: it restores its last checkpoint and it
 replay what it missed, as on a cluster. A rank that fails for good (no restart left,
 or it called ``MPI.Abort``, which leaves :data:`ABORT_FILE` in the directory) ends the
 job, as ``mpirun`` does: the other ranks are stopped rather than left waiting for it.
-So does a rank that escalates (it asks for a whole-job requeue, e.g. a logged body that
+So does a rank that escalates asking for a whole-job requeue (e.g. a logged body that
 fails its checksum cannot be replayed): this launcher requeues nothing, and the ranks
-waiting for what cannot come would wait for ever.
+waiting for what cannot come would wait for ever. An escalation recorded without that
+request (a sender that could not serve a resend, which a later request may supersede)
+ends nothing.
 ``--mpi4py`` makes ``from mpi4py import MPI`` in PROGRAM resolve to
 :mod:`raps_slurm.mpi` (docs/mpi.md). ``--unlogged`` runs the ranks without message
 logging (``RAPS_LOCAL_UNLOGGED=1``): the baseline ``rapsctl bench mpi`` compares the logged
@@ -40,6 +42,7 @@ from raps_slurm.launcher.output import say as output_say
 
 ABORT_FILE = "abort"  # written by MPI.Abort (raps_slurm.mpi): "RANK CODE"
 ESCALATIONS = "escalations"  # LocalPort.escalate writes RANK.log there: one reason a line
+NO_REQUEUE = " (no requeue asked)"  # ends a line recorded without asking for a requeue
 STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
 DRAIN_SEC = 5.0       # at the end, how long the ranks' last output may take to come
 CANNOT_START = 127    # a rank's exit code when its program cannot be started, as a shell's
@@ -102,6 +105,8 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
                "RAPS_LOCAL_SIZE": str(n)}
         return output.start(prog, tag(rank, n) if label else b"", env=env)
 
+    # A previous run's escalations in a reused --dir are not this run's
+    shutil.rmtree(os.path.join(root, ESCALATIONS), ignore_errors=True)
     try:
         codes = _watch(start, n, restarts, root, epochs, output)
     finally:
@@ -180,7 +185,8 @@ def _watch(start: Callable[[int], subprocess.Popen[bytes]], n: int, restarts: in
 
 
 def _escalation(directory: str) -> tuple[int, str] | None:
-    """The first escalation a rank wrote under ``directory``: (rank, its first reason)."""
+    """The first escalation asking for a requeue that a rank wrote under ``directory``:
+    (rank, its reason)."""
     try:
         names = sorted(os.listdir(directory))
     except FileNotFoundError:
@@ -189,9 +195,10 @@ def _escalation(directory: str) -> tuple[int, str] | None:
         rank, _, ext = name.partition(".")
         if ext == "log" and rank.isdigit():
             with open(os.path.join(directory, name), errors="replace") as f:
-                line = f.readline()
-            if line.endswith("\n"):  # else being written: the next look reads it whole
-                return int(rank), line.strip()
+                for line in f:
+                    # a line not ended is being written: the next look reads it whole
+                    if line.endswith("\n") and not line.endswith(NO_REQUEUE + "\n"):
+                        return int(rank), line.strip()
     return None
 
 

@@ -190,10 +190,11 @@ class LocalPort:
                                 "detail": detail}) + "\n")
 
     def escalate(self, reason: str, requeue: bool = True) -> None:
-        # The local launcher ends the job when it sees the file (runtime/local.py).
-        (self.root / "escalations").mkdir(exist_ok=True)
-        line = " ".join((reason + ("" if requeue else " (no requeue asked)")).split())
-        with open(self.root / "escalations" / f"{self.rank}.log", "a") as f:
+        # The local launcher ends the job on a line asking for a requeue (runtime/local.py).
+        from raps_slurm.runtime.local import ESCALATIONS, NO_REQUEUE
+        (self.root / ESCALATIONS).mkdir(exist_ok=True)
+        line = " ".join(reason.split()) + ("" if requeue else NO_REQUEUE)
+        with open(self.root / ESCALATIONS / f"{self.rank}.log", "a") as f:
             f.write(line + "\n")
 
     def close(self) -> None:

@@ -703,9 +703,12 @@ def test_local_launcher_ends_the_job_when_a_rank_escalates(tmp_path: Path) -> No
         "import os, time\n"
         "from raps_slurm.runtime.ports import LocalPort\n"
         "rank = int(os.environ['RAPS_RANK'])\n"
+        "port = LocalPort(os.environ['RAPS_LOCAL_DIR'], 'local', rank, 1)\n"
+        "if rank == 0:  # recorded only: a stale resend request, say; the job goes on\n"
+        "    port.escalate('rank 0 cannot replay to rank 2: gone', requeue=False)\n"
         "if rank == 1:\n"
-        "    LocalPort(os.environ['RAPS_LOCAL_DIR'], 'local', 1, 1).escalate(\n"
-        "        'logged body of seq 1 to rank 0 does not match its checksum')\n"
+        "    time.sleep(1)\n"
+        "    port.escalate('logged body of seq 1 to rank 0 does not match its checksum')\n"
         "time.sleep(120)\n")
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", "3", "--",
@@ -716,3 +719,23 @@ def test_local_launcher_ends_the_job_when_a_rank_escalates(tmp_path: Path) -> No
     assert ("raps-local: rank 1 escalated (logged body of seq 1 to rank 0 does not match its "
             "checksum): a whole-job requeue, which this launcher does not do; stopping ranks "
             "[0, 1, 2]") in proc.stderr, proc.stderr
+
+
+def test_an_escalation_that_asks_no_requeue_ends_no_local_job(tmp_path: Path) -> None:
+    """A sender that could not serve a resend records it without asking for a requeue
+    (a later request may supersede it): the local job goes on and ends well."""
+    import subprocess
+    import sys
+    program = tmp_path / "record.py"
+    program.write_text(
+        "import os, time\n"
+        "from raps_slurm.runtime.ports import LocalPort\n"
+        "rank = int(os.environ['RAPS_RANK'])\n"
+        "if rank == 0:\n"
+        "    LocalPort(os.environ['RAPS_LOCAL_DIR'], 'local', 0, 1).escalate(\n"
+        "        'rank 0 cannot replay to rank 1: gone', requeue=False)\n"
+        "time.sleep(1.5)\n")
+    proc = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", "2", "--",
+                           sys.executable, str(program)],
+                          capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert proc.returncode == 0 and "escalated" not in proc.stderr, proc.stderr
