@@ -55,9 +55,7 @@ def placed_nodes(records: dict[str, JobView]) -> set[str]:
             continue
         m = view.rank_map
         mapped = m.nodes if m is not None and not m.error else ()
-        for rank, node in enumerate(mapped):
-            entry = view.entries.get(rank)
-            nodes.add(entry[0].node if entry is not None else node)
+        nodes.update(node for rank, node in enumerate(mapped) if rank not in view.entries)
         nodes.update(entry.node for entry, _ in view.entries.values())
     return nodes
 

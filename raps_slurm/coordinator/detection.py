@@ -77,6 +77,7 @@ class Detection:
         self.metrics = metrics
         self._finished: frozenset[tuple[str, int]] = frozenset()
         self._placed: frozenset[str] = frozenset()
+        self._placed_watched: tuple[Detector | None, frozenset[str]] = (None, frozenset())
 
     def finished_ranks(self, ranks: frozenset[tuple[str, int]]) -> None:
         """The ranks (job, rank) that finished their program in their current epoch (from
@@ -89,7 +90,8 @@ class Detection:
         watched even if they never registered with this leader. An agent that stopped or
         crashed before this leader was elected, its registration gone with its lease,
         still gets its DEAD verdict, so its ranks move."""
-        self._placed = nodes
+        if nodes != self._placed:  # the same set kept: the next tick need not watch again
+            self._placed = nodes
 
     def step_of(self, job: str, rank: int) -> int | None:
         """The last step a rank reported to this leader's detector (None: none, or not
@@ -134,8 +136,11 @@ class Detection:
                      + self.settings.fence_margin)
         det = self.detector
         self._watch_registered(det, now)
-        for node in self._placed:
-            det.watch(node, now)  # idempotent: silence counts from the first watch
+        placed = self._placed
+        if self._placed_watched[0] is not det or self._placed_watched[1] is not placed:
+            for node in placed:
+                det.watch(node, now)  # idempotent: silence counts from the first watch
+            self._placed_watched = (det, placed)
         for r in received:
             if isinstance(r, ReceivedApp):
                 for p in r.ranks:
