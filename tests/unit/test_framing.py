@@ -277,21 +277,40 @@ def test_macs_are_checked_in_order(pair: tuple[socket.socket, socket.socket]) ->
     assert e.value.kind == "mac"
 
 
+def _wire(body: bytes, tx: FrameMac) -> bytes:
+    """The bytes ``send_parts`` puts on the wire for ``body`` as one MAC'd frame."""
+    c, d = socket.socketpair()
+    try:
+        t = threading.Thread(target=send_parts, args=(c, [body[:1000], body[1000:]]),
+                             kwargs={"mac": tx, "max_size": 8 << 20})
+        t.start()
+        want = HEADER.size + len(body) + TAG_SIZE
+        raw = bytearray()
+        while len(raw) < want:
+            got = d.recv(want - len(raw))
+            assert got, f"the sender closed after {len(raw)} of {want} bytes"
+            raw += got
+        t.join()
+        return bytes(raw)
+    finally:
+        c.close()
+        d.close()
+
+
 def _streamed(a: socket.socket, r: FrameReader, body: bytes, tx: FrameMac) -> bytes:
-    """``body`` sent as one MAC'd frame by a thread (it outgrows the socket's buffer)
-    while ``r`` polls it piece by piece; what poll returned."""
-    t = threading.Thread(target=send_parts, args=(a, [body[:1000], body[1000:]]),
-                         kwargs={"mac": tx, "max_size": 8 << 20})
-    t.start()
-    deadline = time.monotonic() + 10
+    """``body``'s frame fed to ``r`` in 128 KiB pieces, polling after each: before the
+    last piece poll returns nothing yet the MAC has taken the bytes come so far."""
+    raw = _wire(body, tx)
+    step = 128 << 10
     got = None
-    polls = 0
-    while got is None:
-        assert time.monotonic() < deadline, "the streamed frame never came whole"
+    for at in range(0, len(raw), step):
+        assert got is None, f"poll returned the frame after {at} of {len(raw)} bytes"
+        a.sendall(raw[at:at + step])
         got = r.poll()
-        polls += 1
-    t.join()
-    assert polls > 1  # it did come in pieces: the MAC was fed as they came
+        if at + step < len(raw) and at > STREAM_PIECE:
+            # the MAC was fed as the pieces came, not at the end
+            assert 0 < r._hashed <= at + step, (r._hashed, at)
+    assert got is not None, "the whole frame was sent but poll returned nothing"
     return bytes(got)
 
 
