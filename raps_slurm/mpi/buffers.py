@@ -59,6 +59,8 @@ class Buffer:
 
     def raw(self) -> memoryview:
         """The packed bytes (a view of the buffer when the type is contiguous)."""
+        if self.datatype.contiguous and self.count * self.datatype.units == self.flat.size:
+            return self.flat.data.cast("B")  # all of it: no slicing on the way
         return memoryview(np.ascontiguousarray(self.array).data).cast("B")
 
     def put(self, data: bytes | memoryview, call: str) -> None:
@@ -141,6 +143,14 @@ def as_buffer(spec: Any, what: str = "buffer", blocks: int = 0, readonly: bool =
               ) -> Buffer:
     """The buffer a specification names. ``blocks`` >= 2: the buffer holds one block per
     process and the count (given or inferred) is per block."""
+    if blocks < 2 and type(spec) is list and len(spec) == 2:
+        # The common ``[array, MPI.DOUBLE]`` of a point-to-point call, in a few checks:
+        # the general path costs microseconds a call, as much as a small message's send.
+        buf, t = spec
+        if (type(buf) is np.ndarray and type(t) is Datatype and t.base is t
+                and t.contiguous and not t.freed and buf.dtype is t.dtype and buf.flags.c_contiguous
+                and (readonly or buf.flags.writeable)):
+            return Buffer(buf.reshape(-1), t, buf.size)
     buf, count, displ, dtype = _unpack(spec, what)
     datatype = as_datatype(dtype, what) if dtype is not None else None
     if buf is None:

@@ -46,6 +46,7 @@ from raps_slurm.runtime.msglog import (
     SenderLog,
     checksum,
     parse_records,
+    parts_size,
 )
 from raps_slurm.runtime.ports import Port
 from raps_slurm.runtime.receiving import Receiving
@@ -236,8 +237,7 @@ class Context(Receiving):
         application's buffer: one copy, into warm memory)."""
         if not 0 <= dst < self.size or dst == self.rank:
             raise ValueError(f"destination {dst}: expected another rank in 0..{self.size - 1}")
-        nbytes = len(payload) if isinstance(payload, bytes) else sum(
-            memoryview(p).nbytes for p in payload)
+        nbytes = len(payload) if isinstance(payload, bytes) else parts_size(payload)
         if nbytes > self.s.max_message:
             raise ValueError(f"message of {nbytes} bytes: at most "
                              f"{self.s.max_message} (Settings.max_message)")
@@ -267,11 +267,11 @@ class Context(Receiving):
             spill = self.log.over_watermark()
             if not spill:  # the usual case: one hold of the lock
                 early = self.log.spill_due()
-                e, pending = self._log(dst, payload, stream)
+                e, pending = self._log(dst, payload, stream, nbytes)
         if spill:
             self._spill()  # the background spill fell behind: this send waits for it
             with self._mu:
-                e, pending = self._log(dst, payload, stream)
+                e, pending = self._log(dst, payload, stream, nbytes)
         elif early:
             self._wake.set()
         if pending:
@@ -281,11 +281,11 @@ class Context(Receiving):
             self._send_entry(e)
 
     def _log(self, dst: int, payload: bytes | list[bytes | bytearray | memoryview],
-             stream: bool) -> tuple[Entry, bool]:
+             stream: bool, size: int) -> tuple[Entry, bool]:
         if stream:
             assert isinstance(payload, list)
             return self.log.reserve(dst, payload, self.epoch)
-        return self.log.append(dst, payload, self.epoch), False
+        return self.log.append(dst, payload, self.epoch, size), False
 
     def record(self, data: bytes) -> None:
         """Append a *determinant* (a decision this rank took that a re-execution must

@@ -276,18 +276,20 @@ class Pump:
             self._ready.add(c)  # the handshake may have buffered its first frames
         if closed:
             return 0
-        todo, self._ready = self._ready, set()
-        for fd, _ in self._ep.poll(0.0 if todo else timeout, len(self._fds)):
-            ready = self._fds.get(fd)
-            if ready is None:
-                with contextlib.suppress(OSError):
-                    while self._wake_r.recv(4096):
-                        pass
-            else:
-                todo.add(ready)
+        events = self._ep.poll(0.0 if self._ready else timeout, len(self._fds))
         n = 0
-        for c in todo:
-            n += self._drain(c, app)
+        if events or self._ready:  # a spinning wait's passes mostly find nothing
+            todo, self._ready = self._ready, set()
+            for fd, _ in events:
+                ready = self._fds.get(fd)
+                if ready is None:
+                    with contextlib.suppress(OSError):
+                        while self._wake_r.recv(4096):
+                            pass
+                else:
+                    todo.add(ready)
+            for c in todo:
+                n += self._drain(c, app)
         now = self._clock()
         if now >= self._next_sweep:
             self._next_sweep = now + IDLE_POLL

@@ -74,6 +74,10 @@ class Receiving(PeerLinks):
         self.port.escalate(str(err))
         raise err
 
+    def recv_buffer(self, src: int, timeout: float | None = None) -> bytes | memoryview:
+        """:meth:`recv`, a large message as a view (:meth:`try_recv_buffer`)."""
+        return self._recv(src, timeout)
+
     def recv(self, src: int, timeout: float | None = None) -> bytes:
         """The next message from rank ``src``, in order; MessagingError after ``timeout``."""
         msg = self._recv(src, timeout)

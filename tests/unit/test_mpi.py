@@ -58,6 +58,9 @@ class ScriptedRuntime:
                 return src, self.inbox[src].popleft()
         raise AssertionError(f"would block for ever waiting for {sources}")
 
+    def recv_buffer(self, src: int, timeout: float | None = None) -> bytes:
+        return self.recv_any_buffer([src], timeout)[1]
+
     def send(self, dst: int, payload: bytes) -> None:
         self.sent.append((dst, payload))
 
