@@ -11,8 +11,10 @@ RAPS without logging (the local launcher's ``--unlogged``, TCP as well:
 between ranks of one host (a Unix socket) against Open MPI with its default transports
 (shared memory: ``same_node_*``). Each of
 ``--repeats`` rounds launches them one after the other (load that comes and goes
-touches all alike); a launch runs untimed warm-up iterations first, and every figure is
-the median of the rounds. Each launch starts with an empty message log and
+touches all alike); a launch runs untimed warm-up iterations first, then ``--blocks``
+timed blocks of each measure, and keeps its fastest block (a block of 8 round trips of
+1 MiB lasts milliseconds: one descheduling on a shared machine halved it). Every figure
+is the median of the rounds. Each launch starts with an empty message log and
 the default config; with no checkpoint to collect it, the log keeps every message (90
 MiB a rank by the end of the ping-pong), below the three quarters of the high watermark
 (``messagelog.buffer_high_watermark_mb``) where it would start spilling to disk.
@@ -48,6 +50,7 @@ PROG = Path(__file__).with_name("mpi_prog.py")
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's python3-mpi4py is built for it
 ALLREDUCE_RANKS = 4
 LATENCY_FACTOR = 100  # 8-byte round trips are cheap: a hundred times the iterations
+BLOCKS = 5  # timed blocks per launch (--blocks); the fastest counts
 TIMEOUT = 300.0
 MIB = 1 << 20
 # measure -> (size in the program's result, the goal: ratio raps/openmpi at least / at most)
@@ -111,15 +114,16 @@ def tcp_config() -> Iterator[str]:
 
 
 def launch(who: str, argv: list[str], measure: str, iterations: int, warmup: int,
-           config: str | None = None, extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One run of the program (``config``: RAPS's config file, else the defaults); its
-    rank 0 result (BenchError if the run fails)."""
+           config: str | None = None, extra: tuple[str, ...] = (), blocks: int = 1
+           ) -> dict[str, Any]:
+    """One run of the program (``config``: RAPS's config file, else the defaults) timing
+    ``blocks`` blocks of each measure; its rank 0 result (BenchError if the run fails)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RAPS_", "OMPI_", "PMIX_"))}
     if config is not None:
         env["RAPS_CONFIG"] = config
     cmd = [*argv, measure, "--iterations", str(iterations), "--warmup", str(warmup),
-           "--repeats", "1", "--latency-factor", str(LATENCY_FACTOR), *extra]
+           "--repeats", str(blocks), "--latency-factor", str(LATENCY_FACTOR), *extra]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT,
                            check=False)
@@ -134,16 +138,17 @@ def launch(who: str, argv: list[str], measure: str, iterations: int, warmup: int
 
 
 def figures(pingpong: dict[str, Any], allreduce: dict[str, Any]) -> dict[str, float]:
-    """One launch's figures: half round-trip latency (us), ping-pong bandwidth (MB/s, both
-    directions counted), seconds per allreduce."""
+    """One launch's figures from its fastest block of each measure: half round-trip
+    latency (us), ping-pong bandwidth (MB/s, both directions counted), seconds per
+    allreduce."""
     lat = pingpong["8"]
-    out = {"lat_8B": lat["seconds"][0] / lat["round_trips"] / 2 * 1e6}
+    out = {"lat_8B": min(lat["seconds"]) / lat["round_trips"] / 2 * 1e6}
     for key, nbytes in {**SMALL_BANDWIDTH, **BANDWIDTH}.items():
         r = pingpong[str(nbytes)]
-        out[key] = 2 * nbytes * r["round_trips"] / r["seconds"][0] / 1e6
+        out[key] = 2 * nbytes * r["round_trips"] / min(r["seconds"]) / 1e6
     if allreduce:
         (ar,) = allreduce.values()
-        out["allreduce_8MiB"] = ar["seconds"][0] / ar["calls"]
+        out["allreduce_8MiB"] = min(ar["seconds"]) / ar["calls"]
     return out
 
 
@@ -233,7 +238,8 @@ def spins() -> dict[str, int]:
 
 
 def run_mpi(iterations: int, repeats: int, warmup: int,
-            say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+            say: Callable[[str], None] = lambda _: None, blocks: int = BLOCKS
+            ) -> dict[str, Any]:
     """The benchmark; its JSON object."""
     load = os.getloadavg()
     version = check_openmpi()
@@ -251,13 +257,16 @@ def run_mpi(iterations: int, repeats: int, warmup: int,
         for i in range(repeats):
             for who, argv, conf in main_runs:
                 say(f"round {i + 1}/{repeats}: {who}")
-                pp = launch(who, argv(2), "pingpong", iterations, warmup, conf)
-                ar = launch(who, argv(ALLREDUCE_RANKS), "allreduce", iterations, warmup, conf)
+                pp = launch(who, argv(2), "pingpong", iterations, warmup, conf,
+                            blocks=blocks)
+                ar = launch(who, argv(ALLREDUCE_RANKS), "allreduce", iterations, warmup, conf,
+                            blocks=blocks)
                 runs[who].append(figures(pp, ar))
             for who, argv, conf in side_runs:
                 say(f"round {i + 1}/{repeats}: {who}")
                 runs[who].append(figures(
-                    launch(who, argv(2), "pingpong", iterations, warmup, conf), {}))
+                    launch(who, argv(2), "pingpong", iterations, warmup, conf, blocks=blocks),
+                    {}))
             say(f"round {i + 1}/{repeats}: python tcp")
             runs["tcp"].append(tcp_floor.figures(iterations, warmup, LATENCY_FACTOR,
                                                  BANDWIDTH))
@@ -267,7 +276,7 @@ def run_mpi(iterations: int, repeats: int, warmup: int,
     main["goals_met"].update(met)
     return {"benchmark": "mpi", "iterations": iterations,
             "latency_round_trips": iterations * LATENCY_FACTOR, "warmup": warmup,
-            "repeats": repeats,
+            "repeats": repeats, "blocks": blocks,
             "allreduce_ranks": ALLREDUCE_RANKS, **main, **side,
             **floor_figures(runs["tcp"], runs["openmpi"]),
             **spins(),

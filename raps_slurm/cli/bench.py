@@ -178,11 +178,13 @@ def bench_messaging(ctx: click.Context, size: str, count: int, large_size: str,
               help="Untimed iterations before them.")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(1, 50),
               help="Launches of each program per MPI; the median counts.")
+@click.option("--blocks", default=mpi.BLOCKS, show_default=True, type=click.IntRange(1, 50),
+              help="Timed blocks of each measure per launch; the fastest counts.")
 @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
-def bench_mpi(iterations: int, warmup: int, repeats: int, as_json: bool) -> None:
+def bench_mpi(iterations: int, warmup: int, repeats: int, blocks: int, as_json: bool) -> None:
     """The same mpi4py program under RAPS and Open MPI (TCP): bandwidth, latency,
     allreduce."""
-    _echo(mpi.run_mpi(iterations, repeats, warmup, _say(as_json)))
+    _echo(mpi.run_mpi(iterations, repeats, warmup, _say(as_json), blocks))
 
 
 @bench.command("osu")

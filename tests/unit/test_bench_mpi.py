@@ -34,6 +34,21 @@ def _launch(lat_s: float, bw_s: float, ar_s: float) -> dict[str, float]:
     return mpi.figures(pp, {str(8 << 20): {"ranks": 4, "calls": 2, "seconds": [2 * ar_s]}})
 
 
+def test_a_launch_counts_its_fastest_block() -> None:
+    pp = {"8": {"round_trips": 100, "seconds": [0.009, 0.004, 0.005]},
+          "4096": {"round_trips": 100, "seconds": [0.02, 0.016]},
+          str(1 << 20): {"round_trips": 4, "seconds": [0.05, 0.02, 0.03]},
+          str(8 << 20): {"round_trips": 4, "seconds": [0.16, 0.4]}}
+    out = mpi.figures(pp, {str(8 << 20): {"ranks": 4, "calls": 2, "seconds": [0.9, 0.6]}})
+    assert out == mpi.figures(
+        {"8": {"round_trips": 100, "seconds": [0.004]},
+         "4096": {"round_trips": 100, "seconds": [0.016]},
+         str(1 << 20): {"round_trips": 4, "seconds": [0.02]},
+         str(8 << 20): {"round_trips": 4, "seconds": [0.16]}},
+        {str(8 << 20): {"ranks": 4, "calls": 2, "seconds": [0.6]}})
+    assert out["lat_8B"] == 20.0 and out["allreduce_8MiB"] == 0.3
+
+
 def test_medians_ratios_and_goals() -> None:
     # raps: 4x the latency, half the bandwidth, a third of the allreduce throughput
     raps = [_launch(0.004, 0.02, 0.3), _launch(0.004, 0.02, 0.3), _launch(1.0, 1.0, 9.0)]
@@ -124,8 +139,8 @@ def test_a_tiny_run_measures_both() -> None:
     # One warm-up round: a rank's first large message populates its log's arena (up to
     # a second on a fresh virtual machine, whose memory the host backs at first touch);
     # timed, it made one 1 MiB round trip's ratio round to 0.000.
-    out = mpi.run_mpi(iterations=1, repeats=1, warmup=1)
-    assert out["benchmark"] == "mpi"
+    out = mpi.run_mpi(iterations=1, repeats=1, warmup=1, blocks=2)
+    assert out["benchmark"] == "mpi" and out["blocks"] == 2
     for key in KEYS:
         assert out[key] > 0, (key, out)
     assert set(out["goals_met"]) == set(mpi.GOALS)
