@@ -232,15 +232,26 @@ def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], *,
 
     FrameError ``empty``/``oversized`` before anything is written; ``timeout``/``closed``
     if the write fails (the stream is then unusable)."""
-    if mac is None and all(type(p) is bytes for p in parts):
+    if mac is None and len(parts) <= 2 and type(parts[0]) is bytes and (
+            len(parts) == 1 or type(parts[1]) is bytes):
         # A small message's frame (its header and body are bytes): one sendmsg of the
         # parts as they are; memoryviews of them cost a microsecond, as much again.
         n = sum(map(len, parts))
         if not 0 < n <= max_size:
             raise FrameError(*(("empty", "empty frame") if n == 0 else (
                 "oversized", f"frame of {n} bytes: at most {max_size}")))
+        views: list[Any] = [HEADER.pack(n), *parts]
         try:
-            send_views(sock, [HEADER.pack(n), *parts], on_full)  # type: ignore[list-item]
+            if on_full is not None and sock.gettimeout() is None:
+                # the usual case: the socket takes it all at once
+                try:
+                    sent = sock.sendmsg(views, (), socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                if sent == n + HEADER.size:
+                    return
+                views = [memoryview(b"".join(views))[sent:]]
+            send_views(sock, views, on_full)
         except TimeoutError:
             raise FrameError("timeout", "frame not sent within the socket's timeout") from None
         except OSError as exc:

@@ -401,3 +401,39 @@ def test_a_stream_may_tag_only_some_frames_counted_among_themselves(
     with pytest.raises(FrameError) as e:
         r.poll()
     assert e.value.kind == "mac"
+
+
+def test_small_frames_of_bytes_come_whole_through_a_full_socket(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """A frame of bytes parts goes out in one sendmsg when the socket takes it; when the
+    socket is full, or takes part of it, ``on_full`` runs and the rest follows."""
+    a, b = pair
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    fulls = []
+    frames = [(b"h" * 12, bytes([i % 256]) * (100 + 37 * i)) for i in range(400)]
+
+    def on_full(sock: socket.socket) -> None:
+        fulls.append(1)
+        got.extend(_drained(r))  # the reader makes room, as the peer would
+
+    r = _reader(b, max_size=1 << 20)
+    got: list[bytes] = []
+    for head, body in frames:
+        send_parts(a, [head, body], on_full=on_full)
+    got.extend(_drained(r))
+    assert fulls, "the socket never filled: the test sent too little"
+    assert got == [h + p for h, p in frames]
+    with pytest.raises(FrameError) as e:
+        send_parts(a, [b"", b""], on_full=on_full)
+    assert e.value.kind == "empty"
+    with pytest.raises(FrameError) as e:
+        send_parts(a, [b"x" * 10, b"y" * 10], max_size=19, on_full=on_full)
+    assert e.value.kind == "oversized"
+
+
+def _drained(r: FrameReader) -> list[bytes]:
+    """Every whole frame the reader's socket holds now."""
+    out = []
+    while (body := r.poll()) is not None:
+        out.append(bytes(body))
+    return out
