@@ -15,8 +15,9 @@ No page is touched for the first time on the data path but once: the first messa
 that needs room faults the whole mapping in (``madvise(MADV_POPULATE_WRITE)``, else a
 ``memset``, with the GIL released), with huge pages where the kernel has them
 (``MADV_HUGEPAGE``: fewer faults and TLB misses on the copy); populating 256 MiB takes
-20-200 ms on the project's test machine. From then on the memory is the rank's, the
-log's configured size of it; a rank that never logs a large message never holds it.
+20-200 ms on the project's test machine (up to 1 s on a freshly started VM). From then
+on the memory is the rank's, the log's configured size of it; a rank that never logs a
+large message never holds it.
 Faulting chunks in only ahead of use, from a background thread, as this module did
 first, left that work inside the program's time: it competed with the ranks for the
 cores, and an 8 MiB allreduce on four ranks took 33-38 ms against 20-22 ms with the map
