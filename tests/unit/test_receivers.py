@@ -60,17 +60,21 @@ def senders() -> Iterator[list[socket.socket]]:
 QUIET = 0.2  # seconds without a datagram on any sender: every ack has come
 
 
-def _acks(socks: list[socket.socket]) -> list[list[Ack]]:
-    """The acks each of ``socks`` received, read from all of them at once until none
-    received anything for QUIET seconds (one socket after the other, that wait was paid
-    once per socket)."""
+def _acks(socks: list[socket.socket], source: tuple[str, int]) -> list[list[Ack]]:
+    """The acks each of ``socks`` received from ``source`` (the pool's address), read from
+    all of them at once until none received anything for QUIET seconds (one socket after
+    the other, that wait was paid once per socket). A datagram from another address is
+    not this pool's: a process of an earlier test on the machine may still ack a
+    heartbeat sent from the ephemeral port a sender got again (seen in CI)."""
     out: list[list[Ack]] = [[] for _ in socks]
     with selectors.DefaultSelector() as sel:
         for i, sock in enumerate(socks):
             sel.register(sock, selectors.EVENT_READ, i)
         while ready := sel.select(QUIET):
             for key, _ in ready:
-                data = socks[key.data].recv(512)
+                data, sender = socks[key.data].recvfrom(512)
+                if sender != source:
+                    continue
                 msg = decode(data, nk(claimed_node(data)))
                 assert isinstance(msg, Ack)
                 out[key.data].append(msg)
@@ -105,7 +109,7 @@ def test_every_receiver_acks_and_forwards(pool: ReceiverPool,
     got = _drain_until(pool, SENDERS)
     assert sorted(r.node for r in got) == sorted(f"n{i}" for i in range(SENDERS))
     assert all(r.acked for r in got)
-    for i, acks in enumerate(_acks(senders)):
+    for i, acks in enumerate(_acks(senders, pool.server.address)):
         assert [(a.node, a.counter, a.leader_revision) for a in acks] == [(f"n{i}", 1, 7)]
     # Some went through the receiver processes, and drain() had them all: the acks and
     # the detector's view agree.
@@ -138,7 +142,7 @@ def test_no_ack_unless_the_published_leadership_holds(pool: ReceiverPool,
         s.sendto(encode(Heartbeat(f"n{i}", 1, 1, now), nk(f"n{i}")), pool.server.address)
     got = _drain_until(pool, SENDERS)
     assert not any(r.acked for r in got)
-    assert _acks(senders) == [[] for _ in senders]
+    assert _acks(senders, pool.server.address) == [[] for _ in senders]
     assert pool.forwarded > 0
 
 
@@ -161,7 +165,7 @@ def test_a_receiver_that_dies_is_replaced(pool: ReceiverPool, senders: list[sock
         s.sendto(encode(Heartbeat(f"n{i}", 1, 2, now), nk(f"n{i}")), pool.server.address)
     got = _drain_until(pool, SENDERS)
     assert sorted(r.node for r in got) == sorted(f"n{i}" for i in range(SENDERS))
-    assert [len(acks) for acks in _acks(senders)] == [1] * len(senders)
+    assert [len(acks) for acks in _acks(senders, pool.server.address)] == [1] * len(senders)
 
 
 
