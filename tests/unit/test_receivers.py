@@ -64,8 +64,8 @@ def _acks(socks: list[socket.socket], source: tuple[str, int]) -> list[list[Ack]
     """The acks each of ``socks`` received from ``source`` (the pool's address), read from
     all of them at once until none received anything for QUIET seconds (one socket after
     the other, that wait was paid once per socket). A datagram from another address is
-    not this pool's: a process of an earlier test on the machine may still ack a
-    heartbeat sent from the ephemeral port a sender got again (seen in CI)."""
+    not this pool's: an agent of an earlier test's cluster, still shutting down, sent a
+    heartbeat to the ephemeral port a sender had got again (seen in CI)."""
     out: list[list[Ack]] = [[] for _ in socks]
     with selectors.DefaultSelector() as sel:
         for i, sock in enumerate(socks):
