@@ -232,7 +232,7 @@ def send_parts(sock: socket.socket, parts: Sequence[bytes | memoryview], *,
 
     FrameError ``empty``/``oversized`` before anything is written; ``timeout``/``closed``
     if the write fails (the stream is then unusable)."""
-    if mac is None and len(parts) <= 2 and type(parts[0]) is bytes and (
+    if mac is None and 0 < len(parts) <= 2 and type(parts[0]) is bytes and (
             len(parts) == 1 or type(parts[1]) is bytes):
         # A small message's frame (its header and body are bytes): one sendmsg of the
         # parts as they are; memoryviews of them cost a microsecond, as much again.
