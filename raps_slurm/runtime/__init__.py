@@ -51,17 +51,20 @@ def __getattr__(name: str) -> Any:
 
 
 def settings_from(env: Mapping[str, str]) -> Settings:
-    """Runtime settings: the config file if readable (it holds no secret), then the job's
-    ``RAPS_CKPT_INTERVAL`` (``--raps-ckpt-interval``); no spinning when
-    ``RAPS_LOCAL_SIZE`` (the ranks on this node) exceeds the node's cores."""
+    """Runtime settings: the config file, then the job's ``RAPS_CKPT_INTERVAL``
+    (``--raps-ckpt-interval``); no spinning when ``RAPS_LOCAL_SIZE`` (the ranks on this
+    node) exceeds the node's cores. A config the rank cannot read (it holds no secret,
+    but a site may keep it from users) gives the built-in defaults, said on stderr; a
+    malformed one raises ConfigError naming what is wrong: its settings were meant."""
     from raps_slurm import config as cfgmod
-    from raps_slurm.errors import RapsError
     from raps_slurm.runtime.context import Settings
 
-    try:
-        cfg = cfgmod.load_config(env.get("RAPS_CONFIG") or None)
-    except (RapsError, OSError):
+    path = cfgmod.find_config_path(env.get("RAPS_CONFIG") or None)
+    if path is not None and path.exists() and not os.access(path, os.R_OK):
+        print(f"raps: {path}: not readable by this user: built-in defaults", file=sys.stderr)
         cfg = cfgmod.Config()
+    else:
+        cfg = cfgmod.load_config(str(path) if path is not None else None)
     m, c = cfg.messagelog, cfg.checkpoint
     interval = float(c.interval_sec)
     text = env.get("RAPS_CKPT_INTERVAL", "")

@@ -161,6 +161,25 @@ def test_ranks_spin_only_where_each_can_have_a_core(tmp_path: Path) -> None:
     assert settings_from({**env, "RAPS_LOCAL_SIZE": str(cores + 1)}).spin_us == 0
 
 
+def test_a_rank_refuses_a_malformed_config_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raps_slurm.errors import ConfigError
+    from raps_slurm.runtime import settings_from
+
+    cfg = tmp_path / "raps.yaml"
+    cfg.write_text("messagelog:\n  spin_us: 150\n  buffer_high_watermark_mb: 8000\n")
+    env = {"RAPS_CONFIG": str(cfg), "RAPS_LISTEN_ADDRESS": "127.0.0.1"}
+    # its settings were meant: a rank that took the defaults instead would run on others
+    with pytest.raises(ConfigError, match="buffer_high_watermark_mb: 8000 must be below"):
+        settings_from(env)
+    cfg.write_text("messagelog:\n  spin_us: 150\n")
+    # a site may keep the file from users (root reads it all: the check is os.access)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    assert settings_from(env).spin_us != 150
+    assert f"raps: {cfg}: not readable by this user: built-in defaults" in capsys.readouterr().err
+
+
 def test_a_frame_handled_before_the_wait_ends_it_at_once(
         rig: tuple[Pump, Sink, list[socket.socket]]) -> None:
     # The caller looked (nothing there) at events count `since`; the background thread
