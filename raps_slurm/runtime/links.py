@@ -21,11 +21,13 @@ from raps_slurm.runtime.frames import (
     DELIVERED,
     HEADER,
     HELLO,
+    PAD_AT,
     PROGRESS,
     RESEND,
     SENT_FLOOR,
     Frame,
     encode,
+    pad,
 )
 from raps_slurm.runtime.msglog import (
     Entry,
@@ -35,16 +37,28 @@ from raps_slurm.runtime.msglog import (
     SenderLog,
     checksum,
     parse_records,
+    parts_size,
     segments,
 )
 from raps_slurm.runtime.ports import Port
 from raps_slurm.runtime.transport import Listener, Outgoing
-from raps_slurm.wire import datapath
+from raps_slurm.wire import datapath, framing
 
 if TYPE_CHECKING:
     from raps_slurm.runtime.context import Settings
 
 log = logging.getLogger("raps.runtime")
+_LEAD = framing.HEADER.size + HEADER.size  # stream bytes of a frame before its payload
+
+
+def _padding(parts: list[bytes | bytearray | memoryview] | list[bytes | memoryview]
+             ) -> bytes:
+    """The padding (frames.pad) of a DATA frame sent from ``parts``: none unless its
+    last part (the application's buffer) is large."""
+    last = parts[-1]
+    if parts_size([last]) < PAD_AT:
+        return b""
+    return pad(_LEAD + parts_size(parts[:-1]), datapath.address(last))
 
 
 class PeerLinks:
@@ -169,7 +183,10 @@ class PeerLinks:
         try:
             # The frame carries this incarnation's epoch (a resend of an entry an earlier
             # incarnation logged is sent by this one, and fencing is about the sender).
-            o.send(encode(DATA, self.rank, e.dst, e.seq, self.epoch, body, crc=e.crc))
+            frame = encode(DATA, self.rank, e.dst, e.seq, self.epoch, body, crc=e.crc)
+            if len(frame) > 1:
+                frame[0] = bytes(frame[0]) + _padding(frame[1:])
+            o.send(frame)
         except OSError:
             self._drop_out(e.dst, o)
 
@@ -185,7 +202,8 @@ class PeerLinks:
             dropped = bool(self.drop_every and self._sent_frames % self.drop_every == 0)
             o = None if dropped else self._outgoing(e.dst)
             if o is not None:
-                head = HEADER.pack(DATA, self.rank, e.dst, e.seq, self.epoch, e.size, e.crc)
+                head = HEADER.pack(DATA, self.rank, e.dst, e.seq, self.epoch, e.size,
+                                   e.crc) + _padding(parts)
                 try:
                     o.send_logged(head, parts, e.body)
                     filled = True
@@ -206,8 +224,8 @@ class PeerLinks:
         MessagingError after ``recv_timeout``."""
         deadline = self._clock() + self.s.recv_timeout
         frame: list[bytes | memoryview] = [
-            HEADER.pack(DATA, self.rank, e.dst, e.seq, self.epoch, e.size, e.crc),
-            *(memoryview(p).cast("B") for p in parts)]
+            HEADER.pack(DATA, self.rank, e.dst, e.seq, self.epoch, e.size, e.crc)
+            + _padding(parts), *(memoryview(p).cast("B") for p in parts)]
         while True:
             o = self._outgoing(e.dst)
             if o is not None:

@@ -66,7 +66,7 @@ import blake3
 
 from raps_slurm.errors import RapsError
 from raps_slurm.logquota import LogQuota
-from raps_slurm.runtime.frames import DATA, HEADER, MAX_MESSAGE, Frame, FrameError, decode
+from raps_slurm.runtime.frames import ALIGN, DATA, HEADER, MAX_MESSAGE, Frame, FrameError, decode
 from raps_slurm.runtime.pump import Conn, Pump
 from raps_slurm.wire import datapath, framing
 from raps_slurm.wire.gate import Gate
@@ -129,7 +129,7 @@ class Auth:
                 raise ValueError(f"key of {len(keys)} bytes: exactly {KEY_BYTES} are needed")
             fixed = RankKeys(keys, (keys,), None)
             keys = lambda peer: fixed  # noqa: E731
-        if not 0 < max_message <= (1 << 32) - 1 - HEADER.size - framing.TAG_SIZE:
+        if not 0 < max_message <= (1 << 32) - ALIGN - HEADER.size - framing.TAG_SIZE:
             raise ValueError(f"max_message {max_message}: expected 1..4 GiB")
         if frame_mac not in FRAME_MAC:
             raise ValueError(f"frame_mac {frame_mac!r}: expected one of {', '.join(FRAME_MAC)}")
@@ -139,7 +139,8 @@ class Auth:
         self.ranks = ranks
         self.epoch, self.frame_mac = epoch, frame_mac
         self.mode = FRAME_MAC.index(frame_mac)
-        self.max_frame = HEADER.size + max_message + framing.TAG_SIZE
+        # a DATA frame's padding (frames.pad) counts: at most ALIGN - 1 bytes
+        self.max_frame = HEADER.size + ALIGN - 1 + max_message + framing.TAG_SIZE
         self.refused: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._quota = LogQuota(log)
@@ -404,6 +405,9 @@ class Listener:
             raise FrameError(f"frame of {len(body)} bytes: at most "
                              f"{self.auth.max_frame - framing.TAG_SIZE}", "oversized")
         frame = decode(body, owned=owned)
+        if frame.length > self.auth.max_message and frame.kind == DATA:
+            raise FrameError(f"message of {frame.length} bytes: at most "
+                             f"{self.auth.max_message}", "oversized")
         if frame.src != c.src or frame.dst != self.auth.rank or frame.epoch != c.epoch:
             raise FrameError(f"frame {frame.src}->{frame.dst} epoch {frame.epoch} on rank "
                              f"{c.src}'s connection of epoch {c.epoch}")
@@ -470,7 +474,7 @@ class Outgoing:
                  on_full: Callable[[socket.socket], None] | None = None) -> None:
         self.peer_epoch = epoch
         self._on_full = on_full  # while the socket is full (Pump.stalled)
-        self._max = auth.max_frame
+        self._max, self._max_message = auth.max_frame, auth.max_message
         self._tagged = auth.tagged
         peer = f"{address[0]}:{address[1]}"
         sock = _unix(address, timeout) if unix else None
@@ -539,6 +543,10 @@ class Outgoing:
         connections: the peer may be sending to us just as well)."""
         mac = self.mac if self._tagged(parts[0][0]) else None
         bound = self._max if mac is not None else self._max - framing.TAG_SIZE
+        if parts[0][0] == DATA and len(parts) > 1:
+            # the frame's bound leaves room for padding: the payload's own is tighter
+            bound = min(bound, len(parts[0]) + self._max_message + (
+                framing.TAG_SIZE if mac is not None else 0))
         with self.lock:
             try:
                 framing.send_parts(self.sock, parts, mac=mac, max_size=bound,

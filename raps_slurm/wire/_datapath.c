@@ -202,9 +202,23 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(address_doc,
+"address(buf, /) -> int\n\n"
+"Where the bytes of buf (any buffer, read-only too) start in memory.");
+
+static PyObject *address(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *out = PyLong_FromVoidPtr(b.buf);
+    PyBuffer_Release(&b);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"send_copy", send_copy, METH_VARARGS, send_copy_doc},
     {"copy", copy, METH_VARARGS, copy_doc},
+    {"address", address, METH_O, address_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -38,6 +38,18 @@ def compiled() -> bool:
     return _compiled is not None and os.environ.get(ENV, "") != "python"
 
 
+def address(buf: Buffer) -> int:
+    """Where the bytes of ``buf`` (a contiguous buffer) start in memory; 0 where that
+    cannot be told (the compiled module not built and no numpy)."""
+    if _compiled is not None:
+        return int(_compiled.address(buf))
+    try:
+        import numpy
+    except ImportError:
+        return 0
+    return int(numpy.frombuffer(buf, numpy.uint8).ctypes.data)
+
+
 def _views(parts: Sequence[Buffer]) -> list[memoryview]:
     return [memoryview(p).cast("B") for p in parts]
 

@@ -51,6 +51,17 @@ MAX_FRAME = 1 << 20
 # larger than a FrameReader's buffer is checked as its bytes arrive.
 STREAM_AT, STREAM_PIECE = 1 << 20, 512 << 10
 _SEQ = struct.Struct(">Q")
+PAGE = 4096
+# Where in its page a received frame's first byte goes (a reader's buffer), and its
+# body's (a large frame's own buffer: BufferPool.get). The kernel's copy out of a socket
+# ran at a quarter of its speed (2.3-3 against 7-14 GB/s on the test machine) when each
+# byte landed a few bytes past the page offset it was read from: stores 4 KiB apart from
+# the loads that follow them look dependent to the CPU. A frame sent alone starts a page
+# of the socket's buffer, so its body comes from page offset 4 on; numpy's large buffers
+# start at offset 16, which put every byte 12 bytes past its source. Half a page away,
+# each byte is as far from that as it can be.
+FRAME_AT = PAGE // 2
+BODY_AT = FRAME_AT + HEADER.size
 
 
 class FrameError(RapsError):
@@ -298,6 +309,19 @@ def unfilled(n: int) -> bytearray | Any:
     return numpy.empty(n, numpy.uint8)
 
 
+def _address(buf: Any) -> int:
+    import ctypes  # only where a large frame comes (a supervisor never needs it)
+
+    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def placed(buf: Any, n: int, at: int = BODY_AT) -> memoryview:
+    """``n`` bytes of ``buf`` (at least ``n + PAGE`` long, writable) whose first byte
+    sits at offset ``at`` in its page."""
+    start = (at - _address(buf)) % PAGE
+    return memoryview(buf)[start:start + n]
+
+
 class BufferPool:
     """Receive buffers for frames larger than a reader's own buffer, reused once nobody
     holds a view of them any more: a frame read into fresh memory pays for the kernel
@@ -313,14 +337,14 @@ class BufferPool:
         self.fresh = 0
 
     def get(self, n: int) -> memoryview:
-        """A buffer of ``n`` bytes (content undefined)."""
+        """A buffer of ``n`` bytes (content undefined), :func:`placed` in its page."""
         for buf in self._bufs:
             # references: the list, this loop's name, getrefcount's argument
-            if n <= len(buf) <= 2 * n and sys.getrefcount(buf) <= 3:
+            if n + PAGE <= len(buf) <= 2 * n + PAGE and sys.getrefcount(buf) <= 3:
                 self.reused += 1
-                return memoryview(buf)[:n]
+                return placed(buf, n)
         self.fresh += 1
-        buf = unfilled(n)
+        buf = unfilled(n + PAGE)
         if n <= self.limit:
             if len(self._bufs) >= self.keep:
                 # the smallest free one goes (a busy one stays: someone reads it)
@@ -329,7 +353,7 @@ class BufferPool:
                     self._bufs.remove(min(free, key=len))
             if len(self._bufs) < self.keep:
                 self._bufs.append(buf)
-        return memoryview(buf)
+        return placed(buf, n)
 
 
 def send_views(sock: socket.socket, views: list[memoryview],
@@ -382,8 +406,7 @@ class FrameReader:
         self.sock, self.max_size, self.mac, self.tagged = sock, max_size, mac, tagged
         self.pool: BufferPool | None = None  # poll()'s large frames: their buffers
         self.frame_timeout, self.min_rate = frame_timeout, min_rate
-        self._buf = bytearray(buffer_size)
-        self._view = memoryview(self._buf)
+        self._view = placed(bytearray(buffer_size + PAGE), buffer_size, FRAME_AT)
         self._start = self._end = 0
         self._timeout: float | None = -1.0  # the socket's, as last set here
         self.owned = False
@@ -453,9 +476,9 @@ class FrameReader:
     def _room(self, n: int) -> None:
         """Room in the buffer for ``n`` bytes from the first one not yet taken: what is
         left moves to the front if need be."""
-        if self._start + n > len(self._buf):
+        if self._start + n > len(self._view):
             left = self._end - self._start
-            self._buf[:left] = self._buf[self._start:self._end]
+            self._view[:left] = self._view[self._start:self._end]
             self._start, self._end = 0, left
 
     def nonblocking(self) -> None:
@@ -498,13 +521,13 @@ class FrameReader:
             n = self._poll_small()
             if n is None:
                 return None
-            if n + HEADER.size <= len(self._buf):
+            if n + HEADER.size <= len(self._view):
                 payload = self._view[self._start:self._start + n]
                 self._start += n
                 self._due, self._sized, self.owned = None, False, False
                 return self._checked(payload)
             # larger than the buffer: its own, of the length just checked
-            big = self.pool.get(n) if self.pool is not None else memoryview(unfilled(n))
+            big = self.pool.get(n) if self.pool is not None else placed(unfilled(n + PAGE), n)
             self._got = self._end - self._start
             big[:self._got] = self._view[self._start:self._end]
             self._start = self._end = 0
@@ -548,7 +571,7 @@ class FrameReader:
         buffer, its body) is buffered, with the header consumed; None: not yet."""
         if not self._more(HEADER.size):
             return None
-        n: int = HEADER.unpack_from(self._buf, self._start)[0]
+        n: int = HEADER.unpack_from(self._view, self._start)[0]
         if n == 0:
             raise FrameError("empty", "empty frame")
         if n > self.max_size:
@@ -559,7 +582,7 @@ class FrameReader:
                 self._due = time.monotonic() + self.frame_timeout
             if self.min_rate > 0:
                 self._due += n / self.min_rate
-        if n + HEADER.size <= len(self._buf) and not self._more(HEADER.size + n):
+        if n + HEADER.size <= len(self._view) and not self._more(HEADER.size + n):
             return None
         self._start += HEADER.size
         return n
@@ -592,7 +615,7 @@ class FrameReader:
                        "header")
         deadline = time.monotonic() + self.frame_timeout
         self._fill(HEADER.size, deadline, "header")
-        (n,) = HEADER.unpack_from(self._buf, self._start)
+        (n,) = HEADER.unpack_from(self._view, self._start)
         if n == 0:
             raise FrameError("empty", "empty frame")
         if n > self.max_size:
@@ -600,14 +623,13 @@ class FrameReader:
         self._start += HEADER.size
         if self.min_rate > 0:
             deadline += n / self.min_rate
-        self.owned = n > len(self._buf)
+        self.owned = n > len(self._view)
         if not self.owned:
             self._fill(n, deadline, "body")
             payload = self._view[self._start:self._start + n]
             self._start += n
         else:  # larger than the buffer: its own, of the length just checked
-            big = bytearray(n)
-            view = memoryview(big)
+            view = placed(bytearray(n + PAGE), n)
             got = self._end - self._start
             view[:got] = self._view[self._start:self._end]
             self._start = self._end = 0

@@ -438,3 +438,29 @@ def _drained(r: FrameReader) -> list[bytes]:
     while (body := r.poll()) is not None:
         out.append(bytes(body))
     return out
+
+
+def test_large_frames_land_half_a_page_from_where_the_kernel_reads_them() -> None:
+    """A reader's buffer starts at FRAME_AT in its page and a large frame's own buffer at
+    BODY_AT: a frame that starts a page of the socket's buffer lands every byte half a
+    page from its source (a few bytes past it, the kernel's copy ran at a quarter of its
+    speed). The pool hands a buffer out again only once nobody holds a view of it."""
+    from raps_slurm.wire.framing import BODY_AT, FRAME_AT, PAGE, BufferPool, _address
+
+    assert (BODY_AT - HEADER.size) % PAGE == FRAME_AT == PAGE // 2
+    pool = BufferPool()
+    first = pool.get(3 << 20)
+    assert len(first) == 3 << 20 and _address(first) % PAGE == BODY_AT
+    first[-1] = 7  # writable to its last byte
+    held = pool.get(3 << 20)  # the first is held: a new one
+    assert (pool.fresh, pool.reused) == (2, 0)
+    assert _address(held) % PAGE == BODY_AT
+    del first
+    again = pool.get(2 << 20)  # the first is free and not twice as large: reused
+    assert (pool.fresh, pool.reused) == (2, 1) and _address(again) % PAGE == BODY_AT
+    a, b = socket.socketpair()
+    with a, b:
+        r = FrameReader(b)
+        assert _address(r._view) % PAGE == FRAME_AT
+        a.sendall(encode(b"x" * 1000))
+        assert bytes(r.read()) == b"x" * 1000  # through the placed buffer

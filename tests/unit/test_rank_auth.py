@@ -19,7 +19,16 @@ import pytest
 
 from raps_slurm.checkpoint.codec import CodecParams
 from raps_slurm.runtime.context import Context, Settings
-from raps_slurm.runtime.frames import COVERED, DATA, DELIVERED, HELLO, Frame, encode
+from raps_slurm.runtime.frames import (
+    ALIGN,
+    COVERED,
+    DATA,
+    DELIVERED,
+    HEADER,
+    HELLO,
+    Frame,
+    encode,
+)
 from raps_slurm.runtime.ports import LocalPort
 from raps_slurm.runtime.transport import HANDSHAKE_MAX, PROTOCOL, Auth, Listener, Outgoing
 from raps_slurm.wire import framing
@@ -271,14 +280,18 @@ def test_frames_are_bound_to_the_authenticated_rank_and_the_bound(
         listener: tuple[Listener, list[Frame]]) -> None:
     lst, got = listener
     auth = Auth(b"K" * 32, 0)
-    for frame_src, length, kind in ((2, 3, "frame"), (0, 1025, "oversized")):
+    for frame_src, length, kind, n in ((2, 3, "frame", 1), (0, 1025, "oversized", 1),
+                                       (0, 1025, "payload", 2)):
         rec = Recorder(lst.address)
         rec.handshake(auth, 0, 1)
         if kind == "oversized":  # a header past the bound: refused before the body comes
-            rec.send(framing.HEADER.pack(38 + length + 32))
-        else:  # a frame claiming another source than the handshake's
+            # the bound: the header, a DATA frame's padding, the payload and a tag
+            assert lst.auth.max_frame == HEADER.size + ALIGN - 1 + length - 1 + 32
+            rec.send(framing.HEADER.pack(lst.auth.max_frame + 1))
+        else:  # another source than the handshake's; a payload past the bound, unpadded
             rec.send(framed(encode(DATA, frame_src, 1, 1, 1, b"x" * length), None))
-        wait_for(lambda k=kind: lst.auth.refusals().get(k) == 1)  # type: ignore[misc]
+            kind = "oversized" if kind == "payload" else kind
+        wait_for(lambda k=kind, n=n: lst.auth.refusals().get(k) == n)  # type: ignore[misc]
         rec.sock.close()
     assert got == []
 
