@@ -172,7 +172,7 @@ class SenderLog:
             else:
                 body = b"".join(parts)
         size = len(body)
-        e = Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, checksum(body),
+        e = Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, int(crc32c.crc32c(body)),
                   size > self.large_threshold, body, slot=slot)
         self.publish(e)
         return e
@@ -199,19 +199,26 @@ class SenderLog:
 
     def publish(self, e: Entry) -> None:
         """``e`` (the next to its destination) is logged: resent, spilled, collected."""
-        if e.seq != self.sent.get(e.dst, 0) + 1:
-            raise MessagingError(f"seq {e.seq} to rank {e.dst} logged after seq "
-                                 f"{self.sent.get(e.dst, 0)}")
-        self.sent[e.dst] = e.seq
-        ahead = self.ahead.get(e.dst)
-        if ahead is not None:
-            ahead.pop(e.seq, None)  # sent again by re-execution: from the log from now on
-            if not ahead:
-                del self.ahead[e.dst]
-        self.entries.setdefault(e.dst, deque()).append(e)
+        dst, seq, sent = e.dst, e.seq, self.sent
+        if seq != sent.get(dst, 0) + 1:
+            raise MessagingError(f"seq {seq} to rank {dst} logged after seq "
+                                 f"{sent.get(dst, 0)}")
+        sent[dst] = seq
+        if self.ahead:
+            ahead = self.ahead.get(dst)
+            if ahead is not None:
+                ahead.pop(seq, None)  # sent again by re-execution: from the log from now on
+                if not ahead:
+                    del self.ahead[dst]
+        # once per message: no deque made to be thrown away, no max() call
+        queue = self.entries.get(dst)
+        if queue is None:
+            queue = self.entries[dst] = deque()
+        queue.append(e)
         self._unpersisted.append(e)
-        self.held += e.size
-        self.peak = max(self.peak, self.held)
+        held = self.held = self.held + e.size
+        if held > self.peak:
+            self.peak = held
 
     def flushes_body(self, e: Entry) -> bool:
         """Whether a flush writes ``e`` with its body: only a determinant (an entry to
