@@ -36,8 +36,8 @@ MAX_MESSAGE = MAX_SEGMENT - RECORD.size
 # A large DATA frame's payload is put at the same offset modulo ALIGN in the socket's
 # buffer as in the sender's memory (:func:`pad`). The kernel copied a payload that landed
 # a few bytes past its source's offset in a page at half its speed: 1.8-1.9 against
-# 3.0-3.8 GB/s for 1 MiB round trips on the test machine (stores 4 KiB apart from the
-# loads that follow them look dependent to the CPU).
+# 3.0-3.8 GB/s for 1 MiB round trips on the test machine (most likely the CPU taking
+# stores 4 KiB apart from later loads as dependent).
 ALIGN = 64
 PAD_AT = 64 << 10  # payloads from this size on are padded
 _ZEROS = bytes(ALIGN)

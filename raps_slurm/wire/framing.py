@@ -55,11 +55,11 @@ PAGE = 4096
 # Where in its page a received frame's first byte goes (a reader's buffer), and its
 # body's (a large frame's own buffer: BufferPool.get). The kernel's copy out of a socket
 # ran at a quarter of its speed (2.3-3 against 7-14 GB/s on the test machine) when each
-# byte landed a few bytes past the page offset it was read from: stores 4 KiB apart from
-# the loads that follow them look dependent to the CPU. A frame sent alone starts a page
-# of the socket's buffer, so its body comes from page offset 4 on; numpy's large buffers
-# start at offset 16, which put every byte 12 bytes past its source. Half a page away,
-# each byte is as far from that as it can be.
+# byte landed a few bytes past the page offset it was read from (most likely the CPU
+# taking stores 4 KiB apart from later loads as dependent). A frame sent alone starts a
+# page of the socket's buffer, so its body comes from page offset 4 on; numpy's large
+# buffers start at offset 16, which put every byte 12 bytes past its source. Half a
+# page away, each byte is as far from that as it can be.
 FRAME_AT = PAGE // 2
 BODY_AT = FRAME_AT + HEADER.size
 
