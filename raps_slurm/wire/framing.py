@@ -309,16 +309,12 @@ def unfilled(n: int) -> bytearray | Any:
     return numpy.empty(n, numpy.uint8)
 
 
-def _address(buf: Any) -> int:
-    import ctypes  # only where a large frame comes (a supervisor never needs it)
-
-    return ctypes.addressof(ctypes.c_char.from_buffer(buf))
-
-
 def placed(buf: Any, n: int, at: int = BODY_AT) -> memoryview:
     """``n`` bytes of ``buf`` (at least ``n + PAGE`` long, writable) whose first byte
-    sits at offset ``at`` in its page."""
-    start = (at - _address(buf)) % PAGE
+    sits at offset ``at`` in its page (where its address can be told: datapath.address)."""
+    from raps_slurm.wire import datapath  # it imports this module: not at load time
+
+    start = (at - datapath.address(buf)) % PAGE
     return memoryview(buf)[start:start + n]
 
 

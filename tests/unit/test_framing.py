@@ -445,7 +445,8 @@ def test_large_frames_land_half_a_page_from_where_the_kernel_reads_them() -> Non
     BODY_AT: a frame that starts a page of the socket's buffer lands every byte half a
     page from its source (a few bytes past it, the kernel's copy ran at a quarter of its
     speed). The pool hands a buffer out again only once nobody holds a view of it."""
-    from raps_slurm.wire.framing import BODY_AT, FRAME_AT, PAGE, BufferPool, _address
+    from raps_slurm.wire.datapath import address as _address
+    from raps_slurm.wire.framing import BODY_AT, FRAME_AT, PAGE, BufferPool
 
     assert (BODY_AT - HEADER.size) % PAGE == FRAME_AT == PAGE // 2
     pool = BufferPool()
