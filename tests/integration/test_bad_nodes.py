@@ -187,7 +187,12 @@ def test_ranks_that_find_their_agent_gone_at_start_move_with_their_node(
                 if leader.proc is None:  # the node's return needs a leader
                     leader.start()
                 cluster.agent_start(node)
-                back_in_service(cluster, *store, node)
+                try:
+                    back_in_service(cluster, *store, node)
+                except AssertionError as exc:  # what the leader did to the node, with it
+                    said = [x for x in leader.log().splitlines() if node in x]
+                    raise AssertionError(f"{exc}\nthe leader on {node}:\n" +
+                                         "\n".join(said[-20:])) from None
         finally:
             mapper.stop()
             assert leader.stop() in (0, None), leader.log()[-2000:]
