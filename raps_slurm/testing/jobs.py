@@ -260,7 +260,6 @@ def crashed(cluster: LocalCluster, store: tuple[StateStore, Keys], *nodes: str
 
 
 def _wait_in_service(cluster: LocalCluster, store: StateStore, keys: Keys, node: str) -> None:
-    wait_until(f"{node}'s agent registered", lambda: store.get(keys.node(node)), bool, 30)
     run = CommandRunner(timeout=60, env=cluster.env)
 
     def state() -> tuple[str, str]:
@@ -275,9 +274,11 @@ def _wait_in_service(cluster: LocalCluster, store: StateStore, keys: Keys, node:
                 run.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
         return info.state_text, info.reason
 
+    state()  # resumed while its agent registers
+    wait_until(f"{node}'s agent registered", lambda: store.get(keys.node(node)), bool, 30)
     wait_until(f"{node} back in Slurm", state,
                lambda st: not any(x in st[0] for x in ("DOWN", "DRAIN", "NOT_RESPONDING")),
-               60, interval=0.5)
+               60)
     wait_until(f"{node} no longer dead", lambda: node_dead(store, keys, node),
                lambda d: not d, 30)
 
