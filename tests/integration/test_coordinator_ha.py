@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from raps_slurm.config import load_file
-from raps_slurm.coordinator.election import Leadership, read_leader
+from raps_slurm.coordinator.election import Leadership
 from raps_slurm.errors import NotLeader
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, Lease, Put, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
+from raps_slurm.testing.cluster import leader_name as leader_in_etcd
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
     from conftest import Rapsctl
@@ -73,15 +74,6 @@ def mapped_by(rapsctl: Rapsctl, job: int, timeout: float) -> dict[str, Any]:
     return data
 
 
-def leader_in_etcd(store: tuple[StateStore, Keys]) -> str | None:
-    """The leader's name as etcd holds it: read in a few milliseconds, where each
-    ``rapsctl ping`` is a process of its own (up to a second on a loaded machine), which
-    timed the observer as much as the takeover."""
-    s, keys = store
-    leader = read_leader(s, keys.leader())
-    return None if leader is None else str(leader.get("name"))
-
-
 def test_standby_takes_over_and_a_thawed_leader_writes_nothing(
         cluster: LocalCluster, rapsctl: Rapsctl, coordinators: dict[str, CoordinatorProcess],
         submitted: list[int], store: tuple[StateStore, Keys]) -> None:
@@ -97,7 +89,7 @@ def test_standby_takes_over_and_a_thawed_leader_writes_nothing(
 
     coordinators["ha-a"].signal(signal.SIGKILL)
     killed = time.monotonic()
-    wait_until("ha-b to lead", lambda: leader_in_etcd(store), lambda n: n == "ha-b",
+    wait_until("ha-b to lead", lambda: leader_in_etcd(*store), lambda n: n == "ha-b",
                timeout=lease + 5, interval=0.05)
     took = time.monotonic() - killed
     print(f"takeover after SIGKILL: {took:.2f}s (leader_lease_sec {lease:g})")
