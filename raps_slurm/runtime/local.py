@@ -1,5 +1,5 @@
-"""``python -m raps_slurm.runtime.local -n N [--restarts K] [--mpi4py] [-l] [--unlogged] --
-PROGRAM ARGS``: N ranks here.
+"""``python -m raps_slurm.runtime.local -n N [--restarts K] [--mpi4py] [-l] [--unlogged]
+[--bind-to core|none] -- PROGRAM ARGS``: N ranks here.
 
 A launcher for trying an application without Slurm or agents: it starts PROGRAM N times
 with ``RAPS_LOCAL_DIR`` (peers, logs and checkpoints in one directory),
@@ -22,6 +22,12 @@ under raps-run (launcher/output.py); with ``-l``/``--label`` each starts with it
 rank. The exit code is 0 when every rank ended with 0, else the first failing rank's;
 a rank whose program cannot be started (not found, not executable) counts as exiting
 with :data:`CANNOT_START`, and the other ranks are stopped.
+
+Binding, as ``mpirun``'s default: with ``--bind-to core`` (the default) and no more ranks
+than CPUs this process may use, rank r runs on the r-th of them (a relaunched rank on the
+same one); with more ranks, or ``--bind-to none``, the kernel places them. Unbound, two
+ranks that wait for each other's messages were moved onto one core now and then, and a
+ping-pong's bandwidth varied twofold between launches (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ NO_REQUEUE = " (no requeue asked)"  # ends a line recorded without asking for a 
 STOP_GRACE = 5.0      # seconds the other ranks get to exit on SIGTERM before SIGKILL
 DRAIN_SEC = 5.0       # at the end, how long the ranks' last output may take to come
 CANNOT_START = 127    # a rank's exit code when its program cannot be started, as a shell's
+BIND = ("core", "none")  # --bind-to
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="no message logging (a benchmark's baseline: no recovery possible)")
     p.add_argument("-l", "--label", action="store_true",
                    help="start each line of a rank's output with its rank (\"3: \")")
+    p.add_argument("--bind-to", choices=BIND, default="core",
+                   help="core (default): rank r on the r-th usable CPU when there are no "
+                        "more ranks than CPUs, as mpirun; none: the kernel places them")
     p.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM ARGS")
     a = p.parse_args(argv)
     prog = a.program[1:] if a.program[:1] == ["--"] else a.program
@@ -76,16 +86,28 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--unlogged: a rank run without its message log cannot be recovered; "
                     "leave out --restarts")
         return run(prog, a.ranks, a.restarts, root, mpi4py=a.mpi4py, label=a.label,
-                   unlogged=a.unlogged)
+                   unlogged=a.unlogged, bind=a.bind_to)
     finally:
         if a.dir is None:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def cores(n: int, bind: str = "core") -> list[int] | None:
+    """The CPU of each of ``n`` ranks under ``--bind-to bind``; None: not bound (``none``,
+    or more ranks than CPUs this process may use, as ``mpirun`` then)."""
+    if bind not in BIND:
+        raise ValueError(f"bind {bind!r}: expected one of {', '.join(BIND)}")
+    usable = sorted(os.sched_getaffinity(0))
+    if bind == "none" or n > len(usable):
+        return None
+    return usable[:n]
+
+
 def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = False,
-        label: bool = False, unlogged: bool = False) -> int:
+        label: bool = False, unlogged: bool = False, bind: str = "core") -> int:
     """Start, watch and relaunch the ranks; the exit code (``label``: each line of a
-    rank's output starts with its rank; ``unlogged``: no message logging)."""
+    rank's output starts with its rank; ``unlogged``: no message logging; ``bind``:
+    :func:`cores`)."""
     epochs = dict.fromkeys(range(n), 1)
     base = dict(os.environ)
     base.pop("RAPS_LOCAL_UNLOGGED", None)
@@ -98,12 +120,22 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
         base = shim_env(base)
 
     output = Lines()
+    cpus = cores(n, bind)
 
     def start(rank: int) -> subprocess.Popen[bytes]:
         env = {**base, "RAPS_LOCAL_DIR": root, "RAPS_RANK": str(rank),
                "RAPS_SIZE": str(n), "RAPS_EPOCH": str(epochs[rank]),
                "RAPS_LOCAL_SIZE": str(n)}
-        return output.start(prog, tag(rank, n) if label else b"", env=env)
+        if cpus is None:
+            return output.start(prog, tag(rank, n) if label else b"", env=env)
+        # A child inherits the mask of the thread that forks it: set on this thread for
+        # the fork, so the rank is bound before it runs anything.
+        mine = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {cpus[rank]})
+        try:
+            return output.start(prog, tag(rank, n) if label else b"", env=env)
+        finally:
+            os.sched_setaffinity(0, mine)
 
     # A previous run's escalations in a reused --dir are not this run's
     shutil.rmtree(os.path.join(root, ESCALATIONS), ignore_errors=True)
