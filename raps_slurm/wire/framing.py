@@ -344,9 +344,13 @@ class BufferPool:
         if n <= self.limit:
             if len(self._bufs) >= self.keep:
                 # the smallest free one goes (a busy one stays: someone reads it)
-                free = [b for b in self._bufs if sys.getrefcount(b) <= 3]
+                # references: the list, getrefcount's argument
+                free = [i for i in range(len(self._bufs))
+                        if sys.getrefcount(self._bufs[i]) <= 2]
                 if free:
-                    self._bufs.remove(min(free, key=len))
+                    # by position: list.remove compares, and numpy compares element-wise
+                    # (a ValueError that ended every connection bringing a large frame)
+                    del self._bufs[min(free, key=lambda i: len(self._bufs[i]))]
             if len(self._bufs) < self.keep:
                 self._bufs.append(buf)
         return placed(buf, n)

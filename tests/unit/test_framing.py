@@ -440,6 +440,21 @@ def _drained(r: FrameReader) -> list[bytes]:
     return out
 
 
+def test_a_full_pool_drops_its_smallest_free_buffer_for_a_new_size() -> None:
+    """Its buffers are numpy arrays where numpy is installed: dropping one by value
+    compared arrays element-wise, and the ValueError ended every connection that brought
+    a large frame once the pool was full (a 4-rank allreduce on a loaded machine)."""
+    from raps_slurm.wire.framing import BufferPool
+
+    pool = BufferPool(keep=3)
+    held = [pool.get(n << 20) for n in (3, 1, 2)]  # full, every buffer in use
+    assert pool.get(5 << 20) is not None and len(pool._bufs) == 3  # none free: not kept
+    del held[1]  # the 1 MiB one, second in the pool, is free now: it goes for a 7 MiB one
+    seven = pool.get(7 << 20)
+    assert sorted(len(b) >> 20 for b in pool._bufs) == [2, 3, 7]
+    assert pool.fresh == 5 and len(seven) == 7 << 20
+
+
 def test_large_frames_land_half_a_page_from_where_the_kernel_reads_them() -> None:
     """A reader's buffer starts at FRAME_AT in its page and a large frame's own buffer at
     BODY_AT: a frame that starts a page of the socket's buffer lands every byte half a
