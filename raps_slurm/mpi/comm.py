@@ -19,6 +19,7 @@ from raps_slurm.mpi.groups import CONGRUENT, IDENT, Group
 from raps_slurm.mpi.requests import Prequest, Request, Status
 from raps_slurm.mpi.types import MPIException, Namespace, unsupported
 from raps_slurm.mpi.world import World, world
+from raps_slurm.wire import datapath
 
 if TYPE_CHECKING:
     from raps_slurm.mpi.collective import Intracomm
@@ -29,6 +30,14 @@ Exception = MPIException
 # attribute keys (Open MPI's values) and what they give
 KEY_TAG_UB, KEY_IO, KEY_WTIME_IS_GLOBAL, KEY_APPNUM, KEY_UNIVERSE_SIZE = 0, 2, 3, 4, 6
 TAG_UB_VALUE = 2**31 - 1  # the envelope's tag is a signed 32-bit integer
+
+
+def _may_read_into(r: Recv, b: Buffer) -> None:
+    """A large message for ``r`` may be read straight into ``b`` while ``r`` is waited
+    for alone (engine.Engine._into) when ``b`` is its bytes as they are: a contiguous
+    type over contiguous memory."""
+    if r.msg is None and b.datatype.contiguous and b.flat.flags.c_contiguous:
+        r.into = b.raw()
 
 
 class Comm(metaclass=Namespace):
@@ -181,7 +190,8 @@ class Comm(metaclass=Namespace):
         if m.kind != RAW:
             raise Exception("a buffer receive (Recv) matched an object message (send): use "
                             "recv for messages sent with send")
-        buf.put(m.data, "receive")
+        if not (m.placed and datapath.address(m.data) == datapath.address(buf.raw())):
+            buf.put(m.data, "receive")  # else read into ``buf`` already (Recv.into)
         return None
 
     def _null_status(self, status: Status | None) -> None:
@@ -205,6 +215,7 @@ class Comm(metaclass=Namespace):
             return
         b = as_buffer(buf, "Recv", readonly=False)
         r = self._post(source, tag, "Recv")
+        _may_read_into(r, b)
         self._deliver(self._w.engine.wait(r), b, status)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
@@ -219,7 +230,9 @@ class Comm(metaclass=Namespace):
         if source == PROC_NULL:
             return Request(self)
         b = as_buffer(buf, "Irecv", readonly=False)
-        return Request(self, self._post(source, tag, "Irecv"), b)
+        r = self._post(source, tag, "Irecv")
+        _may_read_into(r, b)
+        return Request(self, r, b)
 
     def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG,
               status: Status | None = None) -> bool:

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raps_slurm.runtime.context import Context
+from raps_slurm.runtime.msglog import Placed
+from raps_slurm.runtime.receiving import Into
 
 ANY_SOURCE, ANY_TAG, PROC_NULL = -1, -1, -2
 ENVELOPE = struct.Struct(">BQi")  # kind, context id, tag
@@ -48,6 +50,7 @@ class Msg:
     kind: int
     data: bytes | memoryview  # a view past the envelope: large bodies are not copied again
     order: int = 0  # arrival order (for ANY_SOURCE among unexpected messages)
+    placed: bool = False  # ``data`` is the matched receive's own buffer (Recv.into)
 
 
 @dataclass(slots=True)
@@ -60,6 +63,7 @@ class Recv:
     tag: int
     msg: Msg | None = None
     fixed: int | None = None  # replay: the source a recorded determinant names
+    into: memoryview | None = None  # the receive's buffer, if a message may be read into it
 
     def want(self) -> int:
         """The source this receive can match (ANY_SOURCE if not known)."""
@@ -169,9 +173,10 @@ class Engine:
         return r
 
     def wait(self, r: Recv) -> Msg:
-        """Progress until ``r`` is matched."""
+        """Progress until ``r`` is matched (with ``r.into``, a large message for it may be
+        read straight into that buffer: :meth:`_into`)."""
         while r.msg is None:
-            self._progress([r.want()])
+            self._progress([r.want()], r)
         return r.msg
 
     def drain(self) -> None:
@@ -248,12 +253,13 @@ class Engine:
             self.negatives = False
         self.ctx.record(rec)
 
-    def _progress(self, wants: list[int]) -> None:
+    def _progress(self, wants: list[int], r: Recv | None = None) -> None:
         """Wait for the next message from one of the sources ``wants`` (ANY_SOURCE: any
         rank), then take in everything else that has arrived."""
         if len(wants) == 1 and 0 <= wants[0] != self.rank:  # a receive from one peer
-            src, raw = wants[0], self.ctx.recv_buffer(wants[0])
-            self._arrived(src, raw)
+            src = wants[0]
+            into = self._into(r, src) if r is not None and r.into is not None else None
+            self._arrived(src, self.ctx.recv_buffer(src, into=into))
             return
         if ANY_SOURCE in wants:
             sources = [s for s in range(self.size) if s != self.rank]
@@ -265,7 +271,32 @@ class Engine:
         src, raw = self.ctx.recv_any_buffer(sources)
         self._arrived(src, raw)
 
-    def _arrived(self, src: int, raw: bytes | memoryview) -> None:
+    def _into(self, r: Recv, src: int) -> Into:
+        """Where a large message from ``src`` goes as it comes (runtime ``recv_buffer``'s
+        ``into``): into ``r.into`` when its envelope says ``r`` is the posted receive it
+        matches (the first in posting order) and it fits; else None, and it is matched
+        when whole, as any other."""
+
+        def place(buffered: memoryview, length: int) -> tuple[int, memoryview] | None:
+            into = r.into
+            if into is None or r.msg is not None or len(buffered) < ENVELOPE.size:
+                return None
+            kind, ctx_id, tag = ENVELOPE.unpack_from(buffered)
+            size = length - ENVELOPE.size
+            if kind != RAW or size > into.nbytes:
+                return None  # an object, or truncated: the receive says so when whole
+            m = Msg(src, ctx_id, tag, kind, b"")
+            if next((q for q in self.posted if q.matches(m)), None) is not r:
+                return None
+            return ENVELOPE.size, into[:size]
+
+        return place
+
+    def _arrived(self, src: int, raw: bytes | memoryview | Placed) -> None:
+        if isinstance(raw, Placed):
+            kind, ctx_id, tag = ENVELOPE.unpack_from(raw.head)
+            self._incoming(Msg(src, ctx_id, tag, kind, raw.tail, placed=True))
+            return
         kind, ctx_id, tag = ENVELOPE.unpack_from(raw)
         self._incoming(Msg(src, ctx_id, tag, kind, memoryview(raw)[ENVELOPE.size:]))
 

@@ -112,6 +112,7 @@ class Context(Receiving):
         self._out_lock = threading.Lock()
         self._peer_epoch: dict[int, int] = {}
         self._hello_cids: dict[int, int] = {}   # incoming connection -> src (after HELLO)
+        self._into = None  # a receive waiting with somewhere to read in place (receiving.py)
         self._error: MessagingError | None = None
         self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._kept: deque[tuple[dict[int, int], dict[int, int]]] = deque()
@@ -150,7 +151,8 @@ class Context(Receiving):
                                  Auth(port.rank_keys, rank, self.s.max_message,
                                       epoch=epoch, frame_mac=self.s.frame_mac,
                                       ranks=size),
-                                 self.s.spin_us / 1e6, unix=self.s.same_node == "unix")
+                                 self.s.spin_us / 1e6, unix=self.s.same_node == "unix",
+                                 place=self._place)
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)
         self._flusher = threading.Thread(target=self._ticker, name="raps-msg-flush",
@@ -545,6 +547,8 @@ class Context(Receiving):
                     # thread, or the background one
                     "frames_read_waiting": self.listener.pump.frames_app,
                     "frames_read_background": self.listener.pump.frames_background,
+                    # read straight into the waiting receive's buffer (receiving.py)
+                    "messages_read_in_place": self.inbox.placed,
                     **(self.arena.stats() if self.arena is not None else {}),
                     "peers": peers}
 

@@ -55,6 +55,7 @@ class Frame:
     length: int
     crc: int
     payload: bytes | memoryview = b""
+    placed: memoryview | None = None  # a DATA frame's payload after ``payload``, read in place
 
 
 def encode(kind: int, src: int, dst: int, seq: int, epoch: int, payload: bytes | memoryview = b"",
@@ -85,16 +86,22 @@ def pad(lead: int, address: int) -> bytes:
     return _ZEROS[:(address - lead) % ALIGN]
 
 
-def decode(body: bytes | bytearray | memoryview, *, owned: bool = False) -> Frame:
+def decode(body: bytes | bytearray | memoryview, *, owned: bool = False,
+           placed: memoryview | None = None) -> Frame:
     """One frame from its (authenticated) body; FrameError if it is malformed. The payload
     is a copy unless ``owned`` says the body's buffer is the caller's to keep (a large
-    frame read into its own buffer): then it is a view, and 8 MiB skip a copy."""
+    frame read into its own buffer): then it is a view, and 8 MiB skip a copy. ``placed``:
+    the rest of a DATA frame's body, read elsewhere (msglog.Placed)."""
     if len(body) < HEADER.size:
         raise FrameError(f"frame of {len(body)} bytes is shorter than its header")
     kind, src, dst, seq, epoch, length, crc = HEADER.unpack_from(body)
     if kind not in NAMES:
         raise FrameError(f"unknown frame type {kind}")
     extra = len(body) - HEADER.size
+    if placed is not None:
+        if kind != DATA:
+            raise FrameError(f"{NAMES[kind]} frame read in place")
+        extra += placed.nbytes
     if kind == DATA:
         gap = extra - length
         if not 0 <= gap < ALIGN or (gap and body[HEADER.size:HEADER.size + gap] != _ZEROS[:gap]):
@@ -102,7 +109,7 @@ def decode(body: bytes | bytearray | memoryview, *, owned: bool = False) -> Fram
                              f"(at most {ALIGN - 1} zero bytes of padding before them)")
         payload = memoryview(body)[HEADER.size + gap:]
         return Frame(kind, src, dst, seq, epoch, length, crc,
-                     payload if owned else bytes(payload))
+                     payload if owned else bytes(payload), placed)
     if extra:
         raise FrameError(f"{NAMES[kind]} frame with {extra} payload bytes")
     return Frame(kind, src, dst, seq, epoch, length, crc)

@@ -34,6 +34,7 @@ from raps_slurm.runtime.msglog import (
     Inbox,
     MessagingError,
     NotDeterministic,
+    Placed,
     SenderLog,
     checksum,
     parse_records,
@@ -387,8 +388,9 @@ class PeerLinks:
                     return  # no HELLO on this connection: not a peer we know
                 self._progress(f.src, f.epoch, f.seq)
                 try:
-                    verdict, first, last = self.inbox.offer(f.src, f.seq, f.epoch, f.crc,
-                                                            f.payload)
+                    verdict, first, last = self.inbox.offer(
+                        f.src, f.seq, f.epoch, f.crc, f.payload if f.placed is None
+                        else Placed(bytes(f.payload), f.placed))
                 except NotDeterministic as exc:
                     self._error = exc
                     verdict, reason = "error", str(exc)  # this frame's: another may follow
@@ -462,6 +464,7 @@ class PeerLinks:
     def _on_close(self, cid: int) -> None:
         with self._mu:
             self._hello_cids.pop(cid, None)
+            self.inbox.cancel(cid)
 
     # --- background ------------------------------------------------------------------
 

@@ -424,10 +424,27 @@ class SenderLog:
 class _Source:
     next: int = 1
     # seq -> (crc, body)
-    early: dict[int, tuple[int, bytes | memoryview]] = field(default_factory=dict)
+    early: dict[int, tuple[int, bytes | memoryview | Placed]] = field(default_factory=dict)
     crcs: dict[int, int] = field(default_factory=dict)                 # delivered seq -> crc
     epoch: int = 0
     asked: int = 0  # a resend was requested up to this seq
+    placing: int = 0  # a seq being read straight into a receive's buffer ...
+    placing_cid: int = 0  # ... on this connection
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A message whose first bytes are ``head`` and whose rest was read straight into
+    ``tail``, the receive's own buffer (wire/framing.py, ``FrameReader.place``)."""
+
+    head: bytes
+    tail: memoryview
+
+    def __bytes__(self) -> bytes:
+        return self.head + bytes(self.tail)
+
+    def __len__(self) -> int:
+        return len(self.head) + self.tail.nbytes
 
 
 class Inbox:
@@ -437,6 +454,7 @@ class Inbox:
         self.sources: dict[int, _Source] = {}
         self.refused_epoch = 0
         self.duplicates = 0
+        self.placed = 0  # messages read straight into a receive's buffer
 
     def _src(self, src: int) -> _Source:
         return self.sources.setdefault(src, _Source())
@@ -457,12 +475,43 @@ class Inbox:
         s.epoch = epoch
         return True
 
-    def offer(self, src: int, seq: int, epoch: int, crc: int, body: bytes | memoryview
-              ) -> tuple[str, int, int]:
+    def can_place(self, src: int, seq: int, epoch: int) -> bool:
+        """Whether a frame of ``src``'s ``seq`` just begun may be read straight into a
+        receive's buffer: it is the next to deliver, and neither it nor another frame
+        of it is already here or being read so."""
+        s = self._src(src)
+        return epoch >= s.epoch and seq == s.next and seq not in s.early and not s.placing
+
+    def placing(self, src: int, seq: int, cid: int) -> None:
+        """``src``'s ``seq`` is being read in place on connection ``cid``: a copy of it
+        that comes on another connection meanwhile (a resend after a reconnection) is not
+        delivered before this one has ended, whole or not (:meth:`cancel`): its bytes are
+        going into the buffer the receive returns."""
+        s = self._src(src)
+        s.placing, s.placing_cid = seq, cid
+
+    def cancel(self, cid: int) -> None:
+        """Connection ``cid`` ended: a frame it was reading in place will not come whole."""
+        for s in self.sources.values():
+            if s.placing and s.placing_cid == cid:
+                s.placing = s.placing_cid = 0
+
+    def offer(self, src: int, seq: int, epoch: int, crc: int,
+              body: bytes | memoryview | Placed) -> tuple[str, int, int]:
         """A data frame arrived: ``("ok"|"dup"|"stale", 0, 0)`` or ``("gap", first, last)``
         (ask the sender to resend first..last). NotDeterministic for a duplicate whose
-        checksum differs from the delivered one."""
+        checksum differs from the delivered one. A :class:`Placed` body (read in place)
+        replaces a copy that came meanwhile: the receive's buffer holds its bytes."""
         s = self._src(src)
+        if isinstance(body, Placed) and s.placing == seq:
+            s.placing = s.placing_cid = 0
+            self.placed += 1
+            if seq in s.early:
+                if s.early[seq][0] != crc:
+                    raise NotDeterministic(f"rank {src} sent seq {seq} twice with "
+                                           "different checksums: not piecewise deterministic")
+                s.early[seq] = (crc, body)
+                return "ok", 0, 0
         if epoch < s.epoch:
             self.refused_epoch += 1
             return "stale", 0, 0
@@ -497,9 +546,12 @@ class Inbox:
                 return "gap", first, last
         return "ok", 0, 0
 
-    def pop(self, src: int) -> bytes | memoryview | None:
-        """The next in-order message from ``src``, None if it has not arrived."""
+    def pop(self, src: int) -> bytes | memoryview | Placed | None:
+        """The next in-order message from ``src``, None if it has not arrived (or is
+        still being read in place)."""
         s = self._src(src)
+        if s.placing == s.next:
+            return None
         got = s.early.pop(s.next, None)
         if got is None:
             return None

@@ -4,21 +4,28 @@ inherits them; the semantics are in its docstring)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
+from raps_slurm.runtime.frames import ALIGN, DATA, HEADER
 from raps_slurm.runtime.links import PeerLinks
-from raps_slurm.runtime.msglog import MessagingError
+from raps_slurm.runtime.msglog import MessagingError, Placed
+
+# (the payload's bytes buffered so far, its length) -> (k, target): the payload after
+# its first k bytes goes straight into ``target`` (None: the usual way)
+Into = Callable[[memoryview, int], "tuple[int, memoryview] | None"]
 
 
 class Receiving(PeerLinks):
     """The receiving half of :class:`~raps_slurm.runtime.context.Context`."""
+
+    _into: tuple[int, Into] | None  # the waiting receive's source and its ``into``
 
     def try_recv(self, src: int) -> bytes | None:
         """The next message from ``src`` if it has arrived, else None (never waits)."""
         msg = self.try_recv_buffer(src)
         return msg if msg is None or isinstance(msg, bytes) else bytes(msg)
 
-    def try_recv_buffer(self, src: int) -> bytes | memoryview | None:
+    def try_recv_buffer(self, src: int) -> bytes | memoryview | Placed | None:
         """:meth:`try_recv`, but a large message comes as a view of the buffer it was read
         into (no copy; the MPI layer copies it once, into the application's array)."""
         if not 0 <= src < self.size or src == self.rank:
@@ -37,7 +44,7 @@ class Receiving(PeerLinks):
         return src, msg if isinstance(msg, bytes) else bytes(msg)
 
     def recv_any_buffer(self, sources: list[int], timeout: float | None = None
-                        ) -> tuple[int, bytes | memoryview]:
+                        ) -> tuple[int, bytes | memoryview | Placed]:
         """:meth:`recv_any`, a large message as a view (:meth:`try_recv_buffer`)."""
         if not sources or any(not 0 <= s < self.size or s == self.rank for s in sources):
             raise ValueError(f"sources {sources}: expected other ranks in 0..{self.size - 1}")
@@ -74,16 +81,23 @@ class Receiving(PeerLinks):
         self.port.escalate(str(err))
         raise err
 
-    def recv_buffer(self, src: int, timeout: float | None = None) -> bytes | memoryview:
-        """:meth:`recv`, a large message as a view (:meth:`try_recv_buffer`)."""
-        return self._recv(src, timeout)
+    def recv_buffer(self, src: int, timeout: float | None = None, into: Into | None = None
+                    ) -> bytes | memoryview | Placed:
+        """:meth:`recv`, a large message as a view (:meth:`try_recv_buffer`). ``into``:
+        while this waits, a large message from ``src`` that begins to come may be read
+        straight where ``into`` says (then it comes as a :class:`Placed`): the receive
+        costs no copy after the kernel's. Asked only of a frame that is the next to
+        deliver from ``src``, on a connection that said HELLO, under
+        ``frame_mac: control``; never of a duplicate."""
+        return self._recv(src, timeout, into)
 
     def recv(self, src: int, timeout: float | None = None) -> bytes:
         """The next message from rank ``src``, in order; MessagingError after ``timeout``."""
         msg = self._recv(src, timeout)
         return msg if isinstance(msg, bytes) else bytes(msg)
 
-    def _recv(self, src: int, timeout: float | None) -> bytes | memoryview:
+    def _recv(self, src: int, timeout: float | None, into: Into | None = None
+              ) -> bytes | memoryview | Placed:
         if not 0 <= src < self.size or src == self.rank:
             raise ValueError(f"source {src}: expected another rank in 0..{self.size - 1}")
         self._start()
@@ -91,29 +105,59 @@ class Receiving(PeerLinks):
         start = self._clock()
         waiting = False
         with self._mu:
-            while True:
-                if self._error is not None:
-                    raise self._error
-                msg = self.inbox.pop(src)
-                if msg is not None:
-                    self._blocked.pop(src, None)
-                    if waiting:
-                        self.port.blocked(None)
-                    return msg
-                if not waiting:
-                    # A rank waiting for a peer is not hung: the detector blames the peer.
-                    self.port.blocked(src)
-                    waiting = True
-                self._blocked.setdefault(src, self._clock())
-                left = self._since(start, (src,), timeout) + wait - self._clock()
-                if left <= 0:
-                    want = self.inbox.delivered(src) + 1
-                    err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for seq {want} "
-                                         f"from rank {src}")
-                    break
-                self._await(left)
+            try:
+                while True:
+                    if self._error is not None:
+                        raise self._error
+                    msg = self.inbox.pop(src)
+                    if msg is not None:
+                        self._blocked.pop(src, None)
+                        if waiting:
+                            self.port.blocked(None)
+                        return msg
+                    if not waiting:
+                        # A rank waiting for a peer is not hung: the detector blames it.
+                        self.port.blocked(src)
+                        waiting = True
+                        if into is not None:
+                            self._into = (src, into)
+                    self._blocked.setdefault(src, self._clock())
+                    left = self._since(start, (src,), timeout) + wait - self._clock()
+                    if left <= 0:
+                        want = self.inbox.delivered(src) + 1
+                        err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for seq "
+                                             f"{want} from rank {src}")
+                        break
+                    self._await(left)
+            finally:
+                self._into = None
         self.port.escalate(str(err))
         raise err
+
+    def _place(self, src: int, epoch: int, cid: int, buffered: memoryview, n: int
+               ) -> tuple[int, memoryview] | None:
+        """Where a large frame from ``src`` that begins on connection ``cid`` goes
+        (transport.Place): into the buffer of the receive waiting for it, when it is the
+        next DATA frame to deliver from ``src`` and that receive's ``into`` takes it."""
+        want = self._into
+        if want is None or want[0] != src or len(buffered) < HEADER.size:
+            return None
+        kind, fsrc, dst, seq, fepoch, length, _crc = HEADER.unpack_from(buffered)
+        gap = n - HEADER.size - length
+        if kind != DATA or fsrc != src or dst != self.rank or fepoch != epoch \
+                or not 0 <= gap < ALIGN:
+            return None  # the frame's own checks refuse it once whole
+        at = HEADER.size + gap
+        with self._mu:
+            if self._into is not want or self._hello_cids.get(cid) != src \
+                    or not self.inbox.can_place(src, seq, fepoch):
+                return None
+            got = want[1](buffered[at:], length)
+            if got is None:
+                return None
+            self._into = None  # one frame per wait
+            self.inbox.placing(src, seq, cid)
+        return at + got[0], got[1]
 
     def _since(self, start: float, sources: Iterable[int], timeout: float | None) -> float:
         """Where a receive's wait counts from (``_mu`` held): its start, or the sources'

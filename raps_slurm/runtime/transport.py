@@ -99,6 +99,11 @@ _BOUND = struct.Struct(">IIQQB")  # what a proof binds besides the nonces
 _NONCE = 16
 
 
+# (source, its epoch, connection, the frame's buffered bytes, its length) -> (k, target):
+# where a large DATA frame's body goes after its first k bytes (FrameReader.place)
+Place = Callable[[int, int, int, memoryview, int], "tuple[int, memoryview] | None"]
+
+
 @dataclass(frozen=True)
 class RankKeys:
     """The keys of one rank's traffic with a peer, and where the rank map puts the peer:
@@ -260,7 +265,7 @@ class Listener:
 
     def __init__(self, host: str, on_frame: Callable[[Frame, int], None],
                  on_close: Callable[[int], None], auth: Auth, spin: float = 0.0, *,
-                 unix: bool = False) -> None:
+                 unix: bool = False, place: Place | None = None) -> None:
         self.auth = auth
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -269,7 +274,7 @@ class Listener:
         self.address = self.sock.getsockname()[:2]
         self.usock = self._unix_listener() if unix else None
         self.unix = unix
-        self._on_frame, self._on_close = on_frame, on_close
+        self._on_frame, self._on_close, self._place = on_frame, on_close, place
         self._conns: dict[int, socket.socket] = {}
         self._lock = threading.Lock()
         self._next = 0
@@ -395,6 +400,9 @@ class Listener:
                 self._gate.leave(conn)
             reader.nonblocking()
             reader.pool = self.pump.buffers
+            if self._place is not None:
+                where = self._place
+                reader.place = lambda buffered, n: where(src, epoch, cid, buffered, n)
         except Exception as exc:  # refused or logged, then closed
             self._ended(cid, conn, None if evicted else exc, authenticated=False)
             return
@@ -404,7 +412,7 @@ class Listener:
         if len(body) > self.auth.max_frame - framing.TAG_SIZE:  # an untagged frame's bound
             raise FrameError(f"frame of {len(body)} bytes: at most "
                              f"{self.auth.max_frame - framing.TAG_SIZE}", "oversized")
-        frame = decode(body, owned=owned)
+        frame = decode(body, owned=owned, placed=c.reader.placed)
         if frame.length > self.auth.max_message and frame.kind == DATA:
             raise FrameError(f"message of {frame.length} bytes: at most "
                              f"{self.auth.max_message}", "oversized")

@@ -418,6 +418,13 @@ class FrameReader:
         self._hash: Any = None  # the MAC of _big, fed its first _hashed bytes
         self._hashed = 0
         self._tagged: bool | None = None  # whether _big carries a tag, once known
+        # poll(): a large untagged frame may go where ``place(buffered, length)`` says,
+        # ``(k, target)``: its first k bytes to a head of their own, the rest straight
+        # into ``target`` (a receive's buffer: no copy after). ``placed`` is that target
+        # after a poll() that returned such a head, else None.
+        self.place: Callable[[memoryview, int], tuple[int, memoryview] | None] | None = None
+        self.placed: memoryview | None = None
+        self._head: bytes | None = None
 
     def _is_tagged(self, first: int) -> bool:
         return self.mac is not None and (self.tagged is None or self.tagged(first))
@@ -517,6 +524,7 @@ class FrameReader:
         """The next frame's body (as :meth:`read`) if it is whole with what the socket
         holds now, else None: never waits. FrameError as :meth:`read`, ``timeout`` when a
         frame begun is not whole by its deadline."""
+        self.placed = None
         if self._big is None:
             n = self._poll_small()
             if n is None:
@@ -526,13 +534,27 @@ class FrameReader:
                 self._start += n
                 self._due, self._sized, self.owned = None, False, False
                 return self._checked(payload)
-            # larger than the buffer: its own, of the length just checked
-            big = self.pool.get(n) if self.pool is not None else placed(unfilled(n + PAGE), n)
-            self._got = self._end - self._start
-            big[:self._got] = self._view[self._start:self._end]
+            # larger than the buffer: where ``place`` says, else its own of the length
+            # just checked
+            self._hash, self._hashed, self._tagged = None, 0, None
+            buffered = self._view[self._start:self._end]
+            to = None
+            if self.place is not None and len(buffered) and not self._is_tagged(buffered[0]):
+                to = self.place(buffered, n)
+            if to is not None and (to[0] > len(buffered) or to[0] + len(to[1]) != n):
+                raise ValueError(f"place: {to[0]} + {len(to[1])} bytes for a frame of {n}, "
+                                 f"{len(buffered)} buffered")
+            if to is not None:
+                k, big = to
+                self._head, self._tagged = bytes(buffered[:k]), False
+                buffered = buffered[k:]
+            else:
+                big = self.pool.get(n) if self.pool is not None else placed(unfilled(n + PAGE),
+                                                                            n)
+            self._got = len(buffered)
+            big[:self._got] = buffered
             self._start = self._end = 0
             self._big = big
-            self._hash, self._hashed, self._tagged = None, 0, None
         big = self._big
         while self._got < len(big):
             k = self._take(big[self._got:])
@@ -542,6 +564,9 @@ class FrameReader:
                 return None
             self._got += k
         self._big, self._due, self._sized, self.owned = None, None, False, True
+        if self._head is not None:
+            head, self._head, self._tagged, self.placed = self._head, None, None, big
+            return memoryview(head)
         self._feed(big)
         h, self._hash, self._tagged = self._hash, None, None
         if h is None:

@@ -58,8 +58,8 @@ class ScriptedRuntime:
                 return src, self.inbox[src].popleft()
         raise AssertionError(f"would block for ever waiting for {sources}")
 
-    def recv_buffer(self, src: int, timeout: float | None = None) -> bytes:
-        return self.recv_any_buffer([src], timeout)[1]
+    def recv_buffer(self, src: int, timeout: float | None = None, into: Any = None) -> bytes:
+        return self.recv_any_buffer([src], timeout)[1]  # whole messages only: no ``into``
 
     def send(self, dst: int, payload: bytes) -> None:
         self.sent.append((dst, payload))
