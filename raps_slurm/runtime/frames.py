@@ -3,7 +3,9 @@ them: :mod:`raps_slurm.runtime.transport`).
 
 A frame body is a 33-byte header ``type u8, src u32, dst u32, seq u64, epoch u64,
 length u32, crc u32`` (big-endian) and, for ``DATA``, ``length`` payload bytes whose
-CRC-32C is ``crc`` (the message's checksum, which receivers compare on duplicates).
+CRC-32C is ``crc`` (the message's checksum, which receivers compare on duplicates), or
+0: a large message's checksum is taken after it is sent, off its path, and follows in a
+``CHECKSUMS`` frame.
 Between the two a DATA frame may carry fewer than :data:`ALIGN` zero bytes
 (:func:`pad`): the frame's length tells how many.
 
@@ -15,7 +17,9 @@ checkpoints never ask again; the sender may collect), ``SENT_FLOOR`` (``seq``: t
 sender's oldest kept checkpoint sent this much; the receiver may forget those
 checksums), ``DELIVERED`` (``seq``: delivered so far; a finalizing sender waits for it),
 ``PROGRESS`` (``seq``: how many ms ago a peer the sender waits for last made progress: a
-rank blocked on a rank that re-executes its lost work is not stalled either).
+rank blocked on a rank that re-executes its lost work is not stalled either),
+``CHECKSUMS`` (a payload of ``seq u64, crc u32`` pairs, :data:`SUM`: the checksums of
+DATA frames sent with ``crc`` 0).
 """
 
 from __future__ import annotations
@@ -28,8 +32,12 @@ from raps_slurm.runtime.msglog import RECORD, checksum
 
 HEADER = struct.Struct(">BIIQQII")
 DATA, HELLO, RESEND, COVERED, SENT_FLOOR, DELIVERED, PROGRESS = 1, 2, 3, 4, 5, 6, 7
+CHECKSUMS = 8
 NAMES = {DATA: "DATA", HELLO: "HELLO", RESEND: "RESEND", COVERED: "COVERED",
-         SENT_FLOOR: "SENT_FLOOR", DELIVERED: "DELIVERED", PROGRESS: "PROGRESS"}
+         SENT_FLOOR: "SENT_FLOOR", DELIVERED: "DELIVERED", PROGRESS: "PROGRESS",
+         CHECKSUMS: "CHECKSUMS"}
+SUM = struct.Struct(">QI")  # one pair of a CHECKSUMS frame: seq, crc
+MAX_SUMS = 4096  # pairs in one CHECKSUMS frame (48 KiB: a frame the reader's buffer holds)
 # The default bound on one message's payload (Settings.max_message): a logged message is
 # one record of one log segment, or it could never be spilled to the log store.
 MAX_MESSAGE = MAX_SEGMENT - RECORD.size
@@ -110,6 +118,17 @@ def decode(body: bytes | bytearray | memoryview, *, owned: bool = False,
         payload = memoryview(body)[HEADER.size + gap:]
         return Frame(kind, src, dst, seq, epoch, length, crc,
                      payload if owned else bytes(payload), placed)
+    if kind == CHECKSUMS:
+        if not (extra == length and 0 < extra <= MAX_SUMS * SUM.size
+                and extra % SUM.size == 0):
+            raise FrameError(f"CHECKSUMS frame of {extra} payload bytes announcing {length}: "
+                             f"expected 1-{MAX_SUMS} pairs of {SUM.size} bytes")
+        return Frame(kind, src, dst, seq, epoch, length, crc, bytes(body[HEADER.size:]))
     if extra:
         raise FrameError(f"{NAMES[kind]} frame with {extra} payload bytes")
     return Frame(kind, src, dst, seq, epoch, length, crc)
+
+
+def sums(payload: bytes | memoryview) -> list[tuple[int, int]]:
+    """The ``(seq, crc)`` pairs of a decoded CHECKSUMS frame's payload."""
+    return [SUM.unpack_from(payload, i) for i in range(0, len(payload), SUM.size)]

@@ -16,18 +16,22 @@ from typing import TYPE_CHECKING, Any
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.runtime.arena import Arena
 from raps_slurm.runtime.frames import (
+    CHECKSUMS,
     COVERED,
     DATA,
     DELIVERED,
     HEADER,
     HELLO,
+    MAX_SUMS,
     PAD_AT,
     PROGRESS,
     RESEND,
     SENT_FLOOR,
+    SUM,
     Frame,
     encode,
     pad,
+    sums,
 )
 from raps_slurm.runtime.msglog import (
     Entry,
@@ -94,6 +98,7 @@ class PeerLinks:
     _flush_lock: threading.Lock
     _wake: threading.Event
     _blocked: dict[int, float]
+    _sums: dict[int, list[tuple[int, int]]]  # dst -> (seq, crc) not sent yet (_send_sums)
     _acked: dict[int, int]
     _floor_epoch: dict[int, int]
     _pending_hellos: dict[int, tuple[int, int]]
@@ -204,19 +209,31 @@ class PeerLinks:
             dropped = bool(self.drop_every and self._sent_frames % self.drop_every == 0)
             o = None if dropped else self._outgoing(e.dst)
             if o is not None:
+                # No checksum in the frame: it is taken once the frame is out, off the
+                # message's path, and follows in a CHECKSUMS frame.
                 head = HEADER.pack(DATA, self.rank, e.dst, e.seq, self.epoch, e.size,
-                                   e.crc) + _padding(parts)
+                                   0) + _padding(parts)
                 try:
                     o.send_logged(head, parts, e.body)
                     filled = True
                 except OSError:
                     filled = True
                     self._drop_out(e.dst, o)
+                    o = None
         finally:
             if not filled:
                 datapath.copy(e.body, parts)
+            # From the application's buffer, as the copy was (the log's is cold: written
+            # past the cache), before the send returns and the buffer may change.
+            crc = 0
+            for p in parts:
+                crc = checksum(p, crc)
+            e.crc = crc
             with self._mu:
                 self.log.publish(e)
+        if o is None or not self._send_sum(o, e.dst, [(e.seq, e.crc)]):
+            with self._mu:  # the next tick sends it, on the next connection
+                self._sums.setdefault(e.dst, []).append((e.seq, e.crc))
 
     def _send_unlogged(self, e: Entry, parts: list[bytes | bytearray | memoryview]) -> None:
         """The unlogged baseline keeps nothing to send again on a (re)connection: a frame
@@ -241,6 +258,31 @@ class PeerLinks:
                                      f"{self.s.recv_timeout:.0f}s (unlogged: seq {e.seq} "
                                      "cannot wait in a log)")
             time.sleep(0.01)
+
+    def _send_sum(self, o: Outgoing, dst: int, pairs: list[tuple[int, int]]) -> bool:
+        """Send ``dst`` the checksums of messages sent with none (at most
+        :data:`MAX_SUMS`) over ``o``: a receiver compares a re-executed sender's with
+        them. False if the connection broke."""
+        chunk = b"".join(SUM.pack(q, c) for q, c in pairs)
+        try:
+            o.send(encode(CHECKSUMS, self.rank, dst, pairs[0][0], self.epoch, chunk, crc=0))
+            return True
+        except OSError:
+            self._drop_out(dst, o)
+            return False
+
+    def _send_sums(self) -> None:
+        """The checksums whose frame could not go right after their message's, over the
+        next connection; a rank lost before that leaves its receivers none to compare."""
+        with self._mu:
+            pending, self._sums = self._sums, {}
+        for dst, pairs in pending.items():
+            for i in range(0, len(pairs), MAX_SUMS):
+                o = self._outgoing(dst)
+                if o is None or not self._send_sum(o, dst, pairs[i:i + MAX_SUMS]):
+                    with self._mu:
+                        self._sums.setdefault(dst, [])[:0] = pairs[i:]
+                    break
 
     def _control(self, dst: int, kind: int, seq: int, last: int = 0) -> None:
         o = self._outgoing(dst)
@@ -416,6 +458,16 @@ class PeerLinks:
         elif f.kind == SENT_FLOOR:
             with self._mu:
                 self.inbox.trim_checksums(f.src, f.seq)
+        elif f.kind == CHECKSUMS:
+            try:
+                with self._mu:
+                    self.inbox.checksums(f.src, f.epoch, sums(f.payload))
+            except NotDeterministic as exc:
+                with self._mu:
+                    self._error = exc
+                why = str(exc)
+                log.error("rank %d: %s", self.rank, why)
+                self._work.put(lambda: self.port.escalate(why))
         elif f.kind == PROGRESS:
             with self._mu:
                 e, q, at = self._heard.get(f.src, (0, 0, 0.0))
@@ -492,6 +544,7 @@ class PeerLinks:
                 return
             try:
                 self._flush()
+                self._send_sums()
                 with self._mu:
                     due = self.log.spill_due()
                 if due:

@@ -180,21 +180,19 @@ class SenderLog:
     def reserve(self, dst: int, parts: list[bytes | bytearray | memoryview], epoch: int
                 ) -> tuple[Entry, bool]:
         """Log a message whose body the caller copies into the log as it sends it
-        (wire/datapath.py): its entry, with the checksum of ``parts`` and room in the
-        arena as ``body``, and True; it is logged once :meth:`publish` ed (before, no
-        resend, spill or collection can see a body not yet copied). A message below
-        :data:`ARENA_AT`, or that finds no room, is :meth:`append` ed instead: False."""
+        (wire/datapath.py): its entry, with room in the arena as ``body`` and no checksum
+        yet (the caller takes it from the copy once the message is sent), and True; it is
+        logged once :meth:`publish` ed, its checksum set (before, no resend, spill or
+        collection can see a body not yet copied). A message below :data:`ARENA_AT`, or
+        that finds no room, is :meth:`append` ed instead: False."""
         views = [memoryview(p).cast("B") for p in parts]
         size = sum(v.nbytes for v in views)
         got = self.arena.room(size) if self.arena is not None and size >= ARENA_AT else None
         if got is None:
             return self.append(dst, b"".join(views) if size >= ARENA_AT else parts, epoch), False
-        crc = 0
-        for v in views:
-            crc = checksum(v, crc)
         self.reserved += 1
         room, slot = got
-        return Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, crc,
+        return Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, 0,
                      size > self.large_threshold, room, slot=slot), True
 
     def publish(self, e: Entry) -> None:
@@ -430,6 +428,7 @@ class _Source:
     asked: int = 0  # a resend was requested up to this seq
     placing: int = 0  # a seq being read straight into a receive's buffer ...
     placing_cid: int = 0  # ... on this connection
+    trimmed: int = 0  # checksums up to this seq are forgotten (trim_checksums)
 
 
 @dataclass(frozen=True)
@@ -445,6 +444,12 @@ class Placed:
 
     def __len__(self) -> int:
         return len(self.head) + self.tail.nbytes
+
+
+def _differ(a: int, b: int) -> bool:
+    """Two checksums of one message disagree (0 is none: it follows in a CHECKSUMS
+    frame)."""
+    return bool(a and b and a != b)
 
 
 class Inbox:
@@ -507,10 +512,10 @@ class Inbox:
             s.placing = s.placing_cid = 0
             self.placed += 1
             if seq in s.early:
-                if s.early[seq][0] != crc:
+                if _differ(s.early[seq][0], crc):
                     raise NotDeterministic(f"rank {src} sent seq {seq} twice with "
                                            "different checksums: not piecewise deterministic")
-                s.early[seq] = (crc, body)
+                s.early[seq] = (crc or s.early[seq][0], body)
                 return "ok", 0, 0
         if epoch < s.epoch:
             self.refused_epoch += 1
@@ -518,14 +523,10 @@ class Inbox:
         s.epoch = epoch
         if seq < s.next:
             self.duplicates += 1
-            known = s.crcs.get(seq)
-            if known is not None and known != crc:
-                raise NotDeterministic(
-                    f"rank {src} re-sent seq {seq} with checksum {crc:08x}, but "
-                    f"{known:08x} was delivered: rank {src} is not piecewise deterministic")
+            self._compare(src, s, seq, crc)
             return "dup", 0, 0
         if seq in s.early:
-            if s.early[seq][0] != crc:
+            if _differ(s.early[seq][0], crc):
                 raise NotDeterministic(f"rank {src} sent seq {seq} twice with different "
                                        f"checksums: not piecewise deterministic")
             return "dup", 0, 0
@@ -555,14 +556,39 @@ class Inbox:
         got = s.early.pop(s.next, None)
         if got is None:
             return None
-        s.crcs[s.next] = got[0]
+        if got[0]:  # else its CHECKSUMS frame gives it (it may have come already)
+            s.crcs[s.next] = got[0]
         s.next += 1
         return got[1]
+
+    def checksums(self, src: int, epoch: int, pairs: list[tuple[int, int]]) -> None:
+        """A CHECKSUMS frame: the checksums of messages ``src`` sent with none in their
+        frame, kept as the header's would be (a re-executed sender's are compared with
+        the first ones). NotDeterministic if one differs from the one known."""
+        s = self._src(src)
+        if epoch < s.epoch:
+            self.refused_epoch += 1
+            return
+        for seq, crc in pairs:
+            if seq > s.trimmed:
+                if seq in s.early and _differ(s.early[seq][0], crc):
+                    raise NotDeterministic(f"rank {src} sent seq {seq} twice with different "
+                                           "checksums: not piecewise deterministic")
+                self._compare(src, s, seq, crc)
+                s.crcs[seq] = crc
+
+    def _compare(self, src: int, s: _Source, seq: int, crc: int) -> None:
+        known = s.crcs.get(seq)
+        if known is not None and _differ(known, crc):
+            raise NotDeterministic(
+                f"rank {src} re-sent seq {seq} with checksum {crc:08x}, but "
+                f"{known:08x} was delivered: rank {src} is not piecewise deterministic")
 
     def trim_checksums(self, src: int, upto: int) -> None:
         """Forget delivered checksums up to ``upto`` (the sender's checkpoint passed them:
         a re-execution never sends them again)."""
         s = self._src(src)
+        s.trimmed = max(s.trimmed, upto)
         for seq in [q for q in s.crcs if q <= upto]:
             del s.crcs[seq]
 

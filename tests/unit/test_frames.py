@@ -51,3 +51,20 @@ def test_the_receiver_takes_a_padded_payload_and_refuses_a_bad_pad() -> None:
         decode(bytes(head) + b"\0\1\0" + bytes(body))  # padding that is not zero
     with pytest.raises(FrameError, match="announces 100 bytes and carries 99"):
         decode(bytes(head) + bytes(body)[:99])  # short
+
+
+def test_a_checksums_frame_carries_pairs_and_nothing_else() -> None:
+    from raps_slurm.runtime.frames import CHECKSUMS, MAX_SUMS, SUM, decode, encode, sums
+
+    pairs = [(7, 0xDEADBEEF), (8, 1)]
+    body = b"".join(bytes(p) for p in encode(CHECKSUMS, 0, 1, 7, 2,
+                                              b"".join(SUM.pack(*q) for q in pairs), crc=0))
+    f = decode(body)
+    assert (f.kind, f.seq, f.epoch) == (CHECKSUMS, 7, 2) and sums(f.payload) == pairs
+    for bad in (body[:-1],  # half a pair
+                body[:HEADER.size]):  # none
+        with pytest.raises(FrameError, match="CHECKSUMS frame of"):
+            decode(bad)
+    many = SUM.pack(1, 1) * (MAX_SUMS + 1)
+    with pytest.raises(FrameError, match=f"expected 1-{MAX_SUMS} pairs"):
+        decode(b"".join(bytes(p) for p in encode(CHECKSUMS, 0, 1, 1, 1, many, crc=0)))

@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from raps_slurm.runtime.context import Context, Settings
-from raps_slurm.runtime.msglog import Entry, Inbox, SenderLog
+from raps_slurm.runtime.msglog import Entry, Inbox, NotDeterministic, SenderLog
 from raps_slurm.testing.ranks import local_pair
 
 
@@ -104,3 +106,26 @@ def test_messages_queued_while_the_application_is_busy_are_not_sent_twice(
             time.sleep(0.1)
             assert [b.recv(0) for _ in range(40)] == [bytes([i]) * 3000 for i in range(40)]
         assert (a.resent, b.inbox.duplicates) == (resent, dups)
+
+
+def test_a_checksum_that_follows_its_message_is_compared_as_one_in_its_frame() -> None:
+    inbox = Inbox()
+    assert inbox.offer(0, 1, 1, 0, b"large") == ("ok", 0, 0)  # sent with none
+    inbox.checksums(0, 1, [(1, 0xAB)])
+    assert inbox.pop(0) == b"large"
+    assert inbox.sources[0].crcs == {1: 0xAB}  # kept, not overwritten by the frame's 0
+    # the sender re-executes: its duplicate comes with none, then its checksum
+    assert inbox.offer(0, 1, 2, 0, b"other") == ("dup", 0, 0)
+    inbox.checksums(0, 2, [(1, 0xAB)])  # the same: piecewise deterministic
+    with pytest.raises(NotDeterministic, match="re-sent seq 1 with checksum 000000cd"):
+        inbox.checksums(0, 2, [(1, 0xCD)])
+    # an older incarnation's are not compared; trimmed ones not kept again
+    inbox.checksums(0, 1, [(1, 0xEF)])
+    assert inbox.refused_epoch == 1
+    inbox.trim_checksums(0, 1)
+    inbox.checksums(0, 2, [(1, 0xEF)])
+    assert inbox.sources[0].crcs == {}
+    # one for a message still waiting to be delivered, whose frame had another
+    assert inbox.offer(0, 2, 2, 0x11, b"next") == ("ok", 0, 0)
+    with pytest.raises(NotDeterministic, match="seq 2 twice with different checksums"):
+        inbox.checksums(0, 2, [(2, 0x22)])

@@ -237,8 +237,13 @@ def test_dropped_frames_are_resent_in_order(tmp_path: Path) -> None:
     assert sum(c.resent for c in seen) >= len(seen)  # every rank's third frame was lost
 
 
-def test_non_deterministic_rank_is_an_error_not_a_wrong_result(tmp_path: Path) -> None:
-    prog = ring(3, 6, every=2)
+@pytest.mark.parametrize("size", [64, 96 << 10])
+def test_non_deterministic_rank_is_an_error_not_a_wrong_result(tmp_path: Path,
+                                                               size: int) -> None:
+    """Small messages carry their checksum; a large one sent as it is copied into the log
+    carries none, and its checksum follows in a CHECKSUMS frame: compared all the same."""
+    prog = ring(3, 6, every=2, size=size)
+    prog.parts = size > 64
     quick = Settings(flush_ms=20, large_threshold=256, high_watermark=1 << 20,
                      buffer_bytes=2 << 20, checkpoint_interval=1e9, max_generations=2,
                      recv_timeout=3.0)
