@@ -204,6 +204,7 @@ class PeerLinks:
         with its connection is sent again as any other: HELLO, RESEND)."""
         assert isinstance(e.body, memoryview)
         filled = False  # send_logged fills the room whether it sends or fails
+        crc: int | None = None  # send_logged's, taken while the socket was full
         try:
             self._sent_frames += 1
             dropped = bool(self.drop_every and self._sent_frames % self.drop_every == 0)
@@ -214,7 +215,7 @@ class PeerLinks:
                 head = HEADER.pack(DATA, self.rank, e.dst, e.seq, self.epoch, e.size,
                                    0) + _padding(parts)
                 try:
-                    o.send_logged(head, parts, e.body)
+                    crc = o.send_logged(head, parts, e.body)
                     filled = True
                 except OSError:
                     filled = True
@@ -223,11 +224,12 @@ class PeerLinks:
         finally:
             if not filled:
                 datapath.copy(e.body, parts)
-            # From the application's buffer, as the copy was (the log's is cold: written
-            # past the cache), before the send returns and the buffer may change.
-            crc = 0
-            for p in parts:
-                crc = checksum(p, crc)
+            if crc is None:
+                # From the application's buffer, as the copy was (the log's is cold:
+                # written past the cache), before the send returns and it may change.
+                crc = 0
+                for p in parts:
+                    crc = checksum(p, crc)
             e.crc = crc
             with self._mu:
                 self.log.publish(e)

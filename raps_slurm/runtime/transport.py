@@ -563,15 +563,15 @@ class Outgoing:
                 raise FrameError(str(exc), exc.kind) from None
 
     def send_logged(self, head: bytes, parts: list[bytes | bytearray | memoryview],
-                    log: memoryview) -> None:
+                    log: memoryview) -> int:
         """Write one untagged DATA frame (``head`` then ``parts``) and copy ``parts`` into
         ``log`` as it goes (wire/datapath.py); ``log`` is whole once this returns or
-        raises (OSError, as :meth:`send`)."""
+        raises (OSError, as :meth:`send`). Returns the CRC-32C of ``parts``."""
         with self.lock:
             try:
-                datapath.send_frame(self.sock, head, parts, log,
-                                    max_size=self._max - framing.TAG_SIZE,
-                                    on_full=self._on_full)
+                return datapath.send_frame(self.sock, head, parts, log,
+                                           max_size=self._max - framing.TAG_SIZE,
+                                           on_full=self._on_full)
             except framing.FrameError as exc:
                 raise FrameError(str(exc), exc.kind) from None
 

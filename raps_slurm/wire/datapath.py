@@ -19,6 +19,8 @@ import socket
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
+import crc32c
+
 from raps_slurm.wire import framing
 
 Buffer = bytes | bytearray | memoryview
@@ -30,6 +32,9 @@ except ImportError:  # not built: the fallback
     _compiled = None
 
 PIECE = 256 << 10  # bytes copied into the log between two sends
+# bytes checksummed each time the socket is full (some 11 us here: less than the peer
+# takes to read what fills it)
+SUM_STEP = 256 << 10
 ENV = "RAPS_DATAPATH"  # "python": the fallback even where the compiled module is built
 
 
@@ -133,14 +138,42 @@ def _left(views: list[memoryview], sent: int) -> list[memoryview]:
     return out
 
 
+class _Sum:
+    """The CRC-32C of ``parts`` joined, taken a step at a time."""
+
+    def __init__(self, parts: Sequence[Buffer]) -> None:
+        self._views = [v for v in _views(parts) if v.nbytes]
+        self._at = 0  # bytes of the first view left in _views taken
+        self.crc = 0
+
+    def step(self, most: int) -> None:
+        """Take up to ``most`` more bytes."""
+        while most > 0 and self._views:
+            v = self._views[0]
+            piece = v[self._at:self._at + most]
+            self.crc = crc32c.crc32c(piece, self.crc)
+            self._at += piece.nbytes
+            most -= piece.nbytes
+            if self._at == v.nbytes:
+                self._views.pop(0)
+                self._at = 0
+
+    def rest(self) -> int:
+        """Take what is left; the CRC-32C."""
+        self.step(1 << 62)
+        return self.crc
+
+
 def send_frame(sock: socket.socket, head: bytes, parts: Sequence[Buffer], log: memoryview,
                *, max_size: int = framing.MAX_FRAME,
-               on_full: Callable[[socket.socket], None] | None = None) -> None:
+               on_full: Callable[[socket.socket], None] | None = None) -> int:
     """Write one untagged frame whose body is ``head`` and ``parts`` joined, and copy
     ``parts`` joined into ``log`` (a sender's log room of their size) as it goes
     (:func:`send_copy`): the copy fills the time the peer reads. While the
     socket is full, ``on_full(sock)`` runs (else a wait for room). Once this returns or
-    raises, ``log`` holds the parts whole.
+    raises, ``log`` holds the parts whole. Returns the CRC-32C of ``parts`` joined, taken
+    :data:`SUM_STEP` bytes at a time while the socket is full (the peer reads what fills
+    it meanwhile), the rest once the frame is out.
 
     FrameError ``oversized`` before anything is written; ``closed`` if the write fails
     (the stream is then unusable)."""
@@ -150,13 +183,15 @@ def send_frame(sock: socket.socket, head: bytes, parts: Sequence[Buffer], log: m
         raise framing.FrameError("oversized", f"frame of {n} bytes: at most {max_size}")
     prefix = framing.HEADER.pack(n) + head
     sent = copied = 0
+    summed = _Sum(parts)
     try:
         while True:
             sent, copied, err = send_copy(sock, prefix, parts, log, sent, copied)
             if err == 0:
-                return
+                return summed.rest()
             if err != errno.EAGAIN:
                 raise framing.FrameError("closed", f"send failed: {os.strerror(err)}")
+            summed.step(SUM_STEP)
             if on_full is not None:
                 on_full(sock)
             else:

@@ -9,6 +9,7 @@ import select
 import socket
 import threading
 
+import crc32c
 import pytest
 
 from raps_slurm.wire import datapath, framing
@@ -50,12 +51,14 @@ def test_a_frame_sent_while_copied_arrives_whole_and_the_log_holds_it(path: str)
         fulls.append(1)
         select.select([], [sock], [], 5.0)
 
-    datapath.send_frame(tx, b"HEAD", parts, log, max_size=8 << 20, on_full=on_full)
+    crc = datapath.send_frame(tx, b"HEAD", parts, log, max_size=8 << 20, on_full=on_full)
     tx.close()
     reader.join(30)
     assert bytes(got) == framing.HEADER.pack(4 + len(body)) + b"HEAD" + body
     assert bytes(log) == body
     assert fulls, "the socket was never full: the test's buffers are too large"
+    # the parts' checksum, taken in steps while the socket was full, then the rest
+    assert crc == crc32c.crc32c(body)
 
 
 def test_the_log_is_whole_when_the_peer_is_gone(path: str) -> None:
