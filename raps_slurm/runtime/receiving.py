@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from raps_slurm.runtime.frames import ALIGN, DATA, HEADER
-from raps_slurm.runtime.links import PeerLinks
 from raps_slurm.runtime.msglog import MessagingError, Placed
+from raps_slurm.runtime.sending import Sending
 
 # (the payload's bytes buffered so far, its length) -> (k, target): the payload after
 # its first k bytes goes straight into ``target`` (None: the usual way)
 Into = Callable[[memoryview, int], "tuple[int, memoryview] | None"]
 
 
-class Receiving(PeerLinks):
+class Receiving(Sending):
     """The receiving half of :class:`~raps_slurm.runtime.context.Context`."""
 
     _into: tuple[int, Into] | None  # the waiting receive's source and its ``into``
