@@ -168,8 +168,8 @@ def send_frame(sock: socket.socket, body: bytes, *, mac: FrameMac | None = None,
                max_size: int = MAX_FRAME, timeout: float | None = 10.0) -> None:
     """Write one frame within ``timeout`` seconds (None: blocking); FrameError."""
     data = encode(body, mac=mac, max_size=max_size)
-    sock.settimeout(timeout)
     try:
+        sock.settimeout(timeout)  # a socket closed meanwhile fails here: "closed" too
         sock.sendall(data)
     except TimeoutError:
         raise FrameError("timeout", f"frame not sent within {timeout:g}s") from None
@@ -184,14 +184,12 @@ def recv_into(sock: socket.socket, view: memoryview, deadline: float | None,
     byte of a ``header`` came) or ``truncated``. The socket's timeout is changed."""
     got, n = 0, len(view)
     while got < n:
-        if deadline is None:
-            sock.settimeout(None)
-        else:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise FrameError("timeout", f"{what}: {got} of {n} bytes before the deadline")
-            sock.settimeout(left)
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise FrameError("timeout", f"{what}: {got} of {n} bytes before the deadline")
         try:
+            # A socket another thread closed fails here (EBADF): "closed" as any other.
+            sock.settimeout(left)
             k = sock.recv_into(view[got:])
         except TimeoutError:
             raise FrameError("timeout", f"{what}: {got} of {n} bytes before the "

@@ -480,3 +480,18 @@ def test_large_frames_land_half_a_page_from_where_the_kernel_reads_them() -> Non
         assert _address(r._view) % PAGE == FRAME_AT
         a.sendall(encode(b"x" * 1000))
         assert bytes(r.read()) == b"x" * 1000  # through the placed buffer
+
+
+def test_a_socket_closed_by_another_thread_is_a_closed_frame_not_an_oserror() -> None:
+    """The control server's reader found its channel's socket closed between two reads:
+    settimeout raised EBADF, which nothing caught, and the reader thread died without
+    counting the supervisor's ranks as lost (a test of the supervisor timed out in CI)."""
+    a, b = socket.socketpair()
+    a.close()
+    with pytest.raises(FrameError) as sent:
+        send_frame(a, b"x")
+    assert sent.value.kind == "closed"
+    with pytest.raises(FrameError) as read:
+        read_frame(a, frame_timeout=1.0)
+    assert read.value.kind == "closed"
+    b.close()
