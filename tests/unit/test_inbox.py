@@ -125,6 +125,9 @@ def test_a_checksum_that_follows_its_message_is_compared_as_one_in_its_frame() -
     inbox.trim_checksums(0, 1)
     inbox.checksums(0, 2, [(1, 0xEF)])
     assert inbox.sources[0].crcs == {}
+    # one for a message that never came is not kept (a peer cannot grow this at will)
+    inbox.checksums(0, 2, [(99, 0x99)])
+    assert 99 not in inbox.sources[0].crcs
     # one for a message still waiting to be delivered, whose frame had another
     assert inbox.offer(0, 2, 2, 0x11, b"next") == ("ok", 0, 0)
     with pytest.raises(NotDeterministic, match="seq 2 twice with different checksums"):
