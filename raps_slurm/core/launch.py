@@ -252,6 +252,23 @@ def hash_seed(env: Mapping[str, str], job: str) -> dict[str, str]:
     return {"PYTHONHASHSEED": str(seed)}
 
 
+HUGE_HEAP = "glibc.malloc.hugetlb=1"
+
+
+def heap_tunables(env: Mapping[str, str]) -> dict[str, str]:
+    """``GLIBC_TUNABLES`` for a rank: glibc's heap grows in transparent huge pages
+    (``glibc.malloc.hugetlb=1``, glibc 2.35 on; older ones ignore it), unless the user's
+    tunables say otherwise. A logged small message's copy stays on the heap until a
+    checkpoint covers it, so the heap grows by every message sent: in 4 KiB pages, each
+    new page was a fault on the message's path (one per 4 KiB message on the project's
+    test machine). The user's own ``glibc.malloc.hugetlb`` (``=0`` turns this off) is
+    kept as it is."""
+    have = env.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in have:
+        return {}
+    return {"GLIBC_TUNABLES": f"{have}:{HUGE_HEAP}" if have else HUGE_HEAP}
+
+
 RESTART_MODES = ("ranks", "step")
 
 

@@ -56,6 +56,7 @@ from raps_slurm.core.launch import (
     cpus_per_rank,
     free_slot,
     hash_seed,
+    heap_tunables,
     job_cpus_per_node,
     moves_to_prepare,
     node_slots,
@@ -117,6 +118,7 @@ class Launcher:
         self.rank_env = shim_env({"PYTHONPATH": os.environ.get("PYTHONPATH", "")}) if mpi4py \
             else {}
         self.rank_env.update(hash_seed(os.environ, job))
+        self.rank_env.update(heap_tunables(os.environ))
         self.per_rank, self.srun_options = cpus_per_rank(srun_options)
         self.program = program
         self.socket_template = socket_template

@@ -41,7 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from raps_slurm.core.launch import hash_seed
+from raps_slurm.core.launch import hash_seed, heap_tunables
 from raps_slurm.launcher.output import Lines
 from raps_slurm.launcher.output import label as tag
 from raps_slurm.launcher.output import say as output_say
@@ -114,6 +114,7 @@ def run(prog: list[str], n: int, restarts: int, root: str, *, mpi4py: bool = Fal
     if unlogged:
         base["RAPS_LOCAL_UNLOGGED"] = "1"
     base.update(hash_seed(base, "local"))  # the same str hashes in a relaunched rank
+    base.update(heap_tunables(base))
     if mpi4py:
         from raps_slurm.mpi import shim_env
 

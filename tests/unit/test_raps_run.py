@@ -58,11 +58,17 @@ def test_mpi4py_puts_the_shim_first_on_the_ranks_path(ctl: ControlServer,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", "/opt/app")
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     on = launcher(Agent({}), ctl, mpi4py=True)
     assert on.rank_env["PYTHONPATH"].split(":") == [SHIM_DIR, "/opt/app"]
-    # every rank of job 7, in every incarnation, hashes strings alike
-    assert launcher(Agent({}), ctl).rank_env == hash_seed({}, "7") != {}
-    monkeypatch.setenv("PYTHONHASHSEED", "123")  # the user's own reaches the ranks as is
+    # every rank of job 7, in every incarnation, hashes strings alike, and its heap
+    # grows in huge pages
+    huge = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert launcher(Agent({}), ctl).rank_env == {**hash_seed({}, "7"), **huge}
+    assert hash_seed({}, "7") != {}
+    # the user's own reach the ranks as they are
+    monkeypatch.setenv("PYTHONHASHSEED", "123")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
     assert launcher(Agent({}), ctl).rank_env == {}
 
 
