@@ -31,7 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from raps_slurm.runtime.msglog import checksum
-from raps_slurm.wire.framing import STREAM_PIECE, TAG_SIZE, FrameMac, send_views, unfilled
+from raps_slurm.wire.framing import STREAM_PIECE, TAG_SIZE, FrameMac, send_views
+from raps_slurm.wire.pool import unfilled
 
 
 def _fill(sock: socket.socket, view: memoryview) -> None:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raps_slurm.wire import framing
+from raps_slurm.wire import framing, pool
 
 HANDOFF = 0.01  # s out of its waits before the application's reading goes back
 IDLE_POLL = 0.5  # s between deadline checks while nothing comes
@@ -77,7 +77,7 @@ class Pump:
         self._closed = False
         self._conns: dict[int, Conn] = {}  # the reading thread's alone
         # large frames' buffers, reused once released (read under the reading lock only)
-        self.buffers = framing.BufferPool()
+        self.buffers = pool.BufferPool()
         self._ready: set[Conn] = set()  # may hold whole frames the socket does not show
         self._next_sweep = 0.0
         self.frames_app = 0  # frames read on the application's thread

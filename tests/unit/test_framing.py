@@ -444,7 +444,7 @@ def test_a_full_pool_drops_its_smallest_free_buffer_for_a_new_size() -> None:
     """Its buffers are numpy arrays where numpy is installed: dropping one by value
     compared arrays element-wise, and the ValueError ended every connection that brought
     a large frame once the pool was full (a 4-rank allreduce on a loaded machine)."""
-    from raps_slurm.wire.framing import BufferPool
+    from raps_slurm.wire.pool import BufferPool
 
     pool = BufferPool(keep=3)
     held = [pool.get(n << 20) for n in (3, 1, 2)]  # full, every buffer in use
@@ -461,7 +461,7 @@ def test_large_frames_land_half_a_page_from_where_the_kernel_reads_them() -> Non
     page from its source (a few bytes past it, the kernel's copy ran at a quarter of its
     speed). The pool hands a buffer out again only once nobody holds a view of it."""
     from raps_slurm.wire.datapath import address as _address
-    from raps_slurm.wire.framing import BODY_AT, FRAME_AT, PAGE, BufferPool
+    from raps_slurm.wire.pool import BODY_AT, FRAME_AT, PAGE, BufferPool
 
     assert (BODY_AT - HEADER.size) % PAGE == FRAME_AT == PAGE // 2
     pool = BufferPool()
