@@ -24,7 +24,7 @@ class Sending(PeerLinks):
         with its connection is sent again as any other: HELLO, RESEND)."""
         assert isinstance(e.body, memoryview)
         filled = False  # send_logged fills the room whether it sends or fails
-        crc: int | None = None  # send_logged's, taken while the socket was full
+        crc: int | None = None  # send_logged's (datapath.send_frame)
         try:
             self._sent_frames += 1
             dropped = bool(self.drop_every and self._sent_frames % self.drop_every == 0)
@@ -43,7 +43,7 @@ class Sending(PeerLinks):
                     o = None
         finally:
             if not filled:
-                datapath.copy(e.body, parts)
+                crc = datapath.copy(e.body, parts)  # its CRC-32C where the copy takes it
             if crc is None:
                 # From the application's buffer, as the copy was (the log's is cold:
                 # written past the cache), before the send returns and it may change.

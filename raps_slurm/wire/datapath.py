@@ -6,8 +6,12 @@ application's buffer with non-blocking ``sendmsg`` calls and copies the message 
 log between them, a piece at a time: while the peer reads what was just sent, and while
 the socket is full. The compiled module (``_datapath.c``) does it with the GIL released;
 the pure-Python fallback here takes the same steps (``RAPS_DATAPATH=python`` selects it,
-and the tests run both). The frame's length prefix is :mod:`raps_slurm.wire.framing`'s, and
-:func:`send_frame` does the waiting, in Python.
+and the tests run both). Where the CPU has AVX-512 and VPCLMULQDQ, the compiled copy also
+takes the message's CRC-32C in the same pass (:func:`folds`); elsewhere :func:`send_frame`
+sums the parts apart, a step each time the socket is full and the rest once the frame is
+out (``RAPS_DATAPATH=nofold`` makes the compiled path do so too, for the tests). The
+frame's length prefix is :mod:`raps_slurm.wire.framing`'s, and :func:`send_frame` does the
+waiting, in Python.
 """
 
 from __future__ import annotations
@@ -35,12 +39,19 @@ PIECE = 256 << 10  # bytes copied into the log between two sends
 # bytes checksummed each time the socket is full (some 11 us here: less than the peer
 # takes to read what fills it)
 SUM_STEP = 256 << 10
-ENV = "RAPS_DATAPATH"  # "python": the fallback even where the compiled module is built
+ENV = "RAPS_DATAPATH"  # "python": the fallback even where the compiled module is built;
+# "nofold": the compiled path without its CRC
 
 
 def compiled() -> bool:
     """Whether the compiled path is in use."""
     return _compiled is not None and os.environ.get(ENV, "") != "python"
+
+
+def folds() -> bool:
+    """Whether the compiled copy takes the CRC-32C as it copies (AVX-512 and VPCLMULQDQ)."""
+    return (_compiled is not None and bool(_compiled.FOLDING)
+            and os.environ.get(ENV, "") not in ("python", "nofold"))
 
 
 def address(buf: Buffer) -> int:
@@ -70,30 +81,35 @@ def _copy_range(views: list[memoryview], dst: memoryview, start: int, end: int) 
         base = top
 
 
-def copy(dst: memoryview, parts: Sequence[Buffer]) -> int:
-    """Copy ``parts`` joined into ``dst`` (exactly their size); the bytes copied."""
+def copy(dst: memoryview, parts: Sequence[Buffer]) -> int | None:
+    """Copy ``parts`` joined into ``dst`` (exactly their size); their CRC-32C where the
+    copy takes it (:func:`folds`), else None."""
     if compiled():
         assert _compiled is not None
-        return int(_compiled.copy(dst, parts))
+        got = _compiled.copy(dst, parts, folds())
+        return None if got is None else int(got)
     views = _views(parts)
     n = sum(v.nbytes for v in views)
     if dst.nbytes != n:
         raise ValueError(f"dst of {dst.nbytes} bytes for parts of {n}")
     _copy_range(views, dst.cast("B"), 0, n)
-    return n
+    return None
 
 
 def send_copy(sock: socket.socket, head: Buffer, parts: Sequence[Buffer], dst: memoryview,
-              sent: int = 0, copied: int = 0, piece: int = PIECE) -> tuple[int, int, int]:
+              sent: int = 0, copied: int = 0, piece: int = PIECE, crc: int = 0
+              ) -> tuple[int, int, int, int | None]:
     """Write ``head`` and ``parts`` joined to ``sock`` from byte ``sent`` on, never
     waiting, and copy ``parts`` joined into ``dst`` from byte ``copied`` on, ``piece``
-    bytes between two sends. Returns the new ``sent`` and ``copied`` and 0 (all sent and
+    bytes between two sends. Returns the new ``sent`` and ``copied``; 0 (all sent and
     copied), ``EAGAIN`` (the socket is full; all copied) or the errno of a failed send
-    (all copied: the log keeps the message whole whatever the socket did)."""
+    (all copied: the log keeps the message whole whatever the socket did); and, where the
+    copy takes the CRC-32C (:func:`folds`; ``crc``: that of the first ``copied`` bytes),
+    that of all bytes copied so far, else None."""
     if compiled():
         assert _compiled is not None
-        got: tuple[int, int, int] = _compiled.send_copy(sock.fileno(), head, parts, dst, sent,
-                                                        copied, piece)
+        got: tuple[int, int, int, int | None] = _compiled.send_copy(
+            sock.fileno(), head, parts, dst, sent, copied, piece, crc, folds())
         return got
     views = _views([head, *parts])
     out = dst.cast("B")
@@ -107,7 +123,7 @@ def send_copy(sock: socket.socket, head: Buffer, parts: Sequence[Buffer], dst: m
     while sent < total or copied < srclen:
         if sent == total:
             _copy_range(src, out, copied, srclen)
-            return sent, srclen, 0
+            return sent, srclen, 0, None
         n = -1
         try:
             n = sock.sendmsg(_left(views, sent), (), socket.MSG_DONTWAIT)
@@ -115,7 +131,7 @@ def send_copy(sock: socket.socket, head: Buffer, parts: Sequence[Buffer], dst: m
             pass
         except OSError as exc:
             _copy_range(src, out, copied, srclen)
-            return sent, srclen, exc.errno or errno.EPIPE
+            return sent, srclen, exc.errno or errno.EPIPE, None
         if n > 0:
             sent += n
         if copied < srclen:  # the peer reads what was sent meanwhile
@@ -123,8 +139,8 @@ def send_copy(sock: socket.socket, head: Buffer, parts: Sequence[Buffer], dst: m
             _copy_range(src, out, copied, top)
             copied = top
         elif n < 0:
-            return sent, copied, errno.EAGAIN
-    return sent, copied, 0
+            return sent, copied, errno.EAGAIN, None
+    return sent, copied, 0, None
 
 
 def _left(views: list[memoryview], sent: int) -> list[memoryview]:
@@ -171,9 +187,10 @@ def send_frame(sock: socket.socket, head: bytes, parts: Sequence[Buffer], log: m
     ``parts`` joined into ``log`` (a sender's log room of their size) as it goes
     (:func:`send_copy`): the copy fills the time the peer reads. While the
     socket is full, ``on_full(sock)`` runs (else a wait for room). Once this returns or
-    raises, ``log`` holds the parts whole. Returns the CRC-32C of ``parts`` joined, taken
-    :data:`SUM_STEP` bytes at a time while the socket is full (the peer reads what fills
-    it meanwhile), the rest once the frame is out.
+    raises, ``log`` holds the parts whole. Returns the CRC-32C of ``parts`` joined: taken
+    by the copy where it can (:func:`folds`), else :data:`SUM_STEP` bytes at a time while
+    the socket is full (the peer reads what fills it meanwhile), the rest once the frame
+    is out.
 
     FrameError ``oversized`` before anything is written; ``closed`` if the write fails
     (the stream is then unusable)."""
@@ -183,15 +200,21 @@ def send_frame(sock: socket.socket, head: bytes, parts: Sequence[Buffer], log: m
         raise framing.FrameError("oversized", f"frame of {n} bytes: at most {max_size}")
     prefix = framing.HEADER.pack(n) + head
     sent = copied = 0
-    summed = _Sum(parts)
+    crc: int | None = 0
+    summed = None if folds() else _Sum(parts)
     try:
         while True:
-            sent, copied, err = send_copy(sock, prefix, parts, log, sent, copied)
+            sent, copied, err, crc = send_copy(sock, prefix, parts, log, sent, copied,
+                                               crc=crc or 0)
             if err == 0:
-                return summed.rest()
+                if summed is not None:
+                    return summed.rest()
+                assert crc is not None
+                return crc
             if err != errno.EAGAIN:
                 raise framing.FrameError("closed", f"send failed: {os.strerror(err)}")
-            summed.step(SUM_STEP)
+            if summed is not None:
+                summed.step(SUM_STEP)
             if on_full is not None:
                 on_full(sock)
             else:

@@ -15,12 +15,15 @@ import pytest
 from raps_slurm.wire import datapath, framing
 
 
-@pytest.fixture(params=["compiled", "python"])
+@pytest.fixture(params=["compiled", "nofold", "python"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The compiled path (its copy taking the CRC where the CPU can), the compiled path
+    summing apart, and the fallback."""
     monkeypatch.setenv(datapath.ENV, request.param)
-    if request.param == "compiled" and not datapath.compiled():
+    if request.param != "python" and not datapath.compiled():
         pytest.fail("raps_slurm.wire._datapath is not built (pip install -e .)")
-    assert datapath.compiled() == (request.param == "compiled")
+    assert datapath.compiled() == (request.param != "python")
+    assert not datapath.folds() or request.param == "compiled"
     return str(request.param)
 
 
@@ -57,7 +60,8 @@ def test_a_frame_sent_while_copied_arrives_whole_and_the_log_holds_it(path: str)
     assert bytes(got) == framing.HEADER.pack(4 + len(body)) + b"HEAD" + body
     assert bytes(log) == body
     assert fulls, "the socket was never full: the test's buffers are too large"
-    # the parts' checksum, taken in steps while the socket was full, then the rest
+    # the parts' checksum: taken by the copy, or in steps while the socket was full and
+    # the rest once the frame was out
     assert crc == crc32c.crc32c(body)
 
 
@@ -78,9 +82,10 @@ def test_a_full_socket_returns_eagain_with_everything_copied(path: str) -> None:
     parts = [os.urandom(1 << 20)]
     log = memoryview(bytearray(1 << 20))
     tx, rx = _pair()
-    sent, copied, err = datapath.send_copy(tx, b"x" * 10, parts, log, piece=4096)
+    sent, copied, err, crc = datapath.send_copy(tx, b"x" * 10, parts, log, piece=4096)
     assert err == errno.EAGAIN and copied == 1 << 20 and 0 < sent < 10 + (1 << 20)
     assert bytes(log) == parts[0]
+    assert crc == (crc32c.crc32c(parts[0]) if datapath.folds() else None)
     tx.close()
     rx.close()
 
@@ -110,17 +115,37 @@ def test_an_oversized_frame_is_refused_before_a_byte_is_sent(path: str) -> None:
     rx.close()
 
 
+def test_a_send_copy_continued_from_a_checksum_sums_the_rest_only(path: str) -> None:
+    parts = [b"env", os.urandom(300_000)]
+    body = b"".join(parts)
+    log = memoryview(bytearray(len(body)))
+    log[:5000] = body[:5000]
+    tx, rx = _pair()
+    sent, copied, err, crc = datapath.send_copy(tx, b"h", parts, log, sent=len(body) + 1,
+                                                copied=5000, crc=crc32c.crc32c(body[:5000]))
+    assert (sent, copied, err) == (len(body) + 1, len(body), 0) and bytes(log) == body
+    assert crc == (crc32c.crc32c(body) if datapath.folds() else None)
+    tx.close()
+    rx.close()
+
+
 def test_copies_around_the_streaming_size_are_exact(path: str) -> None:
     """Copies of 256 KiB or more bypass the cache on the compiled path (x86-64 with
-    AVX2): every byte lands, whatever the alignment of either end or the size's tail."""
+    AVX2), and where the CPU has AVX-512 and VPCLMULQDQ the copy takes the CRC-32C in
+    the same pass (folded 256 bytes at a time, the last 64 summed by the CRC instruction):
+    every byte lands and the sum is the crc32c package's, whatever the alignment of
+    either end, the size's tail or where a part ends."""
     streaming = getattr(datapath._compiled, "STREAMING", 0) if path == "compiled" else 0
     assert path == "python" or streaming in (0, 1)
-    for size in ((256 << 10) - 1, 256 << 10, (256 << 10) + 127, (3 << 20) + 1):
+    for size in (0, 1, 511, 512, 575, 576, 767, 768, 100_003, (256 << 10) - 1, 256 << 10,
+                 (256 << 10) + 127, (3 << 20) + 1):
         src = memoryview(bytearray(os.urandom(size + 64)))
         for skew in (0, 1, 31, 45):
             parts = [b"envelope!", src[skew:skew + size]]
             room = memoryview(bytearray(size + 9 + 64))
             for at in (0, 7, 32):
                 dst = room[at:at + size + 9]
-                assert datapath.copy(dst, parts) == size + 9
-                assert bytes(dst) == b"envelope!" + bytes(src[skew:skew + size])
+                body = b"envelope!" + bytes(src[skew:skew + size])
+                crc = datapath.copy(dst, parts)
+                assert bytes(dst) == body
+                assert crc == (crc32c.crc32c(body) if datapath.folds() else None)
