@@ -111,23 +111,27 @@ __attribute__((target("avx512f,vpclmulqdq"))) static inline __m512i fold(__m512i
     return _mm512_ternarylogic_epi64(lo, hi, data, 0x96); /* lo ^ hi ^ data */
 }
 
-/* Copy n bytes to dst (stored past the cache when `stream`) and return their CRC-32C,
- * continuing crc. */
+/* Copy n bytes to dst (stored past the cache when `stream`; nothing stored when dst is
+ * NULL) and return their CRC-32C, continuing crc. */
 __attribute__((target("avx512f,vpclmulqdq,sse4.2"))) static uint32_t
 copy_fold(char *dst, const char *src, size_t n, uint32_t crc, int stream) {
     uint32_t reg = ~crc;
-    size_t head = stream ? (64 - ((uintptr_t)dst & 63)) & 63 : 0;
+    size_t head = dst && stream ? (64 - ((uintptr_t)dst & 63)) & 63 : 0;
     if (n < head + 512) { /* too short to fold: copy, then the instruction */
-        memcpy(dst, src, n);
+        if (dst)
+            memcpy(dst, src, n);
         return ~crc_raw(reg, src, n);
     }
-    memcpy(dst, src, head);
+    if (dst) {
+        memcpy(dst, src, head);
+        dst += head;
+    }
     reg = crc_raw(reg, src, head);
-    dst += head, src += head, n -= head;
+    src += head, n -= head;
     __m512i x[4];
     for (int i = 0; i < 4; i++)
         x[i] = _mm512_loadu_si512((const void *)(src + 64 * i));
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; dst && i < 4; i++) {
         if (stream)
             _mm512_stream_si512((void *)(dst + 64 * i), x[i]);
         else
@@ -143,14 +147,16 @@ copy_fold(char *dst, const char *src, size_t n, uint32_t crc, int stream) {
     for (; i + 256 <= n; i += 256) {
         for (int j = 0; j < 4; j++) {
             __m512i d = _mm512_loadu_si512((const void *)(src + i + 64 * j));
-            if (stream)
+            if (!dst)
+                ;
+            else if (stream)
                 _mm512_stream_si512((void *)(dst + i + 64 * j), d);
             else
                 _mm512_storeu_si512((void *)(dst + i + 64 * j), d);
             x[j] = fold(x[j], k256, d);
         }
     }
-    if (stream)
+    if (dst && stream)
         _mm_sfence(); /* ordered before anything that says the copy is done */
     x[1] = fold(x[0], k64, x[1]);
     x[2] = fold(x[1], k64, x[2]);
@@ -158,7 +164,8 @@ copy_fold(char *dst, const char *src, size_t n, uint32_t crc, int stream) {
     char rest[64];
     _mm512_storeu_si512((void *)rest, x[3]);
     reg = crc_raw(0, rest, 64); /* the 64 bytes stand for everything folded */
-    memcpy(dst + i, src + i, n - i);
+    if (dst)
+        memcpy(dst + i, src + i, n - i);
     return ~crc_raw(reg, src + i, n - i);
 }
 #endif
@@ -361,6 +368,31 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(sum_doc,
+"sum(buf, crc, /) -> int\n\n"
+"The CRC-32C of buf, continuing crc, folded as copy() folds (FOLDING must be 1), the GIL\n"
+"released.");
+
+static PyObject *sum(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    unsigned int crc;
+    if (!PyArg_ParseTuple(args, "y*I:sum", &b, &crc))
+        return NULL;
+    if (!folding) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "sum: this CPU cannot fold (FOLDING is 0)");
+        return NULL;
+    }
+    uint32_t c = crc;
+#if defined(__x86_64__)
+    Py_BEGIN_ALLOW_THREADS
+    c = copy_fold(NULL, (const char *)b.buf, (size_t)b.len, c, 0);
+    Py_END_ALLOW_THREADS
+#endif
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(c);
+}
+
 PyDoc_STRVAR(address_doc,
 "address(buf, /) -> int\n\n"
 "Where the bytes of buf (any buffer, read-only too) start in memory.");
@@ -377,6 +409,7 @@ static PyObject *address(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"send_copy", send_copy, METH_VARARGS, send_copy_doc},
     {"copy", copy, METH_VARARGS, copy_doc},
+    {"sum", sum, METH_VARARGS, sum_doc},
     {"address", address, METH_O, address_doc},
     {NULL, NULL, 0, NULL},
 };

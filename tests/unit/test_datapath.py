@@ -149,3 +149,14 @@ def test_copies_around_the_streaming_size_are_exact(path: str) -> None:
                 crc = datapath.copy(dst, parts)
                 assert bytes(dst) == body
                 assert crc == (crc32c.crc32c(body) if datapath.folds() else None)
+
+
+def test_a_checksum_is_the_packages_folded_or_not(path: str) -> None:
+    """Large checksums are folded where the CPU can (the log's and the replay's checks
+    of immutable and resent bodies), small ones and the fallback use the crc32c package."""
+    data = os.urandom((1 << 20) + 77)
+    for n in (0, 100, datapath.FOLD_AT - 1, datapath.FOLD_AT, 300_001, len(data)):
+        for skew in (0, 5):
+            view = memoryview(data)[skew:skew + n]
+            assert datapath.checksum(view) == crc32c.crc32c(view)
+            assert datapath.checksum(bytes(view), 99) == crc32c.crc32c(view, 99)
