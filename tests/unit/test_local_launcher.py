@@ -88,8 +88,9 @@ def _heap(env: dict[str, str], tmp: Path) -> tuple[str, int]:
 def test_a_ranks_heap_grows_in_huge_pages_unless_the_user_says_otherwise(
         tmp_path: Path) -> None:
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    if not thp.exists() or "[never]" in thp.read_text():
-        pytest.skip("the kernel has no transparent huge pages: the tunable changes nothing")
+    assert thp.exists() and "[never]" not in thp.read_text(), (
+        "the kernel has no transparent huge pages (madvise or always needed): the heap "
+        "tunable would change nothing")
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     tunables, faults = _heap(env, tmp_path)
     assert tunables == "glibc.malloc.hugetlb=1"
