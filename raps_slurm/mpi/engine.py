@@ -174,9 +174,9 @@ class Engine:
 
     def wait(self, r: Recv) -> Msg:
         """Progress until ``r`` is matched (with ``r.into``, a large message for it may be
-        read straight into that buffer: :meth:`_into`)."""
+        read straight into that buffer: :meth:`_placer`)."""
         while r.msg is None:
-            self._progress([r.want()], r)
+            self._progress([r.want()])
         return r.msg
 
     def drain(self) -> None:
@@ -192,6 +192,13 @@ class Engine:
         """Progress until at least one of ``reqs`` is matched."""
         while all(r.msg is None for r in reqs):
             self._progress([r.want() for r in reqs])
+
+    def wait_all(self, reqs: list[Recv]) -> None:
+        """Progress until every one of ``reqs`` is matched, taking messages as they come
+        from any of their sources (a large one may be read into its receive's buffer
+        while another is waited for)."""
+        while wants := [r.want() for r in reqs if r.msg is None]:
+            self._progress(wants)
 
     def probe(self, ctx_id: int, src: int, tag: int, block: bool) -> Msg | None:
         """The message a receive would match, left in place (``block``: wait for one).
@@ -253,12 +260,13 @@ class Engine:
             self.negatives = False
         self.ctx.record(rec)
 
-    def _progress(self, wants: list[int], r: Recv | None = None) -> None:
+    def _progress(self, wants: list[int]) -> None:
         """Wait for the next message from one of the sources ``wants`` (ANY_SOURCE: any
-        rank), then take in everything else that has arrived."""
+        rank), then take in everything else that has arrived. A large message for a
+        posted receive with a buffer to read into may go straight there (:meth:`_placer`)."""
         if len(wants) == 1 and 0 <= wants[0] != self.rank:  # a receive from one peer
             src = wants[0]
-            into = self._into(r, src) if r is not None and r.into is not None else None
+            into = self._placer(src) if self._placing(src) else None
             self._arrived(src, self.ctx.recv_buffer(src, into=into))
             return
         if ANY_SOURCE in wants:
@@ -268,27 +276,35 @@ class Engine:
         if not sources:
             raise RuntimeError(f"rank {self.rank} waits for a message from itself that "
                                "was never sent (deadlock)")
-        src, raw = self.ctx.recv_any_buffer(sources)
+        placers = {s: self._placer(s) for s in sources if self._placing(s)}
+        src, raw = self.ctx.recv_any_buffer(sources, into=placers)
         self._arrived(src, raw)
 
-    def _into(self, r: Recv, src: int) -> Into:
-        """Where a large message from ``src`` goes as it comes (runtime ``recv_buffer``'s
-        ``into``): into ``r.into`` when its envelope says ``r`` is the posted receive it
-        matches (the first in posting order) and it fits; else None, and it is matched
-        when whole, as any other."""
+    def _placing(self, src: int) -> bool:
+        """Whether a posted receive from ``src`` (not ANY_SOURCE: a message from another
+        rank may match it first) has a buffer a message may be read into."""
+        return any(q.into is not None and q.want() == src for q in self.posted)
+
+    def _placer(self, src: int) -> Into:
+        """Where a large message from ``src`` goes as it comes (runtime
+        ``recv_buffer``'s ``into``): into the buffer of the posted receive its envelope
+        matches (the first in posting order) when that receive names ``src`` and has
+        one (``Recv.into``) it fits; else None, and it is matched when whole, as any
+        other. It is that receive's message: messages from ``src`` arrive in order, this
+        is the next, and a receive posted later cannot come before it."""
 
         def place(buffered: memoryview, length: int) -> tuple[int, memoryview] | None:
-            into = r.into
-            if into is None or r.msg is not None or len(buffered) < ENVELOPE.size:
+            if len(buffered) < ENVELOPE.size:
                 return None
             kind, ctx_id, tag = ENVELOPE.unpack_from(buffered)
             size = length - ENVELOPE.size
-            if kind != RAW or size > into.nbytes:
-                return None  # an object, or truncated: the receive says so when whole
+            if kind != RAW:
+                return None  # an object: unpickled from its own bytes
             m = Msg(src, ctx_id, tag, kind, b"")
-            if next((q for q in self.posted if q.matches(m)), None) is not r:
-                return None
-            return ENVELOPE.size, into[:size]
+            q = next((q for q in self.posted if q.matches(m)), None)
+            if q is None or q.into is None or q.want() != src or size > q.into.nbytes:
+                return None  # unexpected, or truncated: the receive says so when whole
+            return ENVELOPE.size, q.into[:size]
 
         return place
 

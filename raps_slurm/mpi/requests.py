@@ -158,6 +158,12 @@ class Request(metaclass=Namespace):
     @staticmethod
     def waitall(requests: list[Request], statuses: list[Status] | None = None) -> list[Any]:
         """Wait for all; their objects."""
+        recvs = [r.recv for r in requests if r.active and r.recv is not None]
+        if len(recvs) > 1 and not any(r.collective for r in requests):
+            # as they come, not in the list's order: a large message for a receive other
+            # than the one waited for is read into its buffer too (a collective's request
+            # progresses only in its own wait, so a list with one keeps the list's order)
+            world().engine.wait_all(recvs)
         out = []
         for i, r in enumerate(requests):
             r._wait()

@@ -112,7 +112,7 @@ class Context(Receiving):
         self._out_lock = threading.Lock()
         self._peer_epoch: dict[int, int] = {}
         self._hello_cids: dict[int, int] = {}   # incoming connection -> src (after HELLO)
-        self._into = None  # a receive waiting with somewhere to read in place (receiving.py)
+        self._into = {}  # a receive waiting with somewhere to read in place (receiving.py)
         self._sums = {}  # checksums of large messages taken after their send (sending.py)
         self._error: MessagingError | None = None
         self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()

@@ -18,7 +18,8 @@ Into = Callable[[memoryview, int], "tuple[int, memoryview] | None"]
 class Receiving(Sending):
     """The receiving half of :class:`~raps_slurm.runtime.context.Context`."""
 
-    _into: tuple[int, Into] | None  # the waiting receive's source and its ``into``
+    # while a receive waits: per source, where a large message from it may be read
+    _into: dict[int, Into]
 
     def try_recv(self, src: int) -> bytes | None:
         """The next message from ``src`` if it has arrived, else None (never waits)."""
@@ -43,41 +44,51 @@ class Receiving(Sending):
         src, msg = self.recv_any_buffer(sources, timeout)
         return src, msg if isinstance(msg, bytes) else bytes(msg)
 
-    def recv_any_buffer(self, sources: list[int], timeout: float | None = None
+    def recv_any_buffer(self, sources: list[int], timeout: float | None = None,
+                        into: dict[int, Into] | None = None
                         ) -> tuple[int, bytes | memoryview | Placed]:
-        """:meth:`recv_any`, a large message as a view (:meth:`try_recv_buffer`)."""
+        """:meth:`recv_any`, a large message as a view (:meth:`try_recv_buffer`).
+        ``into``: per source, :meth:`recv_buffer`'s ``into`` for a large message from it
+        that begins to come while this waits (one per source and wait; it is returned
+        by this call or a later one)."""
         if not sources or any(not 0 <= s < self.size or s == self.rank for s in sources):
             raise ValueError(f"sources {sources}: expected other ranks in 0..{self.size - 1}")
         if len(sources) == 1:
-            return sources[0], self._recv(sources[0], timeout)
+            return sources[0], self._recv(sources[0], timeout, (into or {}).get(sources[0]))
         self._start()
         wait = self.s.recv_timeout if timeout is None else timeout
         start = self._clock()
         waiting = False
         with self._mu:
-            while True:
-                if self._error is not None:
-                    raise self._error
-                for src in sources:
-                    msg = self.inbox.pop(src)
-                    if msg is not None:
-                        for s in sources:
-                            self._blocked.pop(s, None)
-                        if waiting:
-                            self.port.blocked(None)
-                        return src, msg
-                if not waiting:  # not hung: waiting for a peer (the lowest one is named)
-                    self.port.blocked(sources[0])
-                    waiting = True
-                now = self._clock()
-                for s in sources:
-                    self._blocked.setdefault(s, now)
-                left = self._since(start, sources, timeout) + wait - now
-                if left <= 0:
-                    err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for a message "
-                                         f"from any of ranks {sources}")
-                    break
-                self._await(left)
+            try:
+                while True:
+                    if self._error is not None:
+                        raise self._error
+                    for src in sources:
+                        msg = self.inbox.pop(src)
+                        if msg is not None:
+                            for s in sources:
+                                self._blocked.pop(s, None)
+                            if waiting:
+                                self.port.blocked(None)
+                            return src, msg
+                    if not waiting:  # not hung: waiting for a peer (the lowest one is named)
+                        self.port.blocked(sources[0])
+                        waiting = True
+                        if into:
+                            self._into = {s: into[s] for s in sources if s in into}
+                    now = self._clock()
+                    for s in sources:
+                        self._blocked.setdefault(s, now)
+                    left = self._since(start, sources, timeout) + wait - now
+                    if left <= 0:
+                        err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for a "
+                                             f"message from any of ranks {sources}")
+                        break
+                    self._await(left)
+            finally:
+                if self._into:
+                    self._into = {}
         self.port.escalate(str(err))
         raise err
 
@@ -120,7 +131,7 @@ class Receiving(Sending):
                         self.port.blocked(src)
                         waiting = True
                         if into is not None:
-                            self._into = (src, into)
+                            self._into = {src: into}
                     self._blocked.setdefault(src, self._clock())
                     left = self._since(start, (src,), timeout) + wait - self._clock()
                     if left <= 0:
@@ -130,17 +141,19 @@ class Receiving(Sending):
                         break
                     self._await(left)
             finally:
-                self._into = None
+                if self._into:
+                    self._into = {}
         self.port.escalate(str(err))
         raise err
 
     def _place(self, src: int, epoch: int, cid: int, buffered: memoryview, n: int
                ) -> tuple[int, memoryview] | None:
         """Where a large frame from ``src`` that begins on connection ``cid`` goes
-        (transport.Place): into the buffer of the receive waiting for it, when it is the
-        next DATA frame to deliver from ``src`` and that receive's ``into`` takes it."""
-        want = self._into
-        if want is None or want[0] != src or len(buffered) < HEADER.size:
+        (transport.Place): where the waiting receive's ``into`` for ``src`` says, when
+        it is the next DATA frame to deliver from ``src`` and ``into`` takes it."""
+        placers = self._into
+        want = placers.get(src)
+        if want is None or len(buffered) < HEADER.size:
             return None
         kind, fsrc, dst, seq, fepoch, length, _crc = HEADER.unpack_from(buffered)
         gap = n - HEADER.size - length
@@ -149,13 +162,14 @@ class Receiving(Sending):
             return None  # the frame's own checks refuse it once whole
         at = HEADER.size + gap
         with self._mu:
-            if self._into is not want or self._hello_cids.get(cid) != src \
+            if self._into is not placers or placers.get(src) is not want \
+                    or self._hello_cids.get(cid) != src \
                     or not self.inbox.can_place(src, seq, fepoch):
                 return None
-            got = want[1](buffered[at:], length)
+            got = want(buffered[at:], length)
             if got is None:
                 return None
-            self._into = None  # one frame per wait
+            del placers[src]  # one frame per source and wait
             self.inbox.placing(src, seq, cid)
         return at + got[0], got[1]
 

@@ -50,8 +50,8 @@ class ScriptedRuntime:
             return self.inbox[src].popleft()
         return None
 
-    def recv_any_buffer(self, sources: list[int], timeout: float | None = None
-                        ) -> tuple[int, bytes]:
+    def recv_any_buffer(self, sources: list[int], timeout: float | None = None,
+                        into: Any = None) -> tuple[int, bytes]:
         for src in list(self.order):
             if src in sources:
                 self.order.remove(src)

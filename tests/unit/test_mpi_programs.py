@@ -52,6 +52,7 @@ PROGRAMS: dict[str, tuple[str, list[str], list[list[str]]]] = {
                       [["--die", "2:4"], ["--die", "0:7"], ["--die", "0:7", *NEVER]]),
     "waitany": ("examples/mpi_waitany.py", [], [["--die", "0:5"]]),
     "large_recv": ("tests/data/mpi/large_recv.py", [], [["--die", "1:3"]]),
+    "waitall_recv": ("tests/data/mpi/waitall_recv.py", [], [["--die", "1:3"]]),
 }
 
 

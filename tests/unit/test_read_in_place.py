@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,7 @@ def test_a_waiting_rank_reads_a_large_message_into_its_buffer(tmp_path: Path) ->
             t = threading.Thread(target=lambda: got.append(b.recv_buffer(0, into=into)))
             t.start()
             deadline = time.monotonic() + 10
-            while b._into is None:  # the receive waits, ready to place: now send
+            while not b._into:  # the receive waits, ready to place: now send
                 assert time.monotonic() < deadline and t.is_alive(), "recv did not wait"
                 time.sleep(0.001)
             a.send_parts(1, [memoryview(bytearray(p))])
@@ -162,16 +163,71 @@ def test_a_waiting_rank_reads_a_large_message_into_its_buffer(tmp_path: Path) ->
         b.close()
 
 
+def test_a_rank_waiting_for_several_sources_reads_each_into_its_buffer(tmp_path: Path
+                                                                       ) -> None:
+    settings = Settings(recv_timeout=30.0)
+    params = CodecParams(avg_chunk_kb=4)
+    size = 1 << 20
+    targets = {0: bytearray(size), 2: bytearray(size)}
+
+    def into(src: int) -> Callable[[memoryview, int], tuple[int, memoryview] | None]:
+        return lambda buffered, length: (1, memoryview(targets[src])[:length - 1])
+
+    ranks = [Context(LocalPort(tmp_path, "1", r, 1, params), r, 3, 1, settings)
+             for r in range(3)]
+    b = ranks[1]
+    got: list[tuple[int, bytes | memoryview | Placed]] = []
+    try:
+        for src in (2, 0):  # the first wait is on both sources: the frame of 2 comes
+            t = threading.Thread(target=lambda: got.append(
+                b.recv_any_buffer([0, 2], into={0: into(0), 2: into(2)})))
+            t.start()
+            deadline = time.monotonic() + 10
+            while len(b._into) < 2:  # waiting, ready to place from either: now send
+                assert time.monotonic() < deadline and t.is_alive(), "recv did not wait"
+                time.sleep(0.001)
+            ranks[src].send_parts(1, [memoryview(bytearray([src + 5]) * size)])
+            t.join(30)
+            assert not t.is_alive()
+            assert not b._into, "the wait left its placements behind"
+        assert [s for s, _ in got] == [2, 0]
+        for src, msg in got:
+            assert isinstance(msg, Placed) and msg.tail.obj is targets[src]
+            assert bytes(msg) == bytes([src + 5]) * size
+        assert b.stats()["messages_read_in_place"] == 2
+    finally:
+        for c in ranks:
+            c.close()
+
+
+def _placed_run(program: str, ranks: int, cwd: Path) -> tuple[str, int]:
+    """Run ``tests/data/mpi/<program>`` under the local launcher: its output, and how many
+    messages the rank that says so read in place."""
+    repo = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", str(ranks),
+                        "--mpi4py", "--", sys.executable,
+                        str(repo / "tests/data/mpi" / program)],
+                       capture_output=True, text=True, timeout=90, cwd=cwd)
+    assert p.returncode == 0, p.stderr[-2000:]
+    [placed] = [int(x.split(":")[1]) for x in p.stderr.splitlines()
+                if x.startswith("read in place:")]
+    return p.stdout, placed
+
+
+def test_a_waitall_reads_a_message_in_place_while_it_waits_for_another(tmp_path: Path
+                                                                      ) -> None:
+    """Its output is compared with Open MPI's in test_mpi_programs; here: rank 2's
+    message, which comes while the Waitall still waits for rank 1's (the first in its
+    list), is read into its buffer too. A wait in list order read at most one of the
+    two in each of the six rounds."""
+    out, placed = _placed_run("waitall_recv.py", 3, tmp_path)
+    assert out.count("[True, True] [(1, 131072), (2, 131072)]") == 6, out
+    assert 6 < placed <= 12, placed
+
+
 def test_an_mpi4py_ping_pong_reads_its_large_messages_in_place(tmp_path: Path) -> None:
     """The program's output is compared with Open MPI's in test_mpi_programs; here: its
     receives did take the way without a copy (rank 1 waits for each ping as it comes)."""
-    repo = Path(__file__).resolve().parents[2]
-    p = subprocess.run([sys.executable, "-m", "raps_slurm.runtime.local", "-n", "2",
-                        "--mpi4py", "--", sys.executable,
-                        str(repo / "tests/data/mpi/large_recv.py")],
-                       capture_output=True, text=True, timeout=90, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert "larger (65536, True, True) order (True, True)" in p.stdout
-    [placed] = [int(x.split(":")[1]) for x in p.stderr.splitlines()
-                if x.startswith("read in place:")]
-    assert 1 <= placed <= 10, p.stderr[-2000:]  # 8 pings, 2 more; not those sent ahead
+    out, placed = _placed_run("large_recv.py", 2, tmp_path)
+    assert "larger (65536, True, True) order (True, True)" in out
+    assert 1 <= placed <= 11, placed  # 8 pings, 3 more; not those sent ahead
