@@ -189,7 +189,7 @@ class PeerLinks:
             # The frame carries this incarnation's epoch (a resend of an entry an earlier
             # incarnation logged is sent by this one, and fencing is about the sender).
             frame = encode(DATA, self.rank, e.dst, e.seq, self.epoch, body, crc=e.crc)
-            if len(frame) > 1:
+            if e.size >= PAD_AT:  # a small message's frame goes as it is
                 frame[0] = bytes(frame[0]) + _padding(frame[1:])
             o.send(frame)
         except OSError:
