@@ -33,4 +33,4 @@ echo "test.sh: ruff"
 echo "test.sh: mypy"
 "$PY" -m mypy
 echo "test.sh: pytest"
-"$PY" -m pytest -q -p no:cacheprovider --durations=8 "$@"
+"$PY" -m pytest -q -p no:cacheprovider --durations=25 "$@"
