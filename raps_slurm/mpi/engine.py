@@ -266,8 +266,7 @@ class Engine:
         posted receive with a buffer to read into may go straight there (:meth:`_placer`)."""
         if len(wants) == 1 and 0 <= wants[0] != self.rank:  # a receive from one peer
             src = wants[0]
-            into = self._placer(src) if self._placing(src) else None
-            self._arrived(src, self.ctx.recv_buffer(src, into=into))
+            self._arrived(src, self.ctx.recv_buffer(src, into=self._placer(src)))
             return
         if ANY_SOURCE in wants:
             sources = [s for s in range(self.size) if s != self.rank]
@@ -276,22 +275,21 @@ class Engine:
         if not sources:
             raise RuntimeError(f"rank {self.rank} waits for a message from itself that "
                                "was never sent (deadlock)")
-        placers = {s: self._placer(s) for s in sources if self._placing(s)}
+        placers = {s: p for s in sources if (p := self._placer(s)) is not None}
         src, raw = self.ctx.recv_any_buffer(sources, into=placers)
         self._arrived(src, raw)
 
-    def _placing(self, src: int) -> bool:
-        """Whether a posted receive from ``src`` (not ANY_SOURCE: a message from another
-        rank may match it first) has a buffer a message may be read into."""
-        return any(q.into is not None and q.want() == src for q in self.posted)
-
-    def _placer(self, src: int) -> Into:
+    def _placer(self, src: int) -> Into | None:
         """Where a large message from ``src`` goes as it comes (runtime
         ``recv_buffer``'s ``into``): into the buffer of the posted receive its envelope
         matches (the first in posting order) when that receive names ``src`` and has
         one (``Recv.into``) it fits; else None, and it is matched when whole, as any
         other. It is that receive's message: messages from ``src`` arrive in order, this
-        is the next, and a receive posted later cannot come before it."""
+        is the next, and a receive posted later cannot come before it. None when no
+        posted receive naming ``src`` (not ANY_SOURCE: a message from another rank may
+        match that first) has such a buffer."""
+        if not any(q.into is not None and q.want() == src for q in self.posted):
+            return None
 
         def place(buffered: memoryview, length: int) -> tuple[int, memoryview] | None:
             if len(buffered) < ENVELOPE.size:
