@@ -49,8 +49,9 @@ from raps_slurm.runtime.msglog import (
     parts_size,
 )
 from raps_slurm.runtime.ports import Port
+from raps_slurm.runtime.rankauth import Auth
 from raps_slurm.runtime.receiving import Receiving
-from raps_slurm.runtime.transport import Auth, Listener, Outgoing
+from raps_slurm.runtime.transport import Listener, Outgoing
 
 # A relaunched rank redoes about one interval of lost steps at most, but may first wait
 # for neighbours restored after it (up to 4.3 s in the recovery benchmark's traces).
@@ -110,6 +111,8 @@ class Context(Receiving):
         self._mu = threading.Lock()
         self._out: dict[int, Outgoing] = {}
         self._out_lock = threading.Lock()
+        self._deferred = {}
+        self._dialing = {}
         self._peer_epoch: dict[int, int] = {}
         self._hello_cids: dict[int, int] = {}   # incoming connection -> src (after HELLO)
         self._into = {}  # a receive waiting with somewhere to read in place (receiving.py)
@@ -522,6 +525,8 @@ class Context(Receiving):
 
     def stats(self) -> dict[str, Any]:
         """Sent, delivered, logged and collected ranges per peer; buffer use; gaps."""
+        with self._out_lock:
+            over = {p: "theirs" if o.theirs else "own" for p, o in self._out.items()}
         with self._mu:
             peers = {}
             for p in range(self.size):
@@ -537,6 +542,8 @@ class Context(Receiving):
                     "waiting_for_gap": self.inbox.waiting(p),
                     "early": sorted(src.early) if src else [],
                     "peer_epoch": self._peer_epoch.get(p),
+                    # the connection we send over: one we opened, the peer's, or none
+                    "sends_over": over.get(p),
                 }
             return {"rank": self.rank, "epoch": self.epoch, "generation": self.generation,
                     "buffer_bytes": self.log.held, "buffer_peak": self.log.peak,

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from raps_slurm.checkpoint.logstore import MAX_SEGMENT
@@ -51,6 +51,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raps.runtime")
 _LEAD = framing.HEADER.size + HEADER.size  # stream bytes of a frame before its payload
+# s a first incarnation waits for a lower rank's connection before it opens its own: a
+# lower rank opens its connections to the higher ones when it starts (its first send or
+# receive), so when it runs at all they come within milliseconds.
+CONNECT_GRACE = 0.5
+DONE = float("-inf")  # in _deferred: the grace is over
 
 
 def _padding(parts: list[bytes | bytearray | memoryview] | list[bytes | memoryview]
@@ -84,6 +89,8 @@ class PeerLinks:
     _mu: threading.Lock
     _out: dict[int, Outgoing]
     _out_lock: threading.Lock
+    _deferred: dict[int, float]  # lower rank -> until when we wait for its connection
+    _dialing: dict[int, threading.Lock]  # dst -> held while a connection to it is made
     _peer_epoch: dict[int, int]
     _hello_cids: dict[int, int]
     _error: MessagingError | None
@@ -97,6 +104,7 @@ class PeerLinks:
     _blocked: dict[int, float]
     _sums: dict[int, list[tuple[int, int]]]  # dst -> (seq, crc) not sent yet (sending.py)
     _send_sums: Callable[[], None]  # sends those (sending.py)
+    _relay_progress: Callable[[], None]  # PROGRESS while this rank waits (receiving.py)
     _acked: dict[int, int]
     _floor_epoch: dict[int, int]
     _pending_hellos: dict[int, tuple[int, int]]
@@ -129,20 +137,49 @@ class PeerLinks:
             self._work.put(lambda s=src, q=seq, e=epoch: self._resend(s, q, epoch=e))  # type: ignore[misc]
 
     def _outgoing(self, dst: int) -> Outgoing | None:
+        """The connection to send to ``dst`` over: the one in use, else ``dst``'s own to
+        this rank (one TCP connection per pair: a message's ACK rides on the answer
+        instead of costing a packet of its own), else a new one. A first incarnation
+        waits up to :data:`CONNECT_GRACE` for a lower rank's connection (each rank opens
+        those to the ranks above it when it starts) before it opens its own; None
+        meanwhile, the message waiting in the log as for a peer not reachable yet."""
         with self._out_lock:
             o = self._out.get(dst)
         if o is not None:
             return o
-        where = self.port.lookup(dst)
-        if where is None:
-            return None
-        host, port_no, epoch, _ = where
-        if epoch < self._peer_epoch.get(dst, 0):
-            return None  # not published yet by the newer incarnation
-        try:
-            o = self.listener.connect((host, port_no), epoch, dst)
-        except OSError:
-            return None
+        # One thread at a time makes it: two connections at once (a send and the
+        # greeting) left the peer answering over the one that was closed.
+        with self._dialing.setdefault(dst, threading.Lock()):
+            with self._out_lock:
+                o = self._out.get(dst)
+            if o is not None:
+                return o
+            return self._open(dst)
+
+    def _open(self, dst: int) -> Outgoing | None:
+        known = self._peer_epoch.get(dst, 0)
+        if self._deferred.get(dst, DONE) > self._clock():
+            o = self.listener.reverse(dst, known)  # no lookup per message meanwhile
+            if o is None:
+                return None
+        else:
+            where = self.port.lookup(dst)
+            o = self.listener.reverse(dst, max(known, where[2] if where is not None else 0))
+        if o is not None:
+            self._deferred[dst] = DONE
+        else:
+            if where is None:
+                return None
+            host, port_no, epoch, _ = where
+            if epoch < known:
+                return None  # not published yet by the newer incarnation
+            if dst < self.rank and self.epoch == epoch == 1 and dst not in self._deferred:
+                self._deferred[dst] = self._clock() + CONNECT_GRACE
+                return None  # the ticker tries again once it is over
+            try:
+                o = self.listener.connect((host, port_no), epoch, dst)
+            except OSError:
+                return None
         with self._mu:
             delivered = self.inbox.delivered(dst)
         try:
@@ -153,15 +190,20 @@ class PeerLinks:
         with self._out_lock:
             old = self._out.get(dst)
             if old is not None:  # another thread connected first
-                o.close()
+                if not o.theirs:  # theirs stays open: the peer sends over it
+                    o.close()
                 return old
             self._out[dst] = o
         return o
 
-    def _drop_out(self, dst: int, o: Outgoing | None = None) -> None:
+    def _drop_out(self, dst: int, o: Outgoing | None = None, *, below: int = 0) -> None:
+        """Close the connection we send to ``dst`` over (only if it is ``o``; only if
+        its peer's epoch is below ``below``: one to the new incarnation may be in use
+        already)."""
         with self._out_lock:
             cur = self._out.get(dst)
-            if cur is not None and (o is None or cur is o):
+            if cur is not None and (o is None or cur is o) and (
+                    not below or cur.peer_epoch < below):
                 del self._out[dst]
                 cur.close()
 
@@ -322,7 +364,7 @@ class PeerLinks:
                 self.listener.drop(cid)
                 return
             if f.epoch > known and known:
-                self._drop_out(f.src)  # it moved: reconnect to its new address
+                self._drop_out(f.src, below=f.epoch)  # it moved: reconnect to it
             if new_conn and self._started:
                 # Not before restore(): our HELLO says what we delivered, which a restore
                 # is about to change (_start greets every peer afterwards).
@@ -395,39 +437,14 @@ class PeerLinks:
         if (epoch, seq) > (e, q):
             self._heard[src] = (epoch, seq, self._clock())
 
-    def _relay_progress(self) -> None:
-        """While this rank waits for peers that progress, tell the peers it is connected
-        to how long ago that progress was (PROGRESS): their receives waiting on this rank
-        then wait as long as the chain moves (a neighbour's neighbour re-executing).
-
-        The age only grows from hop to hop, never refreshed by a relay: in a real
-        deadlock (nobody progresses) every wait still ends after ``recv_timeout``. A rank
-        relays an origin at most once per ``recv_timeout / 64`` (0.05-5 s), so a chain
-        of waits longer than about 64 ranks may still time out."""
-        now = self._clock()
-        with self._mu:
-            if not self._blocked:
-                return
-            origin = self.heard_at(self._blocked)
-            period = max(0.05, min(5.0, self.s.recv_timeout / 64))
-            if now - origin >= self.s.recv_timeout or origin - self._relayed < period:
-                return
-            self._relayed = origin
-            waiting = set(self._blocked)
-        with self._out_lock:
-            peers = [d for d in self._out if d not in waiting]
-        age_ms = min(int((now - origin) * 1000), 2**63 - 1)
-        for dst in peers:
-            self._control(dst, PROGRESS, age_ms)
-
-    def heard_at(self, sources: Iterable[int]) -> float:
-        """When the last progress came from any of ``sources`` (``_mu`` held; 0: never)."""
-        return max((self._heard[s][2] for s in sources if s in self._heard), default=0.0)
-
     def _on_close(self, cid: int) -> None:
         with self._mu:
             self._hello_cids.pop(cid, None)
             self.inbox.cancel(cid)
+        with self._out_lock:  # the connection we sent over, if it was this one
+            gone = [dst for dst, o in self._out.items() if o.cid == cid]
+            for dst in gone:
+                del self._out[dst]
 
     # --- background ------------------------------------------------------------------
 
@@ -456,6 +473,7 @@ class PeerLinks:
             try:
                 self._flush()
                 self._send_sums()
+                self._connect_deferred()
                 with self._mu:
                     due = self.log.spill_due()
                 if due:
@@ -468,6 +486,16 @@ class PeerLinks:
             except Exception as exc:
                 if not self._closed:
                     log.warning("rank %d: log flush failed: %s", self.rank, exc)
+
+    def _connect_deferred(self) -> None:
+        """Greet each lower rank whose connection did not come within
+        :data:`CONNECT_GRACE` over one of our own (its answer brings what waits in the
+        log: HELLO, then a resend)."""
+        now = self._clock()
+        for dst, until in list(self._deferred.items()):
+            if until != DONE and now >= until:
+                self._deferred[dst] = DONE
+                self._work.put(lambda d=dst: self._hello(d))  # type: ignore[misc]
 
     def _flush(self) -> None:
         # The disk write happens outside _mu (sends and the readers go on); the

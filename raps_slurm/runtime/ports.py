@@ -26,7 +26,7 @@ from raps_slurm.checkpoint.manifest import Manifest
 from raps_slurm.checkpoint.reader import materialize
 from raps_slurm.checkpoint.writer import encode_state
 from raps_slurm.runtime.agent_client import AgentError
-from raps_slurm.runtime.transport import KEY_BYTES, RankKeys
+from raps_slurm.runtime.rankauth import KEY_BYTES, RankKeys
 
 
 class Port(Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from raps_slurm.runtime.frames import ALIGN, DATA, HEADER
+from raps_slurm.runtime.frames import ALIGN, DATA, HEADER, PROGRESS
 from raps_slurm.runtime.msglog import MessagingError, Placed
 from raps_slurm.runtime.sending import Sending
 
@@ -177,3 +177,32 @@ class Receiving(Sending):
         """Where a receive's wait counts from (``_mu`` held): its start, or the sources'
         last progress after it unless the caller gave a timeout of its own."""
         return start if timeout is not None else max(start, self.heard_at(sources))
+
+    def _relay_progress(self) -> None:
+        """While this rank waits for peers that progress, tell the peers it is connected
+        to how long ago that progress was (PROGRESS): their receives waiting on this rank
+        then wait as long as the chain moves (a neighbour's neighbour re-executing).
+
+        The age only grows from hop to hop, never refreshed by a relay: in a real
+        deadlock (nobody progresses) every wait still ends after ``recv_timeout``. A rank
+        relays an origin at most once per ``recv_timeout / 64`` (0.05-5 s), so a chain
+        of waits longer than about 64 ranks may still time out."""
+        now = self._clock()
+        with self._mu:
+            if not self._blocked:
+                return
+            origin = self.heard_at(self._blocked)
+            period = max(0.05, min(5.0, self.s.recv_timeout / 64))
+            if now - origin >= self.s.recv_timeout or origin - self._relayed < period:
+                return
+            self._relayed = origin
+            waiting = set(self._blocked)
+        with self._out_lock:
+            peers = [d for d in self._out if d not in waiting]
+        age_ms = min(int((now - origin) * 1000), 2**63 - 1)
+        for dst in peers:
+            self._control(dst, PROGRESS, age_ms)
+
+    def heard_at(self, sources: Iterable[int]) -> float:
+        """When the last progress came from any of ``sources`` (``_mu`` held; 0: never)."""
+        return max((self._heard[s][2] for s in sources if s in self._heard), default=0.0)

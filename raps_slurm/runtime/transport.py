@@ -1,8 +1,10 @@
 """TCP between ranks: an authenticated handshake, MAC'd frames, handed to the pump.
 
 Each rank listens on one TCP port and publishes ``host:port`` and its epoch (through its
-agent, or a directory in local mode). A rank sends over one outgoing connection per
-peer. Each incoming connection does its handshake on a thread of its own, then joins
+agent, or a directory in local mode). Two ranks talk over one connection, both ways: the
+pump reads a connection this rank opened as well as one it accepted, and the listening
+rank may send over the latter (:meth:`Listener.reverse`; which one is used:
+runtime/links.py). Each incoming connection does its handshake on a thread of its own, then joins
 the rank's :class:`~raps_slurm.runtime.pump.Pump`, which reads every connection on the
 application's thread while it waits for a message and on a background thread otherwise:
 a rank's reading never waits long for its application, so two ranks that send to each
@@ -57,28 +59,17 @@ import os
 import socket
 import struct
 import threading
-import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import blake3
-
-from raps_slurm.errors import RapsError
-from raps_slurm.logquota import LogQuota
-from raps_slurm.runtime.frames import ALIGN, DATA, HEADER, MAX_MESSAGE, Frame, FrameError, decode
+from raps_slurm.runtime.frames import DATA, Frame, FrameError, decode
 from raps_slurm.runtime.pump import Conn, Pump
+from raps_slurm.runtime.rankauth import FRAME_MAC, KEY_BYTES, PROTOCOL, Auth
 from raps_slurm.wire import datapath, framing
 from raps_slurm.wire.gate import Gate
 
 log = logging.getLogger("raps.runtime")
 
-PROTOCOL = b"raps-rank/3"
-FRAME_MAC = ("control", "all")  # messagelog.frame_mac: which frames carry a MAC
-KEY_BYTES = 32
 HANDSHAKE_MAX = 96  # bytes of a handshake frame: a 2 GiB header is refused from 4 bytes
-ASK_EVERY = 1.0  # s: a peer's keys are asked of the agent again at most this often
-ASK_BURST = 2.0  # ... after this many at once
 HANDSHAKE_TIMEOUT = 10.0  # the whole handshake, so a slow or silent stranger goes
 MAX_HANDSHAKES = 32  # connections in their handshake at once; more evict the oldest
 HANDSHAKES_PER_SOURCE = 16  # of those, from one address: at most half the slots
@@ -95,122 +86,12 @@ MIN_RATE = 10e6  # bytes/s
 # 4 MiB lost at 8 MiB). At most this much in flight per connection.
 UNIX_SNDBUF = 1 << 20
 _HELLO = struct.Struct(f">{len(PROTOCOL)}s16sIIQQB")
-_BOUND = struct.Struct(">IIQQB")  # what a proof binds besides the nonces
 _NONCE = 16
 
 
 # (source, its epoch, connection, the frame's buffered bytes, its length) -> (k, target):
 # where a large DATA frame's body goes after its first k bytes (FrameReader.place)
 Place = Callable[[int, int, int, memoryview, int], "tuple[int, memoryview] | None"]
-
-
-@dataclass(frozen=True)
-class RankKeys:
-    """The keys of one rank's traffic with a peer, and where the rank map puts the peer:
-    ``connect`` is proved when connecting to it (empty: none to be had), ``accept`` are
-    the keys it may prove when it connects here, ``epoch`` the epoch it runs at (None:
-    not checked, for a fixed test key)."""
-
-    connect: bytes
-    accept: tuple[bytes, ...]
-    epoch: int | None
-
-
-def tagged(kind: int, mode: str) -> bool:
-    """Whether a frame of ``kind`` carries a MAC under ``frame_mac`` ``mode``."""
-    return mode == "all" or kind != DATA
-
-
-class Auth:
-    """One rank's keys: proofs, session keys, refusal counts. ``keys`` gives the
-    :class:`RankKeys` of a peer rank (or is one key for every pair, in tests); ``epoch``
-    is this incarnation's, ``frame_mac`` which frames carry a MAC (:data:`FRAME_MAC`)."""
-
-    def __init__(self, keys: bytes | Callable[[int], RankKeys], rank: int,
-                 max_message: int = MAX_MESSAGE, *, epoch: int = 0,
-                 frame_mac: str = "control", ranks: int = 1 << 31) -> None:
-        if isinstance(keys, bytes):
-            if len(keys) != KEY_BYTES:
-                raise ValueError(f"key of {len(keys)} bytes: exactly {KEY_BYTES} are needed")
-            fixed = RankKeys(keys, (keys,), None)
-            keys = lambda peer: fixed  # noqa: E731
-        if not 0 < max_message <= (1 << 32) - ALIGN - HEADER.size - framing.TAG_SIZE:
-            raise ValueError(f"max_message {max_message}: expected 1..4 GiB")
-        if frame_mac not in FRAME_MAC:
-            raise ValueError(f"frame_mac {frame_mac!r}: expected one of {', '.join(FRAME_MAC)}")
-        self._source, self.rank, self.max_message = keys, rank, max_message
-        # peer -> (its keys or why there are none, when asked, forgotten since, tokens)
-        self._keys: dict[int, tuple[RankKeys | str, float, bool, float]] = {}
-        self.ranks = ranks
-        self.epoch, self.frame_mac = epoch, frame_mac
-        self.mode = FRAME_MAC.index(frame_mac)
-        # a DATA frame's padding (frames.pad) counts: at most ALIGN - 1 bytes
-        self.max_frame = HEADER.size + ALIGN - 1 + max_message + framing.TAG_SIZE
-        self.refused: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        self._quota = LogQuota(log)
-
-    def keys_for(self, peer: int, fresh: bool = False) -> RankKeys:
-        """``peer``'s :class:`RankKeys`, asked once and kept (``fresh``: asked again, as
-        after the peer moved or a handshake with it failed); FrameError if not to be had.
-
-        Asking again takes a token of the peer's bucket (:data:`ASK_BURST` at once, one
-        more each :data:`ASK_EVERY`): a new incarnation's first hello is answered at
-        once, and a stranger's hellos (a rank out of range, a wrong epoch, a wrong
-        proof) cost the agent and etcd no more than that; an answer or a refusal is kept
-        until then."""
-        if not 0 <= peer < self.ranks:
-            raise FrameError(f"rank {peer}: this job has ranks 0..{self.ranks - 1}",
-                             "handshake")
-        now = time.monotonic()
-        with self._lock:
-            known = self._keys.get(peer)
-            ask, tokens = known is None, 0.0
-            if known is not None and (fresh or known[2]):
-                tokens = min(ASK_BURST, known[3] + (now - known[1]) / ASK_EVERY)
-                ask = tokens >= 1
-        if ask:
-            try:
-                got: RankKeys | str = self._source(peer)
-            except (OSError, RapsError) as exc:
-                got = f"no keys for rank {peer}: {exc}"
-            with self._lock:
-                left = ASK_BURST - 1 if known is None else tokens - 1
-                self._keys[peer] = known = (got, now, False, left)
-        assert known is not None
-        if isinstance(known[0], str):
-            raise FrameError(known[0], "handshake")
-        return known[0]
-
-    def forget(self, peer: int) -> None:
-        """Ask for ``peer``'s keys again next time (if its bucket has a token)."""
-        with self._lock:
-            known = self._keys.get(peer)
-            if known is not None:
-                self._keys[peer] = (known[0], known[1], True, known[3])
-
-    def proof(self, key: bytes, side: bytes, nc: bytes, ns: bytes, src: int, dst: int,
-              src_epoch: int = 0, dst_epoch: int = 0) -> bytes:
-        """``P(side)`` of the module docstring under ``key`` (this rank's ``frame_mac``
-        bound in)."""
-        bound = _BOUND.pack(src, dst, src_epoch, dst_epoch, self.mode)
-        return bytes(blake3.blake3(PROTOCOL + side + nc + ns + bound, key=key).digest())
-
-    def tagged(self, first: int) -> bool:
-        """Whether a frame whose body starts with ``first`` (its kind) carries a MAC."""
-        return tagged(first, self.frame_mac)
-
-    def refuse(self, kind: str, peer: str, reason: object) -> None:
-        """Count one refusal and log it (one line, at most one per kind per 10 s)."""
-        with self._lock:
-            self.refused[kind] += 1
-        self._quota.log(kind, logging.WARNING, "rank %d: refused %s (%s): %s", self.rank,
-                        peer, kind, reason)
-
-    def refusals(self) -> dict[str, int]:
-        """A copy of ``refused`` (kind -> connections)."""
-        with self._lock:
-            return dict(self.refused)
 
 
 def unix_name(address: tuple[str, int]) -> str:
@@ -276,6 +157,7 @@ class Listener:
         self.unix = unix
         self._on_frame, self._on_close, self._place = on_frame, on_close, place
         self._conns: dict[int, socket.socket] = {}
+        self._reverse: dict[int, Outgoing] = {}  # src -> its connection's sending side
         self._lock = threading.Lock()
         self._next = 0
         self._gate = Gate(MAX_HANDSHAKES, self._count, per_source=HANDSHAKES_PER_SOURCE,
@@ -302,9 +184,23 @@ class Listener:
     def connect(self, address: tuple[str, int], epoch: int, dst: int,
                 timeout: float = 5.0) -> Outgoing:
         """An authenticated connection to rank ``dst`` at ``address`` (OSError if not):
-        over a Unix socket when the peer is on this host and this listener uses them."""
-        return Outgoing(address, epoch, self.auth, dst, timeout, unix=self.unix,
-                        on_full=self.pump.stalled)
+        over a Unix socket when the peer is on this host and this listener uses them.
+        The pump reads it too: ``dst`` may answer over it (:meth:`reverse`)."""
+        o = Outgoing(address, epoch, self.auth, dst, timeout, unix=self.unix,
+                     on_full=self.pump.stalled)
+        reader = framing.FrameReader(o.sock, max_size=self.auth.max_frame,
+                                     buffer_size=64 << 10)
+        self._session(reader, o.session, b"s")
+        with self._lock:
+            if self._closed:
+                o.close()
+                raise OSError("listener closed")
+            self._next += 1
+            o.cid = self._next
+            self._conns[o.cid] = o.sock
+        o.shared = True  # the pump closes it
+        self._join(Conn(o.cid, o.sock, reader, dst, epoch))
+        return o
 
     def _accept(self, sock: socket.socket) -> None:
         local = sock.family == socket.AF_UNIX
@@ -344,9 +240,10 @@ class Listener:
         self.auth.refuse("connections" if kind == "busy" else kind, "a peer",
                          _GATE_REASONS.get(kind, kind))
 
-    def _handshake(self, conn: socket.socket) -> tuple[framing.FrameReader, int, int]:
-        """The server side of the handshake: the reader for the session, the peer and its
-        epoch."""
+    def _handshake(self, conn: socket.socket
+                   ) -> tuple[framing.FrameReader, int, int, bytes]:
+        """The server side of the handshake: the reader for the session, the peer, its
+        epoch and the session key."""
         reader = framing.FrameReader(conn, max_size=HANDSHAKE_MAX,
                                      frame_timeout=HANDSHAKE_TIMEOUT, buffer_size=64 << 10)
         hello = reader.read(idle_timeout=HANDSHAKE_TIMEOUT)
@@ -381,12 +278,19 @@ class Listener:
             self.auth.forget(src)
             raise FrameError(f"rank {src}'s proof does not match the key of its node",
                              "authentication")
-        reader.mac = framing.FrameMac(self.auth.proof(key, b"k", nc, ns, *bound), "blake3",
-                                      b"c")
+        session = self.auth.proof(key, b"k", nc, ns, *bound)
+        self._session(reader, session, b"c")
+        return reader, src, src_epoch, session
+
+    def _session(self, reader: framing.FrameReader, session: bytes, side: bytes) -> None:
+        """``reader`` set for a session's frames from ``side`` (``c``: the connecting
+        rank's, ``s``: the listening rank's on the same connection)."""
+        reader.mac = framing.FrameMac(session, "blake3", side)
         reader.tagged = self.auth.tagged
         reader.max_size = self.auth.max_frame
         reader.frame_timeout, reader.min_rate = FRAME_TIMEOUT, MIN_RATE
-        return reader, src, src_epoch
+        reader.nonblocking()
+        reader.pool = self.pump.buffers
 
     def _read(self, conn: socket.socket, cid: int) -> None:
         """The handshake, on a thread of its own (a stranger's slowness costs no one
@@ -394,19 +298,37 @@ class Listener:
         evicted = False
         try:
             try:
-                reader, src, epoch = self._handshake(conn)
+                reader, src, epoch, session = self._handshake(conn)
             finally:
                 evicted = self._gate.evicted(conn)  # then counted by the gate already
                 self._gate.leave(conn)
-            reader.nonblocking()
-            reader.pool = self.pump.buffers
-            if self._place is not None:
-                where = self._place
-                reader.place = lambda buffered, n: where(src, epoch, cid, buffered, n)
         except Exception as exc:  # refused or logged, then closed
             self._ended(cid, conn, None if evicted else exc, authenticated=False)
             return
-        self.pump.add(Conn(cid, conn, reader, src, epoch))
+        with self._lock:
+            old = self._reverse.get(src)
+            if old is None or old.peer_epoch <= epoch:
+                # this rank may answer over it (reverse): one connection for both ways
+                self._reverse[src] = Outgoing.over(conn, session, epoch, self.auth, cid,
+                                                   on_full=self.pump.stalled)
+        self._join(Conn(cid, conn, reader, src, epoch))
+
+    def _join(self, c: Conn) -> None:
+        if self._place is not None:
+            where, src, epoch, cid = self._place, c.src, c.epoch, c.cid
+            c.reader.place = lambda buffered, n: where(src, epoch, cid, buffered, n)
+        self.pump.add(c)
+
+    def reverse(self, src: int, epoch: int) -> Outgoing | None:
+        """The sending side of ``src``'s own connection to this rank, if one at ``epoch``
+        or later is open and not yet taken: handed out once (the caller sends on it from
+        then on, and frames go in order on one connection only)."""
+        with self._lock:
+            o = self._reverse.get(src)
+            if o is None or o.peer_epoch < epoch:
+                return None
+            del self._reverse[src]
+            return o
 
     def _body(self, c: Conn, body: memoryview, owned: bool) -> None:
         if len(body) > self.auth.max_frame - framing.TAG_SIZE:  # an untagged frame's bound
@@ -443,6 +365,9 @@ class Listener:
             log.error("rank %d: incoming connection %d: %r", self.auth.rank, cid, exc)
         with self._lock:
             self._conns.pop(cid, None)
+            for src, o in list(self._reverse.items()):
+                if o.cid == cid:
+                    del self._reverse[src]
         with contextlib.suppress(OSError):
             conn.close()
         if authenticated:
@@ -474,23 +399,24 @@ class Listener:
 
 
 class Outgoing:
-    """The authenticated connection to one peer (sends only, once the handshake is
-    done; its answers come on the peer's own connection to us)."""
+    """The sending side of an authenticated connection to one peer: one this rank opened
+    (the pump reads the peer's answers on it), or the peer's (:meth:`over`)."""
+
+    cid: int | None = None  # the connection's, once the pump reads it
+    shared = False  # the pump reads it too, and closes it
+    theirs = False  # the peer opened it (:meth:`over`)
 
     def __init__(self, address: tuple[str, int], epoch: int, auth: Auth, dst: int,
                  timeout: float = 5.0, *, unix: bool = False,
                  on_full: Callable[[socket.socket], None] | None = None) -> None:
-        self.peer_epoch = epoch
-        self._on_full = on_full  # while the socket is full (Pump.stalled)
-        self._max, self._max_message = auth.max_frame, auth.max_message
-        self._tagged = auth.tagged
+        self._setup(epoch, auth, on_full)
         peer = f"{address[0]}:{address[1]}"
         sock = _unix(address, timeout) if unix else None
         self.local = sock is not None  # over a Unix socket: the peer is on this host
         if sock is not None:
             self.sock = sock
             try:
-                self.mac = self._handshake(auth, dst, peer, timeout)
+                self.session = self._handshake(auth, dst, peer, timeout)
             except (OSError, FrameError) as exc:
                 log.debug("rank %d: Unix connection to rank %d failed (%s): TCP", auth.rank,
                           dst, exc)
@@ -500,17 +426,43 @@ class Outgoing:
             self.sock = socket.create_connection(address, timeout=timeout)
             try:
                 self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self.mac = self._handshake(auth, dst, peer, timeout)
+                self.session = self._handshake(auth, dst, peer, timeout)
             except BaseException:
                 self.close()
                 raise
+        self.mac = framing.FrameMac(self.session, "blake3", b"c")
+        self._ready()
+
+    def _setup(self, epoch: int, auth: Auth,
+               on_full: Callable[[socket.socket], None] | None) -> None:
+        self.peer_epoch = epoch
+        self._on_full = on_full  # while the socket is full (Pump.stalled)
+        self._max, self._max_message = auth.max_frame, auth.max_message
+        self._tagged = auth.tagged
+        self.lock = threading.Lock()
+
+    def _ready(self) -> None:
         self.sock.settimeout(None)
         if self.local:  # a 1 MiB message goes in one write, not five wake-ups of the sender
             with contextlib.suppress(OSError):
                 self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SNDBUF)
-        self.lock = threading.Lock()
 
-    def _handshake(self, auth: Auth, dst: int, peer: str, timeout: float) -> framing.FrameMac:
+    @classmethod
+    def over(cls, sock: socket.socket, session: bytes, epoch: int, auth: Auth, cid: int, *,
+             on_full: Callable[[socket.socket], None] | None = None) -> Outgoing:
+        """The sending side of the peer's connection ``cid`` to this rank, after its
+        handshake (session key ``session``, the peer at ``epoch``): this rank's frames
+        carry the other direction's label (``s``), so none can be sent back as the
+        peer's."""
+        o = cls.__new__(cls)
+        o._setup(epoch, auth, on_full)
+        o.sock, o.session, o.cid, o.shared, o.theirs = sock, session, cid, True, True
+        o.local = sock.family == socket.AF_UNIX
+        o.mac = framing.FrameMac(session, "blake3", b"s")
+        o._ready()
+        return o
+
+    def _handshake(self, auth: Auth, dst: int, peer: str, timeout: float) -> bytes:
         key = auth.keys_for(dst).connect
         if not key:
             raise FrameError(f"no key to reach rank {dst} at {peer}: this node holds no "
@@ -542,7 +494,7 @@ class Outgoing:
         except framing.FrameError as exc:
             raise FrameError(f"handshake with rank {dst} at {peer}: {exc}",
                              "handshake") from None
-        return framing.FrameMac(auth.proof(key, b"k", nc, ns, *bound), "blake3", b"c")
+        return auth.proof(key, b"k", nc, ns, *bound)
 
     def send(self, parts: list[bytes | memoryview]) -> None:
         """Write one frame whole, its header first (OSError if the peer is gone or the
@@ -576,6 +528,10 @@ class Outgoing:
                 raise FrameError(str(exc), exc.kind) from None
 
     def close(self) -> None:
-        """Close."""
+        """Close (a connection the pump reads: shut down, and the pump closes it once it
+        has seen the end)."""
         with contextlib.suppress(OSError):
-            self.sock.close()
+            if self.shared:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            else:
+                self.sock.close()

@@ -336,6 +336,7 @@ class FrameReader:
         self._view = placed(bytearray(buffer_size + PAGE), buffer_size, FRAME_AT)
         self._start = self._end = 0
         self._timeout: float | None = -1.0  # the socket's, as last set here
+        self._flags = 0  # poll()'s recv flags: MSG_DONTWAIT after nonblocking()
         self.owned = False
         # poll(): the frame under way (its own buffer when large) and its deadline
         self._big: memoryview | None = None
@@ -416,8 +417,11 @@ class FrameReader:
             self._start, self._end = 0, left
 
     def nonblocking(self) -> None:
-        """Put the socket in non-blocking mode, for :meth:`poll`."""
-        self._settimeout(0.0)
+        """Read without waiting, for :meth:`poll`: each receive says so (``MSG_DONTWAIT``)
+        and the socket stays blocking, so that a thread may send on it as well (one
+        connection carries both directions between two ranks: runtime/transport.py)."""
+        self._settimeout(None)
+        self._flags = socket.MSG_DONTWAIT
 
     def pending(self) -> bool:
         """Bytes buffered that :meth:`poll` has not returned (the socket may not be
@@ -431,7 +435,7 @@ class FrameReader:
     def _take(self, into: memoryview) -> int:
         """Bytes read without waiting (0: none now); FrameError when the stream ended."""
         try:
-            got = self.sock.recv_into(into)
+            got = self.sock.recv_into(into, 0, self._flags)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:

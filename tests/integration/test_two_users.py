@@ -26,7 +26,8 @@ import pytest
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.runtime.checkpoint import CheckpointClient
 from raps_slurm.runtime.frames import DATA, encode
-from raps_slurm.runtime.transport import _HELLO, HANDSHAKE_MAX, PROTOCOL, Auth
+from raps_slurm.runtime.rankauth import PROTOCOL, Auth
+from raps_slurm.runtime.transport import _HELLO, HANDSHAKE_MAX
 from raps_slurm.store import Keys, StateStore
 from raps_slurm.testing.cluster import LocalCluster, wait_until
 from raps_slurm.testing.jobs import HEAT_RING, agent_job, heat_reference, system_user

@@ -30,7 +30,8 @@ from raps_slurm.runtime.frames import (
     encode,
 )
 from raps_slurm.runtime.ports import LocalPort
-from raps_slurm.runtime.transport import HANDSHAKE_MAX, PROTOCOL, Auth, Listener, Outgoing
+from raps_slurm.runtime.rankauth import PROTOCOL, Auth
+from raps_slurm.runtime.transport import HANDSHAKE_MAX, Listener, Outgoing
 from raps_slurm.wire import framing
 
 PARAMS = CodecParams(avg_chunk_kb=4)

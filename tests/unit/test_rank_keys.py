@@ -17,16 +17,12 @@ from raps_slurm.agent.proc import Peer
 from raps_slurm.checkpoint.peer_keys import PeerKeys, make_tickets
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry
 from raps_slurm.runtime.frames import DATA, HELLO, Frame, FrameError, encode
+from raps_slurm.runtime.rankauth import ASK_BURST, ASK_EVERY, PROTOCOL, Auth, RankKeys
 from raps_slurm.runtime.transport import (
     _HELLO,
-    ASK_BURST,
-    ASK_EVERY,
     HANDSHAKE_MAX,
-    PROTOCOL,
-    Auth,
     Listener,
     Outgoing,
-    RankKeys,
     unix_name,
 )
 from raps_slurm.store import Keys, MemoryStore
