@@ -114,7 +114,7 @@ def test_a_higher_rank_opens_its_own_connection_when_the_lower_one_stays_silent(
     """Rank 0 does not communicate at all for longer than the grace: rank 1's message
     waits in its log, rank 1 connects itself, and rank 0, once it receives, answers over
     rank 1's connection."""
-    quiet = CONNECT_GRACE * 3
+    quiet = CONNECT_GRACE * 6  # rank 1 connects after the grace, well before rank 0 starts
     got: list[tuple[bytes, float]] = []
 
     def body(ctx: Context) -> None:
