@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raps_slurm.runtime.context import Context
-from raps_slurm.runtime.msglog import Placed
+from raps_slurm.runtime.inbox import Placed
 from raps_slurm.runtime.receiving import Into
 
 ANY_SOURCE, ANY_TAG, PROC_NULL = -1, -1, -2

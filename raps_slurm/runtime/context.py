@@ -38,10 +38,10 @@ from raps_slurm.core.launch import LOST_EXIT, PREEMPTED_EXIT
 from raps_slurm.errors import RapsError
 from raps_slurm.runtime.arena import Arena
 from raps_slurm.runtime.frames import COVERED, MAX_MESSAGE, SENT_FLOOR
+from raps_slurm.runtime.inbox import Inbox
 from raps_slurm.runtime.msglog import (
     ARENA_AT,
     Entry,
-    Inbox,
     MessagingError,
     SenderLog,
     checksum,

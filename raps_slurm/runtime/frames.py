@@ -99,7 +99,7 @@ def decode(body: bytes | bytearray | memoryview, *, owned: bool = False,
     """One frame from its (authenticated) body; FrameError if it is malformed. The payload
     is a copy unless ``owned`` says the body's buffer is the caller's to keep (a large
     frame read into its own buffer): then it is a view, and 8 MiB skip a copy. ``placed``:
-    the rest of a DATA frame's body, read elsewhere (msglog.Placed)."""
+    the rest of a DATA frame's body, read elsewhere (inbox.Placed)."""
     if len(body) < HEADER.size:
         raise FrameError(f"frame of {len(body)} bytes is shorter than its header")
     kind, src, dst, seq, epoch, length, crc = HEADER.unpack_from(body)

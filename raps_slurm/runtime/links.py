@@ -30,12 +30,11 @@ from raps_slurm.runtime.frames import (
     pad,
     sums,
 )
+from raps_slurm.runtime.inbox import Inbox, Placed
 from raps_slurm.runtime.msglog import (
     Entry,
-    Inbox,
     MessagingError,
     NotDeterministic,
-    Placed,
     SenderLog,
     checksum,
     parse_records,

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from raps_slurm.runtime.frames import ALIGN, DATA, HEADER, PROGRESS
-from raps_slurm.runtime.msglog import MessagingError, Placed
+from raps_slurm.runtime.inbox import Placed
+from raps_slurm.runtime.msglog import MessagingError
 from raps_slurm.runtime.sending import Sending
 
 # (the payload's bytes buffered so far, its length) -> (k, target): the payload after

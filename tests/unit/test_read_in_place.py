@@ -16,7 +16,8 @@ import pytest
 
 from raps_slurm.checkpoint.codec import CodecParams
 from raps_slurm.runtime.context import Context, Settings
-from raps_slurm.runtime.msglog import Inbox, NotDeterministic, Placed
+from raps_slurm.runtime.inbox import Inbox, Placed
+from raps_slurm.runtime.msglog import NotDeterministic
 from raps_slurm.runtime.ports import LocalPort
 from raps_slurm.wire import framing
 
