@@ -19,6 +19,7 @@ from raps_slurm.mpi.groups import CONGRUENT, IDENT, Group
 from raps_slurm.mpi.requests import Prequest, Request, Status
 from raps_slurm.mpi.types import MPIException, Namespace, unsupported
 from raps_slurm.mpi.world import World, world
+from raps_slurm.runtime.transport import READ_BUFFER
 from raps_slurm.wire import datapath
 
 if TYPE_CHECKING:
@@ -29,14 +30,18 @@ Exception = MPIException
 
 # attribute keys (Open MPI's values) and what they give
 KEY_TAG_UB, KEY_IO, KEY_WTIME_IS_GLOBAL, KEY_APPNUM, KEY_UNIVERSE_SIZE = 0, 2, 3, 4, 6
+# A receive buffer smaller is never read into as the message comes: its message's frame
+# fits a connection's read buffer (framing and envelope take far less than 4 KiB).
+PLACE_MIN = READ_BUFFER - 4096
 TAG_UB_VALUE = 2**31 - 1  # the envelope's tag is a signed 32-bit integer
 
 
 def _may_read_into(r: Recv, b: Buffer) -> None:
     """A large message for ``r`` may be read straight into ``b`` while ``r`` is waited
     for alone (engine.Engine._into) when ``b`` is its bytes as they are: a contiguous
-    type over contiguous memory."""
-    if r.msg is None and b.datatype.contiguous and b.flat.flags.c_contiguous:
+    type over contiguous memory, of :data:`PLACE_MIN` bytes or more."""
+    if r.msg is None and b.datatype.contiguous and b.flat.flags.c_contiguous \
+            and b.count * b.datatype.size >= PLACE_MIN:
         r.into = b.raw()
 
 

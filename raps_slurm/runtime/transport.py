@@ -85,6 +85,7 @@ MIN_RATE = 10e6  # bytes/s
 # sender five times; 1 MiB: +15-20 % at 1 MiB between two ranks of one host, docs/benchmarks.md;
 # 4 MiB lost at 8 MiB). At most this much in flight per connection.
 UNIX_SNDBUF = 1 << 20
+READ_BUFFER = 64 << 10  # a connection's read buffer: a frame larger goes to its own
 _HELLO = struct.Struct(f">{len(PROTOCOL)}s16sIIQQB")
 _NONCE = 16
 
@@ -189,7 +190,7 @@ class Listener:
         o = Outgoing(address, epoch, self.auth, dst, timeout, unix=self.unix,
                      on_full=self.pump.stalled)
         reader = framing.FrameReader(o.sock, max_size=self.auth.max_frame,
-                                     buffer_size=64 << 10)
+                                     buffer_size=READ_BUFFER)
         self._session(reader, o.session, b"s")
         with self._lock:
             if self._closed:
@@ -245,7 +246,7 @@ class Listener:
         """The server side of the handshake: the reader for the session, the peer, its
         epoch and the session key."""
         reader = framing.FrameReader(conn, max_size=HANDSHAKE_MAX,
-                                     frame_timeout=HANDSHAKE_TIMEOUT, buffer_size=64 << 10)
+                                     frame_timeout=HANDSHAKE_TIMEOUT, buffer_size=READ_BUFFER)
         hello = reader.read(idle_timeout=HANDSHAKE_TIMEOUT)
         if len(hello) != _HELLO.size:
             raise FrameError(f"first frame of {len(hello)} bytes is not a rank hello",
