@@ -157,10 +157,9 @@ class PeerLinks:
 
     def _open(self, dst: int) -> Outgoing | None:
         known = self._peer_epoch.get(dst, 0)
+        where = None
         if self._deferred.get(dst, DONE) > self._clock():
             o = self.listener.reverse(dst, known)  # no lookup per message meanwhile
-            if o is None:
-                return None
         else:
             where = self.port.lookup(dst)
             o = self.listener.reverse(dst, max(known, where[2] if where is not None else 0))
