@@ -18,6 +18,7 @@
 #include "raps.h"
 #include "raps_int.h"
 
+#define REGISTER_WAIT 10.0 /* seconds a starting rank waits for a fenced node, as Python's */
 #define EXIT_FENCED 75 /* EX_TEMPFAIL, as a fenced Python rank */
 
 struct raps_state S = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
@@ -74,8 +75,11 @@ static int do_register(struct raps_conn *c, double timeout, double *valid_for) {
   int good = raps__json_double(r.body, r.len, "valid_for", valid_for) && isfinite(*valid_for);
   raps__reply_free(&r);
   if (!good) return raps__fail(RAPS_ERR_PROTOCOL, "malformed reply: no valid_for");
-  if (*valid_for <= 0)
-    return raps__fail(RAPS_ERR_REFUSED, "the agent says this node is fenced (valid_for <= 0)");
+  if (*valid_for <= 0) {
+    raps__fail(RAPS_ERR_REFUSED, "the agent says this node is fenced (valid_for <= 0)");
+    raps__set_kind("fenced");
+    return RAPS_ERR_REFUSED;
+  }
   S.valid_until = sent + *valid_for;
   return RAPS_OK;
 }
@@ -264,8 +268,16 @@ int raps_init_with(const char *socket_path, const char *job, int rank, long epoc
   S.rank = rank, S.epoch = epoch;
   raps__conn_init(&S.ck, socket_path);
   raps__conn_init(&S.hb, socket_path);
-  double valid_for;
-  int rc = do_register(&S.hb, S.interval, &valid_for);
+  double valid_for = 0;
+  /* A fenced node (its heartbeats late for a moment) is asked again for up to
+     REGISTER_WAIT s: a rank that has not started has sent nothing a fence must stop. */
+  double give_up = raps__mono() + REGISTER_WAIT;
+  int rc;
+  while ((rc = do_register(&S.hb, S.interval, &valid_for)) == RAPS_ERR_REFUSED
+         && strcmp(last_kind, "fenced") == 0 && raps__mono() < give_up) {
+    struct timespec pause = {0, 100 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+  }
   if (rc != RAPS_OK) {
     raps__conn_close(&S.hb);
     return rc;

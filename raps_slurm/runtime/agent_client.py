@@ -97,6 +97,10 @@ def _is_uint(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+REGISTER_WAIT = 10.0  # seconds a starting rank waits for a fenced node to be valid again
+REGISTER_RETRY = 0.1  # seconds between its registrations meanwhile
+
+
 class AgentClient:
     """One rank's session with the local agent (thread-safe)."""
 
@@ -188,20 +192,32 @@ class AgentClient:
 
     # --- session -------------------------------------------------------------------------
 
-    def register(self) -> float:
-        """Register this rank; returns ``valid_for``. AgentError if refused or unreachable."""
-        try:
-            reply, sent = self._call(self._register_message(), self.interval)
-        except OSError as exc:
-            raise AgentError(f"cannot reach the agent at {self.socket_path}: {exc}") from exc
-        if not reply["ok"]:
-            raise AgentError(str(reply.get("error")), _kind(reply))
-        try:
-            valid_for = _valid_for(reply)
-        except ConnectionError as exc:
-            raise AgentError(str(exc)) from None
-        if valid_for <= 0:
-            raise AgentError("the agent says this node is fenced (valid_for <= 0)", "fenced")
+    def register(self, wait: float = REGISTER_WAIT) -> float:
+        """Register this rank; returns ``valid_for``. AgentError if refused or unreachable.
+
+        While the agent says the node is fenced, asks again for up to ``wait`` seconds:
+        a rank that has not started has sent nothing that a fence must stop, and a node
+        whose heartbeats were late for a moment (a loaded host) is valid again at the
+        next acknowledged one.
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                reply, sent = self._call(self._register_message(), self.interval)
+            except OSError as exc:
+                raise AgentError(f"cannot reach the agent at {self.socket_path}: {exc}") from exc
+            if not reply["ok"]:
+                raise AgentError(str(reply.get("error")), _kind(reply))
+            try:
+                valid_for = _valid_for(reply)
+            except ConnectionError as exc:
+                raise AgentError(str(exc)) from None
+            if valid_for > 0:
+                break
+            if time.monotonic() >= deadline:
+                raise AgentError(f"the agent says this node is fenced (valid_for <= 0), "
+                                 f"still after {wait:g} s", "fenced")
+            time.sleep(REGISTER_RETRY)
         self.valid_until = sent + valid_for
         self._registered = True
         return valid_for

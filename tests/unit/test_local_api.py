@@ -650,10 +650,28 @@ def test_client_register_errors_raise_agent_error(server: LocalApiServer, short_
     with pytest.raises(AgentError, match="cannot reach the agent"):
         AgentClient(short_dir / "nothing.sock", "12", 0, 1, interval=0.1).register()
     validity[0] = 0.0
-    with pytest.raises(AgentError, match="fenced"):
-        client_for(server, fenced, rank=1).register()
+    t0 = time.monotonic()
+    with pytest.raises(AgentError, match=r"fenced \(valid_for <= 0\), still after 0.3 s"):
+        client_for(server, fenced, rank=1).register(wait=0.3)
+    assert time.monotonic() - t0 >= 0.3  # it asked again meanwhile
     with pytest.raises(AgentError, match="register"):
         client_for(server, fenced, rank=1).start()
+
+
+def test_register_waits_for_a_fenced_node_to_be_valid_again(
+        server: LocalApiServer, validity: list[float]) -> None:
+    # A node whose heartbeats were late for a moment (a loaded host) says it is fenced
+    # until the next acknowledged one; a rank starting meanwhile has sent nothing.
+    validity[0] = 0.0
+    timer = threading.Timer(0.5, validity.__setitem__, (0, 2.0))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        assert client_for(server, Fenced(), rank=4).register(wait=5.0) == 2.0
+    finally:
+        timer.cancel()
+    assert 0.4 < time.monotonic() - t0 < 4.0
+    assert ("12", 4) in server.ranks.pids()
 
 
 def test_watchdog_fences_when_the_agent_is_gone(server: LocalApiServer,
