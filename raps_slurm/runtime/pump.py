@@ -33,7 +33,11 @@ from raps_slurm.wire import framing, pool
 HANDOFF = 0.01  # s out of its waits before the application's reading goes back
 IDLE_POLL = 0.5  # s between deadline checks while nothing comes
 BURST = 64  # frames of one connection per pass, so that one peer cannot starve others
-MISSED_SKIP = 8  # waits that do not spin after one whose spin found nothing
+MISSED_SKIP = 8  # waits that do not spin once spins keep finding nothing
+MISS_STREAK = 3  # spins in a row that found nothing before waits stop spinning: one
+# alone is mostly the peer (or this rank) preempted for a moment, and where waking a
+# sleeping thread is slow (a virtual machine whose idle vCPU the host deschedules:
+# 65-200 us) the waits that then slept made the peer's spins miss in turn
 
 
 @dataclass(eq=False)
@@ -59,6 +63,7 @@ class Pump:
         self._on_body, self._on_end, self._clock = on_body, on_end, clock
         self.spin = spin  # s a wait polls before it sleeps (:meth:`_spun`)
         self._skip = 0
+        self._missed = 0  # spins in a row that found nothing
         self.spins_missed = 0
         # epoll itself, not the selectors module: a spinning wait polls it thousands of
         # times a second, and the module's wrapping costs a microsecond a call.
@@ -175,8 +180,8 @@ class Pump:
     def _spun(self) -> bool:
         """Poll without sleeping for up to ``spin`` s: True if a frame came. Waking a
         sleeping thread costs tens of microseconds, more than a short message's round
-        trip; but a wait whose spin found nothing means messages take longer here (or
-        ranks share cores), so the next waits sleep at once."""
+        trip; but :data:`MISS_STREAK` spins in a row that found nothing mean messages
+        take longer here (or ranks share cores), so the next waits sleep at once."""
         if self.spin <= 0:
             return False
         if self._skip:
@@ -185,9 +190,12 @@ class Pump:
         end = self._clock() + self.spin
         while self._clock() < end:
             if self._pass(0.0, app=True):
+                self._missed = 0
                 return True
-        self._skip = MISSED_SKIP
         self.spins_missed += 1
+        self._missed += 1
+        if self._missed >= MISS_STREAK:
+            self._skip = MISSED_SKIP
         return False
 
     def poll(self) -> None:

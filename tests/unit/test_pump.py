@@ -4,6 +4,7 @@ frame handler's error ends only its connection."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from raps_slurm.runtime import pump as pump_mod
-from raps_slurm.runtime.pump import HANDOFF, Conn, Pump
+from raps_slurm.runtime.pump import HANDOFF, MISS_STREAK, MISSED_SKIP, Conn, Pump
 from raps_slurm.wire.framing import HEADER, FrameReader, send_parts
 
 
@@ -134,17 +135,34 @@ def test_a_closed_pump_returns_from_waits(rig: tuple[Pump, Sink, list[socket.soc
     assert time.monotonic() - t0 < 1.0
 
 
-def test_spinning_stops_after_a_spin_that_found_nothing() -> None:
-    sink = Sink()
-    pump = Pump(sink.body, sink.end, spin=0.002)
+def test_spinning_stops_after_spins_in_a_row_that_found_nothing() -> None:
+    # A scripted pass (frames found or not) and a clock that lets each spin make one.
+    ticks = itertools.count()
+    pump = Pump(Sink().body, Sink().end, spin=1.0, clock=lambda: next(ticks) * 0.5)
+    found: list[int] = []
+    pump._pass = lambda timeout, app: found.pop(0)  # type: ignore[method-assign]
     try:
-        pump.wait(0.01)  # nothing comes: the spin misses, then it sleeps
-        assert pump.spins_missed == 1
-        for _ in range(8):  # the next waits do not spin
-            pump.wait(0.001)
-        assert pump.spins_missed == 1
-        pump.wait(0.01)  # then it tries again
-        assert pump.spins_missed == 2
+        def spin(result: int) -> bool:
+            found.append(result)
+            spun = pump._spun()
+            if not spun and found:  # the wait did not spin at all
+                found.clear()
+                return False
+            return spun
+
+        for missed in range(1, MISS_STREAK):  # one miss alone (a preemption) goes on spinning
+            assert not spin(0) and pump.spins_missed == missed
+        assert spin(1)  # a spin that finds a frame starts the count again
+        for _ in range(MISS_STREAK - 1):
+            spin(0)
+        assert pump.spins_missed == 2 * (MISS_STREAK - 1)  # still spinning
+        spin(0)  # the streak is complete: the next waits do not spin
+        assert pump.spins_missed == 2 * MISS_STREAK - 1
+        for _ in range(MISSED_SKIP):
+            assert not spin(1)
+        assert pump.spins_missed == 2 * MISS_STREAK - 1
+        spin(0)  # then it tries again, and one more miss stops it again
+        assert pump.spins_missed == 2 * MISS_STREAK and not spin(1)
     finally:
         pump.close()
 
