@@ -64,10 +64,13 @@ class Recv:
     msg: Msg | None = None
     fixed: int | None = None  # replay: the source a recorded determinant names
     into: memoryview | None = None  # the receive's buffer, if a message may be read into it
+    claimed: int | None = None  # ANY_SOURCE: the source whose message is read into ``into``
 
     def want(self) -> int:
         """The source this receive can match (ANY_SOURCE if not known)."""
-        return self.fixed if self.fixed is not None else self.src
+        if self.fixed is not None:
+            return self.fixed
+        return self.claimed if self.claimed is not None else self.src
 
     def matches(self, m: Msg) -> bool:
         """MPI matching rule for this receive and ``m``."""
@@ -282,13 +285,15 @@ class Engine:
     def _placer(self, src: int) -> Into | None:
         """Where a large message from ``src`` goes as it comes (runtime
         ``recv_buffer``'s ``into``): into the buffer of the posted receive its envelope
-        matches (the first in posting order) when that receive names ``src`` and has
-        one (``Recv.into``) it fits; else None, and it is matched when whole, as any
-        other. It is that receive's message: messages from ``src`` arrive in order, this
-        is the next, and a receive posted later cannot come before it. None when no
-        posted receive naming ``src`` (not ANY_SOURCE: a message from another rank may
-        match that first) has such a buffer."""
-        if not any(q.into is not None and q.want() == src for q in self.posted):
+        matches (the first in posting order) when that receive names ``src`` or
+        ANY_SOURCE and has one (``Recv.into``) it fits; else None, and it is matched when
+        whole, as any other. It is that receive's message: messages from ``src`` arrive in
+        order, this is the next, and a receive posted later cannot come before it. An
+        ANY_SOURCE receive is then *claimed* for ``src``: a message from another rank
+        that is whole first goes to another receive (MPI orders messages per source
+        only), and the match is recorded as any ANY_SOURCE match. None when no posted
+        receive that ``src`` may match has such a buffer."""
+        if not any(q.into is not None and q.want() in (src, ANY_SOURCE) for q in self.posted):
             return None
 
         def place(buffered: memoryview, length: int) -> tuple[int, memoryview] | None:
@@ -300,8 +305,10 @@ class Engine:
                 return None  # an object: unpickled from its own bytes
             m = Msg(src, ctx_id, tag, kind, b"")
             q = next((q for q in self.posted if q.matches(m)), None)
-            if q is None or q.into is None or q.want() != src or size > q.into.nbytes:
+            if q is None or q.into is None or size > q.into.nbytes:
                 return None  # unexpected, or truncated: the receive says so when whole
+            if q.want() == ANY_SOURCE:
+                q.claimed = src  # the caller reads the frame into it from here on
             return ENVELOPE.size, q.into[:size]
 
         return place

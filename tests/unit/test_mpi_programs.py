@@ -53,6 +53,8 @@ PROGRAMS: dict[str, tuple[str, list[str], list[list[str]]]] = {
     "waitany": ("examples/mpi_waitany.py", [], [["--die", "0:5"]]),
     "large_recv": ("tests/data/mpi/large_recv.py", [], [["--die", "1:3"]]),
     "waitall_recv": ("tests/data/mpi/waitall_recv.py", [], [["--die", "1:3"]]),
+    "anysource_recv": ("tests/data/mpi/anysource_recv.py", [],
+                       [["--die", "0:3"], ["--die", "1:4"]]),
 }
 
 
