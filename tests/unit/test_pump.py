@@ -137,9 +137,12 @@ def test_a_closed_pump_returns_from_waits(rig: tuple[Pump, Sink, list[socket.soc
 
 def test_spinning_stops_after_spins_in_a_row_that_found_nothing() -> None:
     # A scripted pass (frames found or not) and a clock that lets each spin make one.
+    # Held as a wait holds it, the pump's lock keeps its own thread out of the script.
     ticks = itertools.count()
-    pump = Pump(Sink().body, Sink().end, spin=1.0, clock=lambda: next(ticks) * 0.5)
+    sink = Sink()
+    pump = Pump(sink.body, sink.end, spin=1.0, clock=lambda: next(ticks) * 0.5)
     found: list[int] = []
+    pump._lock.acquire()
     pump._pass = lambda timeout, app: found.pop(0)  # type: ignore[method-assign]
     try:
         def spin(result: int) -> bool:
@@ -164,6 +167,8 @@ def test_spinning_stops_after_spins_in_a_row_that_found_nothing() -> None:
         spin(0)  # then it tries again, and one more miss stops it again
         assert pump.spins_missed == 2 * MISS_STREAK and not spin(1)
     finally:
+        del pump._pass  # the real pass again, before its thread may take the lock
+        pump._lock.release()
         pump.close()
 
 
