@@ -221,10 +221,14 @@ def test_a_frame_handled_before_the_wait_ends_it_at_once(
     t0 = time.monotonic()
     pump.wait(3.0, since)
     assert time.monotonic() - t0 < 1.0
-    # With nothing new since the look, the wait does wait.
-    t0 = time.monotonic()
-    pump.wait(0.3, pump.events)
-    assert time.monotonic() - t0 >= 0.25
+    # With nothing new since the look, the wait does wait. It may return early once: a
+    # wait that takes reading back wakes the pump's thread, and on a loaded machine its
+    # own pass can see that wake-up first.
+    t0, waits = time.monotonic(), 0
+    while time.monotonic() - t0 < 0.3:
+        pump.wait(0.3, pump.events)
+        waits += 1
+    assert waits <= 2, f"{waits} waits returned within 0.3 s"
     # A connection that ends counts too.
     since = pump.events
     pump.release()
