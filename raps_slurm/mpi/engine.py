@@ -153,7 +153,7 @@ class Engine:
             # may depend on it.
             self._record(DET.pack(D_NEG, self.test_serial, 0, 0, 0))
             self.negatives = False
-        self.ctx.send_parts(dst, [head, data])  # joined as the log copies it
+        self.ctx.send_small(dst, head, data)  # joined as the log copies it
         # The program's progress: the agent relays it, and a relaunched rank's first
         # report once it has re-sent what it sent before its loss ends its recovery.
         self.sent += 1

@@ -61,7 +61,7 @@ import struct
 import threading
 from collections.abc import Callable
 
-from raps_slurm.runtime.frames import DATA, Frame, FrameError, decode
+from raps_slurm.runtime.frames import DATA, HEADER, Frame, FrameError, decode, encode
 from raps_slurm.runtime.pump import Conn, Pump
 from raps_slurm.runtime.rankauth import FRAME_MAC, KEY_BYTES, PROTOCOL, Auth
 from raps_slurm.wire import datapath, framing
@@ -86,6 +86,8 @@ MIN_RATE = 10e6  # bytes/s
 # 4 MiB lost at 8 MiB). At most this much in flight per connection.
 UNIX_SNDBUF = 1 << 20
 READ_BUFFER = 64 << 10  # a connection's read buffer: a frame larger goes to its own
+# a DATA frame's length prefix (framing.HEADER) and header (frames.HEADER) as one
+_PREFIXED = struct.Struct(framing.HEADER.format + HEADER.format.lstrip(">"))
 _HELLO = struct.Struct(f">{len(PROTOCOL)}s16sIIQQB")
 _NONCE = 16
 
@@ -514,6 +516,31 @@ class Outgoing:
                                    on_full=self._on_full)
             except framing.FrameError as exc:
                 raise FrameError(str(exc), exc.kind) from None
+
+    def send_data(self, src: int, dst: int, seq: int, epoch: int, crc: int, body: bytes
+                  ) -> None:
+        """:meth:`send` of a DATA frame whose payload is ``body`` (below
+        :data:`~raps_slurm.runtime.frames.PAD_AT`: no padding; within the job's bound),
+        its length prefix and header packed at once and both written by one ``sendmsg``
+        where the socket takes them."""
+        if self._on_full is None or self._tagged(DATA) or self.sock.gettimeout() is not None:
+            self.send(encode(DATA, src, dst, seq, epoch, body, crc=crc))
+            return
+        n = len(body)
+        head = _PREFIXED.pack(HEADER.size + n, DATA, src, dst, seq, epoch, n, crc)
+        with self.lock:
+            try:
+                sent = self.sock.sendmsg([head, body], (), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise FrameError(f"send failed: {exc}", "closed") from None
+            if sent < len(head) + n:
+                try:
+                    framing.send_views(self.sock, [memoryview(head + body)[sent:]],
+                                       self._on_full)
+                except OSError as exc:
+                    raise FrameError(f"send failed: {exc}", "closed") from None
 
     def send_logged(self, head: bytes, parts: list[bytes | bytearray | memoryview],
                     log: memoryview) -> int:

@@ -436,6 +436,43 @@ def test_an_unlogged_first_message_waits_for_a_peer_that_starts_later(tmp_path: 
     assert got == [b"go"]
 
 
+@pytest.mark.parametrize("logging", [True, False])
+def test_small_sends_keep_order_and_bytes_on_either_lane(tmp_path: Path, logging: bool
+                                                         ) -> None:
+    """``send_small`` (the MPI layer's send of an envelope and a buffer below the arena's
+    size) goes the general way before the connection is up and for a message too large,
+    and its own lane otherwise: logged or not, the
+    receiver gets every message in order with its bytes, and a logged one's log entry is
+    the message's."""
+    settings = Settings(**{**SMALL.__dict__, "logging": logging, "recv_timeout": 20.0})
+    a = Context(LocalPort(tmp_path, "1", 0, 1), 0, 2, 1, settings)
+    b = Context(LocalPort(tmp_path, "1", 1, 1), 1, 2, 1, settings)
+    sent: list[bytes] = []
+    try:
+        for i in range(300):
+            data = bytearray(np.full(1 + (i * 37) % 900, i % 256, np.uint8).tobytes())
+            if i == 150:
+                data = bytearray(70_000)  # from ARENA_AT on: the general way
+            a.send_small(1, b"E%03d" % i, memoryview(data))
+            sent.append(b"E%03d" % i + bytes(data))
+            data[:] = bytes(len(data))  # the caller reuses its buffer at once
+            if i == 1:
+                assert b.recv(0, timeout=15) == sent[0]  # the connection is up now
+                assert 1 in a._out, "no connection after a message went through"
+        got = [b.recv(0, timeout=15) for _ in range(len(sent) - 1)]
+        assert [sent[0], *got] == sent
+        if logging:
+            with a._mu:
+                kept = [(e.seq, bytes(e.body or b"")) for e in a.log.entries.get(1, ())]
+            assert kept == list(enumerate(sent, 1))
+    finally:
+        ends = [threading.Thread(target=ctx.finalize, kwargs={"timeout": 20}) for ctx in (a, b)]
+        for t in ends:
+            t.start()
+        for t in ends:
+            t.join(30)
+
+
 def test_which_escalations_ask_for_a_requeue(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A sender that cannot serve a replay records it without asking for a requeue (it is

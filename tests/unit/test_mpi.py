@@ -67,6 +67,9 @@ class ScriptedRuntime:
     def send_parts(self, dst: int, parts: list[bytes | memoryview]) -> None:
         self.send(dst, b"".join(parts))
 
+    def send_small(self, dst: int, head: bytes, data: bytes | memoryview) -> None:
+        self.send_parts(dst, [head, data])
+
     def record(self, data: bytes) -> None:
         self.records.append(data)
 

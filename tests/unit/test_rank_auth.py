@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import resource
+import select
 import socket
 import struct
 import threading
@@ -29,6 +30,7 @@ from raps_slurm.runtime.frames import (
     Frame,
     encode,
 )
+from raps_slurm.runtime.msglog import checksum
 from raps_slurm.runtime.ports import LocalPort
 from raps_slurm.runtime.rankauth import PROTOCOL, Auth
 from raps_slurm.runtime.transport import HANDSHAKE_MAX, Listener, Outgoing
@@ -358,6 +360,37 @@ def test_frames_must_carry_the_handshakes_epoch(
         assert s.recv(4096) == b""
     wait_for(lambda: lst.auth.refusals().get("handshake") == 1)
     assert got == []
+
+
+@pytest.mark.parametrize("mode", ["control", "all"])
+def test_a_data_frame_sent_whole_at_once_is_the_frame_send_writes(mode: str) -> None:
+    """``Outgoing.send_data`` (a small message's send: prefix and header packed at once)
+    writes what ``send`` writes: the listener takes every frame, in order, with its
+    fields and checksum, also while the socket is full half way through a frame; under
+    ``all`` it is tagged as any DATA frame."""
+    got: list[Frame] = []
+    lst = Listener("127.0.0.1", lambda f, cid: got.append(f), lambda cid: None,
+                   Auth(b"K" * 32, 1, max_message=1 << 20, frame_mac=mode))
+    fulls: list[int] = []
+
+    def full(sock: socket.socket) -> None:
+        fulls.append(1)
+        select.select([], [sock], [], 1.0)
+    try:
+        auth = Auth(b"K" * 32, 0, frame_mac=mode, epoch=1)
+        out = Outgoing(lst.address, 0, auth, 1, on_full=full)
+        out.send(encode(HELLO, 0, 1, 0, 1))
+        bodies = [bytes([i % 251]) * (60_000 + i) for i in range(200)]  # 12 MB: fills
+        for i, body in enumerate(bodies, 1):
+            out.send_data(0, 1, i, 1, checksum(body), body)
+        wait_for(lambda: len(got) == 201, timeout=30)
+        assert [(f.kind, f.seq, f.epoch, f.crc, bytes(f.payload)) for f in got[1:]] == [
+            (DATA, i, 1, checksum(b), b) for i, b in enumerate(bodies, 1)]
+        assert out.mac.seq == (1 if mode == "control" else 201)
+        if mode == "control":
+            assert fulls, "the socket never filled: the partial write went untested"
+    finally:
+        lst.close()
 
 
 @pytest.mark.parametrize("mode", ["control", "all"])
