@@ -150,7 +150,7 @@ def as_buffer(spec: Any, what: str = "buffer", blocks: int = 0, readonly: bool =
         if (type(buf) is np.ndarray and type(t) is Datatype and t.base is t
                 and t.contiguous and not t.freed and buf.dtype is t.dtype and buf.flags.c_contiguous
                 and (readonly or buf.flags.writeable)):
-            return Buffer(buf.reshape(-1), t, buf.size)
+            return Buffer(buf if buf.ndim == 1 else buf.reshape(-1), t, buf.size)
     buf, count, displ, dtype = _unpack(spec, what)
     datatype = as_datatype(dtype, what) if dtype is not None else None
     if buf is None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,7 +293,10 @@ class Engine:
         that is whole first goes to another receive (MPI orders messages per source
         only), and the match is recorded as any ANY_SOURCE match. None when no posted
         receive that ``src`` may match has such a buffer."""
-        if not any(q.into is not None and q.want() in (src, ANY_SOURCE) for q in self.posted):
+        for q in self.posted:  # a loop, not any(): this runs once per receive
+            if q.into is not None and q.want() in (src, ANY_SOURCE):
+                break
+        else:
             return None
 
         def place(buffered: memoryview, length: int) -> tuple[int, memoryview] | None:
@@ -329,7 +332,10 @@ class Engine:
                 del self.posted[i]
                 self._matched(r, m)
                 return
-        self.unexpected.setdefault(m.src, deque()).append(m)
+        q = self.unexpected.get(m.src)
+        if q is None:  # not setdefault: a deque made per message and thrown away
+            q = self.unexpected[m.src] = deque()
+        q.append(m)
 
     def _matched(self, r: Recv, m: Msg) -> None:
         r.msg = m
@@ -339,8 +345,13 @@ class Engine:
     def _find(self, ctx_id: int, src: int, tag: int, *, take: bool) -> Msg | None:
         """The unexpected message a receive ``(ctx_id, src, tag)`` matches: the first
         from ``src``; with ANY_SOURCE the earliest arrived among each source's first."""
-        queues = self.unexpected.items() if src == ANY_SOURCE else \
-            [(src, self.unexpected.get(src, deque()))]
+        if src == ANY_SOURCE:
+            queues: Iterable[tuple[int, deque[Msg]]] = self.unexpected.items()
+        else:
+            mine = self.unexpected.get(src)
+            if not mine:  # the usual case of a blocking receive: nothing came unasked
+                return None
+            queues = [(src, mine)]
         best: tuple[int, int, int] | None = None  # order, src, index
         for s, q in queues:
             for i, m in enumerate(q):

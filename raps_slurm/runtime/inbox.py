@@ -53,7 +53,10 @@ class Inbox:
         self.placed = 0  # messages read straight into a receive's buffer
 
     def _src(self, src: int) -> _Source:
-        return self.sources.setdefault(src, _Source())
+        s = self.sources.get(src)
+        if s is None:  # not setdefault: that made a _Source per call, three per message
+            s = self.sources[src] = _Source()
+        return s
 
     def delivered(self, src: int) -> int:
         """Last seq delivered from ``src``."""

@@ -54,6 +54,7 @@ _LEAD = framing.HEADER.size + HEADER.size  # stream bytes of a frame before its 
 # lower rank opens its connections to the higher ones when it starts (its first send or
 # receive), so when it runs at all they come within milliseconds.
 CONNECT_GRACE = 0.5
+AWAIT_MAX = 0.5  # s a receive waits at a time before it checks its deadline again
 DONE = float("-inf")  # in _deferred: the grace is over
 
 
@@ -320,13 +321,13 @@ class PeerLinks:
 
     def _await(self, left: float) -> None:
         """Wait (``_mu`` held) until a frame came, reading the connections on this
-        thread (runtime/pump.py), at most ``left`` s (0.5 at a time, so that the caller's
-        checks run)."""
+        thread (runtime/pump.py), at most ``left`` s (:data:`AWAIT_MAX` at a time, so that
+        the caller's checks run)."""
         pump = self.listener.pump
         since = pump.events  # read holding _mu: what was handled so far, the caller saw
         self._mu.release()
         try:
-            pump.wait(min(left, 0.5), since)
+            pump.wait(min(left, AWAIT_MAX), since)
         finally:
             self._mu.acquire()
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 
 from raps_slurm.runtime.frames import ALIGN, DATA, HEADER, PROGRESS
 from raps_slurm.runtime.inbox import Placed
+from raps_slurm.runtime.links import AWAIT_MAX
 from raps_slurm.runtime.msglog import MessagingError
 from raps_slurm.runtime.sending import Sending
 
@@ -81,7 +82,9 @@ class Receiving(Sending):
                     now = self._clock()
                     for s in sources:
                         self._blocked.setdefault(s, now)
-                    left = self._since(start, sources, timeout) + wait - now
+                    left = start + wait - now
+                    if left < AWAIT_MAX:  # else the wait is AWAIT_MAX whatever peers did
+                        left = self._since(start, sources, timeout) + wait - now
                     if left <= 0:
                         err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for a "
                                              f"message from any of ranks {sources}")
@@ -133,8 +136,11 @@ class Receiving(Sending):
                         waiting = True
                         if into is not None:
                             self._into = {src: into}
-                    self._blocked.setdefault(src, self._clock())
-                    left = self._since(start, (src,), timeout) + wait - self._clock()
+                    now = self._clock()
+                    self._blocked.setdefault(src, now)
+                    left = start + wait - now
+                    if left < AWAIT_MAX:  # else the wait is AWAIT_MAX whatever peers did
+                        left = self._since(start, (src,), timeout) + wait - now
                     if left <= 0:
                         want = self.inbox.delivered(src) + 1
                         err = MessagingError(f"rank {self.rank} waited {wait:.0f}s for seq "
