@@ -31,11 +31,11 @@ class Sending(PeerLinks):
                 or self.drop_every or dst == self.rank or not 0 <= dst < self.size):
             self.send_parts(dst, [head, data])  # type: ignore[attr-defined]
             return
-        body = head + data  # the log's copy (the application may change its buffer)
-        n = len(body)
+        n = len(head) + (data.nbytes if isinstance(data, memoryview) else len(data))
         if n >= ARENA_AT or n > self.s.max_message:
             self.send_parts(dst, [head, data])  # type: ignore[attr-defined]
             return
+        body = head + data  # the log's copy (the application may change its buffer)
         e: Entry | None = None
         early = False
         with self._mu:
