@@ -32,6 +32,7 @@ from raps_slurm.runtime.frames import (
 )
 from raps_slurm.runtime.inbox import Inbox, Placed
 from raps_slurm.runtime.msglog import (
+    RUN_BYTES,
     Entry,
     MessagingError,
     NotDeterministic,
@@ -39,6 +40,7 @@ from raps_slurm.runtime.msglog import (
     checksum,
     parse_records,
     parts_size,
+    runs,
     segments,
 )
 from raps_slurm.runtime.ports import Port
@@ -522,7 +524,8 @@ class PeerLinks:
             pinned = contextlib.ExitStack()
             with self._mu:
                 plan = self.log.spill_plan(target)
-                records = [e.record(with_body=True) for e in plan]
+                records = list(runs((e.record(with_body=True) for e in plan),
+                                    min(RUN_BYTES, self.segment_limit)))
                 if self.arena is not None:  # a body collected meanwhile stays whole
                     pinned.enter_context(self.arena.pin())
             with pinned:

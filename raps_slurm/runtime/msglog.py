@@ -118,6 +118,34 @@ def parse_records(data: bytes | memoryview, *, verify: bool = True) -> Iterator[
                     body is not None)
 
 
+RUN_BYTES = 1 << 20  # small records joined into one part of at most this many (runs())
+
+
+def runs(records: Iterable[list[bytes | memoryview]], most: int = RUN_BYTES
+         ) -> Iterator[list[bytes | memoryview]]:
+    """``records`` in order, those under :data:`ARENA_AT` bytes joined into runs of at
+    most ``most`` bytes, each one record of one part to :func:`segments` and the log
+    store (which read records across parts). A part costs the write path Python work
+    of its own: a spill of 4 KiB messages wrote two parts a message."""
+    run: list[bytes | memoryview] = []
+    size = 0
+    for rec in records:
+        n = 0
+        for p in rec:
+            n += p.nbytes if isinstance(p, memoryview) else len(p)
+        if n >= ARENA_AT or size + n > most:
+            if run:
+                yield [b"".join(run)]
+                run, size = [], 0
+            if n >= ARENA_AT:
+                yield rec
+                continue
+        run.extend(rec)
+        size += n
+    if run:
+        yield [b"".join(run)]
+
+
 def segments(records: Iterable[list[bytes | memoryview]], limit: int
              ) -> Iterator[list[bytes | memoryview]]:
     """``records`` (each a list of parts) grouped in order into segments of at most
@@ -152,6 +180,12 @@ class SenderLog:
         self.spilled = 0                        # bodies written out under pressure
         self.reserved = 0                       # messages copied in as they were sent
         self._unpersisted: list[Entry] = []
+        # Entries whose bodies are in memory, oldest first (a spill takes from the left),
+        # and some whose bodies went since (dropped as a spill or a pass of publish()
+        # meets them): a spill used to sort every entry twice, O(n log n) in Python per
+        # spill, which a stream of small messages past the watermark paid all the time.
+        self._aged: deque[Entry] = deque()
+        self._bodies = 0  # entries of _aged whose bodies are in memory
         # After a restore: what a lost incarnation logged past the checkpoint (dst -> seq
         # -> entry), sent to a peer that asks for it before re-execution sends it again
         self.ahead: dict[int, dict[int, Entry]] = {}
@@ -218,6 +252,11 @@ class SenderLog:
             queue = self.entries[dst] = deque()
         queue.append(e)
         self._unpersisted.append(e)
+        if e.body is not None:
+            self._aged.append(e)
+            self._bodies += 1
+            if len(self._aged) > 2 * self._bodies + 4096:  # collected ones pile up
+                self._aged = deque(x for x in self._aged if x.body is not None)
         held = self.held = self.held + e.size
         if held > self.peak:
             self.peak = held
@@ -283,7 +322,7 @@ class SenderLog:
         goal = self._goal(target)
         plan = []
         would = self.held
-        for e in self._by_age():
+        for e in self._aged:
             if would <= goal:
                 break
             if e.body is not None and e.persisted:
@@ -298,7 +337,7 @@ class SenderLog:
         freed."""
         goal = self._goal(target)
         freed = 0
-        for e in self._by_age():
+        for e in self._aged:  # bodies only go: the deque itself changes after the loop
             if self.held <= goal:
                 break
             if e.body is not None and e.body_persisted:
@@ -306,11 +345,10 @@ class SenderLog:
                 freed += e.size
                 self._drop_body(e)
                 self.spilled += 1
+        aged = self._aged
+        while aged and aged[0].body is None:
+            aged.popleft()
         return freed
-
-    def _by_age(self) -> list[Entry]:
-        every = [e for q in self.entries.values() for e in q]
-        return sorted(every, key=lambda e: (e.epoch, e.seq))
 
     # --- collection and resend -------------------------------------------------------
 
@@ -332,6 +370,8 @@ class SenderLog:
 
     def _drop_body(self, e: Entry) -> None:
         """Forget an entry's body; its arena room goes back."""
+        if e.body is not None:
+            self._bodies -= 1
         e.body = None
         if e.slot is not None and self.arena is not None:
             self.arena.release(e.slot)
@@ -398,6 +438,7 @@ class SenderLog:
             for gone in q:
                 self._drop_body(gone)
         self.entries = {}
+        self._aged, self._bodies = deque(), 0
         self.ahead = {}
         self.held = 0
         best: dict[tuple[int, int], Entry] = {}
@@ -419,4 +460,8 @@ class SenderLog:
             self.entries.setdefault(dst, deque()).append(e)
             if e.body is not None:
                 self.held += e.size
+        # oldest first, as they were sent: by epoch, then seq
+        self._aged = deque(sorted((e for q in self.entries.values() for e in q
+                                   if e.body is not None), key=lambda e: (e.epoch, e.seq)))
+        self._bodies = len(self._aged)
         self._unpersisted = []

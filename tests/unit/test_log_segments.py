@@ -146,3 +146,44 @@ def test_a_flush_writes_a_run_of_metadata_records_as_one_part() -> None:
     parsed = list(parse_records(b"".join(b"".join(bytes(p) for p in r) for r in records)))
     assert [(e.dst, e.seq, e.crc, e.body) for e in parsed] == [
         (e.dst, e.seq, e.crc, e.body if e.dst == 0 else None) for e in batch]
+
+
+def test_runs_join_small_records_and_keep_large_ones_and_the_bytes() -> None:
+    """A spill's records of small bodies go as runs of one part each (a part per record
+    cost the write path Python work per message), at most ``most`` bytes, in order; a
+    record of ARENA_AT bytes or more stays as it is; the bytes are the same."""
+    from raps_slurm.runtime.msglog import ARENA_AT, runs
+    records = [_rec(100, i) for i in range(30)]
+    records[10] = _rec(ARENA_AT, 10)
+    records[20] = [memoryview(bytes([20]) * 3), bytes([20]) * 97]
+    out = list(runs(records, 1000))
+    assert [len(r) for r in out] == [1, 2, 1, 1]
+    assert out[1] == records[10]  # as it was: no copy of a large body
+    assert [sum(len(p) for p in r) for r in out] == [1000, ARENA_AT, 1000, 900]
+    assert b"".join(b"".join(bytes(p) for p in r) for r in out) == \
+        b"".join(b"".join(bytes(p) for p in r) for r in records)
+    assert list(runs([])) == []
+
+
+def test_a_spill_takes_the_oldest_bodies_first_and_collected_ones_do_not_pile_up() -> None:
+    """Bodies go oldest first, in the order they were sent to whichever peer; entries
+    collected without a spill are forgotten by the spill's queue as the log goes on."""
+    from raps_slurm.runtime.msglog import SenderLog
+    log = SenderLog(large_threshold=1 << 20, high_watermark=10_000, own=0)
+    for i in range(12):
+        log.append(1 + i % 3, bytes([i]) * 1000, 1)
+    batch, _ = log.take_unpersisted()
+    log.persisted(batch)
+    for e in batch:
+        e.body_persisted = True  # as a spill's write does
+    assert log.spill(6000) == 6000
+    assert [e.body is None for e in batch] == [True] * 6 + [False] * 6
+    for dst in (1, 2, 3):
+        log.raise_floor(dst, log.sent[dst])  # every entry collected: no spill needed
+    for i in range(20_000):
+        log.append(1, b"x", 1)
+        log.persisted(log.take_unpersisted()[0])
+        if i % 2:
+            log.raise_floor(1, log.sent[1] - 1)  # all but the newest collected
+    assert log._bodies == sum(e.body is not None for e in log._aged) == 1
+    assert len(log._aged) <= 2 * log._bodies + 4096 + 1
