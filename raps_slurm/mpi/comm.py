@@ -40,8 +40,8 @@ def _may_read_into(r: Recv, b: Buffer) -> None:
     """A large message for ``r`` may be read straight into ``b`` while ``r`` is waited
     for alone (engine.Engine._into) when ``b`` is its bytes as they are: a contiguous
     type over contiguous memory, of :data:`PLACE_MIN` bytes or more."""
-    if r.msg is None and b.datatype.contiguous and b.flat.flags.c_contiguous \
-            and b.count * b.datatype.size >= PLACE_MIN:
+    if b.count * b.datatype.size >= PLACE_MIN and r.msg is None \
+            and b.datatype.contiguous and b.flat.flags.c_contiguous:  # the size first: cheap
         r.into = b.raw()
 
 

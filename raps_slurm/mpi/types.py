@@ -68,11 +68,8 @@ class Datatype(metaclass=Namespace):
         # reduction applies to it (MPI's predefined operations take no struct type)
         self.mixed = mixed
         self.align = align or self.dtype.alignment
-
-    @property
-    def size(self) -> int:
-        """Bytes of data in one element."""
-        return int(self.offsets.size * self.base.dtype.itemsize)
+        # bytes of data in one element: an attribute, read on every send and receive
+        self.size = int(self.offsets.size * self.base.dtype.itemsize)
 
     @property
     def extent(self) -> int:
