@@ -366,30 +366,40 @@ def test_frames_must_carry_the_handshakes_epoch(
 def test_a_data_frame_sent_whole_at_once_is_the_frame_send_writes(mode: str) -> None:
     """``Outgoing.send_data`` (a small message's send: prefix and header packed at once)
     writes what ``send`` writes: the listener takes every frame, in order, with its
-    fields and checksum, also while the socket is full half way through a frame; under
-    ``all`` it is tagged as any DATA frame."""
+    fields and checksum, also when the socket was full half way through a frame (the
+    listener reads nothing more until it is); under ``all`` it is tagged as any DATA
+    frame."""
     got: list[Frame] = []
-    lst = Listener("127.0.0.1", lambda f, cid: got.append(f), lambda cid: None,
-                   Auth(b"K" * 32, 1, max_message=1 << 20, frame_mac=mode))
     fulls: list[int] = []
+    release = threading.Event()
+
+    def on_frame(f: Frame, cid: int) -> None:
+        if f.kind == DATA and not release.is_set():
+            release.wait(30)  # the listener stops reading: the sender's socket fills
+        got.append(f)
 
     def full(sock: socket.socket) -> None:
         fulls.append(1)
+        release.set()
         select.select([], [sock], [], 1.0)
+
+    lst = Listener("127.0.0.1", on_frame, lambda cid: None,
+                   Auth(b"K" * 32, 1, max_message=1 << 20, frame_mac=mode))
     try:
         auth = Auth(b"K" * 32, 0, frame_mac=mode, epoch=1)
         out = Outgoing(lst.address, 0, auth, 1, on_full=full)
         out.send(encode(HELLO, 0, 1, 0, 1))
-        bodies = [bytes([i % 251]) * (60_000 + i) for i in range(200)]  # 12 MB: fills
+        # 24 MB: more than loopback TCP's buffers hold with the reader stopped
+        bodies = [bytes([i % 251]) * (60_000 + i) for i in range(400)]
         for i, body in enumerate(bodies, 1):
             out.send_data(0, 1, i, 1, checksum(body), body)
-        wait_for(lambda: len(got) == 201, timeout=30)
+        wait_for(lambda: len(got) == 401, timeout=30)
+        assert fulls, "the socket never filled: the partial write went untested"
         assert [(f.kind, f.seq, f.epoch, f.crc, bytes(f.payload)) for f in got[1:]] == [
             (DATA, i, 1, checksum(b), b) for i, b in enumerate(bodies, 1)]
-        assert out.mac.seq == (1 if mode == "control" else 201)
-        if mode == "control":
-            assert fulls, "the socket never filled: the partial write went untested"
+        assert out.mac.seq == (1 if mode == "control" else 401)
     finally:
+        release.set()
         lst.close()
 
 
