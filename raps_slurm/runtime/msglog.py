@@ -130,9 +130,7 @@ def runs(records: Iterable[list[bytes | memoryview]], most: int = RUN_BYTES
     run: list[bytes | memoryview] = []
     size = 0
     for rec in records:
-        n = 0
-        for p in rec:
-            n += p.nbytes if isinstance(p, memoryview) else len(p)
+        n = parts_size(rec)
         if n >= ARENA_AT or size + n > most:
             if run:
                 yield [b"".join(run)]
