@@ -22,7 +22,7 @@ import numpy as np
 
 from raps_slurm.mpi.blocks import BlockCollectives
 from raps_slurm.mpi.buffers import Buffer, as_buffer
-from raps_slurm.mpi.comm import COMM_NULL, Exception
+from raps_slurm.mpi.comm import COMM_NULL, PLACE_MIN, Exception
 from raps_slurm.mpi.nonblocking import NonBlocking
 from raps_slurm.mpi.requests import UNDEFINED
 from raps_slurm.mpi.tree import (
@@ -207,12 +207,19 @@ class Intracomm(BlockCollectives, NonBlocking):
             partner = me ^ d
             plo, phi = parts.pop()
             olo, ohi = (hi, phi) if lo == plo else (plo, lo)  # the partner's half
+            block = view(mine[olo:ohi])
+            # Posted first, with the half it fills as its buffer: a large half is read
+            # straight there (Comm.Recv's way), not copied from a buffer of its own.
+            r = self._post_c(partner, T_ALLREDUCE)
+            if r.msg is None and len(block) >= PLACE_MIN:
+                r.into = block
             self._csend(partner, view(mine[lo:hi]), T_ALLREDUCE)
-            block, got = view(mine[olo:ohi]), self._crecv(partner, T_ALLREDUCE)
-            if len(got) != len(block):
-                raise Exception(f"Allreduce: rank {partner} sent {len(got)} bytes where "
+            m = self._w.engine.wait(r)
+            if len(m.data) != len(block):
+                raise Exception(f"Allreduce: rank {partner} sent {len(m.data)} bytes where "
                                 f"{len(block)} were expected")
-            block[:] = got
+            if not m.placed:
+                block[:] = m.data
             lo, hi = plo, phi
             d <<= 1
         return mine
