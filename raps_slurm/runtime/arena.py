@@ -7,7 +7,8 @@ MiB against 0.04 on the project's test machine, docs/benchmarks.md). So the log 
 into an :class:`Arena`: one anonymous mapping of ``size`` bytes (the config's
 ``messagelog.buffer_size_mb``) cut into chunks of :data:`CHUNK` bytes. A message takes
 the next bytes of the current chunk (a message larger than a chunk takes a run of free
-chunks); each chunk counts its live messages and is free again once the last of them is
+chunks, and the next messages the rest of its last); each chunk counts the live messages
+it holds a part of and is free again once the last of them is
 released (collected when a checkpoint covers it, or spilled to the log store), and its
 pages stay mapped, warm for the next ones.
 
@@ -48,7 +49,8 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 @dataclass(slots=True, eq=False)
 class Slot:
-    """One message's room: chunks ``first`` .. ``first + count - 1``."""
+    """One message's room: chunks ``first`` .. ``first + count - 1`` (each counts the
+    messages it holds a part of)."""
 
     first: int
     count: int
@@ -133,15 +135,14 @@ class Arena:
         if slot is None:
             return
         with self._lock:
-            i = slot.first
-            self._live[i] -= 1
-            if self._live[i]:
-                return
-            if self._state[i] == "current":
-                if not self._pins:
-                    self._off = 0  # empty: filled again from its start, warm
-                return
-            for j in range(i, i + slot.count):
+            for j in range(slot.first, slot.first + slot.count):
+                self._live[j] -= 1
+                if self._live[j]:
+                    continue
+                if self._state[j] == "current":
+                    if not self._pins:
+                        self._off = 0  # empty: filled again from its start, warm
+                    continue
                 self._state[j] = "limbo" if self._pins else "free"
 
     @contextlib.contextmanager
@@ -161,29 +162,47 @@ class Arena:
                             self._state[j] = "free"
 
     def _take(self, n: int) -> tuple[Slot | None, int]:
-        """Room for ``n`` bytes (the lock held): a slot and its offset in the map."""
-        if n <= self.chunk and self._cur >= 0 and self._off + n <= self.chunk:
-            slot = Slot(self._cur, 1)
-            start = self._cur * self.chunk + self._off
-            self._off += n
-            self._live[self._cur] += 1
-            return slot, start
-        count = max(1, -(-n // self.chunk))
+        """Room for ``n`` bytes (the lock held): a slot and its offset in the map. A
+        message goes on from where the last one ended, into the chunks after the current
+        one while they are free: one that began each in chunks of its own left most of
+        its last empty, and a log of 4 MiB messages (and their envelopes) in 4 MiB chunks
+        held half as many as its memory could."""
+        cur, chunk = self._cur, self.chunk
+        if cur >= 0:
+            end = self._off + n
+            if end <= chunk:  # the usual case: the current chunk has room
+                self._off = end
+                self._live[cur] += 1
+                return Slot(cur, 1), cur * chunk + end - n
+            start = cur * chunk + self._off
+            first, last = start // chunk, (start + n - 1) // chunk
+            if last < self.nchunks and all(
+                    self._state[j] == "free" for j in range(cur + 1, last + 1)):
+                if first > cur:  # the current chunk is full
+                    self._retire(cur)
+                return self._run(first, last - first + 1, start + n - first * chunk), start
+        count = max(1, -(-n // chunk))
         first = self._find(count)
         if first < 0:
             return None, 0
-        if self._cur >= 0:
-            self._state[self._cur] = "used" if self._live[self._cur] else (
-                "limbo" if self._pins else "free")
+        if cur >= 0:
+            self._retire(cur)
+        return self._run(first, count, n), first * chunk
+
+    def _retire(self, j: int) -> None:
+        """Chunk ``j`` stops being the current one."""
+        self._state[j] = "used" if self._live[j] else "limbo" if self._pins else "free"
+
+    def _run(self, first: int, count: int, end: int) -> Slot:
+        """Chunks ``first`` .. ``first + count - 1`` hold a part of one more message,
+        which ends ``end`` bytes from the start of ``first``; the last is current."""
         for j in range(first, first + count):
             self._state[j] = "used"
-        self._live[first] += 1
-        if count == 1:
-            self._state[first] = "current"
-            self._cur, self._off = first, n
-        else:
-            self._cur, self._off = -1, 0
-        return Slot(first, count), first * self.chunk
+            self._live[j] += 1
+        last = first + count - 1
+        self._state[last] = "current"
+        self._cur, self._off = last, end - (count - 1) * self.chunk
+        return Slot(first, count)
 
     def _find(self, count: int) -> int:
         """The first of ``count`` free chunks in a row, searched from the current one

@@ -77,3 +77,21 @@ def test_room_released_while_pinned_is_not_reused_until_the_pin_goes() -> None:
     assert s3 is not None and s3.first == s1.first  # free again once unpinned
     assert bytes(third) == b"3" * (64 * KIB)
     assert bytes(second) == b"2" * (64 * KIB)
+
+
+def test_messages_just_past_a_chunk_go_on_where_the_last_one_ended() -> None:
+    # 4 MiB and an envelope, in 4 MiB chunks: each held two chunks of its own
+    a = Arena(8 * 64 * KIB, chunk=64 * KIB)
+    size = 64 * KIB + 12
+    got = [a.copy([bytes([i]) * size]) for i in range(7)]
+    assert all(s is not None for _, s in got)  # 7 of them in 8 chunks
+    assert a.stats()["arena_misses"] == 0
+    assert all(bytes(v) == bytes([i]) * size for i, (v, _) in enumerate(got))
+    # a chunk is free once every message with a part in it is released
+    a.release(got[0][1])  # chunk 0 free; chunk 1 still holds the second one's head
+    _, none = a.copy([b"x" * (2 * 64 * KIB)])
+    assert none is None and a.stats()["arena_misses"] == 1
+    a.release(got[1][1])
+    two, s = a.copy([b"y" * (2 * 64 * KIB)])  # chunks 0 and 1 again
+    assert s is not None and s.first == 0 and bytes(two) == b"y" * (2 * 64 * KIB)
+    assert all(bytes(v) == bytes([i]) * size for i, (v, _) in enumerate(got) if i >= 2)
