@@ -442,6 +442,8 @@ class Outgoing:
         self._on_full = on_full  # while the socket is full (Pump.stalled)
         self._max, self._max_message = auth.max_frame, auth.max_message
         self._tagged = auth.tagged
+        # send_data's own way: frames written here, DATA ones untagged (fixed per rank)
+        self._plain = on_full is not None and not auth.tagged(DATA)
         self.lock = threading.Lock()
 
     def _ready(self) -> None:
@@ -523,7 +525,7 @@ class Outgoing:
         :data:`~raps_slurm.runtime.frames.PAD_AT`: no padding; within the job's bound),
         its length prefix and header packed at once and both written by one ``sendmsg``
         where the socket takes them."""
-        if self._on_full is None or self._tagged(DATA) or self.sock.gettimeout() is not None:
+        if not self._plain or self.sock.gettimeout() is not None:
             self.send(encode(DATA, src, dst, seq, epoch, body, crc=crc))
             return
         n = len(body)

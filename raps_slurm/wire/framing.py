@@ -457,6 +457,15 @@ class FrameReader:
         frame begun is not whole by its deadline."""
         self.placed = None
         if self._big is None:
+            # a frame whole after at most one read (a short message's) skips the general way
+            s, view = self._start, self._view
+            if s == self._end:  # nothing buffered: read at the front
+                self._start, s, self._end = 0, 0, self._take(view)
+            if self._end - s > 4 and 0 < (n := HEADER.unpack_from(view, s)[0]) <= min(
+                    self.max_size, self._end - s - 4):
+                self._start = s + 4 + n
+                self._due, self._sized, self.owned = None, False, False
+                return self._checked(view[s + 4:s + 4 + n])
             n = self._poll_small()
             if n is None:
                 return None
