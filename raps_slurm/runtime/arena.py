@@ -176,8 +176,7 @@ class Arena:
                 return Slot(cur, 1), cur * chunk + end - n
             start = cur * chunk + self._off
             first, last = start // chunk, (start + n - 1) // chunk
-            if last < self.nchunks and all(
-                    self._state[j] == "free" for j in range(cur + 1, last + 1)):
+            if last < self.nchunks and self._state[cur + 1:last + 1].count("free") == last - cur:
                 if first > cur:  # the current chunk is full
                     self._retire(cur)
                 return self._run(first, last - first + 1, start + n - first * chunk), start

@@ -279,7 +279,7 @@ class Context(Receiving):
             self._spill()  # the background spill fell behind: this send waits for it
             with self._mu:
                 e, pending = self._log(dst, payload, stream, nbytes)
-        elif early:
+        elif early and not self._wake.is_set():  # set, it wakes the flush thread each send
             self._wake.set()
         if pending:
             assert isinstance(payload, list)
@@ -291,7 +291,7 @@ class Context(Receiving):
              stream: bool, size: int) -> tuple[Entry, bool]:
         if stream:
             assert isinstance(payload, list)
-            return self.log.reserve(dst, payload, self.epoch)
+            return self.log.reserve(dst, payload, self.epoch, size)
         return self.log.append(dst, payload, self.epoch, size), False
 
     def record(self, data: bytes) -> None:

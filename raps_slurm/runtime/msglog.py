@@ -213,19 +213,23 @@ class SenderLog:
         self.publish(e)
         return e
 
-    def reserve(self, dst: int, parts: list[bytes | bytearray | memoryview], epoch: int
-                ) -> tuple[Entry, bool]:
+    def reserve(self, dst: int, parts: list[bytes | bytearray | memoryview], epoch: int,
+                size: int | None = None) -> tuple[Entry, bool]:
         """Log a message whose body the caller copies into the log as it sends it
         (wire/datapath.py): its entry, with room in the arena as ``body`` and no checksum
         yet (the caller takes it from the copy once the message is sent), and True; it is
         logged once :meth:`publish` ed, its checksum set (before, no resend, spill or
         collection can see a body not yet copied). A message below :data:`ARENA_AT`, or
-        that finds no room, is :meth:`append` ed instead: False."""
-        views = [memoryview(p).cast("B") for p in parts]
-        size = sum(v.nbytes for v in views)
+        that finds no room, is :meth:`append` ed instead: False. ``size``: the parts'
+        bytes, when the caller knows."""
+        if size is None:
+            size = parts_size(parts)
         got = self.arena.room(size) if self.arena is not None and size >= ARENA_AT else None
         if got is None:
-            return self.append(dst, b"".join(views) if size >= ARENA_AT else parts, epoch), False
+            if size >= ARENA_AT:
+                return self.append(dst, b"".join([memoryview(p).cast("B") for p in parts]),
+                                   epoch), False
+            return self.append(dst, parts, epoch), False
         self.reserved += 1
         room, slot = got
         return Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, 0,

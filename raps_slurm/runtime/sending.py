@@ -52,7 +52,7 @@ class Sending(PeerLinks):
         if not seq:  # the spill fell behind: send_parts waits for it
             self.send_parts(dst, [head, data])  # type: ignore[attr-defined]
             return
-        if early:
+        if early and not self._wake.is_set():
             self._wake.set()
         crc = checksum(body) if e is None else e.crc
         o = self._out.get(dst)  # as _outgoing's first look (a dict read is atomic)

@@ -20,6 +20,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     """The compiled path (its copy taking the CRC where the CPU can), the compiled path
     summing apart, and the fallback."""
     monkeypatch.setenv(datapath.ENV, request.param)
+    monkeypatch.setattr(datapath, "mode", request.param)  # read at import
     if request.param != "python" and not datapath.compiled():
         pytest.fail("raps_slurm.wire._datapath is not built (pip install -e .)")
     assert datapath.compiled() == (request.param != "python")

@@ -160,6 +160,7 @@ def test_messages_logged_as_they_are_sent_survive_a_killed_rank_and_lost_frames(
     re-executes from the logs (each body checked against the checksum taken before it
     was sent), and frames lost on the way are sent again from the log."""
     monkeypatch.setenv(datapath.ENV, path)
+    monkeypatch.setattr(datapath, "mode", path)  # read at import
     if path == "compiled" and not datapath.compiled():
         pytest.fail("raps_slurm.wire._datapath is not built (pip install -e .)")
     seen: list[Context] = []
