@@ -7,7 +7,9 @@ checksums, nothing kept, nothing flushed); then ``--large-count`` messages of
 the body kept by reference for ``bytes``) logged and unlogged, and logged again from a
 mutable ``bytearray`` (the body must be copied), and once more with enough large
 messages to pass the high watermark (no receiver checkpoint covers them, so the log
-spills bodies to disk). Each figure is timed on the sender from a start signal of the
+spills bodies to disk). ``gc_full_collection_ms`` is one full garbage collection in the
+sender once the log holds the ``log_entries_held`` small messages it sent (``_unlogged_``:
+the same with nothing held). Each figure is timed on the sender from a start signal of the
 receiver until the receiver confirmed the last message, the fastest of ``--repeat``
 runs; the sender's CPU time gives the logging cost per message. Flushes go to a temp
 dir (local port), fsync'ed, removed at the end.
@@ -15,6 +17,7 @@ dir (local port), fsync'ed, removed at the end.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import queue
@@ -45,8 +48,14 @@ def _rank(rank: int, root: str, settings: Settings, count: int, size: int, mutab
             for _ in range(count):
                 ctx.send(1, body)
             ctx.recv(1)
-            out.put({"seconds": time.perf_counter() - wall,
-                     "cpu": time.process_time() - cpu})
+            seconds, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            # what a full garbage collection costs the application while the log holds
+            # every message (no checkpoint covered them)
+            held = sum(len(q) for q in ctx.log.entries.values())
+            start = time.perf_counter()
+            gc.collect()
+            out.put({"seconds": seconds, "cpu": cpu, "held": held,
+                     "gc_ms": (time.perf_counter() - start) * 1e3})
         ctx.finalize()
     except BaseException as exc:  # reported by the parent, in one line
         out.put({"error": f"rank {rank}: {exc}"})
@@ -124,6 +133,9 @@ def run_messaging(base: Settings, small: int, count: int, large: int, large_coun
         "ratio": round(unlogged["seconds"] / logged["seconds"], 3),
         "logging_cpu_us_per_msg": round((logged["cpu"] - unlogged["cpu"]) / count * 1e6, 2),
         "sender_cpu_us_per_msg_logged": round(logged["cpu"] / count * 1e6, 2),
+        "log_entries_held": logged["held"],
+        "gc_full_collection_ms": round(logged["gc_ms"], 2),
+        "gc_full_collection_unlogged_ms": round(unlogged["gc_ms"], 2),
         "large_logged_mbps": round(mb / big_logged["seconds"], 1),
         "large_unlogged_mbps": round(mb / big_unlogged["seconds"], 1),
         "large_ratio": round(big_unlogged["seconds"] / big_logged["seconds"], 3),

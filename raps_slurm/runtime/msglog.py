@@ -33,6 +33,7 @@ import crc32c
 from raps_slurm.errors import RapsError
 from raps_slurm.runtime.arena import Arena, Slot
 from raps_slurm.wire import datapath
+from raps_slurm.wire.datapath import untrack
 
 RECORD = struct.Struct(">IQQIIB")  # dst, seq, epoch, size, CRC-32C, flags
 F_BODY, F_LARGE = 1, 2
@@ -161,6 +162,15 @@ def segments(records: Iterable[list[bytes | memoryview]], limit: int
         yield seg
 
 
+def _queue(items: Iterable[Entry] = ()) -> deque[Entry]:
+    """A deque of log entries, out of the garbage collector's sight as they are: it and
+    they are in no cycle (the entries hold numbers, bytes and arena rooms), and a full
+    collection visited every entry of every such deque (datapath.untrack)."""
+    q = deque(items)
+    untrack(q)
+    return q
+
+
 class SenderLog:
     """The sender's side: sequence numbers, the log, flush batches, spilling, collection."""
 
@@ -182,7 +192,7 @@ class SenderLog:
         # and some whose bodies went since (dropped as a spill or a pass of publish()
         # meets them): a spill used to sort every entry twice, O(n log n) in Python per
         # spill, which a stream of small messages past the watermark paid all the time.
-        self._aged: deque[Entry] = deque()
+        self._aged: deque[Entry] = _queue()
         self._bodies = 0  # entries of _aged whose bodies are in memory
         # After a restore: what a lost incarnation logged past the checkpoint (dst -> seq
         # -> entry), sent to a peer that asks for it before re-execution sends it again
@@ -242,6 +252,8 @@ class SenderLog:
             raise MessagingError(f"seq {seq} to rank {dst} logged after seq "
                                  f"{sent.get(dst, 0)}")
         sent[dst] = seq
+        # Held until a checkpoint covers it, and in no cycle: out of the collector's sight
+        untrack(e)
         if self.ahead:
             ahead = self.ahead.get(dst)
             if ahead is not None:
@@ -251,14 +263,14 @@ class SenderLog:
         # once per message: no deque made to be thrown away, no max() call
         queue = self.entries.get(dst)
         if queue is None:
-            queue = self.entries[dst] = deque()
+            queue = self.entries[dst] = _queue()
         queue.append(e)
         self._unpersisted.append(e)
         if e.body is not None:
             self._aged.append(e)
             self._bodies += 1
             if len(self._aged) > 2 * self._bodies + 4096:  # collected ones pile up
-                self._aged = deque(x for x in self._aged if x.body is not None)
+                self._aged = _queue(x for x in self._aged if x.body is not None)
         held = self.held = self.held + e.size
         if held > self.peak:
             self.peak = held
@@ -440,7 +452,7 @@ class SenderLog:
             for gone in q:
                 self._drop_body(gone)
         self.entries = {}
-        self._aged, self._bodies = deque(), 0
+        self._aged, self._bodies = _queue(), 0
         self.ahead = {}
         self.held = 0
         best: dict[tuple[int, int], Entry] = {}
@@ -459,11 +471,15 @@ class SenderLog:
             if e.body is None and (dst, seq) in bodies:
                 e.body = bodies[(dst, seq)]
             e.persisted = True
-            self.entries.setdefault(dst, deque()).append(e)
+            untrack(e)
+            held = self.entries.get(dst)
+            if held is None:
+                held = self.entries[dst] = _queue()
+            held.append(e)
             if e.body is not None:
                 self.held += e.size
         # oldest first, as they were sent: by epoch, then seq
-        self._aged = deque(sorted((e for q in self.entries.values() for e in q
+        self._aged = _queue(sorted((e for q in self.entries.values() for e in q
                                    if e.body is not None), key=lambda e: (e.epoch, e.seq)))
         self._bodies = len(self._aged)
         self._unpersisted = []

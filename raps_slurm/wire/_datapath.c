@@ -406,11 +406,24 @@ static PyObject *address(PyObject *self, PyObject *arg) {
     return out;
 }
 
+PyDoc_STRVAR(untrack_doc,
+"untrack(obj, /) -> None\n\n"
+"Take obj out of the cyclic garbage collector's sight, as CPython does with tuples\n"
+"and dicts that hold no container: a full collection no longer visits it. Only for\n"
+"an object in no reference cycle (a log entry: numbers, bytes, its arena room).");
+
+static PyObject *untrack(PyObject *self, PyObject *arg) {
+    if (PyObject_IS_GC(arg))
+        PyObject_GC_UnTrack(arg); /* a no-op when it is not tracked */
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"send_copy", send_copy, METH_VARARGS, send_copy_doc},
     {"copy", copy, METH_VARARGS, copy_doc},
     {"sum", sum, METH_VARARGS, sum_doc},
     {"address", address, METH_O, address_doc},
+    {"untrack", untrack, METH_O, untrack_doc},
     {NULL, NULL, 0, NULL},
 };
 
