@@ -156,7 +156,7 @@ class Context(Receiving):
                                       epoch=epoch, frame_mac=self.s.frame_mac,
                                       ranks=size),
                                  self.s.spin_us / 1e6, unix=self.s.same_node == "unix",
-                                 place=self._place)
+                                 place=self._place, on_data=self._on_data)
         host, port_no = self.listener.address
         port.publish(host, port_no, epoch)
         self._flusher = threading.Thread(target=self._ticker, name="raps-msg-flush",

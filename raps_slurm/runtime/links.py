@@ -378,23 +378,8 @@ class PeerLinks:
             self._work.put(lambda: self._resend(f.src, f.seq, epoch=f.epoch))
             return
         if f.kind == DATA:
-            # Whoever waits for it learns from the pump that a frame was handled.
-            with self._mu:
-                if self._hello_cids.get(cid) != f.src:
-                    return  # no HELLO on this connection: not a peer we know
-                self._progress(f.src, f.epoch, f.seq)
-                try:
-                    verdict, first, last = self.inbox.offer(
-                        f.src, f.seq, f.epoch, f.crc, f.payload if f.placed is None
-                        else Placed(bytes(f.payload), f.placed))
-                except NotDeterministic as exc:
-                    self._error = exc
-                    verdict, reason = "error", str(exc)  # this frame's: another may follow
-            if verdict == "error":
-                log.error("rank %d: %s", self.rank, reason)
-                self._work.put(lambda: self.port.escalate(reason))
-            elif verdict == "gap" and self._started:
-                self._work.put(lambda: self._control(f.src, RESEND, first, last))
+            self._on_data(f.src, f.seq, f.epoch, f.crc, f.payload if f.placed is None
+                          else Placed(bytes(f.payload), f.placed), cid)
             return
         with self._mu:
             if self._hello_cids.get(cid) != f.src:
@@ -428,6 +413,30 @@ class PeerLinks:
                 origin = self._clock() - f.seq / 1000
                 if origin > at:
                     self._heard[f.src] = (e, q, origin)
+
+    def _on_data(self, src: int, seq: int, epoch: int, crc: int,
+                 payload: bytes | memoryview | Placed, cid: int) -> None:
+        """A DATA frame from ``src`` on connection ``cid`` (its header checked against the
+        connection's handshake: transport.Listener._body). Whoever waits for it learns
+        from the pump that a frame was handled."""
+        if not 0 <= src < self.size:
+            return
+        with self._mu:
+            if self._hello_cids.get(cid) != src:
+                return  # no HELLO on this connection: not a peer we know
+            self._progress(src, epoch, seq)
+            try:
+                verdict, first, last = self.inbox.offer(src, seq, epoch, crc, payload)
+            except NotDeterministic as exc:
+                self._error = exc
+                verdict, reason = "error", str(exc)  # this frame's: another may follow
+        if verdict == "ok":
+            return
+        if verdict == "error":
+            log.error("rank %d: %s", self.rank, reason)
+            self._work.put(lambda: self.port.escalate(reason))
+        elif verdict == "gap" and self._started:
+            self._work.put(lambda: self._control(src, RESEND, first, last))
 
     def _progress(self, src: int, epoch: int, seq: int) -> None:
         """Note (``_mu`` held) a frame from ``src``: a seq (or epoch) beyond any heard
