@@ -16,7 +16,7 @@ ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server etcd-client
   libopenmpi-dev gfortran libzstd-dev pkg-config \
   e2fsprogs mount
 ensure_venv dev
-"$PY" -c "import raps_slurm, raps_slurm.wire._udp, raps_slurm.wire._datapath, etcd3gw, ClusterShell, zstandard, pyfastcdc.cy, blake3, crc32c, numpy, rich, hypothesis, pytest_timeout, prometheus_client, atheris" \
+"$PY" -c "import raps_slurm, raps_slurm.wire._udp, raps_slurm.wire._datapath, etcd3gw, ClusterShell, zstandard, pyfastcdc.cy, blake3, crc32c, numpy, rich, hypothesis, pytest_timeout, xdist, prometheus_client, atheris" \
   || { echo "test.sh: the Python package or its test extra did not install" >&2; exit 1; }
 
 if [ -f spank/Makefile ]; then
@@ -33,4 +33,5 @@ echo "test.sh: ruff"
 echo "test.sh: mypy"
 "$PY" -m mypy
 echo "test.sh: pytest"
-"$PY" -m pytest -q -p no:cacheprovider --durations=25 "$@"
+# Two workers: the cluster's tests in order on one, the others beside them (tests/conftest.py).
+"$PY" -m pytest -q -p no:cacheprovider --durations=25 -n "${RAPS_TEST_WORKERS:-2}" --dist loadgroup "$@"
