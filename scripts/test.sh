@@ -16,7 +16,7 @@ ensure_apt slurm-wlm slurmctld slurmd munge libslurm-dev etcd-server etcd-client
   libopenmpi-dev gfortran libzstd-dev pkg-config \
   e2fsprogs mount
 ensure_venv dev
-"$PY" -c "import raps_slurm, raps_slurm.wire._udp, raps_slurm.wire._datapath, etcd3gw, ClusterShell, zstandard, pyfastcdc.cy, blake3, crc32c, numpy, rich, hypothesis, pytest_timeout, xdist, prometheus_client, atheris" \
+"$PY" -c "import raps_slurm, raps_slurm.wire._udp, raps_slurm.wire._datapath, etcd3gw, ClusterShell, zstandard, pyfastcdc.cy, blake3, crc32c, numpy, rich, hypothesis, pytest_timeout, prometheus_client, atheris" \
   || { echo "test.sh: the Python package or its test extra did not install" >&2; exit 1; }
 
 if [ -f spank/Makefile ]; then
@@ -33,5 +33,24 @@ echo "test.sh: ruff"
 echo "test.sh: mypy"
 "$PY" -m mypy
 echo "test.sh: pytest"
-# Two workers: the cluster's tests in order on one, the others beside them (tests/conftest.py).
-"$PY" -m pytest -q -p no:cacheprovider --durations=25 -n "${RAPS_TEST_WORKERS:-2}" --dist loadgroup "$@"
+pytest=("$PY" -m pytest -q -p no:cacheprovider --durations=25)
+if [ $# -gt 0 ] || [ "${RAPS_TEST_SERIAL:-0}" = 1 ]; then
+  exec "${pytest[@]}" "$@"
+fi
+# The tests that need a Slurm cluster (tests/ha, then tests/integration, in this order:
+# the two clusters must not overlap) wait on it most of their time; the rest (CPU-bound,
+# seconds each) runs beside them in a second pytest, its report printed after.
+side_log=$(mktemp)
+trap 'rm -f "$side_log"' EXIT
+"${pytest[@]}" tests --ignore=tests/ha --ignore=tests/integration >"$side_log" 2>&1 &
+side=$!
+rc=0
+"${pytest[@]}" tests/ha tests/integration || rc=$?
+side_rc=0
+wait "$side" || side_rc=$?
+echo "test.sh: pytest of the tests that need no cluster (run beside them)"
+cat "$side_log"
+if [ "$rc" -ne 0 ] || [ "$side_rc" -ne 0 ]; then
+  echo "test.sh: pytest failed (cluster tests: exit $rc; the others: exit $side_rc)" >&2
+  exit 1
+fi
