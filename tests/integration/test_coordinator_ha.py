@@ -67,10 +67,7 @@ def submit_raps_job(cluster: LocalCluster, jobs: list[int]) -> int:
     return job
 
 
-def mapped_by(rapsctl: Rapsctl, job: int, timeout: float = 60) -> dict[str, Any]:
-    """The job as ``rapsctl show job`` shows it, once mapped: Slurm starts it first (60 s,
-    as :func:`~raps_slurm.testing.jobs.wait_mapped`: a loaded machine's slurmctld took
-    more than 10 s to start a six-node job after the one before it)."""
+def mapped_by(rapsctl: Rapsctl, job: int, timeout: float) -> dict[str, Any]:
     data = wait_until(f"job {job} mapped", lambda: rapsctl.job(job),
                       lambda d: d is not None and d["state"] == "mapped", timeout=timeout)
     assert data is not None
@@ -100,7 +97,7 @@ def test_standby_takes_over_and_a_thawed_leader_writes_nothing(
     wait_until("the CLI to show ha-b", lambda: leader_name(rapsctl), lambda n: n == "ha-b",
                timeout=10)
     job = submit_raps_job(cluster, submitted)
-    assert mapped_by(rapsctl, job)["built_by"] == "ha-b"
+    assert mapped_by(rapsctl, job, timeout=10)["built_by"] == "ha-b"
 
     # Freeze the leader: the standby takes over; thawed, the old leader steps down.
     coordinators["ha-c"] = cluster.coordinator("ha-c").start()
@@ -110,7 +107,7 @@ def test_standby_takes_over_and_a_thawed_leader_writes_nothing(
     wait_until("ha-c to lead", lambda: leader_name(rapsctl), lambda n: n == "ha-c",
                timeout=lease + 5)
     job2 = submit_raps_job(cluster, submitted)
-    assert mapped_by(rapsctl, job2)["built_by"] == "ha-c"
+    assert mapped_by(rapsctl, job2, timeout=10)["built_by"] == "ha-c"
     coordinators["ha-b"].signal(signal.SIGCONT)
     wait_until("ha-b to step down", lambda: coordinators["ha-b"].log(),
                lambda t: "lost leadership" in t, timeout=10)
