@@ -43,13 +43,16 @@ fi
 # lowest CPU priority: the cluster's daemons and ranks take a core whenever they need one
 # (its timing tests failed when the two competed as equals).
 side_log=$(mktemp)
-trap 'rm -f "$side_log"' EXIT
+side=""
+# interrupted, the side pytest goes too (a background job ignores the terminal's SIGINT)
+trap '[ -z "$side" ] || kill "$side" 2>/dev/null; rm -f "$side_log"' EXIT
 nice -n 19 "${pytest[@]}" tests --ignore=tests/ha --ignore=tests/integration >"$side_log" 2>&1 &
 side=$!
 rc=0
 "${pytest[@]}" tests/ha tests/integration || rc=$?
 side_rc=0
 wait "$side" || side_rc=$?
+side=""
 echo "test.sh: pytest of the tests that need no cluster (run beside them)"
 cat "$side_log"
 if [ "$rc" -ne 0 ] || [ "$side_rc" -ne 0 ]; then
