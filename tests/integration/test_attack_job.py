@@ -130,7 +130,7 @@ def test_a_full_shared_file_system_and_held_control_slots_do_not_stop_a_job(
                               stderr=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
-        with ckpt_on_shared_fs(ckpt, top, tmp_path / "fs.img"), leading("c-attack-job"):
+        with ckpt_on_shared_fs(ckpt, top, tmp_path / "fs.img"):
             fill = subprocess.run(_attack("fill", str(top)), user=bob, cwd="/",
                                   capture_output=True, text=True, timeout=60, check=False)
             assert fill.returncode == 0, fill.stderr[-3000:]
@@ -142,21 +142,29 @@ def test_a_full_shared_file_system_and_held_control_slots_do_not_stop_a_job(
                 [f"--uid={alice}", "--raps-spares=0", f"-N{len(NODES)}", "-w",
                  ",".join(NODES)], "victim-job")
             _point_at_control(job, only)
-            view = wait_mapped(s, k, job)
-            [on_n1] = [r["rank"] for r in view["ranks"] if r["node"] == "n1"]
-            # the rank on n1 commits checkpoints (into root's reserved room) ...
-            wait_until(f"rank {on_n1} commits a checkpoint", lambda: committed(s, k, job, on_n1),
-                       bool, 60)
-            since = time.time()
-            # ... and n1's agent measures them on that file system, judging RAPS's data
-            # against root's room: below the threshold, while users have no room left
-            sample = wait_until(
-                "a health sample of n1 measuring the full file system with RAPS's data",
-                lambda: json.loads(s.get(k.node_health("n1")).value),  # type: ignore[union-attr]
-                lambda d: d.get("at", 0) > since and (d.get("disk_raps_bytes") or 0) > 0
-                and d.get("disk_total_bytes") == room.f_blocks * room.f_frsize, 30)
-            assert (sample["disk_used_percent"] or 100.0) < full, sample
-            text = finish(cluster, job, out, clean)
+            # no coordinator leads yet, so raps-run waits for its rank map and starts no
+            # supervisor until bob has filled its listener's slots (its own 33rd
+            # connection evicts his oldest); found otherwise, on a busy machine, the
+            # supervisors could connect first and the slots would not be tested
+            wait_until("raps-run evicting one of bob's connections",
+                       lambda: out.read_text() if out.exists() else "",
+                       lambda t: "control: refused a connection (" in t, 60)
+            with leading("c-attack-job"):
+                view = wait_mapped(s, k, job)
+                [on_n1] = [r["rank"] for r in view["ranks"] if r["node"] == "n1"]
+                # the rank on n1 commits checkpoints (into root's reserved room) ...
+                wait_until(f"rank {on_n1} commits a checkpoint",
+                           lambda: committed(s, k, job, on_n1), bool, 60)
+                since = time.time()
+                # ... and n1's agent measures them on that file system, judging RAPS's data
+                # against root's room: below the threshold, while users have no room left
+                sample = wait_until(
+                    "a health sample of n1 measuring the full file system with RAPS's data",
+                    lambda: json.loads(s.get(k.node_health("n1")).value),  # type: ignore[union-attr]
+                    lambda d: d.get("at", 0) > since and (d.get("disk_raps_bytes") or 0) > 0
+                    and d.get("disk_total_bytes") == room.f_blocks * room.f_frsize, 30)
+                assert (sample["disk_used_percent"] or 100.0) < full, sample
+                text = finish(cluster, job, out, clean)
             assert os.statvfs(top).f_bavail == 0
         verdict = s.get(k.node_health_verdict("n1"))
         if verdict is not None:
