@@ -18,7 +18,7 @@ import pytest
 
 from raps_slurm.config import load_file
 from raps_slurm.coordinator.election import Leadership
-from raps_slurm.errors import NotLeader
+from raps_slurm.errors import NotLeader, SlurmCommandError
 from raps_slurm.slurm import CommandRunner
 from raps_slurm.store import Keys, Lease, Put, StateStore
 from raps_slurm.testing.cluster import CoordinatorProcess, LocalCluster, wait_until
@@ -67,9 +67,26 @@ def submit_raps_job(cluster: LocalCluster, jobs: list[int]) -> int:
     return job
 
 
-def mapped_by(rapsctl: Rapsctl, job: int, timeout: float) -> dict[str, Any]:
-    data = wait_until(f"job {job} mapped", lambda: rapsctl.job(job),
-                      lambda d: d is not None and d["state"] == "mapped", timeout=timeout)
+def mapped_by(rapsctl: Rapsctl, job: int, timeout: float,
+              cluster: LocalCluster | None = None,
+              leader: CoordinatorProcess | None = None) -> dict[str, Any]:
+    """The job as ``rapsctl`` shows it once mapped; a timeout also says where Slurm has
+    the job and what the leader logged last (not registered at all is Slurm's side, or
+    the hooks'; registered and not mapped, the leader's)."""
+    try:
+        data = wait_until(f"job {job} mapped", lambda: rapsctl.job(job),
+                          lambda d: d is not None and d["state"] == "mapped", timeout=timeout)
+    except AssertionError as exc:
+        seen = ""
+        if cluster is not None:
+            try:
+                seen += "\nsqueue: " + CommandRunner(timeout=30, env=cluster.env).run(
+                    ["squeue", "-h", "-j", str(job), "-o", "%T %r %N"]).strip()
+            except SlurmCommandError as err:
+                seen += f"\nsqueue: {err}"
+        if leader is not None:
+            seen += "\nleader's log:\n" + leader.log()[-2000:]
+        raise AssertionError(f"{exc}{seen}") from None
     assert data is not None
     return data
 
@@ -97,7 +114,7 @@ def test_standby_takes_over_and_a_thawed_leader_writes_nothing(
     wait_until("the CLI to show ha-b", lambda: leader_name(rapsctl), lambda n: n == "ha-b",
                timeout=10)
     job = submit_raps_job(cluster, submitted)
-    assert mapped_by(rapsctl, job, timeout=10)["built_by"] == "ha-b"
+    assert mapped_by(rapsctl, job, 10, cluster, coordinators["ha-b"])["built_by"] == "ha-b"
 
     # Freeze the leader: the standby takes over; thawed, the old leader steps down.
     coordinators["ha-c"] = cluster.coordinator("ha-c").start()
@@ -107,7 +124,7 @@ def test_standby_takes_over_and_a_thawed_leader_writes_nothing(
     wait_until("ha-c to lead", lambda: leader_name(rapsctl), lambda n: n == "ha-c",
                timeout=lease + 5)
     job2 = submit_raps_job(cluster, submitted)
-    assert mapped_by(rapsctl, job2, timeout=10)["built_by"] == "ha-c"
+    assert mapped_by(rapsctl, job2, 10, cluster, coordinators["ha-c"])["built_by"] == "ha-c"
     coordinators["ha-b"].signal(signal.SIGCONT)
     wait_until("ha-b to step down", lambda: coordinators["ha-b"].log(),
                lambda t: "lost leadership" in t, timeout=10)
