@@ -310,8 +310,10 @@ def cluster_for_tests(prefix: str, etcd_members: int = 1, net: str | None = None
 
 
 def wait_until(what: str, probe: Callable[[], T], ok: Callable[[T], bool] = bool,
-               timeout: float = 30.0, interval: float = 0.2) -> T:
-    """Poll ``probe`` until ``ok(value)``; fail naming what was awaited and the last value."""
+               timeout: float = 30.0, interval: float = 0.2,
+               explain: Callable[[], str] | None = None) -> T:
+    """Poll ``probe`` until ``ok(value)``; fail naming what was awaited and the last value
+    (and what ``explain()`` says then, if given)."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
@@ -319,7 +321,8 @@ def wait_until(what: str, probe: Callable[[], T], ok: Callable[[T], bool] = bool
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(
-                f"timed out after {timeout}s waiting for {what}; last seen: {value!r}")
+                f"timed out after {timeout}s waiting for {what}; last seen: {value!r}"
+                + (f"\n{explain()}" if explain is not None else ""))
         time.sleep(interval)
 
 

@@ -73,20 +73,22 @@ def mapped_by(rapsctl: Rapsctl, job: int, timeout: float,
     """The job as ``rapsctl`` shows it once mapped; a timeout also says where Slurm has
     the job and what the leader logged last (not registered at all is Slurm's side, or
     the hooks'; registered and not mapped, the leader's)."""
-    try:
-        data = wait_until(f"job {job} mapped", lambda: rapsctl.job(job),
-                          lambda d: d is not None and d["state"] == "mapped", timeout=timeout)
-    except AssertionError as exc:
+
+    def explain() -> str:
         seen = ""
         if cluster is not None:
             try:
-                seen += "\nsqueue: " + CommandRunner(timeout=30, env=cluster.env).run(
+                seen += "squeue: " + CommandRunner(timeout=30, env=cluster.env).run(
                     ["squeue", "-h", "-j", str(job), "-o", "%T %r %N"]).strip()
             except SlurmCommandError as err:
-                seen += f"\nsqueue: {err}"
+                seen += f"squeue: {err}"
         if leader is not None:
             seen += "\nleader's log:\n" + leader.log()[-2000:]
-        raise AssertionError(f"{exc}{seen}") from None
+        return seen
+
+    data = wait_until(f"job {job} mapped", lambda: rapsctl.job(job),
+                      lambda d: d is not None and d["state"] == "mapped", timeout=timeout,
+                      explain=explain)
     assert data is not None
     return data
 

@@ -490,17 +490,16 @@ def test_a_rank_whose_every_copy_is_damaged_makes_raps_give_up_without_a_requeue
             assert ranks[victim] in holders and len(holders) >= 2, holders
             assert damage(cluster, job, victim, holders) > 0, holders
             # read while the job runs: a finished job's keys are purged 5 s after it
-            try:
-                esc = wait_until("RAPS to give up", lambda: escalation(store, job),
-                                 lambda e: bool(e.get("gave_up")), 90)
-            except AssertionError as exc:
-                # a generation whose copy landed after the damage would be restored
-                # whole: say which generations were where, and what the plans did
-                gens = [(r.generation, r.state, r.holders) for r in records(store, job, victim)]
-                raise AssertionError(
-                    f"{exc}\nrank {victim}'s generations now: {gens}\nits plans: "
-                    f"{[(p.source, p.target, p.state) for p in plans(store, job) if p.rank == victim]}"
-                    f"\njob output:\n{out.read_text()[-2000:] if out.exists() else ''}") from None
+            # a generation whose copy landed after the damage would be restored whole: a
+            # timeout says which generations were where, and what the plans did
+            esc = wait_until(
+                "RAPS to give up", lambda: escalation(store, job),
+                lambda e: bool(e.get("gave_up")), 90,
+                explain=lambda: f"rank {victim}'s generations now: "
+                f"{[(r.generation, r.state, r.holders) for r in records(store, job, victim)]}"
+                f"\nits plans: "
+                f"{[(p.source, p.target, p.state) for p in plans(store, job) if p.rank == victim]}"
+                f"\njob output:\n{out.read_text()[-2000:] if out.exists() else ''}")
             mine = wait_until("its plan escalated",
                               lambda: [p for p in plans(store, job) if p.rank == victim],
                               lambda ps: bool(ps) and ps[-1].state == "escalated", 10)
