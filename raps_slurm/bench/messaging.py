@@ -9,7 +9,10 @@ mutable ``bytearray`` (the body must be copied), and once more with enough large
 messages to pass the high watermark (no receiver checkpoint covers them, so the log
 spills bodies to disk). ``gc_full_collection_ms`` is one full garbage collection in the
 sender once the log holds the ``log_entries_held`` small messages it sent (``_unlogged_``:
-the same with nothing held). Each figure is timed on the sender from a start signal of the
+the same with nothing held). ``log_memory_bytes_per_msg`` is how much the sender's
+resident memory grew per small message sent (``_unlogged_``: the same without a log),
+``log_counted_bytes_per_msg`` what of it the log counts against its high watermark (the
+bodies' bytes). Each figure is timed on the sender from a start signal of the
 receiver until the receiver confirmed the last message, the fastest of ``--repeat``
 runs; the sender's CPU time gives the logging cost per message. Flushes go to a temp
 dir (local port), fsync'ed, removed at the end.
@@ -25,6 +28,8 @@ import shutil
 import tempfile
 import time
 from typing import Any
+
+import psutil
 
 from raps_slurm.config import Config
 from raps_slurm.errors import BenchError
@@ -44,6 +49,7 @@ def _rank(rank: int, root: str, settings: Settings, count: int, size: int, mutab
         else:
             body: bytes | bytearray = bytes(size) if not mutable else bytearray(size)
             ctx.recv(1)
+            rss = psutil.Process().memory_info().rss
             cpu, wall = time.process_time(), time.perf_counter()
             for _ in range(count):
                 ctx.send(1, body)
@@ -52,10 +58,14 @@ def _rank(rank: int, root: str, settings: Settings, count: int, size: int, mutab
             # what a full garbage collection costs the application while the log holds
             # every message (no checkpoint covered them)
             held = sum(len(q) for q in ctx.log.entries.values())
+            # what the log's entries take of the sender's memory, and what of it the high
+            # watermark counts (their bodies' bytes)
+            grown = psutil.Process().memory_info().rss - rss
+            counted = ctx.log.held
             start = time.perf_counter()
             gc.collect()
-            out.put({"seconds": seconds, "cpu": cpu, "held": held,
-                     "gc_ms": (time.perf_counter() - start) * 1e3})
+            out.put({"seconds": seconds, "cpu": cpu, "held": held, "rss_grown": grown,
+                     "held_counted": counted, "gc_ms": (time.perf_counter() - start) * 1e3})
         ctx.finalize()
     except BaseException as exc:  # reported by the parent, in one line
         out.put({"error": f"rank {rank}: {exc}"})
@@ -135,6 +145,9 @@ def run_messaging(base: Settings, small: int, count: int, large: int, large_coun
         "sender_cpu_us_per_msg_logged": round(logged["cpu"] / count * 1e6, 2),
         "log_entries_held": logged["held"],
         "gc_full_collection_ms": round(logged["gc_ms"], 2),
+        "log_memory_bytes_per_msg": round(logged["rss_grown"] / count, 1),
+        "log_memory_unlogged_bytes_per_msg": round(unlogged["rss_grown"] / count, 1),
+        "log_counted_bytes_per_msg": round(logged["held_counted"] / count, 1),
         "gc_full_collection_unlogged_ms": round(unlogged["gc_ms"], 2),
         "large_logged_mbps": round(mb / big_logged["seconds"], 1),
         "large_unlogged_mbps": round(mb / big_unlogged["seconds"], 1),
