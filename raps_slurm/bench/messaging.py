@@ -49,7 +49,8 @@ def _rank(rank: int, root: str, settings: Settings, count: int, size: int, mutab
         else:
             body: bytes | bytearray = bytes(size) if not mutable else bytearray(size)
             ctx.recv(1)
-            rss = psutil.Process().memory_info().rss
+            me = psutil.Process()
+            rss = me.memory_info().rss
             cpu, wall = time.process_time(), time.perf_counter()
             for _ in range(count):
                 ctx.send(1, body)
@@ -60,7 +61,7 @@ def _rank(rank: int, root: str, settings: Settings, count: int, size: int, mutab
             held = sum(len(q) for q in ctx.log.entries.values())
             # what the log's entries take of the sender's memory, and what of it the high
             # watermark counts (their bodies' bytes)
-            grown = psutil.Process().memory_info().rss - rss
+            grown = me.memory_info().rss - rss
             counted = ctx.log.held
             start = time.perf_counter()
             gc.collect()

@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from typing import Any
+
+COUNT = 200_000  # some 40 MB of entries
+
+# In an interpreter of its own: the ranks are forked from it, and a forked heap that
+# already has free memory (a long test session's) would take the entries without growing.
+MEASURE = """
+import json, sys
 from raps_slurm.bench.messaging import measure
 from raps_slurm.runtime.context import Settings
+print(json.dumps(measure(int(sys.argv[1]), 8, logging=sys.argv[2] == "1",
+                         base=Settings(stats_interval=3600.0))))
+"""
 
-COUNT = 200_000  # some 40 MB of entries: more than a forked heap's free memory holds
+
+def _measure(logging: bool) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(COUNT), str(int(logging))],
+                          capture_output=True, text=True, timeout=300, check=True)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def test_the_log_memory_per_message_is_measured_against_what_the_watermark_counts() -> None:
@@ -13,11 +32,10 @@ def test_the_log_memory_per_message_is_measured_against_what_the_watermark_count
     counts their bodies' bytes against the high watermark; the sender's memory grows by
     more than that (each entry's own objects), which the benchmark reports apart. An
     unlogged run holds and counts nothing."""
-    base = Settings(stats_interval=3600.0)
-    logged = measure(COUNT, 8, logging=True, base=base)
+    logged = _measure(True)
     assert logged["held"] == COUNT, logged
     assert logged["held_counted"] == 8 * COUNT, logged
     assert logged["rss_grown"] > 4 * logged["held_counted"], logged
-    unlogged = measure(COUNT, 8, logging=False, base=base)
+    unlogged = _measure(False)
     assert unlogged["held"] == 0 and unlogged["held_counted"] == 0, unlogged
     assert unlogged["rss_grown"] < logged["rss_grown"] / 4, (logged, unlogged)
