@@ -106,6 +106,17 @@ def check_openmpi(python: str = SYSTEM_PYTHON) -> str:
 
 
 @contextlib.contextmanager
+def session_tmpdir(env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """``env`` with ``TMPDIR`` a fresh directory of its own (removed on exit), for one
+    ``mpirun``: Open MPI 4.1 makes its session directory (``ompi.HOST.UID``) under it, and
+    two mpiruns starting at once in the same one can both find it missing, the second
+    then failing with "File exists" (orte_session_dir). Short, under the system's temporary
+    directory: the session directory holds Unix sockets, whose paths are bounded."""
+    with tempfile.TemporaryDirectory(prefix="ompi-") as tmp:
+        yield {**env, "TMPDIR": tmp}
+
+
+@contextlib.contextmanager
 def tcp_config() -> Iterator[str]:
     """A config file of one key, ``messagelog.same_node: tcp``: RAPS over loopback TCP, as
     Open MPI's tcp BTL (removed on exit)."""
@@ -128,8 +139,9 @@ def launch(who: str, argv: list[str], measure: str, iterations: int, warmup: int
     cmd = [*argv, measure, "--iterations", str(iterations), "--warmup", str(warmup),
            "--repeats", str(blocks), "--latency-factor", str(LATENCY_FACTOR), *extra]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT,
-                           check=False)
+        with session_tmpdir(env) as env:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                               timeout=TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
         raise BenchError(f"{who} {measure} run did not end in {TIMEOUT:.0f} s") from None
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -8,6 +8,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from raps_slurm.bench.mpi import session_tmpdir
 from raps_slurm.config import load_file, node_dir
 from raps_slurm.core.jobs import JobRecord, JobSpec, RankEntry, RankMap, group_to_json
 from raps_slurm.model import BackupGroup
@@ -72,6 +73,7 @@ def mpirun(config: Path, program: Path, job: str, args: tuple[str, ...], ranks: 
             "RAPS_AGENT_SOCKET": node_dir(cfg.agent.socket_path, "n1"),
             "OMPI_MCA_btl": "self,vader", "OMPI_MCA_plm_rsh_agent": "false", **(env or {})}
     # 4 ranks on 2 cores: Open MPI yields instead of spinning when oversubscribed
-    return subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-                           str(ranks), str(program), *args], env=full,
-                          capture_output=True, text=True, timeout=180, cwd="/")
+    with session_tmpdir(full) as full:
+        return subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                               str(ranks), str(program), *args], env=full,
+                              capture_output=True, text=True, timeout=180, cwd="/")

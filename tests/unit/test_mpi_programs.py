@@ -8,16 +8,19 @@ from the start; an ``Abort`` ends the job under both."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from raps_slurm.bench.mpi import session_tmpdir
 from raps_slurm.mpi.support import FAMILIES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,8 +66,19 @@ PROGRAMS: dict[str, tuple[str, list[str], list[list[str]]]] = {
 BATCHED = sorted({p for f in FAMILIES for p in f.programs} - {p for p, _, _ in PROGRAMS.values()})
 
 
+_SESSIONS = contextlib.ExitStack()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _session_dirs() -> Iterator[None]:
+    with _SESSIONS:
+        yield
+
+
 def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAPS_", "OMPI_", "PMIX_"))}
+    if argv[0] == "mpirun":  # started together, each in a session directory of its own
+        env = _SESSIONS.enter_context(session_tmpdir(env))
     return subprocess.Popen(argv, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
 
