@@ -58,7 +58,7 @@ def _rank(rank: int, root: str, settings: Settings, count: int, size: int, mutab
             seconds, cpu = time.perf_counter() - wall, time.process_time() - cpu
             # what a full garbage collection costs the application while the log holds
             # every message (no checkpoint covered them)
-            held = sum(len(q) for q in ctx.log.entries.values())
+            held = ctx.log.count()
             # what the log's entries take of the sender's memory, and what of it the high
             # watermark counts (their bodies' bytes)
             grown = me.memory_info().rss - rss

@@ -39,6 +39,7 @@ from raps_slurm.errors import RapsError
 from raps_slurm.runtime.arena import Arena
 from raps_slurm.runtime.frames import COVERED, MAX_MESSAGE, SENT_FLOOR
 from raps_slurm.runtime.inbox import Inbox
+from raps_slurm.runtime.lanes import Lane
 from raps_slurm.runtime.msglog import (
     ARENA_AT,
     Entry,
@@ -123,7 +124,7 @@ class Context(Receiving):
         self._last_ckpt = clock()
         self._started = False
         self._closed = False
-        self._persisted_bodies: dict[tuple[int, int], bytes] | None = None
+        self._persisted_bodies: dict[tuple[int, int], Entry] | None = None
         self._gaps: dict[int, tuple[int, int]] = {}
         self._flush_lock = threading.Lock()
         self._wake = threading.Event()  # the flush thread's, to spill before its period
@@ -381,25 +382,29 @@ class Context(Receiving):
         finally:
             self.port.blocked(None)
 
-    def _log_records(self, logged: list[tuple[Entry, bytes | memoryview | None]]) -> bytes:
-        """Log-store records of the entries a checkpoint carries: small ones with their
-        bodies, large ones as headers (their bodies are the checkpoint's large items)."""
+    def _log_records(self, logged: list[Lane]) -> bytes:
+        """Log-store records of the entries a checkpoint carries (``logged``: the lanes'
+        snapshots): small ones with their bodies, large ones as headers (their bodies are
+        the checkpoint's large items)."""
         parts: list[bytes | memoryview] = []
-        spilled: dict[tuple[int, int], bytes] | None = None
-        for e, body in logged:
-            if e.large:
-                parts += e.record(False)
-                continue
-            if body is None:  # spilled under memory pressure: its body is in the log store
-                spilled = self._persisted() if spilled is None else spilled
-                body = spilled.get((e.dst, e.seq))
-                if body is None:
-                    raise MessagingError(f"rank {self.rank}: the body of seq {e.seq} to rank "
-                                         f"{e.dst} is neither in memory nor in the log store")
-            parts += Entry(e.dst, e.seq, e.epoch, e.size, e.crc, False, body).record(True)
+        spilled: dict[tuple[int, int], Entry] | None = None
+        for lane in logged:
+            for e in lane.entries(0, lane.dst == self.rank):
+                if e.large:
+                    parts += e.record(False)
+                    continue
+                if e.body is None:  # spilled under memory pressure: it is in the log store
+                    spilled = self._persisted() if spilled is None else spilled
+                    stored = spilled.get((e.dst, e.seq))
+                    if stored is None:
+                        raise MessagingError(f"rank {self.rank}: the body of seq {e.seq} to "
+                                             f"rank {e.dst} is neither in memory nor in the "
+                                             "log store")
+                    e = stored
+                parts += Entry(e.dst, e.seq, e.epoch, e.size, e.crc, False, e.body).record(True)
         return b"".join(parts)
 
-    def _items(self, state: Any, logged: list[tuple[Entry, bytes | memoryview | None]],
+    def _items(self, state: Any, logged: list[Lane],
                large: list[tuple[int, int, bytes | memoryview | None]]) -> dict[str, Any]:
         """A checkpoint's items: the state, the log records, the large bodies uncovered."""
         items: dict[str, Any] = dict(state) if isinstance(state, dict) and all(
@@ -412,7 +417,7 @@ class Context(Receiving):
                 if (d, s) not in spilled:
                     raise MessagingError(f"rank {self.rank}: the body of seq {s} to rank {d} "
                                          "is neither in memory nor in the log store")
-                items[f"{LARGE_PREFIX}{d}/{s}"] = spilled[(d, s)]
+                items[f"{LARGE_PREFIX}{d}/{s}"] = spilled[(d, s)].body
         for d, s, b in large:
             if b is not None:
                 items[f"{LARGE_PREFIX}{d}/{s}"] = bytes(b)
@@ -425,7 +430,7 @@ class Context(Receiving):
             sent = self.log.sent_vector()
             floors = dict(self.log.floors)
             large = [(e.dst, e.seq, e.body) for e in self.log.large_uncovered()]
-            logged = [(e, e.body) for q in self.log.entries.values() for e in q]
+            logged = self.log.snapshot()
             pinned = contextlib.ExitStack()
             if self.arena is not None:  # the bodies read below stay whole until copied
                 pinned.enter_context(self.arena.pin())
@@ -532,11 +537,10 @@ class Context(Receiving):
             for p in range(self.size):
                 if p == self.rank:
                     continue
-                q = self.log.entries.get(p, deque())
                 src = self.inbox.sources.get(p)
                 peers[p] = {
                     "sent": self.log.sent.get(p, 0),
-                    "logged": [q[0].seq, q[-1].seq] if q else None,
+                    "logged": self.log.held_range(p),
                     "collected_upto": self.log.floors.get(p, 0),
                     "delivered": self.inbox.delivered(p),
                     "waiting_for_gap": self.inbox.waiting(p),

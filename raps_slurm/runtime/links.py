@@ -99,7 +99,7 @@ class PeerLinks:
     _work: queue.Queue[Callable[[], None] | None]
     _started: bool
     _closed: bool
-    _persisted_bodies: dict[tuple[int, int], bytes] | None
+    _persisted_bodies: dict[tuple[int, int], Entry] | None
     _gaps: dict[int, tuple[int, int]]
     _flush_lock: threading.Lock
     _wake: threading.Event
@@ -215,10 +215,12 @@ class PeerLinks:
         reach the receiver changed)."""
         body = e.body
         if body is None:
-            body = self._persisted().get((e.dst, e.seq))  # checked as it is parsed
-            if body is None:
+            stored = self._persisted().get((e.dst, e.seq))  # checked as it is parsed
+            if stored is None:
                 raise MessagingError(f"rank {self.rank}: body of seq {e.seq} to rank {e.dst} "
                                      "is neither in memory nor in the log store")
+            e, body = stored, stored.body  # a spilled message: its checksum is there too
+            assert body is not None  # _persisted() keeps the records that carry bodies
         elif again and checksum(body) != e.crc:
             raise MessagingError(f"rank {self.rank}: logged body of seq {e.seq} to rank "
                                  f"{e.dst} does not match its checksum: not replayed")
@@ -533,15 +535,14 @@ class PeerLinks:
             pinned = contextlib.ExitStack()
             with self._mu:
                 plan = self.log.spill_plan(target)
-                records = list(runs((e.record(with_body=True) for e in plan),
+                records = list(runs(self.log.spill_records(plan),
                                     min(RUN_BYTES, self.segment_limit)))
                 if self.arena is not None:  # a body collected meanwhile stays whole
                     pinned.enter_context(self.arena.pin())
             with pinned:
                 self._append(records)
             with self._mu:
-                for e in plan:
-                    e.body_persisted = True
+                self.log.spill_written(plan)
                 self._persisted_bodies = None
                 self.log.spill(target)
 
@@ -551,9 +552,10 @@ class PeerLinks:
         for seg in segments(records, self.segment_limit):
             self.port.log_append(seg)
 
-    def _persisted(self) -> dict[tuple[int, int], bytes]:
+    def _persisted(self) -> dict[tuple[int, int], Entry]:
+        """The log store's entries that carry their bodies, by destination and seq."""
         if self._persisted_bodies is None:
-            self._persisted_bodies = {(e.dst, e.seq): bytes(e.body) for e in
+            self._persisted_bodies = {(e.dst, e.seq): e for e in
                                       parse_records(self.port.log_read()) if e.body is not None}
         return self._persisted_bodies
 

@@ -22,26 +22,33 @@ checksums of delivered messages (to check a re-executed sender's duplicates).
 
 from __future__ import annotations
 
-import bisect
-import struct
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-
-import crc32c
 
 from raps_slurm.errors import RapsError
-from raps_slurm.runtime.arena import Arena, Slot
-from raps_slurm.wire import datapath
+from raps_slurm.runtime.arena import Arena
+from raps_slurm.runtime.lanes import (
+    F_BODY,
+    F_LARGE,
+    R_LARGE,
+    RECORD,
+    ROW_BYTES,
+    Chunk,
+    Entry,
+    Lane,
+    checksum,
+)
 from raps_slurm.wire.datapath import untrack
 
-RECORD = struct.Struct(">IQQIIB")  # dst, seq, epoch, size, CRC-32C, flags
-F_BODY, F_LARGE = 1, 2
+# Entries, their records and checksums are defined with the lanes that hold them
+__all__ = ["ARENA_AT", "F_BODY", "F_LARGE", "HEADS_PER_PART", "RECORD", "RUN_BYTES", "Batch",
+           "Entry", "MessagingError", "NotDeterministic", "SenderLog", "checksum",
+           "parse_records", "parts_size", "runs", "segments"]
+
 ARENA_AT = 64 << 10  # copies of at least this many bytes go to the arena (smaller: heap)
 # A flush writes each run of metadata records as one part of at most this many: a part
 # each cost a writev entry and a pass of the segmenting and framing checks.
 HEADS_PER_PART = 4096
-
 
 
 class MessagingError(RapsError):
@@ -53,17 +60,6 @@ class NotDeterministic(MessagingError):
     piecewise deterministic."""
 
 
-def checksum(data: bytes | bytearray | memoryview, start: int = 0) -> int:
-    """CRC-32C (Castagnoli) of a payload (frames and logs); ``start``: the checksum of
-    the bytes before ``data``, for a payload in parts. The ``crc32c`` library uses the
-    CPU's CRC instruction where there is one: 8 MiB in 0.34 ms on this project's test
-    machine, against 1.75 ms for zlib's CRC-32 (docs/benchmarks.md, MPI); a large payload
-    is folded where the CPU can (wire/datapath.py: 0.22 ms)."""
-    if len(data) < datapath.FOLD_AT:  # a memoryview's len counts items: at most its bytes
-        return int(crc32c.crc32c(data, start))
-    return datapath.checksum(data, start)
-
-
 def parts_size(parts: Sequence[bytes | bytearray | memoryview]) -> int:
     """Bytes of ``parts`` joined (a memoryview's ``len`` counts its items, not bytes)."""
     n = 0
@@ -71,30 +67,6 @@ def parts_size(parts: Sequence[bytes | bytearray | memoryview]) -> int:
         n += p.nbytes if isinstance(p, memoryview) else len(p) if isinstance(
             p, bytes | bytearray) else memoryview(p).nbytes
     return n
-
-
-@dataclass(slots=True)
-class Entry:
-    """One logged message."""
-
-    dst: int
-    seq: int
-    epoch: int
-    size: int
-    crc: int
-    large: bool
-    body: bytes | memoryview | None
-    persisted: bool = False       # a record is in the log store
-    body_persisted: bool = False  # ... and it carries the body
-    slot: Slot | None = None      # the body's room in the arena
-    def record(self, with_body: bool) -> list[bytes | memoryview]:
-        """The log-store record (header, then the body when asked and known)."""
-        flags = (F_LARGE if self.large else 0) | (F_BODY if with_body else 0)
-        head = RECORD.pack(self.dst, self.seq, self.epoch, self.size, self.crc, flags)
-        if with_body:
-            assert self.body is not None
-            return [head, self.body]
-        return [head]
 
 
 def parse_records(data: bytes | memoryview, *, verify: bool = True) -> Iterator[Entry]:
@@ -162,17 +134,28 @@ def segments(records: Iterable[list[bytes | memoryview]], limit: int
         yield seg
 
 
-def _queue(items: Iterable[Entry] = ()) -> deque[Entry]:
-    """A deque of log entries, out of the garbage collector's sight as they are: it and
-    they are in no cycle (the entries hold numbers, bytes and arena rooms), and a full
+def _queue(items: Iterable[Chunk | Entry] = ()) -> deque[Chunk | Entry]:
+    """A deque of chunks and entries, out of the garbage collector's sight as they are: it
+    and they are in no cycle (they hold numbers, buffers and arena rooms), and a full
     collection visited every entry of every such deque (datapath.untrack)."""
     q = deque(items)
     untrack(q)
     return q
 
 
+def _alive(x: Chunk | Entry) -> bool:
+    return not x.dead if isinstance(x, Chunk) else x.body is not None
+
+
+Batch = list[tuple[Lane, int, int]]  # a flush's lanes and the seqs [lo, hi] it took of each
+
+
 class SenderLog:
-    """The sender's side: sequence numbers, the log, flush batches, spilling, collection."""
+    """The sender's side: sequence numbers, the log (a :class:`Lane` per destination),
+    flush batches, spilling, collection.
+
+    :attr:`held` counts what the log takes in memory: its chunks, its rows
+    (:data:`ROW_BYTES` each), the bodies of its other entries."""
 
     def __init__(self, *, large_threshold: int, high_watermark: int,
                  arena: Arena | None = None, own: int | None = None) -> None:
@@ -181,22 +164,26 @@ class SenderLog:
         self.own = own  # the rank itself: entries to it are determinants
         self.high_watermark = high_watermark
         self.sent: dict[int, int] = {}          # dst -> last seq
-        self.entries: dict[int, deque[Entry]] = {}
+        self.lanes: dict[int, Lane] = {}
         self.floors: dict[int, int] = {}        # dst -> collectable up to
-        self.held = 0                           # bytes of bodies in memory
+        self.held = 0                           # bytes in memory (see the class)
         self.peak = 0
-        self.spilled = 0                        # bodies written out under pressure
+        self.spilled = 0                        # messages written out under pressure
         self.reserved = 0                       # messages copied in as they were sent
-        self._unpersisted: list[Entry] = []
-        # Entries whose bodies are in memory, oldest first (a spill takes from the left),
-        # and some whose bodies went since (dropped as a spill or a pass of publish()
-        # meets them): a spill used to sort every entry twice, O(n log n) in Python per
-        # spill, which a stream of small messages past the watermark paid all the time.
-        self._aged: deque[Entry] = _queue()
-        self._bodies = 0  # entries of _aged whose bodies are in memory
+        # Chunks and entries whose bodies are in memory, oldest first (a spill takes from
+        # the left), and some gone since (dropped as a spill or _age() meets them): a
+        # spill used to sort every entry twice, O(n log n) in Python per spill.
+        self._aged: deque[Chunk | Entry] = _queue()
+        self._live = 0  # items of _aged still alive
         # After a restore: what a lost incarnation logged past the checkpoint (dst -> seq
         # -> entry), sent to a peer that asks for it before re-execution sends it again
         self.ahead: dict[int, dict[int, Entry]] = {}
+
+    def _lane(self, dst: int) -> Lane:
+        lane = self.lanes.get(dst)
+        if lane is None:
+            lane = self.lanes[dst] = Lane(dst)
+        return lane
 
     # --- sending ---------------------------------------------------------------------
 
@@ -205,21 +192,26 @@ class SenderLog:
         """Log a message to ``dst`` (``payload``: the message, or its parts to join;
         ``size``: their bytes, when the caller knows); the entry carries its seq and
         checksum."""
+        parts = payload if isinstance(payload, list) else [payload]
+        if size is None:
+            size = parts_size(parts)
+        seq = self.sent.get(dst, 0) + 1
+        if size < ARENA_AT and size <= self.large_threshold:
+            # A copy into the lane's chunk: the application may change its buffer, and a
+            # row costs less than an Entry.
+            self._next(dst, seq)
+            body, crc, made = self._lane(dst).add_small(seq, epoch, parts, size, None)
+            self._grow(ROW_BYTES + (self._age(made) if made is not None else 0))
+            return Entry(dst, seq, epoch, size, crc, False, body)
         slot = None
         if isinstance(payload, bytes):
-            body: bytes | memoryview = payload  # immutable: a reference is enough
+            kept: bytes | memoryview = payload  # immutable: a reference is enough
+        elif self.arena is not None:
+            kept, slot = self.arena.copy(parts)
         else:
-            # The application may change its buffer after send(): a copy.
-            parts = payload if isinstance(payload, list) else [payload]
-            if size is None:
-                size = parts_size(parts)
-            if self.arena is not None and size >= ARENA_AT:
-                body, slot = self.arena.copy(parts)
-            else:
-                body = b"".join(parts)
-        size = len(body)
-        e = Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, int(crc32c.crc32c(body)),
-                  size > self.large_threshold, body, slot=slot)
+            kept = b"".join(parts)
+        e = Entry(dst, seq, epoch, size, checksum(kept), size > self.large_threshold, kept,
+                  slot=slot)
         self.publish(e)
         return e
 
@@ -239,39 +231,43 @@ class SenderLog:
             if size >= ARENA_AT:
                 return self.append(dst, b"".join([memoryview(p).cast("B") for p in parts]),
                                    epoch), False
-            return self.append(dst, parts, epoch), False
+            return self.append(dst, parts, epoch, size), False
         self.reserved += 1
         room, slot = got
         return Entry(dst, self.sent.get(dst, 0) + 1, epoch, size, 0,
                      size > self.large_threshold, room, slot=slot), True
 
     def publish(self, e: Entry) -> None:
-        """``e`` (the next to its destination) is logged: resent, spilled, collected."""
-        dst, seq, sent = e.dst, e.seq, self.sent
-        if seq != sent.get(dst, 0) + 1:
-            raise MessagingError(f"seq {seq} to rank {dst} logged after seq "
-                                 f"{sent.get(dst, 0)}")
-        sent[dst] = seq
+        """``e`` (the next to its destination, its body not copied into a chunk) is
+        logged: resent, spilled, collected."""
+        if e.seq != self.sent.get(e.dst, 0) + 1:
+            raise MessagingError(f"seq {e.seq} to rank {e.dst} logged after seq "
+                                 f"{self.sent.get(e.dst, 0)}")
+        self._next(e.dst, e.seq)
         # Held until a checkpoint covers it, and in no cycle: out of the collector's sight
         untrack(e)
+        self._lane(e.dst).add_obj(e)
+        self._grow(ROW_BYTES + (self._age(e) if e.body is not None else 0))
+
+    def _next(self, dst: int, seq: int) -> None:
+        self.sent[dst] = seq
         if self.ahead:
             ahead = self.ahead.get(dst)
             if ahead is not None:
                 ahead.pop(seq, None)  # sent again by re-execution: from the log from now on
                 if not ahead:
                     del self.ahead[dst]
-        # once per message: no deque made to be thrown away, no max() call
-        queue = self.entries.get(dst)
-        if queue is None:
-            queue = self.entries[dst] = _queue()
-        queue.append(e)
-        self._unpersisted.append(e)
-        if e.body is not None:
-            self._aged.append(e)
-            self._bodies += 1
-            if len(self._aged) > 2 * self._bodies + 4096:  # collected ones pile up
-                self._aged = _queue(x for x in self._aged if x.body is not None)
-        held = self.held = self.held + e.size
+
+    def _age(self, x: Chunk | Entry) -> int:
+        """``x`` joins the spill order; its bytes."""
+        self._aged.append(x)
+        self._live += 1
+        if len(self._aged) > 2 * self._live + 4096:  # collected ones pile up
+            self._aged = _queue(y for y in self._aged if _alive(y))
+        return len(x.buf) if isinstance(x, Chunk) else x.size
+
+    def _grow(self, n: int) -> None:
+        held = self.held = self.held + n
         if held > self.peak:
             self.peak = held
 
@@ -283,84 +279,135 @@ class SenderLog:
         machine, docs/benchmarks.md), and a re-executed sender sends them again anyway."""
         return e.dst == self.own
 
-    def take_unpersisted(self) -> tuple[list[Entry], list[list[bytes | memoryview]]]:
-        """The entries to persist now and their records (determinants with their bodies,
-        messages as metadata, a run of those joined in one item); call :meth:`persisted`
-        with them once they are durable."""
-        batch, self._unpersisted = self._unpersisted, []
+    def take_unpersisted(self) -> tuple[Batch, list[list[bytes | memoryview]]]:
+        """What to persist now and its records (determinants with their bodies, messages
+        as metadata, a run of those joined in one item); call :meth:`persisted` with the
+        batch once they are durable."""
+        batch: Batch = []
         records: list[list[bytes | memoryview]] = []
         heads: list[bytes] = []  # a run of metadata records, written as one part
-        for e in batch:
-            if self.flushes_body(e):
-                if heads:
-                    records.append([b"".join(heads)])
-                    heads = []
-                records.append(e.record(with_body=True))
-            else:
-                heads.append(RECORD.pack(e.dst, e.seq, e.epoch, e.size, e.crc,
-                                         F_LARGE if e.large else 0))
+        pack = RECORD.pack
+        for dst, lane in self.lanes.items():
+            top = lane.last()
+            if top is None or top <= lane.taken:
+                continue
+            own = dst == self.own
+            seq, epoch, size, crc, flags = lane.seq, lane.epoch, lane.size, lane.crc, lane.flags
+            for j in range(lane.index(lane.taken), len(seq)):
+                if own:
+                    if heads:
+                        records.append([b"".join(heads)])
+                        heads = []
+                    records.append(lane.entry(j, True).record(with_body=True))
+                    continue
+                heads.append(pack(dst, seq[j], epoch[j], size[j], crc[j],
+                                  F_LARGE if flags[j] & R_LARGE else 0))
                 if len(heads) == HEADS_PER_PART:
                     records.append([b"".join(heads)])
                     heads = []
+            batch.append((lane, lane.taken + 1, top))
+            lane.taken = top
         if heads:
             records.append([b"".join(heads)])
         return batch, records
 
-    def unpersisted_again(self, batch: list[Entry]) -> None:
-        """A batch from :meth:`take_unpersisted` that could not be written: it goes first
-        in the next one."""
-        self._unpersisted[:0] = batch
+    def unpersisted_again(self, batch: Batch) -> None:
+        """A batch from :meth:`take_unpersisted` that could not be written: the next one
+        takes it again."""
+        for lane, lo, _ in batch:
+            lane.taken = min(lane.taken, lo - 1)
 
-    def persisted(self, batch: list[Entry]) -> None:
+    def persisted(self, batch: Batch) -> None:
         """Mark a batch from :meth:`take_unpersisted` as durable."""
-        for e in batch:
-            e.persisted = True
-            e.body_persisted = self.flushes_body(e)
+        for lane, lo, hi in batch:
+            lane.durable = max(lane.durable, hi)
+            own = lane.dst == self.own
+            for s, e in lane.objs.items():
+                if lo <= s <= hi:
+                    e.persisted = True
+                    e.body_persisted = e.body_persisted or own
 
     def over_watermark(self) -> bool:
-        """Bodies held exceed the high watermark: spill before the next send."""
+        """The log's memory exceeds the high watermark: spill before the next send."""
         return self.held > self.high_watermark
 
     def spill_due(self) -> bool:
-        """Bodies held exceed three quarters of the watermark: the background thread
-        spills down to half of it, so that a steady sender rarely meets the watermark."""
+        """The log's memory exceeds three quarters of the watermark: the background
+        thread spills down to half of it, so that a steady sender rarely meets the
+        watermark."""
         return self.held > self.high_watermark * 3 // 4
 
     def _goal(self, target: int | None) -> int:
         return self.high_watermark * 3 // 4 if target is None else target
 
-    def spill_plan(self, target: int | None = None) -> list[Entry]:
-        """Entries whose bodies must be written out before memory can shrink
-        (oldest first) until the held bytes would fall to ``target`` (default: three
-        quarters of the watermark)."""
+    def spill_plan(self, target: int | None = None) -> list[Chunk | Entry]:
+        """Chunks and entries to write out (oldest first, their metadata durable) before
+        memory can shrink to ``target`` bytes (default: three quarters of the watermark).
+        A chunk in the plan takes no more bodies."""
         goal = self._goal(target)
-        plan = []
+        plan: list[Chunk | Entry] = []
         would = self.held
-        for e in self._aged:
+        for x in self._aged:
             if would <= goal:
                 break
-            if e.body is not None and e.persisted:
-                if not e.body_persisted:
-                    plan.append(e)
-                would -= e.size
+            if isinstance(x, Chunk):
+                if x.dead or x.last > self.lanes[x.dst].durable:
+                    continue
+                x.sealed = True
+                if not x.written:
+                    plan.append(x)
+                would -= x.cost()
+            elif x.body is not None and x.persisted:
+                if not x.body_persisted:
+                    plan.append(x)
+                would -= x.size
         return plan
 
+    def spill_records(self, plan: list[Chunk | Entry]) -> Iterator[list[bytes | memoryview]]:
+        """The log-store records of a :meth:`spill_plan`: each message with its body."""
+        for x in plan:
+            if isinstance(x, Entry):
+                yield x.record(with_body=True)
+                continue
+            lane = self.lanes[x.dst]
+            for j in lane.chunk_rows(x):
+                yield [RECORD.pack(x.dst, lane.seq[j], lane.epoch[j], lane.size[j],
+                                   lane.crc[j], F_BODY), lane.body(j)]
+
+    def spill_written(self, plan: list[Chunk | Entry]) -> None:
+        """A :meth:`spill_plan`'s records are durable."""
+        for x in plan:
+            if isinstance(x, Chunk):
+                x.written = True
+            else:
+                x.body_persisted = True
+
     def spill(self, target: int | None = None) -> int:
-        """Drop from memory the bodies that are durable (oldest first) until at most
-        ``target`` (default: three quarters of the watermark) are held; returns the bytes
-        freed."""
+        """Drop from memory what is durable with its body (oldest first) until at most
+        ``target`` bytes (default: three quarters of the watermark) are held; returns the
+        bytes freed."""
         goal = self._goal(target)
         freed = 0
-        for e in self._aged:  # bodies only go: the deque itself changes after the loop
+        for x in self._aged:  # items only die: the deque itself changes after the loop
             if self.held <= goal:
                 break
-            if e.body is not None and e.body_persisted:
-                self.held -= e.size
-                freed += e.size
-                self._drop_body(e)
+            if isinstance(x, Chunk):
+                lane = self.lanes.get(x.dst)
+                if x.dead or not x.written or lane is None or lane.chunks[0] is not x:
+                    continue
+                n = len(x.buf) + lane.spill(x)
+                self._live -= 1
+                self.spilled += x.rows
+            elif x.body is not None and x.body_persisted:
+                n = x.size
+                self._drop_body(x)
                 self.spilled += 1
+            else:
+                continue
+            self.held -= n
+            freed += n
         aged = self._aged
-        while aged and aged[0].body is None:
+        while aged and not _alive(aged[0]):
             aged.popleft()
         return freed
 
@@ -372,45 +419,49 @@ class SenderLog:
         if floor <= self.floors.get(dst, 0):
             return 0
         self.floors[dst] = floor
-        q = self.entries.get(dst)
-        n = 0
-        while q and q[0].seq <= floor and q[0].persisted:
-            e = q.popleft()
+        lane = self.lanes.get(dst)
+        if lane is None:
+            return 0
+        n, rows, gone, dead = lane.collect(floor)
+        self.held -= rows
+        for e in gone:
             if e.body is not None:
                 self.held -= e.size
                 self._drop_body(e)
-            n += 1
+        for c in dead:
+            self.held -= len(c.buf)
+            self._live -= 1
         return n
 
     def _drop_body(self, e: Entry) -> None:
         """Forget an entry's body; its arena room goes back."""
         if e.body is not None:
-            self._bodies -= 1
+            self._live -= 1
         e.body = None
         if e.slot is not None and self.arena is not None:
             self.arena.release(e.slot)
             e.slot = None
 
     def after(self, dst: int, seq: int) -> list[Entry]:
-        """Entries to ``dst`` with a sequence above ``seq`` (a resend or a replay).
+        """Entries to ``dst`` with a sequence above ``seq`` (a resend or a replay); one
+        whose body is only in the log store has neither body nor checksum (the caller
+        reads it there).
 
         MessagingError if some of them were collected already (the receiver went back
         further than its oldest kept checkpoint): never replay a hole.
         """
-        q = self.entries.get(dst, deque())
         want_from = seq + 1
         last = self.sent.get(dst, 0)
         if want_from > last:
             return []
-        first = q[0].seq if q else last + 1
-        if want_from < first:
+        lane = self.lanes.get(dst)
+        first = lane.first() if lane is not None else None
+        if lane is None or first is None or want_from < first:
+            first = last + 1 if first is None else first
             raise MessagingError(f"rank {dst} asks for messages from seq {want_from}, but "
                                  f"seq {want_from}..{first - 1} were collected (floor "
                                  f"{self.floors.get(dst, 0)})")
-        # Entries are in seq order: find the first by bisection, not by a scan of a log
-        # that may hold every message since the receiver's checkpoint.
-        i = bisect.bisect_right(q, seq, key=lambda e: e.seq)
-        return [q[j] for j in range(i, len(q))]
+        return list(lane.entries(seq, dst == self.own))
 
     def ahead_after(self, dst: int, seq: int) -> list[Entry]:
         """Entries to ``dst`` a lost incarnation logged past the restored checkpoint, from
@@ -436,9 +487,23 @@ class SenderLog:
         """Last seq per destination."""
         return dict(self.sent)
 
+    def count(self) -> int:
+        """Messages held (in memory or only in the log store), not yet collected."""
+        return sum(len(lane) for lane in self.lanes.values())
+
+    def held_range(self, dst: int) -> list[int] | None:
+        """The first and last seq held to ``dst``, None if none."""
+        lane = self.lanes.get(dst)
+        first = lane.first() if lane is not None else None
+        return None if lane is None or first is None else [first, lane.last() or first]
+
+    def snapshot(self) -> list[Lane]:
+        """Copies of the lanes (a checkpoint reads them outside the rank's lock)."""
+        return [lane.snapshot() for lane in self.lanes.values()]
+
     def large_uncovered(self) -> list[Entry]:
         """Large entries whose receivers have not covered them (they go into a checkpoint)."""
-        return [e for q in self.entries.values() for e in q if e.large]
+        return [e for lane in self.lanes.values() for e in lane.objs.values() if e.large]
 
     def reload(self, entries: Iterable[Entry], sent: dict[int, int],
                bodies: dict[tuple[int, int], bytes], floors: dict[int, int]) -> None:
@@ -448,11 +513,12 @@ class SenderLog:
         a peer that asks meanwhile gets them from there: :meth:`ahead_after`)."""
         self.sent = {int(k): int(v) for k, v in sent.items()}
         self.floors = {int(k): int(v) for k, v in floors.items()}
-        for q in self.entries.values():
-            for gone in q:
+        for lane in self.lanes.values():
+            for c in lane.chunks:
+                c.dead = True
+            for gone in lane.objs.values():
                 self._drop_body(gone)
-        self.entries = {}
-        self._aged, self._bodies = _queue(), 0
+        self.lanes, self._aged, self._live = {}, _queue(), 0
         self.ahead = {}
         self.held = 0
         best: dict[tuple[int, int], Entry] = {}
@@ -470,16 +536,14 @@ class SenderLog:
         for (dst, seq), e in sorted(best.items()):
             if e.body is None and (dst, seq) in bodies:
                 e.body = bodies[(dst, seq)]
-            e.persisted = True
-            untrack(e)
-            held = self.entries.get(dst)
-            if held is None:
-                held = self.entries[dst] = _queue()
-            held.append(e)
-            if e.body is not None:
-                self.held += e.size
-        # oldest first, as they were sent: by epoch, then seq
-        self._aged = _queue(sorted((e for q in self.entries.values() for e in q
-                                   if e.body is not None), key=lambda e: (e.epoch, e.seq)))
-        self._bodies = len(self._aged)
-        self._unpersisted = []
+            lane = self._lane(dst)
+            if (e.body is not None and e.slot is None and not e.large
+                    and e.size < ARENA_AT and e.size <= self.large_threshold):
+                made = lane.add_small(seq, e.epoch, [e.body], e.size, e.crc)[2]
+                self._grow(ROW_BYTES + (self._age(made) if made is not None else 0))
+            else:
+                e.persisted = True
+                untrack(e)
+                lane.add_obj(e)
+                self._grow(ROW_BYTES + (self._age(e) if e.body is not None else 0))
+            lane.taken = lane.durable = seq

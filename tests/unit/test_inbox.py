@@ -11,6 +11,7 @@ import pytest
 
 from raps_slurm.runtime.context import Context, Settings
 from raps_slurm.runtime.inbox import Inbox
+from raps_slurm.runtime.lanes import FIRST_CHUNK, ROW_BYTES
 from raps_slurm.runtime.msglog import Entry, NotDeterministic, SenderLog
 from raps_slurm.testing.ranks import local_pair
 
@@ -100,7 +101,8 @@ def test_entries_past_the_checkpoint_are_kept_ahead_until_sent_again() -> None:
                                                                  (6, b"6'")]
     assert [e.seq for e in log.ahead_after(1, 4)] == [5, 6]  # the peer had up to 4
     assert log.ahead_after(1, 6) == [] and log.ahead_after(2, 0) == []  # no body: a hole
-    assert log.held == 4  # bodies ahead are the reloaded log's, not counted as held
+    # two lanes' first chunks and four rows: bodies ahead are not the log's, not counted
+    assert log.held == 2 * FIRST_CHUNK + 4 * ROW_BYTES
     e = log.append(1, b"4", 2)  # re-execution sends seq 4 again: it leaves the ahead set
     assert e.seq == 4 and [x.seq for x in log.ahead_after(1, 0)] == [5, 6]
     log.append(1, b"5", 2)

@@ -15,6 +15,7 @@ from raps_slurm.checkpoint.logstore import MAX_SEGMENT
 from raps_slurm.checkpoint.pack import IOV_MAX, sealed_parts
 from raps_slurm.runtime.context import Settings
 from raps_slurm.runtime.frames import DATA, MAX_MESSAGE, decode, encode
+from raps_slurm.runtime.lanes import FIRST_CHUNK, ROW_BYTES
 from raps_slurm.runtime.msglog import RECORD, checksum, parse_records, segments
 from raps_slurm.runtime.ports import LocalPort
 from raps_slurm.testing.ranks import PARAMS, local_pair
@@ -51,7 +52,7 @@ def test_a_spill_larger_than_a_segment_is_written_as_several(tmp_path: Path) -> 
         for m in sent:
             a.send(1, m)
         a._spill(0)  # every body out of memory: 240 KiB in one plan
-        assert a.log.held == 0
+        assert a.log.held == 60 * ROW_BYTES  # a large message's row stays
         seg_dir = tmp_path / "logs"
         files = [f for f in seg_dir.rglob("*.seg")]
         assert len(files) >= 12, files
@@ -124,7 +125,7 @@ def test_a_failed_log_write_is_written_again_by_the_next_flush(tmp_path: Path) -
         assert [(got[(1, i + 1)].crc, got[(1, i + 1)].body) for i in range(5)] == [
             (checksum(m), None) for m in sent]
         assert got[(0, 1)].body == b"a determinant"
-        assert all(e.persisted for e in a.log.entries[1])
+        assert all(e.persisted for e in a.log.after(1, 0))
         assert [b.recv(0) for _ in range(5)] == sent
 
 
@@ -145,7 +146,10 @@ def test_a_flush_writes_a_run_of_metadata_records_as_one_part() -> None:
         == [HEADS_PER_PART, 10, 1]
     parsed = list(parse_records(b"".join(b"".join(bytes(p) for p in r) for r in records)))
     assert [(e.dst, e.seq, e.crc, e.body) for e in parsed] == [
-        (e.dst, e.seq, e.crc, e.body if e.dst == 0 else None) for e in batch]
+        (1, i + 1, checksum(b"m%d" % i), None) for i in range(HEADS_PER_PART + 10)] + [
+        (0, 1, checksum(b"determinant"), b"determinant"), (2, 1, checksum(b"after"), None)]
+    assert [(lane.dst, lo, hi) for lane, lo, hi in batch] == [
+        (1, 1, HEADS_PER_PART + 10), (0, 1, 1), (2, 1, 1)]
 
 
 def test_runs_join_small_records_and_keep_large_ones_and_the_bytes() -> None:
@@ -165,25 +169,47 @@ def test_runs_join_small_records_and_keep_large_ones_and_the_bytes() -> None:
     assert list(runs([])) == []
 
 
-def test_a_spill_takes_the_oldest_bodies_first_and_collected_ones_do_not_pile_up() -> None:
-    """Bodies go oldest first, in the order they were sent to whichever peer; entries
-    collected without a spill are forgotten by the spill's queue as the log goes on."""
+def test_a_spill_writes_the_oldest_chunks_whole_then_drops_them_with_their_rows() -> None:
+    """A spill plans durable chunks oldest first (in the order they were made, whichever
+    peer), writes each message of them with its body, and once written drops the chunk
+    and its rows: those messages are then only in the log store (a resend reads them
+    there). A planned chunk takes no more bodies."""
     from raps_slurm.runtime.msglog import SenderLog
-    log = SenderLog(large_threshold=1 << 20, high_watermark=10_000, own=0)
+    log = SenderLog(large_threshold=1 << 20, high_watermark=1 << 30, own=0)
     for i in range(12):
         log.append(1 + i % 3, bytes([i]) * 1000, 1)
-    batch, _ = log.take_unpersisted()
-    log.persisted(batch)
-    for e in batch:
-        e.body_persisted = True  # as a spill's write does
-    assert log.spill(6000) == 6000
-    assert [e.body is None for e in batch] == [True] * 6 + [False] * 6
-    for dst in (1, 2, 3):
-        log.raise_floor(dst, log.sent[dst])  # every entry collected: no spill needed
+    assert log.held == 3 * FIRST_CHUNK + 12 * ROW_BYTES  # a chunk of 4 bodies per peer
+    assert log.spill_plan(0) == []  # nothing durable yet
+    log.persisted(log.take_unpersisted()[0])
+    plan = log.spill_plan(log.held - 1)  # one chunk is enough: the oldest, rank 1's
+    assert [c.dst for c in plan] == [1]  # type: ignore[union-attr]
+    data = b"".join(bytes(p) for r in log.spill_records(plan) for p in r)
+    assert [(e.dst, e.seq, e.body) for e in parse_records(data)] == [
+        (1, k + 1, bytes([3 * k]) * 1000) for k in range(4)]
+    assert log.spill(log.held - 1) == 0  # not written yet: nothing goes
+    log.spill_written(plan)
+    assert log.spill(log.held - 1) == FIRST_CHUNK + 4 * ROW_BYTES
+    assert log.held == 2 * FIRST_CHUNK + 8 * ROW_BYTES and log.spilled == 4
+    assert [(e.seq, e.body) for e in log.after(1, 0)] == [(k + 1, None) for k in range(4)]
+    assert log.held_range(1) == [1, 4] and log.count() == 12
+    e = log.append(1, b"new", 1)  # into a new chunk, twice the lane's last one
+    assert bytes(e.body) == b"new" and log.held == 4 * FIRST_CHUNK + 9 * ROW_BYTES
+    assert [(x.seq, x.body) for x in log.after(1, 3)] == [(4, None), (5, b"new")]
+    log.persisted(log.take_unpersisted()[0])
+    assert log.raise_floor(1, 5) == 5  # the store's four and the new one
+    assert log.held == 2 * FIRST_CHUNK + 8 * ROW_BYTES and log.held_range(1) is None
+
+
+def test_collected_chunks_do_not_pile_up_in_the_spill_queue() -> None:
+    from raps_slurm.runtime.msglog import SenderLog
+    log = SenderLog(large_threshold=1 << 20, high_watermark=1 << 30, own=0)
     for i in range(20_000):
-        log.append(1, b"x", 1)
+        log.append(1 + i % 2, b"x" * 3000, 1)
         log.persisted(log.take_unpersisted()[0])
         if i % 2:
-            log.raise_floor(1, log.sent[1] - 1)  # all but the newest collected
-    assert log._bodies == sum(e.body is not None for e in log._aged) == 1
-    assert len(log._aged) <= 2 * log._bodies + 4096 + 1
+            for dst in (1, 2):  # all but the newest collected
+                log.raise_floor(dst, log.sent[dst] - 1)
+    live = [c for lane in log.lanes.values() for c in lane.chunks]
+    assert 1 <= len(live) <= 2 and log._live == len(live)
+    assert len(log._aged) <= 2 * log._live + 4096 + 1
+    assert log.held == sum(len(c.buf) for c in live) + log.count() * ROW_BYTES

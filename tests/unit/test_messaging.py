@@ -469,7 +469,7 @@ def test_small_sends_keep_order_and_bytes_on_either_lane(tmp_path: Path, logging
         assert [sent[0], *got] == sent
         if logging:
             with a._mu:
-                kept = [(e.seq, bytes(e.body or b"")) for e in a.log.entries.get(1, ())]
+                kept = [(e.seq, bytes(e.body or b"")) for e in a.log.after(1, 0)]
             assert kept == list(enumerate(sent, 1))
     finally:
         ends = [threading.Thread(target=ctx.finalize, kwargs={"timeout": 20}) for ctx in (a, b)]
@@ -691,29 +691,37 @@ def test_a_receive_waits_for_a_peer_blocked_on_a_re_executing_one(tmp_path: Path
         x.close()
 
 
+@pytest.mark.parametrize("where", ["arena", "chunk"])
 def test_a_changed_logged_body_is_refused_at_replay_naming_the_message(
-        tmp_path: Path) -> None:
+        tmp_path: Path, where: str) -> None:
     """Frames carry no MAC under frame_mac control: a replay checks each logged body
     against the checksum it was logged with before it is sent. A body changed in the
-    arena is not replayed: the sender escalates once, naming rank and seq. (A body read
-    back from the log store is checked as it is parsed: parse_records.)"""
+    arena (a large message) or in its lane's chunk (a small one) is not replayed: the
+    sender escalates once, naming rank and seq. (A body read back from the log store is
+    checked as it is parsed: parse_records.)"""
     a = Context(LocalPort(tmp_path, "1", 0, 1, PARAMS), 0, 2, 1, SMALL)
     b = Context(LocalPort(tmp_path, "1", 1, 1, PARAMS), 1, 2, 1, SMALL)
     first = bytearray(b"f" * (100 << 10))  # copied into the arena (not bytes)
     a.send(1, first)
-    a.send(1, b"s" * 300)
+    a.send(1, b"s" * 200)  # small (SMALL: large above 256)
     assert b.recv(0, timeout=10) == bytes(first)
-    assert b.recv(0, timeout=10) == b"s" * 300
-    entry = a.log.entries[1][0]
-    assert entry.slot is not None  # the arena holds it
-    entry.body[12345] ^= 1  # type: ignore[index]  # the arena's memory changed
+    assert b.recv(0, timeout=10) == b"s" * 200
+    if where == "arena":
+        seq, entry = 1, a.log.after(1, 0)[0]
+        assert entry.slot is not None  # the arena holds it
+        entry.body[12345] ^= 1  # type: ignore[index]  # the arena's memory changed
+    else:
+        seq, lane = 2, a.log.lanes[1]
+        lane.body(lane.index(1))[100] ^= 1  # the chunk's memory changed
     b.close()  # rank 1 lost with no checkpoint: its relaunch asks for everything
     b2 = Context(LocalPort(tmp_path, "1", 1, 2, PARAMS), 1, 2, 2, SMALL)
     b2.restore()
-    with pytest.raises(MessagingError, match="waited 1s for seq 1 from rank 0"):
+    if seq == 2:
+        assert b2.recv(0, timeout=10) == bytes(first)
+    with pytest.raises(MessagingError, match=f"waited 1s for seq {seq} from rank 0"):
         b2.recv(0, timeout=1)
     said = (tmp_path / "escalations" / "0.log").read_text()
-    assert "logged body of seq 1 to rank 1 does not match its checksum" in said, said
+    assert f"logged body of seq {seq} to rank 1 does not match its checksum" in said, said
     assert said.count("\n") == 1, said  # once, however often rank 1 asks again
     for c in (a, b2):
         c.close()
