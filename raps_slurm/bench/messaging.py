@@ -59,8 +59,8 @@ def _rank(rank: int, root: str, settings: Settings, count: int, size: int, mutab
             # what a full garbage collection costs the application while the log holds
             # every message (no checkpoint covered them)
             held = ctx.log.count()
-            # what the log's entries take of the sender's memory, and what of it the high
-            # watermark counts (their bodies' bytes)
+            # what the log takes of the sender's memory, and what of it the high
+            # watermark counts (its rows, chunks and other bodies)
             grown = me.memory_info().rss - rss
             counted = ctx.log.held
             start = time.perf_counter()

@@ -144,11 +144,10 @@ class Lane:
 
     # --- adding ---------------------------------------------------------------------
 
-    def add_small(self, seq: int, epoch: int, parts: list[bytes | bytearray | memoryview],
-                  size: int, crc: int | None) -> tuple[memoryview, int, Chunk | None]:
-        """Copy a small message's ``parts`` (``size`` bytes) into a chunk, its row after the
-        last; its body (a view of the chunk), its checksum (``crc``, or computed from the
-        copy) and the chunk if a new one was made."""
+    def add_small(self, seq: int, epoch: int, data: bytes | bytearray | memoryview,
+                  size: int, crc: int) -> Chunk | None:
+        """Copy a small message's body (``data``, ``size`` bytes, its checksum ``crc``)
+        into a chunk, its row after the last; the chunk if a new one was made."""
         c = self.chunks[-1] if self.chunks else None
         made = None
         if c is None or c.sealed or c.used + size > len(c.buf):
@@ -157,17 +156,16 @@ class Lane:
             self.grow = min(self.grow * 2, MAX_CHUNK)
             self.chunks.append(c)
         pos = c.used
-        for p in parts:  # same-length slice assignments: the buffer never resizes
-            n = p.nbytes if isinstance(p, memoryview) else len(p)
-            c.buf[pos:pos + n] = p
-            pos += n
-        body = memoryview(c.buf)[c.used:pos]
-        if crc is None:
-            crc = checksum(body)
-        self._row(seq, epoch, size, (c.serial << 32) | c.used, crc, 0)
-        c.used, c.last = pos, seq
+        c.buf[pos:pos + size] = data  # the same length: the buffer never resizes
+        self.seq.append(seq)
+        self.epoch.append(epoch)
+        self.size.append(size)
+        self.off.append((c.serial << 32) | pos)
+        self.crc.append(crc)
+        self.flags.append(0)
+        c.used, c.last = pos + size, seq
         c.rows += 1
-        return body, crc, made
+        return made
 
     def add_obj(self, e: Entry) -> None:
         """A message that keeps its Entry (large, in the arena, a reference)."""

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
+import crc32c
+
 from raps_slurm.errors import RapsError
 from raps_slurm.runtime.arena import Arena
 from raps_slurm.runtime.lanes import (
@@ -197,12 +199,25 @@ class SenderLog:
             size = parts_size(parts)
         seq = self.sent.get(dst, 0) + 1
         if size < ARENA_AT and size <= self.large_threshold:
-            # A copy into the lane's chunk: the application may change its buffer, and a
-            # row costs less than an Entry.
-            self._next(dst, seq)
-            body, crc, made = self._lane(dst).add_small(seq, epoch, parts, size, None)
-            self._grow(ROW_BYTES + (self._age(made) if made is not None else 0))
-            return Entry(dst, seq, epoch, size, crc, False, body)
+            # A copy into the lane's chunk (the application may change its buffer, and a
+            # row costs less than an Entry); the Entry sent has its body as bytes, which a
+            # small frame goes out fastest with (framing.send_parts).
+            data = payload if isinstance(payload, bytes) else b"".join(parts)
+            size = len(data)  # exactly what the chunk takes (a slice assignment resizes)
+            crc = int(crc32c.crc32c(data))
+            if self.ahead:
+                self._next(dst, seq)
+            else:  # the usual case, inline: a call costs as much as a row
+                self.sent[dst] = seq
+            lane = self.lanes.get(dst)
+            if lane is None:
+                lane = self._lane(dst)
+            made = lane.add_small(seq, epoch, data, size, crc)
+            held = self.held = self.held + ROW_BYTES + (
+                self._age(made) if made is not None else 0)
+            if held > self.peak:
+                self.peak = held
+            return Entry(dst, seq, epoch, size, crc, False, data)
         slot = None
         if isinstance(payload, bytes):
             kept: bytes | memoryview = payload  # immutable: a reference is enough
@@ -539,7 +554,8 @@ class SenderLog:
             lane = self._lane(dst)
             if (e.body is not None and e.slot is None and not e.large
                     and e.size < ARENA_AT and e.size <= self.large_threshold):
-                made = lane.add_small(seq, e.epoch, [e.body], e.size, e.crc)[2]
+                body = bytes(e.body)
+                made = lane.add_small(seq, e.epoch, body, len(body), e.crc)
                 self._grow(ROW_BYTES + (self._age(made) if made is not None else 0))
             else:
                 e.persisted = True
