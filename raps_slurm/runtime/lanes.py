@@ -126,10 +126,6 @@ class Lane:
     def __len__(self) -> int:
         return len(self.seq) - self.head + max(0, self.disk[1] - self.disk[0] + 1)
 
-    def rows(self) -> int:
-        """Rows held."""
-        return len(self.seq) - self.head
-
     def first(self) -> int | None:
         """The lowest seq still held (in memory or the log store), None if none."""
         if self.disk[0] <= self.disk[1]:
@@ -157,6 +153,7 @@ class Lane:
             self.chunks.append(c)
         pos = c.used
         c.buf[pos:pos + size] = data  # the same length: the buffer never resizes
+        # _row's appends, inline: this runs once per small message sent
         self.seq.append(seq)
         self.epoch.append(epoch)
         self.size.append(size)
@@ -182,12 +179,13 @@ class Lane:
 
     # --- reading --------------------------------------------------------------------
 
+    def _chunk(self, i: int) -> Chunk:
+        return self.chunks[(self.off[i] >> 32) - self.chunks[0].serial]
+
     def body(self, i: int) -> memoryview:
         """Row ``i``'s body in its chunk (a row not flagged R_OBJ)."""
-        off = self.off[i]
-        c = self.chunks[(off >> 32) - self.chunks[0].serial]
-        pos = off & _POS
-        return memoryview(c.buf)[pos:pos + self.size[i]]
+        pos = self.off[i] & _POS
+        return memoryview(self._chunk(i).buf)[pos:pos + self.size[i]]
 
     def entry(self, i: int, own: bool) -> Entry:
         """Row ``i`` as an Entry (its body a copy); ``own``: the lane of the rank's own
@@ -196,8 +194,7 @@ class Lane:
         f = self.flags[i]
         if f & R_OBJ:
             return self.objs[s]
-        off = self.off[i]
-        written = self.chunks[(off >> 32) - self.chunks[0].serial].written
+        written = self._chunk(i).written
         durable = s <= self.durable
         return Entry(self.dst, s, self.epoch[i], self.size[i], self.crc[i], bool(f & R_LARGE),
                      bytes(self.body(i)), durable, written or (own and durable))
@@ -242,7 +239,7 @@ class Lane:
         """Forget what a receiver will never ask for again (seq <= ``floor``, durable):
         how many messages went, the rows' bytes, the Entries that went (their bodies are
         the caller's to free) and the chunks that went."""
-        n = rows_before = 0
+        n = 0
         lo, hi = self.disk
         if lo <= hi and lo <= floor:
             top = min(hi, floor)
