@@ -222,6 +222,17 @@ class Campaign:
             return job_view(self.store, self.keys, job)
         return None
 
+    def where(self, job: str) -> str:
+        """Where Slurm has the job (a job never registered is Slurm's side, or the
+        hooks'; registered and not mapped, the leader's), and the nodes' states."""
+        try:
+            info = self.cluster.slurm().job(int(job))
+            nodes = {n.name: " ".join([n.state.value, *sorted(n.flags), n.reason]).strip()
+                     for n in self.cluster.slurm().nodes()}
+        except (RapsError, SlurmCommandError) as exc:
+            return f"Slurm: {exc}"
+        return f"Slurm: job {info.state} on {list(info.nodes)}; nodes {nodes}"
+
     def one(self, index: int) -> dict[str, Any]:
         """One run: submit, fault, judge, restore; its record."""
         name = ("heat_ring", "random_program")[index % 2]
@@ -239,7 +250,8 @@ class Campaign:
         try:
             view = wait_until(f"job {job} mapped", lambda: self.view(job),
                               lambda v: v is not None and v["state"] == "mapped"
-                              and len(v["ranks"]) == self.ranks, 120)
+                              and len(v["ranks"]) == self.ranks, 120,
+                              explain=lambda: self.where(job))
             assert view is not None
             host = wait_until("the batch host",
                               lambda: self.cluster.slurm().job(int(job)).batch_host, bool, 30)
